@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from scaling.models.resnet import resnet18, resnet20, resnet50, resnet56
 from scaling.models.small import SmallCNN
 
 
@@ -18,6 +19,10 @@ class UnknownModelError(ValueError):
 # name -> constructor taking num_classes. Add a model here and it is selectable from configs.
 MODELS: dict[str, Callable[[int], nn.Module]] = {
     "small_cnn": lambda num_classes: SmallCNN(num_classes),
+    "resnet20": resnet20,
+    "resnet56": resnet56,
+    "resnet18": resnet18,
+    "resnet50": resnet50,
 }
 
 

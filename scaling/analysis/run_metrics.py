@@ -1,0 +1,96 @@
+"""A run's figures from its records: pure pandas, tables in, numbers out.
+
+Every figure in `summary.json` is defined here, once:
+
+- steady-state steps: `kind == "train"` and not `warmup`, over all ranks.
+- `step_s`, `data_s`, `forward_s`, `backward_s`, `optimizer_s`, `compute_s`, `allreduce_s`,
+  `exposed_comm_s`: **means** over steady-state steps, so the phases add up:
+  step_s = data_s + forward_s + backward_s + optimizer_s, and exposed_comm_s is inside backward_s.
+- `exposed_comm_pct` = 100 x exposed_comm_s / step_s.
+- `comm_delta_s`: the A/B difference. Per (epoch, rank): median forward+backward time of the
+  synchronised calibration steps minus that of the `no_sync` ones; then the mean over ranks
+  and the median over epochs.
+- `comm_overhead_pct` (headline) = 100 x comm_delta_s / step_s, i.e. (t_sync - t_nosync) / t_sync
+  with t the whole steady-state step. 0 by definition at one worker.
+- `time_per_epoch_s`: median `train_s` over epochs after the first (the first holds start-up
+  effects); the only epoch if there is one. Evaluation and calibration are excluded.
+- `throughput_samples_per_s`: median over the same epochs of samples / train_s.
+- `epochs_to_target`: the first epoch whose validation accuracy reaches the target.
+- `tta_s`: training time (sum of train_s) up to and including that epoch; `tta_wall_s`: wall
+  time from the first step to the end of that epoch's validation (includes evaluation,
+  calibration and reporting). None when the target was not reached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
+STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s")
+
+
+def steady_state_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    return steps[(steps["kind"] == "train") & (~steps["warmup"])]
+
+
+def comm_delta_s(steps: pd.DataFrame) -> float | None:
+    """The A/B difference in seconds (see module docstring); None without calibration steps."""
+    calib = steps[steps["kind"].isin(["calib_sync", "calib_nosync"])]
+    if calib.empty:
+        return None
+    per_rank = calib.groupby(["epoch", "rank", "kind"])["step_s"].median().unstack("kind")
+    if not {"calib_sync", "calib_nosync"} <= set(per_rank.columns):
+        return None
+    delta = (per_rank["calib_sync"] - per_rank["calib_nosync"]).groupby(level="epoch").mean()
+    return float(delta.median())
+
+
+def _finite_or_none(value) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def summarize_run(steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int) -> dict:
+    """The run's figures; fields absent from the records come back as None."""
+    out: dict = {}
+    steady = steady_state_steps(steps) if not steps.empty else steps
+    if steady.empty and not steps.empty:
+        steady = steps[steps["kind"] == "train"]  # a run shorter than its warm-up: use what there is
+    for name in STEP_FIELDS:
+        out[name] = _finite_or_none(steady[name].mean()) if not steady.empty else None
+    step_s = out["step_s"]
+    out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if step_s else None
+
+    if num_workers == 1:
+        out["comm_delta_s"] = 0.0
+        out["comm_overhead_pct"] = 0.0
+    else:
+        delta = comm_delta_s(steps) if not steps.empty else None
+        out["comm_delta_s"] = delta
+        out["comm_overhead_pct"] = 100.0 * delta / step_s if (delta is not None and step_s) else None
+
+    out["epochs_run"] = int(len(epochs))
+    if epochs.empty:
+        out.update(best_accuracy=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
+                   time_per_epoch_s=None, throughput_samples_per_s=None, calibration_s=None, eval_s=None)
+        return out
+    steady_epochs = epochs.iloc[1:] if len(epochs) > 1 else epochs
+    out["time_per_epoch_s"] = float(steady_epochs["train_s"].median())
+    out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
+    out["calibration_s"] = float(epochs["calibration_s"].sum())
+    out["eval_s"] = float(epochs["eval_s"].sum())
+    accuracy = epochs["val_accuracy"]
+    out["best_accuracy"] = _finite_or_none(accuracy.max())
+    reached = epochs[accuracy >= target_accuracy]
+    if reached.empty:
+        out.update(epochs_to_target=None, tta_s=None, tta_wall_s=None)
+    else:
+        first = reached.iloc[0]
+        out["epochs_to_target"] = int(first["epoch"])
+        out["tta_s"] = float(epochs.loc[epochs["epoch"] <= first["epoch"], "train_s"].sum())
+        out["tta_wall_s"] = float(first["elapsed_wall_s"])
+    return out

@@ -1,0 +1,124 @@
+"""The `scaling` command.
+
+    scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
+
+Bad input (config, arguments, a cluster too small for the request, an unwritable output
+directory) ends with exit status 2 and one line on stderr, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from scaling.errors import UsageError
+
+EXIT_USAGE = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (the usage stays available under --help)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="scaling", description="Distributed training-scaling lab on Ray.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+
+    run = commands.add_parser("run", help="one data-parallel training run, timed step by step")
+    run.add_argument("config", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    run.add_argument("--workers", type=int, help="number of data-parallel workers (overrides workers.num_workers)")
+    run.add_argument("--out", type=Path, help="run directory (default: results/<name>-w<N>-<time>)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config field, e.g. --set optim.lr=0.2 (repeatable)")
+    run.add_argument("--launcher", choices=("ray", "local"), default="ray",
+                     help="ray: Ray Train on the current Ray cluster (default); local: torch.distributed processes on this host, no Ray")
+    return parser
+
+
+def _cmd_run(args) -> int:
+    from scaling.config import load_config
+    from scaling.launch.run import check_run_dir, default_run_dir, execute_run
+
+    cfg = load_config(args.config, overrides=args.overrides, num_workers=args.workers)
+    run_dir = args.out or default_run_dir(cfg)
+    check_run_dir(run_dir)
+    if args.launcher == "ray":
+        from scaling.launch.ray_train import check_capacity, connect
+
+        connect()
+        check_capacity(cfg)
+    else:
+        import os
+
+        if cfg.workers.num_workers * cfg.workers.cpus_per_worker > (os.cpu_count() or 1):
+            raise UsageError(
+                f"{cfg.workers.num_workers} workers x {cfg.workers.cpus_per_worker} CPU exceed this host's {os.cpu_count()} CPUs"
+            )
+    print(f"run directory: {run_dir}", flush=True)
+    summary = execute_run(cfg, run_dir, launcher=args.launcher)
+    print_summary(summary, run_dir)
+    return 0 if summary["status"] != "failed" else 1
+
+
+def _fmt(value, spec: str = ".3f", unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:{spec}}{unit}"
+
+
+def print_summary(summary: dict, run_dir: Path) -> None:
+    """One screen: what ran, whether it reached the target, and where the time went."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"run {summary['run_id']}  [{summary['status']}]", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("model / data", f"{summary['model']} / {summary['dataset']}"),
+        ("workers (nodes)", f"{summary['num_workers']} ({summary['num_nodes']}), backend {summary['backend']}"),
+        ("batch", f"{summary['per_worker_batch']} per worker, {summary['global_batch']} global"),
+        ("accuracy", f"best {_fmt(summary['best_accuracy'], '.4f')}, target {summary['target_accuracy']}"),
+        ("epochs", f"{summary['epochs_run']} run, target at {_fmt(summary['epochs_to_target'], 'd')}"),
+        ("TTA", f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)"),
+        ("time per epoch", _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)"),
+        ("throughput", _fmt(summary["throughput_samples_per_s"], ",.0f", " samples/s")),
+        ("step", _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
+         + "  = data " + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
+         + " + fwd " + _fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
+         + " + bwd " + _fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
+         + " + opt " + _fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f") + " ms"),
+        ("all-reduce", _fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step")
+         + ", exposed " + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
+         + " (" + _fmt(summary["exposed_comm_pct"], ".1f", "% of step") + ")"),
+        ("comm overhead (A/B)", _fmt(summary["comm_overhead_pct"], ".1f", " %")),
+        ("results", str(run_dir)),
+    ]
+    if summary.get("error"):
+        rows.insert(0, ("error", summary["error"]))
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _build_parser().parse_args(argv)
+        if args.command == "run":
+            return _cmd_run(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

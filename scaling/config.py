@@ -1,0 +1,225 @@
+"""One typed config tree for a run, loaded from YAML, with `--set a.b=value` overrides.
+
+Every field has a type, a default and a docstring-like comment with its unit. Unknown keys
+and wrong types are refused with a `ConfigError` naming the key and the valid ones; values
+are checked for sense (`validate`). The resolved tree is written into every run directory
+(`to_yaml`), so a result can always be traced to exactly what produced it.
+
+    cfg = load_config("experiments/quickstart.yaml", overrides=["optim.lr=0.2"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from scaling.errors import UsageError
+
+
+class ConfigError(UsageError):
+    """A config that cannot be run. The message is one line meant for the user."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "small_cnn"  # a name from scaling.models.model_names()
+
+
+@dataclass
+class DataConfig:
+    name: str = "embedded"  # embedded (learnable, generated from seed) | synthetic (random, throughput only)
+    seed: int = 0  # generates the embedded dataset; the same seed gives the same images
+    num_classes: int = 10
+    image_size: int = 32  # pixels per side
+    train_samples: int = 8192  # embedded: training-set size; synthetic: samples per epoch
+    val_samples: int = 2048  # embedded: held-out validation-set size (ignored by synthetic)
+    difficulty: float = 1.0  # embedded: noise scale; higher is harder (see scaling/data/embedded.py)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 0.1  # learning rate at `reference_batch`; scaled linearly with the global batch (Goyal et al. 2017)
+    reference_batch: int = 256  # global batch at which `lr` applies
+    momentum: float = 0.9  # SGD momentum (Nesterov)
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 1.0  # linear ramp from `lr` to the scaled lr over this many epochs
+    schedule: str = "constant"  # after warm-up: constant | cosine (to 0 at train.max_epochs)
+
+
+@dataclass
+class TrainConfig:
+    per_worker_batch: int = 64  # samples per worker per step; global batch = this x workers
+    max_epochs: int = 10
+    target_accuracy: float = 0.8  # validation top-1 accuracy in (0, 1] that stops the run (TTA)
+    seed: int = 0  # model init and data order
+
+
+@dataclass
+class WorkersConfig:
+    num_workers: int = 1  # data-parallel workers (ranks); `--workers N` sets it
+    cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
+    use_gpu: bool = False  # one GPU per worker
+
+
+@dataclass
+class InstrumentConfig:
+    warmup_steps: int = 5  # first steps of the run flagged `warmup` and left out of steady-state figures
+    calibration_pairs: int = 10  # per epoch: (no_sync, sync) step pairs for the A/B comm overhead; 0 = off
+    inject_comm_delay_s: float = 0.0  # ground truth: extra seconds added to the last gradient bucket's all-reduce, per step
+    ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    backend: str = "auto"  # process-group backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.per_worker_batch * self.workers.num_workers
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.workers.use_gpu else "gloo"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --- building a typed tree from plain data ---------------------------------------------------
+
+
+def _field_types(cls) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value, expected: type, key: str):
+    """Check `value` against a field's type. ints are accepted for floats; nothing else is converted."""
+    if dataclasses.is_dataclass(expected):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+        return _build(expected, value, key + ".")
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, bool):
+        raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"config key '{key}' must be of type {expected.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    types_by_name = _field_types(cls)
+    for key in data:
+        if key not in types_by_name:
+            raise ConfigError(
+                f"unknown config key '{prefix}{key}'; valid keys here: {', '.join(types_by_name)}"
+            )
+    kwargs = {name: _coerce(value, types_by_name[name], prefix + name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def from_dict(data: dict) -> ExperimentConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("a config file must hold a YAML mapping at the top level")
+    return _build(ExperimentConfig, data)
+
+
+def _parse_override(text: str) -> tuple[list[str], object]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value (e.g. optim.lr=0.2), got {text!r}")
+    key, raw = text.split("=", 1)
+    # YAML parsing gives the natural types: 0.2 -> float, 8 -> int, true -> bool, gloo -> str.
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else raw
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=value` overrides to plain config data; unknown keys are caught by `from_dict`."""
+    for text in overrides:
+        path, value = _parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: '{part}' is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, num_workers: int | None = None) -> ExperimentConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = apply_overrides(data, overrides or [])
+    cfg = from_dict(data)
+    if num_workers is not None:
+        cfg.workers.num_workers = num_workers
+    validate(cfg)
+    return cfg
+
+
+# --- sense checks --------------------------------------------------------------------------
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Refuse values that cannot give a meaningful run, naming the key and the fix."""
+    from scaling.data import dataset_names
+    from scaling.models import model_names
+
+    def require(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    require(cfg.model.name in model_names(), f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())}")
+    require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())}")
+    require(cfg.backend in ("auto", "gloo", "nccl"), f"backend must be auto, gloo or nccl, got {cfg.backend!r}")
+    require(not (cfg.resolved_backend == "nccl" and not cfg.workers.use_gpu), "backend nccl needs workers.use_gpu: true")
+    require(cfg.workers.num_workers >= 1, f"workers must be >= 1, got {cfg.workers.num_workers}")
+    require(cfg.workers.cpus_per_worker >= 1, f"workers.cpus_per_worker must be >= 1, got {cfg.workers.cpus_per_worker}")
+    require(cfg.train.per_worker_batch >= 1, f"train.per_worker_batch must be >= 1, got {cfg.train.per_worker_batch}")
+    require(cfg.train.max_epochs >= 1, f"train.max_epochs must be >= 1, got {cfg.train.max_epochs}")
+    require(
+        0.0 < cfg.train.target_accuracy <= 1.0,
+        f"train.target_accuracy must be in (0, 1], got {cfg.train.target_accuracy}",
+    )
+    require(cfg.optim.lr > 0, f"optim.lr must be > 0, got {cfg.optim.lr}")
+    require(cfg.optim.reference_batch >= 1, f"optim.reference_batch must be >= 1, got {cfg.optim.reference_batch}")
+    require(0.0 <= cfg.optim.momentum < 1.0, f"optim.momentum must be in [0, 1), got {cfg.optim.momentum}")
+    require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
+    require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
+    require(cfg.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {cfg.optim.schedule!r}")
+    require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
+    require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")
+    require(cfg.data.difficulty > 0, f"data.difficulty must be > 0, got {cfg.data.difficulty}")
+    require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")
+    steps = cfg.data.train_samples // cfg.global_batch
+    require(
+        steps >= 1,
+        f"data.train_samples ({cfg.data.train_samples}) is smaller than the global batch "
+        f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch",
+    )
+    require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
+    require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")
+    require(cfg.instrument.inject_comm_delay_s >= 0, f"instrument.inject_comm_delay_s must be >= 0, got {cfg.instrument.inject_comm_delay_s}")
+    require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")

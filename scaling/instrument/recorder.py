@@ -1,0 +1,59 @@
+"""Where a worker's records go: gathered to rank 0 once per epoch and written there.
+
+The training loop only calls `recorder.step(marks)` and `recorder.end_epoch(epoch_row)`;
+it never sees files or other ranks. `RunRecorder` resolves the step marks (one clock
+resolve per epoch), gathers every rank's step records to rank 0 with one collective per
+epoch, and rank 0 writes `parts/steps-epochNNNNN.parquet` and `epochs.parquet` atomically,
+so a crash loses at most the epoch in progress. With `run_dir=None` it keeps everything in
+memory (tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch.distributed as dist
+
+from scaling.instrument.timing import Clock, StepMarks
+from scaling.results import step_part_path, write_parquet_atomic
+
+
+class RunRecorder:
+    def __init__(self, clock: Clock, rank: int, world_size: int, node_rank: int, local_rank: int, run_dir: Path | None):
+        self.clock = clock
+        self.rank = rank
+        self.world_size = world_size
+        self.identity = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank}
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._pending: list[StepMarks] = []
+        self.epoch_rows: list[dict] = []
+        self.step_frames: list[pd.DataFrame] = []  # rank 0: every epoch's gathered steps
+
+    def step(self, marks: StepMarks) -> None:
+        self._pending.append(marks)
+
+    def end_epoch(self, epoch_row: dict) -> None:
+        """Resolve, gather and (rank 0) write this epoch's records. Every rank must call it."""
+        self.clock.resolve()
+        rows = [{**m.resolve(self.clock), **self.identity} for m in self._pending]
+        self._pending = []
+        gathered: list | None = [None] * self.world_size if self.rank == 0 else None
+        if self.world_size > 1:
+            dist.gather_object(rows, gathered, dst=0)
+        else:
+            gathered = [rows]
+        if self.rank != 0:
+            return
+        steps = pd.DataFrame([row for rank_rows in gathered for row in rank_rows])
+        self.epoch_rows.append(epoch_row)
+        self.step_frames.append(steps)
+        if self.run_dir is not None:
+            write_parquet_atomic(step_part_path(self.run_dir, epoch_row["epoch"]), steps)
+            write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.concat(self.step_frames, ignore_index=True) if self.step_frames else pd.DataFrame()
+
+    def epochs_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.epoch_rows)

@@ -1,0 +1,55 @@
+"""Plain torch.distributed launcher: N processes on this host, no Ray.
+
+Runs the very same loop as the Ray launcher (scaling/train/loop.py), so Ray's own cost can
+be measured against it and the loop runs where Ray is absent. Used by the tests for the
+ground-truth injection (no Ray start-up per run).
+
+    summary_rows = run_local(cfg, run_dir)   # rank 0's records are written to run_dir
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from scaling.config import ExperimentConfig, from_dict
+from scaling.instrument.recorder import RunRecorder
+from scaling.instrument.timing import clock_for
+from scaling.train.loop import WorkerContext, train_worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -> None:
+    cfg = from_dict(config)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if cfg.workers.use_gpu:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(cfg.resolved_backend, rank=rank, world_size=world_size)
+    try:
+        ctx = WorkerContext(rank=rank, world_size=world_size, local_rank=rank, node_rank=0, device=device)
+        recorder = RunRecorder(clock_for(device), rank, world_size, 0, rank, Path(run_dir))
+        train_worker(cfg, ctx, recorder, report_epoch=lambda metrics: None)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local(cfg: ExperimentConfig, run_dir: Path) -> None:
+    """Run `cfg` on `cfg.workers.num_workers` local processes; raises if any worker fails."""
+    world_size = cfg.workers.num_workers
+    mp.start_processes(
+        _worker, args=(world_size, cfg.to_dict(), str(Path(run_dir).resolve()), _free_port()),
+        nprocs=world_size, join=True, start_method="spawn",
+    )

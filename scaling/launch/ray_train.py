@@ -1,0 +1,110 @@
+"""Launch one run on the current Ray cluster with Ray Train V2's TorchTrainer.
+
+The cluster is the one `ray.init()` finds: `RAY_ADDRESS` (set inside `ray job submit`), a
+running `ray start` cluster, or a new local one. Before anything is created, `check_capacity`
+refuses a run that asks for more CPUs or GPUs than the cluster has (Ray would wait forever).
+
+Workers run `scaling.train.loop.train_worker`; the process group (gloo on CPU, nccl on GPU)
+is set up by Ray's TorchConfig. Rank 0 writes the records into the run directory, which
+must therefore be on storage every node sees (a shared filesystem on multi-node clusters).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from scaling.config import ExperimentConfig, from_dict
+from scaling.errors import UsageError
+from scaling.results import write_json_atomic
+
+# ray.train.report() is a barrier whose latency follows the controller's health-check
+# interval (about 2 s by default); the lab reports once per epoch, and this keeps the
+# per-epoch cost near 0.1 s.
+RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+
+
+def connect() -> None:
+    """Attach to (or start) the Ray cluster; one clear error when it cannot be reached."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.update(RAY_ENV)
+    address = os.environ.get("RAY_ADDRESS")
+    try:
+        ray.init(
+            address=address,
+            logging_level=logging.WARNING,
+            runtime_env={"env_vars": dict(RAY_ENV)},
+            configure_logging=True,
+        )
+    except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on the cause
+        where = f"RAY_ADDRESS={address}" if address else "a local Ray cluster"
+        raise UsageError(f"cannot connect to {where}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def check_capacity(cfg: ExperimentConfig) -> None:
+    """Refuse at once a run the cluster cannot place, instead of letting Ray wait forever."""
+    import ray
+
+    total = ray.cluster_resources()
+    workers = cfg.workers.num_workers
+    cpus_needed = workers * cfg.workers.cpus_per_worker
+    cpus = int(total.get("CPU", 0))
+    if cpus_needed > cpus:
+        raise UsageError(
+            f"{workers} workers x {cfg.workers.cpus_per_worker} CPU need {cpus_needed} CPUs, but the Ray cluster has {cpus}; "
+            f"use --workers {max(1, cpus // cfg.workers.cpus_per_worker)} or fewer, or add nodes"
+        )
+    if cfg.workers.use_gpu:
+        gpus = int(total.get("GPU", 0))
+        if workers > gpus:
+            raise UsageError(f"{workers} workers need {workers} GPUs, but the Ray cluster has {gpus}; use --workers {gpus} or fewer")
+
+
+def _worker_entry(loop_config: dict) -> dict:
+    """Runs on every Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    from scaling.instrument.machine import describe_hardware
+    from scaling.instrument.recorder import RunRecorder
+    from scaling.instrument.timing import clock_for
+    from scaling.train.loop import WorkerContext, train_worker
+
+    cfg = from_dict(loop_config["config"])
+    run_dir = Path(loop_config["run_dir"])  # absolute: Ray workers chdir into their own folder
+    context = ray.train.get_context()
+    device = ray.train.torch.get_device()
+    ctx = WorkerContext(
+        rank=context.get_world_rank(),
+        world_size=context.get_world_size(),
+        local_rank=context.get_local_rank(),
+        node_rank=context.get_node_rank(),
+        device=device,
+    )
+    if ctx.rank == 0:
+        write_json_atomic(run_dir / "machine.json", describe_hardware())
+    recorder = RunRecorder(clock_for(device), ctx.rank, ctx.world_size, ctx.node_rank, ctx.local_rank, run_dir)
+    return train_worker(cfg, ctx, recorder, report_epoch=ray.train.report)
+
+
+def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
+    """Run `cfg` with TorchTrainer; raises whatever made training fail."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop_per_worker=_worker_entry,
+        train_loop_config={"config": cfg.to_dict(), "run_dir": str(Path(run_dir).resolve())},
+        torch_config=TorchConfig(backend=cfg.resolved_backend),
+        scaling_config=ScalingConfig(
+            num_workers=cfg.workers.num_workers,
+            use_gpu=cfg.workers.use_gpu,
+            resources_per_worker={"CPU": cfg.workers.cpus_per_worker, **({"GPU": 1} if cfg.workers.use_gpu else {})},
+        ),
+        run_config=RunConfig(name="ray_train", storage_path=str(Path(run_dir).resolve())),
+    )
+    trainer.fit()

@@ -1,0 +1,117 @@
+"""One run, end to end: run directory, launch, records -> summary.json.
+
+Shared by `scaling run` (and the sweep). The order matters for clean failures: the config
+is validated and the cluster checked *before* the run directory exists, so a refused run
+leaves nothing behind; once training started, any failure still ends in a `summary.json`
+with `status: failed` and the error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import traceback
+from pathlib import Path
+
+from scaling.analysis.run_metrics import summarize_run
+from scaling.config import ExperimentConfig
+from scaling.errors import UsageError
+from scaling.instrument.machine import describe_hardware, describe_versions
+from scaling.results import SCHEMA_VERSION, merge_step_parts, read_epochs, write_json_atomic, write_text_atomic
+
+LAUNCHERS = ("ray", "local")
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"{cfg.name}-w{cfg.workers.num_workers}-{stamp}"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse an output directory that holds a run already or cannot be written."""
+    run_dir = Path(run_dir)
+    if (run_dir / "summary.json").exists():
+        raise UsageError(f"{run_dir} already holds a run (summary.json); choose another --out")
+    parent = run_dir
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"output directory {run_dir} is not writable (at {parent}); choose another --out")
+
+
+def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> dict:
+    """Launch `cfg`, then write summary.json from the records, whatever happened."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+    started_at = dt.datetime.now(dt.timezone.utc)
+    start = time.perf_counter()
+    status, error = None, None
+    try:
+        if launcher == "ray":
+            from scaling.launch.ray_train import run_ray
+
+            run_ray(cfg, run_dir)
+        else:
+            from scaling.launch.local import run_local
+
+            run_local(cfg, run_dir)
+    except KeyboardInterrupt:
+        status, error = "failed", "interrupted"
+        _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start)
+        raise
+    except Exception as exc:
+        status = "failed"
+        error = _one_line_error(exc)
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+    return _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start)
+
+
+def _one_line_error(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    # Ray wraps the worker's exception; its last line is usually the original error.
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()
+
+
+def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) -> dict:
+    steps = merge_step_parts(run_dir)
+    epochs = read_epochs(run_dir)
+    figures = summarize_run(steps, epochs, cfg.train.target_accuracy, cfg.workers.num_workers)
+    if status is None:
+        status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
+    machine_path = run_dir / "machine.json"
+    hardware = _read_json(machine_path) if machine_path.exists() else describe_hardware()
+    num_nodes = int(steps["node_rank"].nunique()) if not steps.empty else None
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "name": cfg.name,
+        "model": cfg.model.name,
+        "dataset": cfg.data.name,
+        "backend": cfg.resolved_backend,
+        "launcher": launcher,
+        "num_workers": cfg.workers.num_workers,
+        "num_nodes": num_nodes,
+        "workers_per_node": cfg.workers.num_workers / num_nodes if num_nodes else None,
+        "per_worker_batch": cfg.train.per_worker_batch,
+        "global_batch": cfg.global_batch,
+        "seed": cfg.train.seed,
+        "status": status,
+        "error": error,
+        "target_accuracy": cfg.train.target_accuracy,
+        **figures,
+        "inject_comm_delay_s": cfg.instrument.inject_comm_delay_s,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "run_wall_s": wall_s,
+        "versions": describe_versions(),
+        "hardware": hardware,
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    return summary
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,86 @@
+"""Model zoo: published parameter counts, a forward+backward for every registered model, and the
+error for an unknown name."""
+
+import pytest
+import torch
+
+from scaling.models import UnknownModelError, build_model, model_names
+from scaling.models.resnet import PadShortcut
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# CIFAR: He et al. 2016 table 6 gives 0.27M and 0.85M; the exact figures are the option A
+# (parameter-free shortcut) counts. 272,474 / 855,770, also seen quoted, are option B counts
+# (2,752 more for the 1x1 conv + BN projections), which would mean the wrong shortcut.
+# ImageNet: torchvision's model cards.
+@pytest.mark.parametrize(
+    ("name", "num_classes", "expected"),
+    [
+        ("resnet20", 10, 269_722),
+        ("resnet56", 10, 853_018),
+        ("resnet18", 1000, 11_689_512),
+        ("resnet50", 1000, 25_557_032),
+    ],
+)
+def test_parameter_counts(name, num_classes, expected):
+    assert _num_params(build_model(name, num_classes)) == expected
+
+
+def test_cifar_shortcuts_hold_no_parameters():
+    model = build_model("resnet20", 10)
+    shortcuts = [m for m in model.modules() if isinstance(m, PadShortcut)]
+    assert len(shortcuts) == 2  # the first block of stages 2 and 3
+    assert all(_num_params(m) == 0 for m in shortcuts)
+
+
+def test_imagenet_resnets_use_torchvision_module_names():
+    resnet50 = build_model("resnet50", 1000)
+    names = set(resnet50.state_dict())
+    for key in (
+        "conv1.weight",
+        "bn1.running_mean",
+        "layer1.0.downsample.0.weight",
+        "layer1.0.downsample.1.weight",
+        "layer2.0.conv2.weight",
+        "layer4.2.bn3.bias",
+        "fc.weight",
+        "fc.bias",
+    ):
+        assert key in names
+    assert resnet50.layer2[0].conv1.stride == (1, 1)
+    assert resnet50.layer2[0].conv2.stride == (2, 2)  # v1.5: the stride sits on the 3x3
+    assert "layer1.0.downsample.0.weight" not in build_model("resnet18", 1000).state_dict()
+
+
+# ImageNet models get 64x64 to stay fast; adaptive average pooling makes any size >= 32 work.
+_INPUT_SIZE = {"small_cnn": 32, "resnet20": 32, "resnet56": 32, "resnet18": 64, "resnet50": 64}
+
+
+def test_every_registered_model_has_an_input_size():
+    assert set(model_names()) == set(_INPUT_SIZE)
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_forward_backward(name):
+    torch.manual_seed(0)
+    num_classes, batch = 7, 2
+    model = build_model(name, num_classes)
+    size = _INPUT_SIZE[name]
+    logits = model(torch.randn(batch, 3, size, size))
+    assert logits.shape == (batch, num_classes)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1])).backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, pname
+        assert torch.isfinite(p.grad).all(), pname
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(UnknownModelError) as excinfo:
+        build_model("nope", 10)
+    message = str(excinfo.value)
+    assert "nope" in message
+    for name in model_names():
+        assert name in message
