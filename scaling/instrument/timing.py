@@ -92,6 +92,8 @@ class CommTimingHook:
         self.inner_state = inner_state
         self.inject_delay_s = inject_delay_s
         self._buckets: list[BucketMarks] = []
+        # DDP logs the hook's name; give it the inner hook's, marked as timed.
+        self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
 
     def __call__(self, state, bucket):
         marks = BucketMarks(index=bucket.index(), handed_over=self.clock.mark())

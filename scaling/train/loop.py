@@ -12,6 +12,7 @@ record + report. TTA and time-per-epoch count `train_s` only.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -108,16 +109,15 @@ def _calibrate(model, hook, batches, clock, recorder, epoch: int, step: int, pai
             break
         order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
         for kind in order:
-            start = clock.mark()
-            after_data = start  # the batch is already here: calibration times compute and sync only
-            loss = F.cross_entropy(model(inputs), targets)
-            after_forward = clock.mark()
-            if kind == "calib_nosync":
-                with model.no_sync():
-                    loss.backward()
-            else:
+            # DDP decides in forward whether the coming backward synchronises, so the whole
+            # forward+backward sits inside no_sync().
+            with model.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
+                start = clock.mark()
+                after_data = start  # the batch is already here: calibration times compute and sync only
+                loss = F.cross_entropy(model(inputs), targets)
+                after_forward = clock.mark()
                 loss.backward()
-            after_backward = clock.mark()
+                after_backward = clock.mark()
             model.zero_grad(set_to_none=True)
             recorder.step(
                 StepMarks(epoch, step, kind, False, len(targets), start, after_data, after_forward,
@@ -144,13 +144,14 @@ def train_worker(
 
     hook = None
     if ctx.world_size > 1:
-        # broadcast_buffers=False: BatchNorm statistics stay per worker (as in Goyal et al.),
-        # so the only communication is the gradient all-reduce that the hook times.
+        # forward_sync_buffers=False: BatchNorm statistics are synced once at start and then
+        # stay per worker (as in Goyal et al.), so the only communication during training is
+        # the gradient all-reduce that the hook times.
         model = DistributedDataParallel(
             model,
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
-            broadcast_buffers=False,
+            forward_sync_buffers=False,
         )
         hook = CommTimingHook(clock, inject_delay_s=cfg.instrument.inject_comm_delay_s)
         model.register_comm_hook(state=None, hook=hook)

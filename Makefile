@@ -1,0 +1,34 @@
+# make demo | make test | make clean -- each works from a fresh clone.
+# torch is installed first, pinned to the CPU wheel: a bare torch requirement resolved by pip
+# alongside the rest would pull a multi-GB CUDA build.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+
+.PHONY: demo test install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: install
+	$(BIN)/scaling run experiments/quickstart.yaml --workers 2 --out results/demo-$$(date +%Y%m%d-%H%M%S)
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) results .pytest_cache
