@@ -1,0 +1,92 @@
+"""Config: typed loading, refusal of unknown keys and bad values, overrides, CLI exit codes."""
+
+import pytest
+import yaml
+
+from scaling.config import ConfigError, ExperimentConfig, from_dict, load_config
+from tests.conftest import REPO, run_cli
+
+QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+
+
+def test_quickstart_loads_and_round_trips():
+    cfg = load_config(QUICKSTART)
+    assert cfg.model.name == "small_cnn"
+    assert from_dict(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_overrides_and_workers():
+    cfg = load_config(QUICKSTART, overrides=["optim.lr=0.2", "train.max_epochs=8", "backend=gloo"], num_workers=1)
+    assert cfg.optim.lr == 0.2 and isinstance(cfg.optim.lr, float)
+    assert cfg.train.max_epochs == 8
+    assert cfg.workers.num_workers == 1
+    assert cfg.global_batch == cfg.train.per_worker_batch
+
+
+def test_unknown_key_names_key_and_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        from_dict({"optim": {"lrr": 0.1}})
+    message = str(err.value)
+    assert "optim.lrr" in message and "lr" in message and "momentum" in message
+
+
+def test_wrong_type_is_refused():
+    with pytest.raises(ConfigError, match="train.max_epochs"):
+        from_dict({"train": {"max_epochs": "ten"}})
+    with pytest.raises(ConfigError, match="workers.num_workers"):
+        from_dict({"workers": {"num_workers": True}})
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.lr=-0.1", "optim.lr"),
+        ("optim.lr=0", "optim.lr"),
+        ("train.target_accuracy=1.5", "train.target_accuracy"),
+        ("train.target_accuracy=0", "train.target_accuracy"),
+        ("train.per_worker_batch=0", "train.per_worker_batch"),
+        ("model.name=resnet9000", "model.name"),
+        ("data.name=imagenet21k", "data.name"),
+        ("backend=mpi", "backend"),
+        ("data.train_samples=10", "data.train_samples"),
+    ],
+)
+def test_impossible_values_are_refused(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(QUICKSTART, overrides=[override])
+
+
+def test_workers_below_one_refused():
+    with pytest.raises(ConfigError, match="workers"):
+        load_config(QUICKSTART, num_workers=0)
+
+
+def test_defaults_are_a_valid_config():
+    from scaling.config import validate
+
+    validate(ExperimentConfig())
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--set", "optim.lrr=0.1"], "optim.lrr"),
+        (["--set", "optim.lr=-0.1"], "optim.lr"),
+        (["--workers", "two"], "--workers"),
+        (["--set", "nonsense"], "key=value"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, needle):
+    out = tmp_path / "run"
+    result = run_cli("run", str(QUICKSTART), "--out", str(out), *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_cli_missing_config_file(tmp_path):
+    result = run_cli("run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "not found" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,95 @@
+"""The timing arithmetic, on hand-built records with known answers."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from scaling.analysis.run_metrics import comm_delta_s, summarize_run
+from scaling.instrument.timing import BucketMarks, StepMarks, interval_union_s
+
+
+def test_interval_union_counts_overlap_once():
+    assert interval_union_s([]) == 0
+    assert interval_union_s([(0, 1), (2, 3)]) == 2
+    assert interval_union_s([(0, 2), (1, 3)]) == 3  # a bucket queued behind another
+    assert interval_union_s([(0, 4), (1, 2)]) == 4
+
+
+def test_step_marks_resolve_phases_and_exposed_comm():
+    from scaling.instrument.timing import Clock
+
+    # data 0-1, forward 1-3, backward 3-10, optimizer 10-11 (seconds since an origin of 100)
+    buckets = [BucketMarks(0, 105.0, 107.0), BucketMarks(1, 108.0, 109.5), BucketMarks(2, 109.0, 109.8)]
+    marks = StepMarks(1, 0, "train", False, 32, 100.0, 101.0, 103.0, 110.0, 111.0, buckets)
+    row = marks.resolve(Clock())
+    assert row["data_s"] == 1 and row["forward_s"] == 2 and row["backward_s"] == 7 and row["optimizer_s"] == 1
+    assert row["step_s"] == 11
+    assert row["allreduce_s"] == pytest.approx(2.0 + 1.8)  # [5,7] and [8,9.8]
+    # backward compute ended when the last bucket was handed over (9); comm ended at 9.8
+    assert row["exposed_comm_s"] == pytest.approx(0.8)
+    assert row["compute_s"] == pytest.approx(2 + 7 - 0.8 + 1)
+    assert row["num_buckets"] == 3
+
+
+def _step(epoch, step, rank, kind="train", warmup=False, step_s=1.0, exposed=0.1, allreduce=0.2):
+    return dict(epoch=epoch, step=step, rank=rank, node_rank=0, local_rank=rank, kind=kind, warmup=warmup,
+                samples=32, data_s=0.1, forward_s=0.3, backward_s=0.5, optimizer_s=0.1, step_s=step_s,
+                allreduce_s=allreduce, exposed_comm_s=exposed, compute_s=step_s - 0.1 - exposed, num_buckets=1)
+
+
+def _epochs(train_s, acc):
+    rows, elapsed = [], 0.0
+    for i, (t, a) in enumerate(zip(train_s, acc), start=1):
+        elapsed += t + 0.5
+        rows.append(dict(epoch=i, train_s=t, eval_s=0.3, calibration_s=0.2, train_loss=1.0, val_accuracy=a,
+                         samples=1000, throughput_samples_per_s=1000 / t, elapsed_train_s=sum(train_s[:i]),
+                         elapsed_wall_s=elapsed, lr=0.1))
+    return pd.DataFrame(rows)
+
+
+def test_summary_excludes_warmup_and_calibration_from_step_figures():
+    steps = pd.DataFrame(
+        [_step(1, 0, r, warmup=True, step_s=9.0) for r in (0, 1)]
+        + [_step(1, s, r, step_s=1.0 + 0.2 * r) for s in (1, 2) for r in (0, 1)]
+        + [_step(1, 2, r, kind="calib_sync", step_s=0.9) for r in (0, 1) for _ in range(3)]
+        + [_step(1, 2, r, kind="calib_nosync", step_s=0.6) for r in (0, 1) for _ in range(3)]
+    )
+    out = summarize_run(steps, _epochs([10.0], [0.5]), target_accuracy=0.9, num_workers=2)
+    assert out["step_s"] == pytest.approx(1.1)  # mean of 1.0 and 1.2: warm-up (9 s) left out
+    assert out["comm_delta_s"] == pytest.approx(0.3)
+    assert out["comm_overhead_pct"] == pytest.approx(100 * 0.3 / 1.1)
+    assert out["exposed_comm_pct"] == pytest.approx(100 * 0.1 / 1.1)
+
+
+def test_comm_delta_is_median_over_epochs_of_rank_means():
+    rows = []
+    for epoch, (sync, nosync) in enumerate([(1.0, 0.5), (1.0, 0.8), (1.0, 0.7)], start=1):
+        for rank in (0, 1):
+            rows += [_step(epoch, 0, rank, kind="calib_sync", step_s=sync)] * 3
+            rows += [_step(epoch, 0, rank, kind="calib_nosync", step_s=nosync)] * 3
+    assert comm_delta_s(pd.DataFrame(rows)) == pytest.approx(0.3)  # deltas 0.5, 0.2, 0.3
+
+
+def test_tta_time_per_epoch_and_throughput():
+    steps = pd.DataFrame([_step(1, s, 0) for s in range(3)])
+    epochs = _epochs([12.0, 10.0, 11.0, 10.5], [0.3, 0.6, 0.85, 0.9])
+    out = summarize_run(steps, epochs, target_accuracy=0.8, num_workers=1)
+    assert out["epochs_to_target"] == 3
+    assert out["tta_s"] == pytest.approx(33.0)  # evaluation and calibration excluded
+    assert out["tta_wall_s"] == pytest.approx(33.0 + 3 * 0.5)
+    assert out["time_per_epoch_s"] == pytest.approx(10.5)  # median of epochs 2..4
+    assert out["throughput_samples_per_s"] == pytest.approx(1000 / 10.5)
+    assert out["comm_overhead_pct"] == 0.0 and out["comm_delta_s"] == 0.0  # one worker: 0 by definition
+    assert out["best_accuracy"] == pytest.approx(0.9)
+
+
+def test_target_never_reached_has_no_tta():
+    out = summarize_run(pd.DataFrame([_step(1, 0, 0)]), _epochs([1.0, 1.0], [0.1, 0.2]), 0.9, 1)
+    assert out["tta_s"] is None and out["epochs_to_target"] is None and out["tta_wall_s"] is None
+
+
+def test_empty_records_give_none_not_nan():
+    out = summarize_run(pd.DataFrame(), pd.DataFrame(), 0.9, 2)
+    assert out["epochs_run"] == 0 and out["step_s"] is None and out["comm_overhead_pct"] is None
+    assert not any(isinstance(v, float) and math.isnan(v) for v in out.values())
