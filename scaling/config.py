@@ -71,6 +71,7 @@ class InstrumentConfig:
     calibration_pairs: int = 10  # per epoch: (no_sync, sync) step pairs for the A/B comm overhead; 0 = off
     inject_comm_delay_s: float = 0.0  # ground truth: extra seconds added to the last gradient bucket's all-reduce, per step
     ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
+    fail_at_step: int = -1  # fault injection: rank 0 raises at this global step (tests of failure handling); -1 = never
 
 
 @dataclass

@@ -74,6 +74,8 @@ def _worker_entry(loop_config: dict) -> dict:
     from scaling.instrument.timing import clock_for
     from scaling.train.loop import WorkerContext, train_worker
 
+    # Ray Train logs every report at INFO on each worker; the loop prints its own epoch line.
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
     cfg = from_dict(loop_config["config"])
     run_dir = Path(loop_config["run_dir"])  # absolute: Ray workers chdir into their own folder
     context = ray.train.get_context()

@@ -35,6 +35,10 @@ EVAL_BATCH = 512
 CALIBRATION_EPOCH_OFFSET = 1_000_000
 
 
+class InjectedFailure(RuntimeError):
+    """Raised on purpose by `instrument.fail_at_step`, to test what a failed run leaves."""
+
+
 @dataclass
 class WorkerContext:
     rank: int
@@ -177,6 +181,8 @@ def train_worker(
             torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
         epoch_start = time.perf_counter()
         for _ in range(steps_per_ep):
+            if global_step == cfg.instrument.fail_at_step and ctx.rank == 0:
+                raise InjectedFailure(f"injected failure at step {global_step} (instrument.fail_at_step)")
             start = clock.mark()
             inputs, targets = next(batches)
             after_data = clock.mark()
