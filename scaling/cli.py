@@ -1,6 +1,8 @@
 """The `scaling` command.
 
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
+    scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
+    scaling report SWEEP_DIR
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
 directory) ends with exit status 2 and one line on stderr, before anything is written.
@@ -36,20 +38,27 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="override a config field, e.g. --set optim.lr=0.2 (repeatable)")
     run.add_argument("--launcher", choices=("ray", "local"), default="ray",
                      help="ray: Ray Train on the current Ray cluster (default); local: torch.distributed processes on this host, no Ray")
+
+    sweep = commands.add_parser("sweep", help="every worker count x repeat (x sweep axes) as its own run; resumable")
+    sweep.add_argument("config", help="experiment YAML, optionally with a sweep: section")
+    sweep.add_argument("--workers", help="comma-separated worker counts, e.g. 1,2 (overrides sweep.workers)")
+    sweep.add_argument("--repeats", type=int, help="seeds per point (overrides sweep.repeats)")
+    sweep.add_argument("--out", type=Path, help="sweep directory (default: results/<name>-sweep)")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a base config field for every run (repeatable)")
+    sweep.add_argument("--launcher", choices=("ray", "local"), default="ray")
+
+    report = commands.add_parser("report", help="tables and figures of a sweep directory")
+    report.add_argument("sweep_dir", type=Path)
     return parser
 
 
-def _cmd_run(args) -> int:
-    from scaling.config import load_config
-    from scaling.launch.run import check_run_dir, default_run_dir, execute_run
-
-    cfg = load_config(args.config, overrides=args.overrides, num_workers=args.workers)
-    run_dir = args.out or default_run_dir(cfg)
-    check_run_dir(run_dir)
-    if args.launcher == "ray":
+def _check_capacity(cfg, launcher: str, log_to_driver: bool = True) -> None:
+    """Refuse at once what the cluster (or this host) cannot place."""
+    if launcher == "ray":
         from scaling.launch.ray_train import check_capacity, connect
 
-        connect()
+        connect(log_to_driver=log_to_driver)
         check_capacity(cfg)
     else:
         import os
@@ -58,10 +67,51 @@ def _cmd_run(args) -> int:
             raise UsageError(
                 f"{cfg.workers.num_workers} workers x {cfg.workers.cpus_per_worker} CPU exceed this host's {os.cpu_count()} CPUs"
             )
+
+
+def _cmd_run(args) -> int:
+    from scaling.config import load_config
+    from scaling.launch.run import check_run_dir, default_run_name, execute_run, resolve_out
+
+    cfg = load_config(args.config, overrides=args.overrides, num_workers=args.workers)
+    run_dir = resolve_out(args.out, default_run_name(cfg))
+    check_run_dir(run_dir)
+    _check_capacity(cfg, args.launcher)
     print(f"run directory: {run_dir}", flush=True)
     summary = execute_run(cfg, run_dir, launcher=args.launcher)
     print_summary(summary, run_dir)
     return 0 if summary["status"] != "failed" else 1
+
+
+def _cmd_sweep(args) -> int:
+    from rich.console import Console
+
+    from scaling.launch.run import check_run_dir, resolve_out
+    from scaling.launch.sweep import parse_workers, plan_sweep, prepare_sweep_dir, run_sweep, sweep_max_workers
+
+    workers = parse_workers(args.workers) if args.workers is not None else None
+    data, spec, planned = plan_sweep(args.config, workers, args.repeats, args.overrides)
+    sweep_dir = resolve_out(args.out, f"{planned[0].config.name}-sweep")
+    check_run_dir(sweep_dir)
+    # Ray's worker logs would tear the progress display; each run's errors land in its summary.
+    _check_capacity(sweep_max_workers(planned), args.launcher, log_to_driver=False)
+    prepare_sweep_dir(sweep_dir, data, spec)
+    console = Console()
+    console.print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)")
+    index = run_sweep(sweep_dir, planned, args.launcher, console)
+    failed = int((index["status"] == "failed").sum()) if not index.empty else 0
+    console.print(f"done: {len(index) - failed} runs finished, {failed} failed; next: scaling report {sweep_dir}")
+    return 0 if failed == 0 else 1
+
+
+def _cmd_report(args) -> int:
+    from rich.console import Console
+
+    from scaling.report import write_report
+
+    path = write_report(args.sweep_dir, Console())
+    print(f"report: {path}")
+    return 0
 
 
 def _fmt(value, spec: str = ".3f", unit: str = "") -> str:
@@ -109,8 +159,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
-        if args.command == "run":
-            return _cmd_run(args)
+        commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report}
+        return commands[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

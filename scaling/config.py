@@ -63,6 +63,7 @@ class WorkersConfig:
     num_workers: int = 1  # data-parallel workers (ranks); `--workers N` sets it
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
+    node_price_per_hour: float = 0.0  # USD per node-hour, for cost-to-accuracy (DAWNBench); 0 = unknown
 
 
 @dataclass
@@ -210,6 +211,7 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
     require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
     require(cfg.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {cfg.optim.schedule!r}")
+    require(cfg.workers.node_price_per_hour >= 0, f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}")
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")
     require(cfg.data.difficulty > 0, f"data.difficulty must be > 0, got {cfg.data.difficulty}")

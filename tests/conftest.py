@@ -34,7 +34,9 @@ def ray_cluster():
     """Yields {'address': 'IP:PORT', 'dashboard': 'http://IP:PORT', 'env': env for subprocesses}."""
     temp_dir = tempfile.mkdtemp(prefix="slray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     port, dashboard, agent = _free_port(), _free_port(), _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # PATH leads with this venv: `ray job submit` entrypoints (`scaling ...`) run in the head's environment.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent}",

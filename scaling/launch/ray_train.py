@@ -25,7 +25,7 @@ from scaling.results import write_json_atomic
 RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
 
 
-def connect() -> None:
+def connect(log_to_driver: bool = True) -> None:
     """Attach to (or start) the Ray cluster; one clear error when it cannot be reached."""
     import ray
 
@@ -39,6 +39,7 @@ def connect() -> None:
             logging_level=logging.WARNING,
             runtime_env={"env_vars": dict(RAY_ENV)},
             configure_logging=True,
+            log_to_driver=log_to_driver,
         )
     except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on the cause
         where = f"RAY_ADDRESS={address}" if address else "a local Ray cluster"

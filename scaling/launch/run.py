@@ -23,9 +23,23 @@ from scaling.results import SCHEMA_VERSION, merge_step_parts, read_epochs, write
 LAUNCHERS = ("ray", "local")
 
 
-def default_run_dir(cfg: ExperimentConfig) -> Path:
+RESULTS_ROOT_ENV = "SCALING_RESULTS_DIR"
+
+
+def resolve_out(out: Path | None, default_name: str) -> Path:
+    """Where results go. A relative --out is taken under $SCALING_RESULTS_DIR when that is set:
+    inside `ray job submit` the working directory is a temporary copy, so a job names shared
+    storage there (docs: README, "ray job submit")."""
+    out = Path(out) if out is not None else Path("results") / default_name
+    root = os.environ.get(RESULTS_ROOT_ENV)
+    if root and not out.is_absolute():
+        out = Path(root) / out
+    return out.absolute()
+
+
+def default_run_name(cfg: ExperimentConfig) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("results") / f"{cfg.name}-w{cfg.workers.num_workers}-{stamp}"
+    return f"{cfg.name}-w{cfg.workers.num_workers}-{stamp}"
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -102,6 +116,7 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) ->
         "target_accuracy": cfg.train.target_accuracy,
         **figures,
         "inject_comm_delay_s": cfg.instrument.inject_comm_delay_s,
+        "node_price_per_hour": cfg.workers.node_price_per_hour,
         "started_at": started_at.isoformat(timespec="seconds"),
         "run_wall_s": wall_s,
         "versions": describe_versions(),

@@ -1,0 +1,230 @@
+"""A sweep: every (axis values x worker count x repeat seed) as its own run, resumable.
+
+    scaling sweep experiments/quickstart.yaml --workers 1,2 --repeats 3 --out results/qs
+
+The config file is a run config with an optional `sweep:` section:
+
+    sweep:
+      workers: [1, 2]          # --workers overrides
+      repeats: 3               # --repeats overrides; repeat r runs with train.seed + r
+      axes:                    # any other config field, by dotted key
+        train.per_worker_batch: [64, 128]
+
+Layout of the sweep directory:
+    sweep.yaml        the resolved base config and the sweep spec
+    runs/<run_key>/   one run directory per run (docs/results.md)
+    runs.parquet      index: one row per finished run, its summary flattened, plus
+                      run_key, run_dir, repeat and one `sweep.<key>` column per axis
+
+Re-running the same command resumes: runs whose summary.json says reached_target or
+max_epochs are kept; failed, interrupted or never-finished runs are redone. A failed run
+is recorded and the sweep goes on. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from scaling.config import ConfigError, apply_overrides, from_dict, validate
+from scaling.errors import UsageError
+from scaling.results import read_epochs, write_parquet_atomic, write_text_atomic
+
+DONE_STATUSES = ("reached_target", "max_epochs")
+
+
+@dataclass
+class SweepSpec:
+    workers: list[int]
+    repeats: int = 1
+    axes: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass
+class PlannedRun:
+    key: str
+    repeat: int
+    axis_values: dict
+    config: object  # ExperimentConfig
+
+
+def _parse_spec(raw: dict | None, workers: list[int] | None, repeats: int | None) -> SweepSpec:
+    raw = dict(raw or {})
+    unknown = set(raw) - {"workers", "repeats", "axes"}
+    if unknown:
+        raise ConfigError(f"unknown key 'sweep.{sorted(unknown)[0]}'; valid keys here: workers, repeats, axes")
+    spec = SweepSpec(workers=raw.get("workers", [1]), repeats=raw.get("repeats", 1), axes=raw.get("axes", {}) or {})
+    if workers is not None:
+        spec.workers = workers
+    if repeats is not None:
+        spec.repeats = repeats
+    if not isinstance(spec.workers, list) or not spec.workers or not all(isinstance(w, int) and not isinstance(w, bool) for w in spec.workers):
+        raise ConfigError(f"sweep workers must be a non-empty list of integers, got {spec.workers!r}")
+    if any(w < 1 for w in spec.workers):
+        raise ConfigError(f"sweep workers must be >= 1, got {spec.workers}")
+    if not isinstance(spec.repeats, int) or spec.repeats < 1:
+        raise ConfigError(f"sweep repeats must be an integer >= 1, got {spec.repeats!r}")
+    if not isinstance(spec.axes, dict) or not all(isinstance(v, list) and v for v in spec.axes.values()):
+        raise ConfigError("sweep.axes must map dotted config keys to non-empty lists of values")
+    for key in spec.axes:
+        if key in ("workers.num_workers", "train.seed"):
+            raise ConfigError(f"sweep.axes.{key}: use sweep.workers / sweep.repeats for this")
+    return spec
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--workers expects a comma-separated list of integers such as 1,2,4, got {text!r}") from None
+
+
+def _short(key: str) -> str:
+    return key.split(".")[-1]
+
+
+def plan_sweep(
+    config_path: Path, workers: list[int] | None, repeats: int | None, overrides: list[str] | None = None
+) -> tuple[dict, SweepSpec, list[PlannedRun]]:
+    """Every run of the sweep, each config validated before anything runs."""
+    config_path = Path(config_path)
+    if not config_path.is_file():
+        raise ConfigError(f"config file not found: {config_path}")
+    try:
+        data = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{config_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config_path} must hold a YAML mapping")
+    spec = _parse_spec(data.pop("sweep", None), workers, repeats)
+    data = apply_overrides(data, overrides or [])
+    base = from_dict(copy.deepcopy(data))
+    validate(base)
+    planned = []
+    axis_keys = list(spec.axes)
+    for values in itertools.product(*(spec.axes[k] for k in axis_keys)):
+        axis_values = dict(zip(axis_keys, values))
+        for num_workers in spec.workers:
+            for repeat in range(spec.repeats):
+                overrides = [f"{k}={json.dumps(v)}" for k, v in axis_values.items()]
+                run_data = apply_overrides(copy.deepcopy(data), overrides)
+                cfg = from_dict(run_data)
+                cfg.workers.num_workers = num_workers
+                cfg.train.seed = base.train.seed + repeat
+                try:
+                    validate(cfg)
+                except ConfigError as exc:
+                    raise ConfigError(f"sweep run w{num_workers} {axis_values or ''}: {exc}") from None
+                key = f"w{num_workers}" + "".join(f"-{_short(k)}{v}" for k, v in axis_values.items()) + f"-r{repeat}"
+                planned.append(PlannedRun(key, repeat, axis_values, cfg))
+    return data, spec, planned
+
+
+def _sweep_description(data: dict, spec: SweepSpec) -> str:
+    return yaml.safe_dump({"base": data, "sweep": {"workers": spec.workers, "repeats": spec.repeats, "axes": spec.axes}}, sort_keys=False)
+
+
+def prepare_sweep_dir(sweep_dir: Path, data: dict, spec: SweepSpec) -> None:
+    """Create the sweep directory, or check that it holds this very sweep (resume)."""
+    description = _sweep_description(data, spec)
+    existing = sweep_dir / "sweep.yaml"
+    if existing.exists():
+        if yaml.safe_load(existing.read_text()) != yaml.safe_load(description):
+            raise UsageError(f"{sweep_dir} holds a different sweep (sweep.yaml differs); choose another --out")
+    elif sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise UsageError(f"{sweep_dir} exists and is not a sweep directory; choose another --out")
+    write_text_atomic(existing, description)
+
+
+def is_done(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())["status"] in DONE_STATUSES
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def write_index(sweep_dir: Path, planned: list[PlannedRun]) -> pd.DataFrame:
+    """runs.parquet: one row per run that has a summary (finished or failed)."""
+    rows = []
+    for run in planned:
+        path = sweep_dir / "runs" / run.key / "summary.json"
+        if not path.exists():
+            continue
+        row = pd.json_normalize(json.loads(path.read_text()), sep=".").iloc[0].to_dict()
+        row.update(run_key=run.key, run_dir=f"runs/{run.key}", repeat=run.repeat)
+        row.update({f"sweep.{k}": v for k, v in run.axis_values.items()})
+        rows.append(row)
+    index = pd.DataFrame(rows)
+    write_parquet_atomic(sweep_dir / "runs.parquet", index)
+    return index
+
+
+class _EpochWatcher(threading.Thread):
+    """Polls the running run's epochs.parquet so the progress line shows epoch and accuracy."""
+
+    def __init__(self, run_dir: Path, update):
+        super().__init__(daemon=True)
+        self.run_dir, self.update, self.stopped = run_dir, update, threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(1.0):
+            try:
+                epochs = read_epochs(self.run_dir)
+            except Exception:  # a file being replaced: try again next tick
+                continue
+            if not epochs.empty:
+                last = epochs.iloc[-1]
+                self.update(f"epoch {int(last['epoch'])}, val acc {last['val_accuracy']:.3f}")
+
+
+def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console) -> pd.DataFrame:
+    """Run every planned run not yet done; returns the index (runs.parquet)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from scaling.launch.run import execute_run
+
+    todo = [run for run in planned if not is_done(sweep_dir / "runs" / run.key)]
+    kept = len(planned) - len(todo)
+    if kept:
+        console.print(f"resuming: {kept} of {len(planned)} runs already finished, {len(todo)} to run")
+    failed = []
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[current]}"),
+               TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("sweep", total=len(planned), completed=kept, current="")
+        for run in todo:
+            run_dir = sweep_dir / "runs" / run.key
+            if run_dir.exists():
+                shutil.rmtree(run_dir)  # failed or incomplete: redo from scratch
+            progress.update(task, current=f"{run.key}: starting")
+            watcher = _EpochWatcher(run_dir, lambda text, key=run.key: progress.update(task, current=f"{key}: {text}"))
+            watcher.start()
+            try:
+                summary = execute_run(run.config, run_dir, launcher=launcher)
+            finally:
+                watcher.stopped.set()
+                write_index(sweep_dir, planned)
+            if summary["status"] == "failed":
+                failed.append(run.key)
+                progress.console.print(f"[red]run {run.key} failed:[/red] {summary['error']}")
+            else:
+                tta = f"TTA {summary['tta_s']:.1f} s" if summary["tta_s"] is not None else "target not reached"
+                progress.console.print(f"run {run.key}: {summary['status']}, {tta}, {summary['time_per_epoch_s']:.2f} s/epoch")
+            progress.update(task, advance=1, current="")
+    index = write_index(sweep_dir, planned)
+    if failed:
+        console.print(f"[red]{len(failed)} run(s) failed[/red]: {', '.join(failed)} (re-run the same command to redo them)")
+    return index
+
+
+def sweep_max_workers(planned: list[PlannedRun]):
+    return max(planned, key=lambda run: run.config.workers.num_workers * run.config.workers.cpus_per_worker).config
+

@@ -1,0 +1,369 @@
+"""The sweep's figures, drawn only from `scaling.analysis.scaling_tables` outputs.
+
+    table = per_worker_count(runs, default_group_by(runs))
+    fig = speedup_figure(table); save(fig, Path("report/speedup"))   # speedup.png + speedup.svg
+
+Each function returns a matplotlib `Figure` built without pyplot (rendered by Agg when
+saved; no global backend is set, so notebooks still show them inline). What each plotted
+figure means is defined in scaling/analysis/scaling_tables.py. Sizes and fonts are for
+print: about 6.5 x 4 inches, 9-10 pt text, PNG at 200 dpi plus SVG. Colours are the
+Okabe-Ito colour-blind-safe palette, one fixed colour per metric and per step phase, and
+lines also differ by marker so the figures survive greyscale printing. When a table holds
+more than one series (a sweep axis besides the worker count) each series gets its own panel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator, PercentFormatter
+
+from scaling.analysis.scaling_tables import SPEEDUP_METRICS, group_columns
+
+DPI = 200
+STYLE = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "legend.framealpha": 0.9,
+    "legend.edgecolor": "#cccccc",
+    "lines.linewidth": 1.8,
+    "lines.markersize": 6,
+    "svg.hashsalt": "scaling",  # stable ids: the same figure gives the same SVG
+}
+GRID = dict(color="#d9d9d9", linewidth=0.6)
+
+METRIC_LABEL = {"time_per_epoch": "time per epoch", "throughput": "throughput", "tta": "time to accuracy (TTA)"}
+METRIC_COLOUR = {"time_per_epoch": "#0072B2", "throughput": "#E69F00", "tta": "#009E73"}
+METRIC_MARKER = {"time_per_epoch": "o", "throughput": "s", "tta": "^"}
+PHASES = (  # column, legend label, colour: bottom of the stack first
+    ("data_s", "data loading", "#999999"),
+    ("forward_s", "forward", "#56B4E9"),
+    ("backward_compute_s", "backward (compute)", "#0072B2"),
+    ("exposed_comm_s", "exposed communication", "#D55E00"),
+    ("optimizer_s", "optimizer", "#F0E442"),
+)
+COMM_AB_COLOUR, COMM_EXPOSED_COLOUR = "#CC79A7", "#D55E00"
+IDEAL = dict(color="black", linestyle="--", linewidth=1.0)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _figure(ncols: int, width: float = 6.5, height: float = 4.0) -> tuple[Figure, list]:
+    width = max(width, 3.6 * ncols) if ncols > 1 else width
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False, sharey=True)[0]
+    for ax in axes:
+        _style_axes(ax)
+    return fig, list(axes)
+
+
+def _style_axes(ax) -> None:
+    # Set explicitly (not only through rcParams): ticks are created lazily at draw time,
+    # possibly outside the rc_context, e.g. when a notebook displays the figure.
+    ax.grid(True, **GRID)
+    ax.set_axisbelow(True)
+    ax.tick_params(labelsize=8, direction="out", length=3)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _series(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(panel title, rows) per combination of the group keys other than num_workers."""
+    keys = [k for k in group_columns(table) if table[k].nunique(dropna=False) > 1]
+    if not keys:
+        return [("", table)]
+    panels = []
+    for values, part in table.groupby(keys, dropna=False, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        panels.append((", ".join(f"{k.removeprefix('sweep.')} = {_fmt_value(v)}" for k, v in zip(keys, values)), part))
+    return panels
+
+
+def _fmt_value(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _workers_label(n) -> str:
+    n = int(n)
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def _worker_axis(ax, counts, log: bool) -> None:
+    """Integer ticks at the worker counts that were run, nothing in between."""
+    counts = sorted({int(c) for c in counts})
+    if log:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(counts))
+    ax.xaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda x, _: f"{int(round(x))}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(counts) == 1:
+        ax.set_xlim(counts[0] * (0.5 if log else 1) - (0 if log else 1), counts[0] * (2 if log else 1) + (0 if log else 1))
+    ax.set_xlabel("workers (data-parallel ranks)")
+
+
+def _use_log(counts) -> bool:
+    counts = [c for c in counts if c > 0]
+    return bool(counts) and max(counts) / min(counts) >= 8
+
+
+def _worker_colours(counts) -> dict:
+    """One colour per worker count, ordered along a perceptually uniform map (few -> many)."""
+    counts = sorted({int(c) for c in counts})
+    cmap = mpl.colormaps["viridis"]
+    if len(counts) == 1:
+        return {counts[0]: cmap(0.25)}
+    return {c: cmap(0.85 * i / (len(counts) - 1)) for i, c in enumerate(counts)}
+
+
+def _no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#555555")
+
+
+def _base_label(part: pd.DataFrame) -> str:
+    base = part["base_workers"].dropna()
+    return _workers_label(base.iloc[0]) if not base.empty else "the smallest worker count"
+
+
+# ---------------------------------------------------------------------------- figures
+
+def speedup_figure(table: pd.DataFrame) -> Figure:
+    """Speedup vs workers for time per epoch, throughput and TTA, with the ideal linear line."""
+    with mpl.rc_context(STYLE):
+        panels = _series(table)
+        fig, axes = _figure(len(panels))
+        log = _use_log(table["num_workers"])
+        for ax, (title, part) in zip(axes, panels):
+            part = part.sort_values("num_workers")
+            counts = part["num_workers"].to_numpy(dtype=float)
+            base = part["base_workers"].dropna()
+            if not base.empty:
+                xs = counts[counts >= base.iloc[0]]
+                ax.plot(xs, xs / base.iloc[0], label="ideal (linear)", zorder=1, **IDEAL)
+            missing = []
+            for metric in SPEEDUP_METRICS:
+                values = part[f"speedup_{metric}"].to_numpy(dtype=float)
+                keep = np.isfinite(values)
+                if not keep.any():
+                    missing.append(METRIC_LABEL[metric])
+                    continue
+                ax.plot(counts[keep], values[keep], marker=METRIC_MARKER[metric], color=METRIC_COLOUR[metric],
+                        label=METRIC_LABEL[metric], zorder=3)
+            if log:
+                ax.set_yscale("log", base=2)
+                ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+            else:
+                ax.set_ylim(bottom=0)
+            _worker_axis(ax, counts, log)
+            if missing:
+                ax.text(0.98, 0.03, "no data: " + ", ".join(missing), transform=ax.transAxes, ha="right", va="bottom",
+                        fontsize=7.5, color="#555555")
+            ax.set_title(title, fontsize=9, fontweight="normal")
+            ax.legend(loc="upper left")
+        axes[0].set_ylabel(f"speedup over {_base_label(table)} (×)")
+        fig.suptitle("Speedup vs. number of workers", fontweight="bold", fontsize=10)
+    return fig
+
+
+def comm_overhead_figure(table: pd.DataFrame) -> Figure:
+    """Communication overhead (A/B, headline) and exposed communication, % of step time, vs workers."""
+    with mpl.rc_context(STYLE):
+        panels = _series(table)
+        fig, axes = _figure(len(panels))
+        log = _use_log(table["num_workers"])
+        for ax, (title, part) in zip(axes, panels):
+            part = part.sort_values("num_workers")
+            counts = part["num_workers"].to_numpy(dtype=float)
+            drawn = False
+            for column, label, colour, marker, style in (
+                ("comm_overhead_pct", "comm overhead, A/B: (t_sync − t_no_sync) / t_step", COMM_AB_COLOUR, "o", "-"),
+                ("exposed_comm_pct", "exposed communication / t_step", COMM_EXPOSED_COLOUR, "s", "--"),
+            ):
+                values = part[column].to_numpy(dtype=float)
+                keep = np.isfinite(values)
+                if keep.any():
+                    ax.plot(counts[keep], values[keep], marker=marker, linestyle=style, color=colour, label=label)
+                    drawn = True
+            if not drawn:
+                _no_data(ax, "no communication figures")
+            _worker_axis(ax, counts, log)
+            ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+            ax.set_title(title, fontsize=9, fontweight="normal")
+            if drawn:
+                ax.legend(loc="upper left")
+        axes[0].set_ylabel("share of step time (%, median over repeats)")
+        fig.suptitle("Communication overhead vs. number of workers", fontweight="bold", fontsize=10)
+    return fig
+
+
+def step_breakdown_figure(table: pd.DataFrame) -> Figure:
+    """Stacked bars per worker count: data, forward, backward compute, exposed communication, optimizer (ms/step)."""
+    with mpl.rc_context(STYLE):
+        panels = _series(table)
+        fig, axes = _figure(len(panels), width=7.0)
+        for ax, (title, part) in zip(axes, panels):
+            part = part.sort_values("num_workers")
+            positions = np.arange(len(part))
+            bottom = np.zeros(len(part))
+            for column, label, colour in PHASES:
+                values = np.nan_to_num(part[column].to_numpy(dtype=float) * 1e3)
+                ax.bar(positions, values, 0.6, bottom=bottom, color=colour, edgecolor="#333333", linewidth=0.5,
+                       label=label)
+                bottom += values
+            for x, total in zip(positions, bottom):
+                if total > 0:
+                    ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 2), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=7.5)
+            ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.grid(False, axis="x")
+            ax.set_xlabel("workers (data-parallel ranks)")
+            ax.set_title(title, fontsize=9, fontweight="normal")
+            ax.margins(y=0.1)
+            if not bottom.any():
+                _no_data(ax, "no step records")
+        axes[0].set_ylabel("time per step (ms, mean over repeats)")
+        handles, labels = axes[0].get_legend_handles_labels()
+        axes[-1].legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        fig.suptitle("Where a training step's time goes", fontweight="bold", fontsize=10)
+    return fig
+
+
+def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None = None) -> Figure:
+    """Validation accuracy per epoch: mean line and min–max band over repeats, one colour per worker count."""
+    with mpl.rc_context(STYLE):
+        panels = _series(curves)
+        fig, axes = _figure(len(panels))
+        colours = _worker_colours(curves["num_workers"]) if not curves.empty else {}
+        for ax, (title, part) in zip(axes, panels):
+            for n, rows in part.groupby("num_workers", sort=True):
+                rows = rows.sort_values("epoch")
+                epoch = rows["epoch"].to_numpy(dtype=float)
+                colour = colours[int(n)]
+                ax.fill_between(epoch, rows["val_accuracy_min"] * 100, rows["val_accuracy_max"] * 100, color=colour,
+                                alpha=0.18, linewidth=0)
+                repeats = int(rows["n_runs"].max())
+                ax.plot(epoch, rows["val_accuracy_mean"] * 100, marker="o", markersize=3.5, color=colour,
+                        label=f"{_workers_label(n)} (n = {repeats})")
+            if target_accuracy is not None:
+                ax.axhline(target_accuracy * 100, color="black", linestyle="--", linewidth=1.0,
+                           label=f"target {target_accuracy:.0%}")
+            if part.empty:
+                _no_data(ax, "no validation accuracy recorded")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("epoch")
+            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+            ax.set_title(title, fontsize=9, fontweight="normal")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(loc="lower right")
+        axes[0].set_ylabel("validation accuracy (top-1, %)")
+        fig.suptitle("Validation accuracy per epoch (line: mean, band: min–max over repeats)", fontweight="bold",
+                     fontsize=10)
+    return fig
+
+
+def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
+    """Throughput speedup beside TTA speedup per worker count (grouped bars), with the ideal."""
+    with mpl.rc_context(STYLE):
+        panels = _series(table)
+        fig, axes = _figure(len(panels))
+        width = 0.36
+        for ax, (title, part) in zip(axes, panels):
+            part = part.sort_values("num_workers")
+            positions = np.arange(len(part))
+            for offset, metric in ((-width / 2, "throughput"), (width / 2, "tta")):
+                values = part[f"speedup_{metric}"].to_numpy(dtype=float)
+                bars = ax.bar(positions + offset, np.nan_to_num(values), width, color=METRIC_COLOUR[metric],
+                              edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup")
+                for bar, value in zip(bars, values):
+                    text = f"{value:.2f}×" if math.isfinite(value) else "n/a"
+                    ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 2),
+                                textcoords="offset points", ha="center", va="bottom", fontsize=7)
+            ideal = (part["num_workers"] / part["base_workers"]).to_numpy(dtype=float)
+            for i, (x, y) in enumerate(zip(positions, ideal)):
+                if math.isfinite(y):
+                    ax.hlines(y, x - width - 0.06, x + width + 0.06, label="ideal (linear)" if i == 0 else None, **IDEAL)
+            ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.grid(False, axis="x")
+            ax.set_xlabel("workers (data-parallel ranks)")
+            ax.margins(y=0.12)
+            ax.set_ylim(bottom=0)
+            ax.set_title(title, fontsize=9, fontweight="normal")
+            ax.legend(loc="upper left")
+        axes[0].set_ylabel(f"speedup over {_base_label(table)} (×)")
+        fig.suptitle("Throughput speedup vs. time-to-accuracy speedup", fontweight="bold", fontsize=10)
+    return fig
+
+
+def tta_spread_figure(spread: pd.DataFrame) -> Figure:
+    """TTA of every repeat per worker count (points), with mean ± std; how many repeats reached the target."""
+    with mpl.rc_context(STYLE):
+        panels = _series(spread)
+        fig, axes = _figure(len(panels))
+        colours = _worker_colours(spread["num_workers"]) if not spread.empty else {}
+        for ax, (title, part) in zip(axes, panels):
+            counts = sorted(int(n) for n in part["num_workers"].unique())
+            top = float(np.nanmax(part["tta_s"].to_numpy(dtype=float))) if part["tta_s"].notna().any() else 1.0
+            for i, n in enumerate(counts):
+                rows = part[part["num_workers"] == n]
+                tta = rows["tta_s"].dropna().to_numpy(dtype=float)
+                # a deterministic spread of the points across the column, so repeats do not hide each other
+                jitter = np.linspace(-0.12, 0.12, len(tta)) if len(tta) > 1 else np.zeros(len(tta))
+                ax.scatter(i + jitter, tta, s=22, color=colours[n], edgecolor="white", linewidth=0.5, zorder=3,
+                           label="one repeat" if i == 0 else None)
+                if len(tta) >= 1:
+                    std = tta.std(ddof=1) if len(tta) >= 2 else 0.0
+                    ax.errorbar(i + 0.28, tta.mean(), yerr=std, fmt="_", color="black", markersize=12, capsize=3,
+                                linewidth=1.0, zorder=4, label="mean ± std" if i == 0 else None)
+                ax.annotate(f"{len(tta)}/{len(rows)} reached", (i, top), xytext=(0, 8), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7.5)
+            ax.set_xticks(range(len(counts)), [str(n) for n in counts])
+            ax.set_xlim(-0.6, len(counts) - 0.4)
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.grid(False, axis="x")
+            ax.set_xlabel("workers (data-parallel ranks)")
+            ax.set_ylim(bottom=0, top=top * 1.18)
+            ax.set_title(title, fontsize=9, fontweight="normal")
+            if part["tta_s"].notna().any():
+                ax.legend(loc="lower right")
+            else:
+                _no_data(ax, "no repeat reached the target")
+        axes[0].set_ylabel("time to accuracy (s, training time)")
+        fig.suptitle("Time to accuracy over repeated seeds", fontweight="bold", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------- output
+
+def save(fig: Figure, path_without_suffix: Path | str) -> list[Path]:
+    """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename)."""
+    stem = Path(path_without_suffix)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    with mpl.rc_context(STYLE):
+        for fmt in ("png", "svg"):
+            path = stem.with_name(stem.name + f".{fmt}")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+                fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata, facecolor="white")
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            written.append(path)
+    return written

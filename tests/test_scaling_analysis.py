@@ -1,0 +1,190 @@
+"""Sweep tables (scaling.analysis.scaling_tables) on hand-built runs with known answers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling.analysis.scaling_tables import (
+    accuracy_curves,
+    batch_tradeoff,
+    default_group_by,
+    per_worker_count,
+    target_accuracy,
+    tta_spread,
+)
+
+
+def _run(num_workers, repeat, status="reached_target", tpe=10.0, thr=100.0, tta=None, epochs=None, price=3.0,
+         nodes=1, comm=0.0, exposed_pct=0.0, exposed_s=0.0, **extra):
+    return dict(run_key=f"w{num_workers}-r{repeat}", run_dir=f"runs/w{num_workers}-r{repeat}", repeat=repeat,
+                seed=repeat, num_workers=num_workers, num_nodes=nodes, backend="gloo", per_worker_batch=32,
+                global_batch=32 * num_workers, status=status, target_accuracy=0.84,
+                time_per_epoch_s=tpe, throughput_samples_per_s=thr, tta_s=tta, tta_wall_s=None if tta is None else tta + 5,
+                epochs_to_target=epochs, comm_overhead_pct=comm, exposed_comm_pct=exposed_pct,
+                step_s=0.1, data_s=0.01, forward_s=0.03, backward_s=0.05, optimizer_s=0.01, exposed_comm_s=exposed_s,
+                node_price_per_hour=price, **extra)
+
+
+def _failed(num_workers, repeat, **extra):
+    nulls = {k: None for k in ("tpe", "thr")}
+    row = _run(num_workers, repeat, status="failed", nodes=None, **nulls, **extra)
+    row.update(step_s=None, data_s=None, forward_s=None, backward_s=None, optimizer_s=None, exposed_comm_s=None,
+               comm_overhead_pct=None, exposed_comm_pct=None)
+    return row
+
+
+@pytest.fixture
+def runs():
+    return pd.DataFrame([
+        _run(1, 0, tpe=9.0, tta=40.0, epochs=4),
+        _run(1, 1, tpe=11.0, tta=60.0, epochs=6),
+        _run(2, 0, tpe=5.0, thr=180.0, tta=30.0, epochs=6, price=0.0, comm=12.0, exposed_pct=20.0, exposed_s=0.02),
+        _run(2, 1, tpe=5.0, thr=180.0, tta=50.0, epochs=10, price=0.0, comm=14.0, exposed_pct=20.0, exposed_s=0.02),
+        _run(2, 2, status="max_epochs", tpe=5.0, thr=180.0, price=0.0, comm=16.0, exposed_pct=20.0, exposed_s=0.02),
+        _failed(2, 3),
+    ])
+
+
+def test_counts_and_repeats(runs):
+    table = per_worker_count(runs).set_index("num_workers")
+    assert list(table.index) == [1, 2]
+    assert table.loc[2, ["n_runs", "n_failed", "n_ok", "n_reached"]].tolist() == [4, 1, 3, 2]
+    assert table.loc[1, "reached_fraction"] == 1.0
+    assert table.loc[2, "reached_fraction"] == pytest.approx(2 / 3)  # failed runs are not repeats
+
+
+def test_medians_and_tta_statistics(runs):
+    table = per_worker_count(runs).set_index("num_workers")
+    assert table.loc[1, "time_per_epoch_s"] == 10.0 and table.loc[2, "throughput_samples_per_s"] == 180.0
+    assert table.loc[1, "tta_mean_s"] == 50.0
+    assert table.loc[1, "tta_std_s"] == pytest.approx(math.sqrt(200))  # ddof=1
+    assert table.loc[1, "tta_cv"] == pytest.approx(math.sqrt(200) / 50)
+    assert table.loc[2, "tta_mean_s"] == 40.0  # the max_epochs repeat has no TTA
+    assert table.loc[2, "tta_cv"] == pytest.approx(math.sqrt(200) / 40)
+    assert table.loc[2, "epochs_to_target"] == 8.0
+    assert table.loc[1, "tta_wall_mean_s"] == 55.0
+    assert table.loc[2, "comm_overhead_pct"] == 14.0 and table.loc[1, "comm_overhead_pct"] == 0.0
+    assert table.loc[2, "exposed_comm_pct"] == 20.0
+
+
+def test_cv_ratio_says_where_tta_varies(runs):
+    table = per_worker_count(runs).set_index("num_workers")
+    # epochs [4, 6]: CV = sqrt(2)/5; time per epoch [9, 11]: CV = sqrt(2)/10
+    assert table.loc[1, "epochs_cv"] == pytest.approx(math.sqrt(2) / 5)
+    assert table.loc[1, "time_per_epoch_cv"] == pytest.approx(math.sqrt(2) / 10)
+    assert table.loc[1, "tta_cv_ratio"] == pytest.approx(2.0)
+    assert math.isnan(table.loc[2, "tta_cv_ratio"])  # time per epoch did not vary at all
+
+
+def test_cv_is_nan_with_one_value():
+    table = per_worker_count(pd.DataFrame([_run(1, 0, tta=40.0, epochs=4), _run(1, 1, status="max_epochs")]))
+    assert table.loc[0, "n_reached"] == 1 and table.loc[0, "tta_mean_s"] == 40.0
+    assert math.isnan(table.loc[0, "tta_std_s"]) and math.isnan(table.loc[0, "tta_cv"])
+    assert table.loc[0, "reached_fraction"] == 0.5
+
+
+def test_speedup_and_efficiency(runs):
+    table = per_worker_count(runs).set_index("num_workers")
+    assert table["base_workers"].tolist() == [1, 1]
+    assert table.loc[1, ["speedup_time_per_epoch", "speedup_throughput", "speedup_tta"]].tolist() == [1, 1, 1]
+    assert table.loc[2, "speedup_time_per_epoch"] == pytest.approx(2.0)
+    assert table.loc[2, "efficiency_time_per_epoch"] == pytest.approx(1.0)
+    assert table.loc[2, "speedup_throughput"] == pytest.approx(1.8)
+    assert table.loc[2, "efficiency_throughput"] == pytest.approx(0.9)
+    assert table.loc[2, "speedup_tta"] == pytest.approx(50 / 40)
+    assert table.loc[2, "efficiency_tta"] == pytest.approx(0.625)
+
+
+def test_cost_to_accuracy(runs):
+    table = per_worker_count(runs).set_index("num_workers")
+    # 1 node at $3/h: 40 s and 60 s -> mean 50 s -> 50/3600 x 3
+    assert table.loc[1, "cost_to_accuracy_usd"] == pytest.approx(50 / 3600 * 3.0)
+    assert math.isnan(table.loc[2, "cost_to_accuracy_usd"])  # price 0 = unknown
+    two_nodes = per_worker_count(pd.DataFrame([_run(4, 0, tta=36.0, epochs=3, nodes=2, price=10.0)]))
+    assert two_nodes.loc[0, "cost_to_accuracy_usd"] == pytest.approx(36 / 3600 * 2 * 10.0)
+
+
+def test_step_breakdown_adds_up(runs):
+    table = per_worker_count(runs).set_index("num_workers")
+    assert table.loc[2, "backward_compute_s"] == pytest.approx(0.03)
+    assert table.loc[2, "exposed_comm_s"] == pytest.approx(0.02)
+    parts = ["data_s", "forward_s", "backward_compute_s", "exposed_comm_s", "optimizer_s"]
+    np.testing.assert_allclose(table[parts].sum(axis=1), table["step_s"])
+
+
+def test_exposed_comm_is_zero_at_one_worker_when_missing():
+    row = _run(1, 0, tta=40.0, epochs=4)
+    row["exposed_comm_s"] = None
+    table = per_worker_count(pd.DataFrame([row]))
+    assert table.loc[0, "exposed_comm_s"] == 0.0 and table.loc[0, "backward_compute_s"] == pytest.approx(0.05)
+
+
+def test_baseline_is_smallest_count_with_a_finished_run():
+    runs = pd.DataFrame([_failed(1, 0), _run(2, 0, tpe=8.0, tta=80.0, epochs=8), _run(4, 0, tpe=4.0, tta=48.0, epochs=10)])
+    table = per_worker_count(runs).set_index("num_workers")
+    assert table.loc[1, "n_failed"] == 1 and math.isnan(table.loc[1, "speedup_time_per_epoch"])
+    assert table.loc[4, "base_workers"] == 2
+    assert table.loc[4, "speedup_time_per_epoch"] == pytest.approx(2.0)
+    assert table.loc[4, "efficiency_tta"] == pytest.approx((80 / 48) / 2)
+
+
+def test_sweep_axis_groups_have_their_own_baseline():
+    rows = []
+    for batch, slow in ((32, 1.0), (64, 2.0)):
+        for n, tpe in ((1, 10.0), (2, 4.0)):
+            rows.append(_run(n, 0, tpe=tpe * slow, tta=tpe * slow * 4, epochs=4, **{"sweep.train.per_worker_batch": batch,
+                                                                                 "sweep.data.seed": 0}))
+    runs = pd.DataFrame(rows)
+    keys = default_group_by(runs)
+    assert keys == ("num_workers", "sweep.train.per_worker_batch")  # sweep.data.seed has a single value
+    table = per_worker_count(runs, keys)
+    assert len(table) == 4
+    assert table["base_workers"].tolist() == [1, 1, 1, 1]
+    np.testing.assert_allclose(table.sort_values(["sweep.train.per_worker_batch", "num_workers"])["speedup_time_per_epoch"],
+                               [1.0, 2.5, 1.0, 2.5])
+    with pytest.raises(ValueError, match="num_workers"):
+        per_worker_count(runs, ("backend",))
+
+
+def test_batch_tradeoff(runs):
+    table = batch_tradeoff(runs)
+    assert table["global_batch"].tolist() == [32, 64]
+    assert table.set_index("global_batch").loc[64, "epochs_to_target"] == 8.0
+    assert table.set_index("global_batch").loc[64, "per_worker_batch"] == 32
+    one_batch = runs[runs["num_workers"] == 1]
+    assert batch_tradeoff(one_batch).empty
+
+
+def test_accuracy_curves_leave_out_failed_runs():
+    epochs = pd.DataFrame([
+        dict(run_id="a", num_workers=1, seed=0, status="reached_target", epoch=1, val_accuracy=0.5),
+        dict(run_id="a", num_workers=1, seed=0, status="reached_target", epoch=2, val_accuracy=0.8),
+        dict(run_id="b", num_workers=1, seed=1, status="reached_target", epoch=1, val_accuracy=0.7),
+        dict(run_id="c", num_workers=1, seed=2, status="failed", epoch=1, val_accuracy=0.1),
+        dict(run_id="d", num_workers=2, seed=0, status="max_epochs", epoch=1, val_accuracy=0.4),
+    ])
+    curves = accuracy_curves(epochs).set_index(["num_workers", "epoch"])
+    assert curves.loc[(1, 1), "val_accuracy_mean"] == pytest.approx(0.6)
+    assert curves.loc[(1, 1), "val_accuracy_std"] == pytest.approx(math.sqrt(0.02))
+    assert curves.loc[(1, 1), ["val_accuracy_min", "val_accuracy_max", "n_runs"]].tolist() == pytest.approx([0.5, 0.7, 2])
+    assert curves.loc[(1, 2), "n_runs"] == 1 and math.isnan(curves.loc[(1, 2), "val_accuracy_std"])
+    assert curves.loc[(2, 1), "val_accuracy_mean"] == pytest.approx(0.4)
+    assert accuracy_curves(pd.DataFrame()).empty
+
+
+def test_tta_spread_and_target(runs):
+    spread = tta_spread(runs)
+    assert len(spread) == 5 and (spread["status"] != "failed").all()
+    assert spread.loc[spread["num_workers"] == 2, "tta_s"].notna().sum() == 2
+    assert target_accuracy(runs) == 0.84
+
+
+def test_json_nulls_from_parquet_are_handled(runs):
+    # A sweep where no run reached the target: the TTA columns are all None (object dtype).
+    runs = runs.assign(tta_s=None, tta_wall_s=None, epochs_to_target=None, status="max_epochs")
+    table = per_worker_count(runs)
+    assert table["n_reached"].tolist() == [0, 0]
+    assert table["tta_mean_s"].isna().all() and table["speedup_tta"].isna().all()
+    assert table.loc[1, "speedup_throughput"] == pytest.approx(1.8)

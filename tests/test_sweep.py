@@ -1,0 +1,79 @@
+"""Sweeps: every run recorded, a failed run does not stop the sweep, re-running resumes,
+and `ray job submit` runs a sweep on a real Ray head whose results are found afterwards."""
+
+import json
+import re
+import subprocess
+
+import pandas as pd
+
+from tests.conftest import BIN, REPO, run_cli
+
+TINY = ["--set", "data.train_samples=1024", "--set", "data.val_samples=256", "--set", "train.max_epochs=2",
+        "--set", "instrument.calibration_pairs=3"]
+
+
+def _write_sweep_config(tmp_path):
+    config = (REPO / "experiments" / "quickstart.yaml").read_text()
+    # one axis whose second value makes that run fail at step 3: the sweep must go on
+    config += "sweep:\n  workers: [1, 2]\n  repeats: 1\n  axes:\n    instrument.fail_at_step: [-1, 3]\n"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(config)
+    return path
+
+
+def test_sweep_records_failures_and_resumes(tmp_path):
+    config = _write_sweep_config(tmp_path)
+    out = tmp_path / "sweep"
+    first = run_cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
+    assert first.returncode == 1, first.stderr  # some runs failed
+    index = pd.read_parquet(out / "runs.parquet")
+    assert len(index) == 4
+    assert sorted(index["status"]) == ["failed", "failed", "max_epochs", "max_epochs"]
+    assert set(index["sweep.instrument.fail_at_step"]) == {-1, 3}
+    assert {"run_key", "run_dir", "repeat", "versions.torch", "hardware.cpu_count"} <= set(index.columns)
+
+    kept = index[index["status"] == "max_epochs"]["run_key"].tolist()
+    started = {key: json.loads((out / "runs" / key / "summary.json").read_text())["started_at"] for key in kept}
+    # simulate a run killed mid-way: its summary never got written
+    (out / "runs" / kept[0] / "summary.json").unlink()
+
+    second = run_cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
+    assert "resuming: 1 of 4 runs already finished, 3 to run" in second.stdout, second.stdout
+    index = pd.read_parquet(out / "runs.parquet")
+    assert len(index) == 4
+    assert json.loads((out / "runs" / kept[1] / "summary.json").read_text())["started_at"] == started[kept[1]]
+    assert (out / "runs" / kept[0] / "summary.json").exists()  # redone
+
+
+def test_sweep_refuses_a_different_sweep_in_the_same_dir(tmp_path):
+    config = _write_sweep_config(tmp_path)
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.yaml").write_text("base: {}\nsweep: {workers: [8]}\n")
+    result = run_cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
+    assert result.returncode == 2 and "different sweep" in result.stderr
+
+
+def test_sweep_bad_workers_list(tmp_path):
+    result = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1,x", "--out", str(tmp_path / "s"))
+    assert result.returncode == 2 and "--workers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_ray_job_submit_runs_a_sweep(ray_cluster, tmp_path):
+    env = {**ray_cluster["env"], "RAY_ADDRESS": ray_cluster["dashboard"]}
+    runtime_env = json.dumps({"env_vars": {"SCALING_RESULTS_DIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}})
+    submit = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
+         "scaling", "sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--out", "results/qs", *TINY],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+    job_id = re.search(r"Job '([^']+)' submitted successfully", submit.stdout + submit.stderr).group(1)
+    status = subprocess.run([str(BIN / "ray"), "job", "status", job_id], env=env, capture_output=True, text=True, timeout=60)
+    assert "SUCCEEDED" in status.stdout + status.stderr
+    logs = subprocess.run([str(BIN / "ray"), "job", "logs", job_id], env=env, capture_output=True, text=True, timeout=60)
+    assert f"sweep directory: {tmp_path / 'results' / 'qs'}" in logs.stdout
+    index = pd.read_parquet(tmp_path / "results" / "qs" / "runs.parquet")
+    assert sorted(index["num_workers"]) == [1, 2] and set(index["status"]) == {"max_epochs"}
+    assert set(index["launcher"]) == {"ray"}
