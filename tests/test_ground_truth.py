@@ -13,7 +13,7 @@ from scaling.config import load_config
 from scaling.launch.run import execute_run
 from tests.conftest import REPO
 
-INJECTED_S = 0.08
+INJECTED_S = 0.12
 
 
 def _run(tmp_path, delay_s: float) -> dict:
@@ -21,7 +21,7 @@ def _run(tmp_path, delay_s: float) -> dict:
         REPO / "experiments" / "quickstart.yaml",
         overrides=[
             "data.train_samples=2048", "data.val_samples=256", "train.max_epochs=2",
-            "train.target_accuracy=1.0", "instrument.calibration_pairs=12",
+            "train.target_accuracy=1.0", "instrument.calibration_pairs=16",
             f"instrument.inject_comm_delay_s={delay_s}",
         ],
         num_workers=2,

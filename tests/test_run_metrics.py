@@ -32,8 +32,8 @@ def test_step_marks_resolve_phases_and_exposed_comm():
     assert row["num_buckets"] == 3
 
 
-def _step(epoch, step, rank, kind="train", warmup=False, step_s=1.0, exposed=0.1, allreduce=0.2):
-    return dict(epoch=epoch, step=step, rank=rank, node_rank=0, local_rank=rank, kind=kind, warmup=warmup,
+def _step(epoch, step, rank, kind="train", warmup=False, step_s=1.0, exposed=0.1, allreduce=0.2, pair=-1):
+    return dict(epoch=epoch, step=step, rank=rank, node_rank=0, local_rank=rank, kind=kind, warmup=warmup, pair=pair,
                 samples=32, data_s=0.1, forward_s=0.3, backward_s=0.5, optimizer_s=0.1, step_s=step_s,
                 allreduce_s=allreduce, exposed_comm_s=exposed, compute_s=step_s - 0.1 - exposed, num_buckets=1)
 
@@ -52,8 +52,8 @@ def test_summary_excludes_warmup_and_calibration_from_step_figures():
     steps = pd.DataFrame(
         [_step(1, 0, r, warmup=True, step_s=9.0) for r in (0, 1)]
         + [_step(1, s, r, step_s=1.0 + 0.2 * r) for s in (1, 2) for r in (0, 1)]
-        + [_step(1, 2, r, kind="calib_sync", step_s=0.9) for r in (0, 1) for _ in range(3)]
-        + [_step(1, 2, r, kind="calib_nosync", step_s=0.6) for r in (0, 1) for _ in range(3)]
+        + [_step(1, 2, r, kind="calib_sync", step_s=0.9, pair=p) for r in (0, 1) for p in range(3)]
+        + [_step(1, 2, r, kind="calib_nosync", step_s=0.6, pair=p) for r in (0, 1) for p in range(3)]
     )
     out = summarize_run(steps, _epochs([10.0], [0.5]), target_accuracy=0.9, num_workers=2)
     assert out["step_s"] == pytest.approx(1.1)  # mean of 1.0 and 1.2: warm-up (9 s) left out
@@ -66,9 +66,19 @@ def test_comm_delta_is_median_over_epochs_of_rank_means():
     rows = []
     for epoch, (sync, nosync) in enumerate([(1.0, 0.5), (1.0, 0.8), (1.0, 0.7)], start=1):
         for rank in (0, 1):
-            rows += [_step(epoch, 0, rank, kind="calib_sync", step_s=sync)] * 3
-            rows += [_step(epoch, 0, rank, kind="calib_nosync", step_s=nosync)] * 3
+            for pair in range(3):
+                rows += [_step(epoch, 0, rank, kind="calib_sync", step_s=sync, pair=pair)]
+                rows += [_step(epoch, 0, rank, kind="calib_nosync", step_s=nosync, pair=pair)]
     assert comm_delta_s(pd.DataFrame(rows)) == pytest.approx(0.3)  # deltas 0.5, 0.2, 0.3
+
+
+def test_comm_delta_pairs_sync_with_its_own_no_sync():
+    # a slow drift across pairs: unpaired medians would mix it in; paired differences do not
+    rows = []
+    for pair, base in enumerate([0.5, 0.9, 1.3, 1.7, 2.1]):
+        rows += [_step(1, 0, 0, kind="calib_nosync", step_s=base, pair=pair),
+                 _step(1, 0, 0, kind="calib_sync", step_s=base + 0.1 + 0.01 * pair, pair=pair)]
+    assert comm_delta_s(pd.DataFrame(rows)) == pytest.approx(0.12)
 
 
 def test_tta_time_per_epoch_and_throughput():

@@ -7,9 +7,10 @@ Every figure in `summary.json` is defined here, once:
   `exposed_comm_s`: **means** over steady-state steps, so the phases add up:
   step_s = data_s + forward_s + backward_s + optimizer_s, and exposed_comm_s is inside backward_s.
 - `exposed_comm_pct` = 100 x exposed_comm_s / step_s.
-- `comm_delta_s`: the A/B difference. Per (epoch, rank): median forward+backward time of the
-  synchronised calibration steps minus that of the `no_sync` ones; then the mean over ranks
-  and the median over epochs.
+- `comm_delta_s`: the A/B difference. Per calibration pair (the same batch run with and without
+  gradient sync, back to back): sync minus no_sync forward+backward time; the median over the
+  pairs of an (epoch, rank), paired so that slow drift and a noisy neighbour cancel; then the
+  mean over ranks and the median over epochs.
 - `comm_overhead_pct` (headline) = 100 x comm_delta_s / step_s, i.e. (t_sync - t_nosync) / t_sync
   with t the whole steady-state step. 0 by definition at one worker.
 - `time_per_epoch_s`: median `train_s` over epochs after the first (the first holds start-up
@@ -40,11 +41,14 @@ def comm_delta_s(steps: pd.DataFrame) -> float | None:
     calib = steps[steps["kind"].isin(["calib_sync", "calib_nosync"])]
     if calib.empty:
         return None
-    per_rank = calib.groupby(["epoch", "rank", "kind"])["step_s"].median().unstack("kind")
-    if not {"calib_sync", "calib_nosync"} <= set(per_rank.columns):
+    per_pair = calib.pivot_table(index=["epoch", "rank", "pair"], columns="kind", values="step_s", aggfunc="first")
+    if not {"calib_sync", "calib_nosync"} <= set(per_pair.columns):
         return None
-    delta = (per_rank["calib_sync"] - per_rank["calib_nosync"]).groupby(level="epoch").mean()
-    return float(delta.median())
+    pair_delta = (per_pair["calib_sync"] - per_pair["calib_nosync"]).dropna()
+    if pair_delta.empty:
+        return None
+    per_rank = pair_delta.groupby(level=["epoch", "rank"]).median()
+    return float(per_rank.groupby(level="epoch").mean().median())
 
 
 def _finite_or_none(value) -> float | None:

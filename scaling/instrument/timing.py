@@ -143,6 +143,7 @@ class StepMarks:
     after_backward: object
     after_optimizer: object
     buckets: list[BucketMarks] = field(default_factory=list)
+    pair: int = -1  # calibration: index of the (no_sync, sync) pair within the epoch; -1 for training steps
 
     def resolve(self, clock: Clock) -> dict:
         def since_start(mark) -> float:
@@ -167,6 +168,7 @@ class StepMarks:
             "epoch": self.epoch,
             "step": self.step,
             "kind": self.kind,
+            "pair": self.pair,
             "warmup": self.warmup,
             "samples": self.samples,
             "data_s": data_s,

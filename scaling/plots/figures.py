@@ -44,7 +44,15 @@ GRID = dict(color="#d9d9d9", linewidth=0.6)
 
 METRIC_LABEL = {"time_per_epoch": "time per epoch", "throughput": "throughput", "tta": "time to accuracy (TTA)"}
 METRIC_COLOUR = {"time_per_epoch": "#0072B2", "throughput": "#E69F00", "tta": "#009E73"}
-METRIC_MARKER = {"time_per_epoch": "o", "throughput": "s", "tta": "^"}
+# Time-per-epoch and throughput speedups coincide when every epoch trains the same samples;
+# a thin dash-dot line with hollow markers drawn over a thick solid one keeps both visible.
+METRIC_LINE = {
+    "time_per_epoch": dict(color=METRIC_COLOUR["time_per_epoch"], linestyle="-.", linewidth=1.2, marker="o",
+                           markersize=8, markerfacecolor="none", markeredgewidth=1.4, zorder=4),
+    "throughput": dict(color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.4, marker="s", markersize=5,
+                       zorder=3),
+    "tta": dict(color=METRIC_COLOUR["tta"], linestyle="-", linewidth=1.8, marker="^", markersize=6, zorder=3),
+}
 PHASES = (  # column, legend label, colour: bottom of the stack first
     ("data_s", "data loading", "#999999"),
     ("forward_s", "forward", "#56B4E9"),
@@ -124,7 +132,23 @@ def _worker_colours(counts) -> dict:
     cmap = mpl.colormaps["viridis"]
     if len(counts) == 1:
         return {counts[0]: cmap(0.25)}
-    return {c: cmap(0.85 * i / (len(counts) - 1)) for i, c in enumerate(counts)}
+    return {c: cmap(0.8 * i / (len(counts) - 1)) for i, c in enumerate(counts)}
+
+
+def _legend(fig: Figure, axes: list, **inside) -> None:
+    """One legend: inside the axes for one panel, below all panels (once) for several."""
+    handles, labels = {}, []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = handle
+                labels.append(label)
+    if not labels:
+        return
+    if len(axes) == 1:
+        axes[0].legend(**inside)
+    else:
+        fig.legend([handles[label] for label in labels], labels, loc="outside lower center", ncols=min(len(labels), 4))
 
 
 def _no_data(ax, text: str) -> None:
@@ -158,8 +182,7 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                 if not keep.any():
                     missing.append(METRIC_LABEL[metric])
                     continue
-                ax.plot(counts[keep], values[keep], marker=METRIC_MARKER[metric], color=METRIC_COLOUR[metric],
-                        label=METRIC_LABEL[metric], zorder=3)
+                ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
             if log:
                 ax.set_yscale("log", base=2)
                 ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
@@ -170,7 +193,7 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                 ax.text(0.98, 0.03, "no data: " + ", ".join(missing), transform=ax.transAxes, ha="right", va="bottom",
                         fontsize=7.5, color="#555555")
             ax.set_title(title, fontsize=9, fontweight="normal")
-            ax.legend(loc="upper left")
+        _legend(fig, axes, loc="upper left")
         axes[0].set_ylabel(f"speedup over {_base_label(table)} (×)")
         fig.suptitle("Speedup vs. number of workers", fontweight="bold", fontsize=10)
     return fig
@@ -198,11 +221,12 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
             if not drawn:
                 _no_data(ax, "no communication figures")
             _worker_axis(ax, counts, log)
-            ax.set_ylim(bottom=0)
+            values = part[["comm_overhead_pct", "exposed_comm_pct"]].to_numpy(dtype=float)
+            highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
+            ax.set_ylim(0, max(5.0, highest * 1.15))  # at least 0-5 %: an all-zero sweep still gets a readable axis
             ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
             ax.set_title(title, fontsize=9, fontweight="normal")
-            if drawn:
-                ax.legend(loc="upper left")
+        _legend(fig, axes, loc="upper left")
         axes[0].set_ylabel("share of step time (%, median over repeats)")
         fig.suptitle("Communication overhead vs. number of workers", fontweight="bold", fontsize=10)
     return fig
@@ -262,12 +286,13 @@ def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None =
                            label=f"target {target_accuracy:.0%}")
             if part.empty:
                 _no_data(ax, "no validation accuracy recorded")
+                ax.set_xlim(0.5, 2.5)
+                ax.set_ylim(0, 100)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("epoch")
             ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
             ax.set_title(title, fontsize=9, fontweight="normal")
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(loc="lower right")
+        _legend(fig, axes, loc="lower right")
         axes[0].set_ylabel("validation accuracy (top-1, %)")
         fig.suptitle("Validation accuracy per epoch (line: mean, band: min–max over repeats)", fontweight="bold",
                      fontsize=10)
@@ -283,14 +308,25 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
         for ax, (title, part) in zip(axes, panels):
             part = part.sort_values("num_workers")
             positions = np.arange(len(part))
+            labelled = len(panels) == 1 and len(part) <= 6  # value labels only where they fit; the table has them all
+            both = part[["speedup_throughput", "speedup_tta"]].to_numpy(dtype=float)
+            top = np.nanmax(both) if np.isfinite(both).any() else 1.0
             for offset, metric in ((-width / 2, "throughput"), (width / 2, "tta")):
                 values = part[f"speedup_{metric}"].to_numpy(dtype=float)
                 bars = ax.bar(positions + offset, np.nan_to_num(values), width, color=METRIC_COLOUR[metric],
                               edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup")
-                for bar, value in zip(bars, values):
-                    text = f"{value:.2f}×" if math.isfinite(value) else "n/a"
-                    ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 2),
-                                textcoords="offset points", ha="center", va="bottom", fontsize=7)
+                for bar, value in zip(bars, values if labelled else []):
+                    # inside the bar's top, clear of the ideal mark above it; above a bar too short to hold it
+                    x = bar.get_x() + bar.get_width() / 2
+                    if not math.isfinite(value):
+                        ax.annotate("n/a", (x, 0), xytext=(0, 2), textcoords="offset points", ha="center",
+                                    va="bottom", fontsize=7)
+                    elif value > 0.12 * top:
+                        ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, -3), textcoords="offset points",
+                                    ha="center", va="top", fontsize=7)
+                    else:
+                        ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, 2), textcoords="offset points",
+                                    ha="center", va="bottom", fontsize=7)
             ideal = (part["num_workers"] / part["base_workers"]).to_numpy(dtype=float)
             for i, (x, y) in enumerate(zip(positions, ideal)):
                 if math.isfinite(y):
@@ -302,7 +338,7 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
             ax.margins(y=0.12)
             ax.set_ylim(bottom=0)
             ax.set_title(title, fontsize=9, fontweight="normal")
-            ax.legend(loc="upper left")
+        _legend(fig, axes, loc="upper left")
         axes[0].set_ylabel(f"speedup over {_base_label(table)} (×)")
         fig.suptitle("Throughput speedup vs. time-to-accuracy speedup", fontweight="bold", fontsize=10)
     return fig
@@ -314,33 +350,34 @@ def tta_spread_figure(spread: pd.DataFrame) -> Figure:
         panels = _series(spread)
         fig, axes = _figure(len(panels))
         colours = _worker_colours(spread["num_workers"]) if not spread.empty else {}
+        reached_any = spread["tta_s"].notna().any()
+        top = float(np.nanmax(spread["tta_s"].to_numpy(dtype=float))) if reached_any else 1.0
         for ax, (title, part) in zip(axes, panels):
             counts = sorted(int(n) for n in part["num_workers"].unique())
-            top = float(np.nanmax(part["tta_s"].to_numpy(dtype=float))) if part["tta_s"].notna().any() else 1.0
+            ticks, labelled = [], False
             for i, n in enumerate(counts):
                 rows = part[part["num_workers"] == n]
                 tta = rows["tta_s"].dropna().to_numpy(dtype=float)
                 # a deterministic spread of the points across the column, so repeats do not hide each other
                 jitter = np.linspace(-0.12, 0.12, len(tta)) if len(tta) > 1 else np.zeros(len(tta))
                 ax.scatter(i + jitter, tta, s=22, color=colours[n], edgecolor="white", linewidth=0.5, zorder=3,
-                           label="one repeat" if i == 0 else None)
+                           label="one repeat" if len(tta) and not labelled else None)
                 if len(tta) >= 1:
                     std = tta.std(ddof=1) if len(tta) >= 2 else 0.0
                     ax.errorbar(i + 0.28, tta.mean(), yerr=std, fmt="_", color="black", markersize=12, capsize=3,
-                                linewidth=1.0, zorder=4, label="mean ± std" if i == 0 else None)
-                ax.annotate(f"{len(tta)}/{len(rows)} reached", (i, top), xytext=(0, 8), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=7.5)
-            ax.set_xticks(range(len(counts)), [str(n) for n in counts])
+                                linewidth=1.0, zorder=4, label=None if labelled else "mean ± std")
+                    labelled = True
+                ticks.append(f"{n}\n{len(tta)}/{len(rows)}")
+            ax.set_xticks(range(len(counts)), ticks)
             ax.set_xlim(-0.6, len(counts) - 0.4)
             ax.xaxis.set_minor_locator(NullLocator())
             ax.grid(False, axis="x")
-            ax.set_xlabel("workers (data-parallel ranks)")
-            ax.set_ylim(bottom=0, top=top * 1.18)
+            ax.set_xlabel("workers\n(repeats that reached the target / repeats)")
+            ax.set_ylim(bottom=0, top=top * 1.1)
             ax.set_title(title, fontsize=9, fontweight="normal")
-            if part["tta_s"].notna().any():
-                ax.legend(loc="lower right")
-            else:
+            if not part["tta_s"].notna().any():
                 _no_data(ax, "no repeat reached the target")
+        _legend(fig, axes, loc="lower right")
         axes[0].set_ylabel("time to accuracy (s, training time)")
         fig.suptitle("Time to accuracy over repeated seeds", fontweight="bold", fontsize=10)
     return fig

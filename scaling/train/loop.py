@@ -125,7 +125,7 @@ def _calibrate(model, hook, batches, clock, recorder, epoch: int, step: int, pai
             model.zero_grad(set_to_none=True)
             recorder.step(
                 StepMarks(epoch, step, kind, False, len(targets), start, after_data, after_forward,
-                          after_backward, after_backward, hook.take())
+                          after_backward, after_backward, hook.take(), pair=pair)
             )
     with torch.no_grad():
         for name, buf in model.named_buffers():

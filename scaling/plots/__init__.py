@@ -1,0 +1,1 @@
+"""Figures drawn from analysis tables (matplotlib, no pyplot state): see figures.py."""

@@ -1,0 +1,417 @@
+"""A sweep's report: read the sweep directory, print its tables, write report.md and the figures.
+
+    scaling report results/qs        # -> results/qs/report/report.md, *.png, *.svg
+
+The I/O side of the analysis: `load_sweep` reads `runs.parquet` (or, for an interrupted
+sweep without it, every `runs/*/summary.json`) and each run's `epochs.parquet`;
+`scaling.analysis.scaling_tables` computes, `scaling.plots.figures` draws, and
+`write_report` prints the tables with rich and writes, atomically, into SWEEP/report/:
+
+    report.md                 tables (markdown) and the figures, one line defining each
+    speedup.{png,svg}         comm_overhead.{png,svg}    step_breakdown.{png,svg}
+    accuracy_curves.{png,svg} throughput_vs_tta.{png,svg} tta_spread.{png,svg}
+
+Failed runs are counted and named in a warning, and left out of the figures; runs still
+going (a run directory without summary.json) are named in a warning and left out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from scaling.analysis import scaling_tables as st
+from scaling.errors import UsageError
+from scaling.results import write_text_atomic
+
+REPORT_DIR = "report"
+# Columns of a run copied onto each of its epochs (the keys the accuracy curves may group by).
+EPOCH_KEYS = ("run_key", "num_workers", "seed", "global_batch", "repeat", "status", "backend", "num_nodes")
+RESULTS_ROOT_ENV = "SCALING_RESULTS_DIR"  # as in scaling.launch.run: where relative result paths live
+
+
+@dataclass
+class _Sweep:
+    runs: pd.DataFrame
+    epochs: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+
+
+def resolve_sweep_dir(path: str | os.PathLike) -> Path:
+    """A sweep path as typed by a person: absolute, or relative to the working directory, to
+    $SCALING_RESULTS_DIR, or to the repository root (a notebook runs in notebooks/); the first
+    that exists. Unchanged if none does (load_sweep then says so)."""
+    path = Path(path)
+    if path.is_absolute():
+        return path
+    roots = [Path.cwd()]
+    if os.environ.get(RESULTS_ROOT_ENV):
+        roots.append(Path(os.environ[RESULTS_ROOT_ENV]))
+    roots.append(Path(__file__).resolve().parent.parent)  # the repository root of an editable install
+    for root in roots:
+        if (root / path).exists():
+            return root / path
+    return path
+
+
+def load_sweep(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(runs, epochs, warnings): the run table, every run's epochs with its keys, what was left out.
+
+    runs: one row per run with a summary (runs.parquet, or built from runs/*/summary.json).
+    epochs: epochs.parquet rows of those runs plus run_id, run_key, num_workers, seed,
+    global_batch, repeat, status, backend, num_nodes and the sweep.* columns.
+    Raises UsageError when the directory is missing, empty or not a sweep.
+    """
+    sweep = _load(Path(sweep_dir))
+    return sweep.runs, sweep.epochs, sweep.warnings
+
+
+def _load(sweep_dir: Path) -> _Sweep:
+    if not sweep_dir.exists():
+        raise UsageError(f"sweep directory not found: {sweep_dir}")
+    if not sweep_dir.is_dir():
+        raise UsageError(f"{sweep_dir} is not a directory; give a sweep directory (made by scaling sweep)")
+    if not any(sweep_dir.iterdir()):
+        raise UsageError(f"{sweep_dir} is empty: no sweep to report (make one with: scaling sweep CONFIG --out {sweep_dir})")
+    index_path = sweep_dir / "runs.parquet"
+    run_dirs = sorted(p for p in (sweep_dir / "runs").iterdir() if p.is_dir()) if (sweep_dir / "runs").is_dir() else []
+    with_summary = [p for p in run_dirs if (p / "summary.json").is_file()]
+    if not index_path.exists() and not with_summary:
+        if (sweep_dir / "summary.json").exists():
+            raise UsageError(f"{sweep_dir} is a run directory, not a sweep (no runs.parquet, no runs/*/summary.json)")
+        if (sweep_dir / "sweep.yaml").exists():
+            raise UsageError(f"{sweep_dir}: no run of this sweep has finished yet (no runs/*/summary.json)")
+        raise UsageError(f"{sweep_dir} is not a sweep directory: no runs.parquet and no runs/*/summary.json")
+
+    warnings: list[str] = []
+    runs = pd.read_parquet(index_path) if index_path.exists() else pd.DataFrame()
+    if runs.empty:
+        runs = _runs_from_summaries(with_summary, sweep_dir, warnings)
+        if index_path.exists() and not runs.empty:
+            warnings.append(f"runs.parquet lists no runs; the run table was built from {len(runs)} runs/*/summary.json")
+        elif not runs.empty:
+            warnings.append(f"no runs.parquet (interrupted sweep?); the run table was built from {len(runs)} "
+                            "runs/*/summary.json, without the sweep axes")
+    if runs.empty:
+        raise UsageError(f"{sweep_dir}: no run of this sweep has finished yet")
+    if "run_key" not in runs.columns:
+        runs["run_key"] = runs["run_id"] if "run_id" in runs.columns else [f"run{i}" for i in range(len(runs))]
+    if "run_dir" not in runs.columns:
+        runs["run_dir"] = "runs/" + runs["run_key"].astype(str)
+    if "status" not in runs.columns:
+        runs["status"] = "failed"
+
+    listed = set(runs["run_key"].astype(str))
+    incomplete = [p.name for p in run_dirs if not (p / "summary.json").is_file() and p.name not in listed]
+    if incomplete:
+        warnings.append(f"incomplete runs (no summary.json yet), left out: {', '.join(incomplete)}")
+    unlisted = [p.name for p in with_summary if p.name not in listed]
+    if unlisted:
+        warnings.append(f"runs with a summary.json that runs.parquet does not list yet, left out: {', '.join(unlisted)}")
+    failed = runs[runs["status"] == "failed"]
+    if not failed.empty:
+        named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
+        warnings.append(f"failed runs, counted but left out of the figures: {named}")
+
+    epochs = _read_epochs(sweep_dir, runs, warnings)
+    return _Sweep(runs.reset_index(drop=True), epochs, warnings, incomplete)
+
+
+def _short_error(row) -> str:
+    error = getattr(row, "error", None)
+    if not isinstance(error, str) or not error:
+        return "no error recorded"
+    return error if len(error) <= 100 else error[:97] + "..."
+
+
+def _runs_from_summaries(run_dirs: list[Path], sweep_dir: Path, warnings: list[str]) -> pd.DataFrame:
+    rows = []
+    for run_dir in run_dirs:
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        except (OSError, ValueError) as exc:
+            warnings.append(f"unreadable summary.json in {run_dir.relative_to(sweep_dir)}, left out: {exc}")
+            continue
+        row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
+        repeat = re.search(r"-r(\d+)$", run_dir.name)  # the sweep's run keys end in -r<repeat>
+        row.update(run_key=run_dir.name, run_dir=f"runs/{run_dir.name}", repeat=int(repeat.group(1)) if repeat else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    keys = [c for c in EPOCH_KEYS if c in runs.columns] + [c for c in runs.columns if c.startswith("sweep.")]
+    frames, missing = [], []
+    for _, run in runs.iterrows():
+        path = sweep_dir / str(run["run_dir"]) / "epochs.parquet"
+        if not path.is_file():
+            if run["status"] != "failed":
+                missing.append(str(run["run_key"]))
+            continue
+        frame = pd.read_parquet(path)
+        if frame.empty:
+            continue
+        run_id = run["run_id"] if "run_id" in runs.columns and isinstance(run["run_id"], str) else run["run_key"]
+        frame = frame.assign(run_id=run_id, **{k: run[k] for k in keys})
+        frames.append(frame)
+    if missing:
+        warnings.append(f"runs without epochs.parquet (no accuracy curve): {', '.join(missing)}")
+    if not frames:
+        return pd.DataFrame(columns=["run_id", *keys, "epoch", "val_accuracy"])
+    return pd.concat(frames, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------- tables
+
+def _num(spec: str, scale: float = 1.0, suffix: str = ""):
+    def fmt(value) -> str:
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return "-"
+        return "-" if not math.isfinite(value) else f"{value * scale:{spec}}{suffix}"
+    return fmt
+
+
+def _text(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _key_columns(keys) -> list[tuple]:
+    return [(k, "workers" if k == "num_workers" else k.removeprefix("sweep."), _text) for k in keys]
+
+
+def _scaling_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        (lambda r: f"{int(r['n_ok'])}/{int(r['n_runs'])}", "runs ok", None),
+        ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),
+        ("speedup_time_per_epoch", "speedup", _num(".2f", suffix="×")),
+        ("efficiency_time_per_epoch", "eff.", _num(".0%")),
+        ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")),
+        ("speedup_throughput", "speedup", _num(".2f", suffix="×")),
+        ("efficiency_throughput", "eff.", _num(".0%")),
+        ("tta_mean_s", "TTA mean (s)", _num(".1f")),
+        ("speedup_tta", "speedup", _num(".2f", suffix="×")),
+        ("efficiency_tta", "eff.", _num(".0%")),
+    ]
+
+
+def _tta_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        (lambda r: f"{int(r['n_reached'])}/{int(r['n_ok'])}", "reached target", None),
+        ("tta_mean_s", "TTA mean (s)", _num(".1f")),
+        ("tta_std_s", "TTA std (s)", _num(".1f")),
+        ("tta_cv", "TTA CV", _num(".3f")),
+        ("epochs_to_target", "epochs to target (median)", _num(".1f")),
+        ("epochs_cv", "CV epochs", _num(".3f")),
+        ("time_per_epoch_cv", "CV time/epoch", _num(".3f")),
+        ("tta_cv_ratio", "CV ratio", _num(".2f")),
+        ("tta_wall_mean_s", "TTA wall mean (s)", _num(".1f")),
+        ("cost_to_accuracy_usd", "cost to accuracy (USD)", _num(".4f")),
+    ]
+
+
+def _comm_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        ("comm_overhead_pct", "comm overhead A/B (%)", _num(".1f")),
+        ("exposed_comm_pct", "exposed comm (%)", _num(".1f")),
+        ("step_s", "step (ms)", _num(".2f", 1e3)),
+        ("data_s", "data (ms)", _num(".2f", 1e3)),
+        ("forward_s", "forward (ms)", _num(".2f", 1e3)),
+        ("backward_compute_s", "backward compute (ms)", _num(".2f", 1e3)),
+        ("exposed_comm_s", "exposed comm (ms)", _num(".2f", 1e3)),
+        ("optimizer_s", "optimizer (ms)", _num(".2f", 1e3)),
+    ]
+
+
+BATCH_COLUMNS = [
+    ("global_batch", "global batch", _text),
+    ("num_workers", "workers", _text),
+    ("per_worker_batch", "per-worker batch", _text),
+    (lambda r: f"{int(r['n_reached'])}/{int(r['n_runs'] - r['n_failed'])}", "reached target", None),
+    ("epochs_to_target", "epochs to target (median)", _num(".1f")),
+    ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")),
+    ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),
+    ("tta_mean_s", "TTA mean (s)", _num(".1f")),
+    ("tta_std_s", "TTA std (s)", _num(".1f")),
+]
+
+
+def _run_columns(runs: pd.DataFrame) -> list[tuple]:
+    axes = [(c, c.removeprefix("sweep."), _text) for c in runs.columns if c.startswith("sweep.")]
+    return [("run_key", "run", _text), ("num_workers", "workers", _text), *axes, ("seed", "seed", _text),
+            ("status", "status", _text), ("epochs_run", "epochs", _text), ("epochs_to_target", "epochs to target", _text),
+            ("best_accuracy", "best acc.", _num(".2%")), ("tta_s", "TTA (s)", _num(".1f")),
+            ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),
+            ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")),
+            ("comm_overhead_pct", "comm overhead (%)", _num(".1f"))]
+
+
+def _cells(frame: pd.DataFrame, columns: list[tuple]) -> tuple[list[str], list[list[str]]]:
+    headers = [header for _, header, _ in columns]
+    rows = []
+    for _, row in frame.iterrows():
+        cells = []
+        for column, _, fmt in columns:
+            if callable(column):
+                cells.append(column(row))
+            else:
+                cells.append(fmt(row[column]) if column in row.index else "-")
+        rows.append(cells)
+    return headers, rows
+
+
+def _markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    def escape(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    align = ["---" if i < 1 else "---:" for i in range(len(headers))]
+    lines = ["| " + " | ".join(escape(h) for h in headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _rich_table(title: str, headers: list[str], rows: list[list[str]]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+# ---------------------------------------------------------------------------- the report
+
+FIGURES = (  # file stem, heading, the one line that defines it
+    ("speedup", "Speedup",
+     "Speedup over the smallest worker count: time per epoch(base) / time per epoch(N), throughput(N) / throughput(base) "
+     "and mean TTA(base) / mean TTA(N); the dashed line is ideal linear scaling, N / N_base."),
+    ("throughput_vs_tta", "Throughput speedup vs. TTA speedup",
+     "The same throughput and TTA speedups side by side per worker count; the gap is the extra epochs a larger global "
+     "batch needs to reach the target (black line: ideal)."),
+    ("comm_overhead", "Communication overhead",
+     "Median over repeats of the A/B communication overhead, (t_sync − t_no_sync) / t_step, and of the exposed "
+     "communication (all-reduce not hidden behind backward) as a share of the step time."),
+    ("step_breakdown", "Step breakdown",
+     "Mean time of a steady-state training step per worker count, split into data loading, forward, backward compute, "
+     "exposed communication and optimizer (ms; the label is the whole step)."),
+    ("accuracy_curves", "Accuracy curves",
+     "Validation top-1 accuracy after each epoch: mean over repeats (line) and min–max (band); runs stop at the "
+     "target (dashed), so later epochs hold only the slower repeats."),
+    ("tta_spread", "TTA over repeats",
+     "Time to accuracy (training time to the end of the first epoch at the target) of every repeat, its mean ± std, "
+     "and how many repeats reached the target."),
+)
+
+
+def _figures(table, curves, spread, target) -> dict:
+    from scaling.plots import figures as fg
+
+    return {
+        "speedup": fg.speedup_figure(table),
+        "throughput_vs_tta": fg.throughput_vs_tta_figure(table),
+        "comm_overhead": fg.comm_overhead_figure(table),
+        "step_breakdown": fg.step_breakdown_figure(table),
+        "accuracy_curves": fg.accuracy_curves_figure(curves, target),
+        "tta_spread": fg.tta_spread_figure(spread),
+    }
+
+
+def _first(runs: pd.DataFrame, column: str) -> str | None:
+    if column not in runs.columns:
+        return None
+    values = runs[column].dropna()
+    return str(values.mode().iloc[0]) if not values.empty else None
+
+
+def _header(sweep_dir: Path, runs: pd.DataFrame, incomplete: list[str], target: float | None) -> list[str]:
+    failed = int((runs["status"] == "failed").sum())
+    reached = int((runs["status"] == "reached_target").sum())
+    what = ", ".join(filter(None, [
+        _first(runs, "model") and f"model {_first(runs, 'model')}",
+        _first(runs, "dataset") and f"data {_first(runs, 'dataset')}",
+        _first(runs, "backend") and f"backend {_first(runs, 'backend')}",
+        _first(runs, "launcher") and f"launcher {_first(runs, 'launcher')}",
+    ]))
+    machine = ", ".join(filter(None, [_first(runs, "hardware.cpu_model"),
+                                      _first(runs, "hardware.gpu_name") and f"GPU {_first(runs, 'hardware.gpu_name')}"]))
+    target_text = f"{target:.0%}" if target is not None else "?"
+    return [
+        f"Sweep directory `{sweep_dir}`: {what}." if what else f"Sweep directory `{sweep_dir}`.",
+        f"{len(runs)} runs with a summary: {len(runs) - failed} finished ({reached} reached the target accuracy "
+        f"{target_text}), {failed} failed; {len(incomplete)} incomplete." + (f" Machine (rank 0): {machine}." if machine else ""),
+        "Every figure is defined once in `scaling/analysis/scaling_tables.py` (per run: `docs/results.md`).",
+    ]
+
+
+def write_report(sweep_dir: str | os.PathLike, console=None) -> Path:
+    """Print the sweep's tables and write SWEEP/report/ (report.md and the figures); returns report.md's path."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from scaling.plots.figures import save
+
+    console = console if console is not None else Console()
+    sweep_dir = Path(sweep_dir)
+    sweep = _load(sweep_dir)
+    runs, epochs = sweep.runs, sweep.epochs
+    for warning in sweep.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+    keys = st.default_group_by(runs)
+    table = st.per_worker_count(runs, keys)
+    curve_keys = [k for k in keys if k in epochs.columns]
+    curves = st.accuracy_curves(epochs, curve_keys)
+    spread = st.tta_spread(runs, keys)
+    tradeoff = st.batch_tradeoff(runs)
+    target = st.target_accuracy(runs)
+
+    out = sweep_dir / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for stem, fig in _figures(table, curves, spread, target).items():
+        save(fig, out / stem)
+
+    sections = [
+        ("Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)", _scaling_columns(keys), table),
+        ("Time to accuracy over repeats", _tta_columns(keys), table),
+        ("Communication and step time", _comm_columns(keys), table),
+    ]
+    if not tradeoff.empty:
+        sections.append(("Batch-size trade-off (global batch)", BATCH_COLUMNS, tradeoff))
+    sections.append(("Runs", _run_columns(runs), runs.sort_values(["num_workers", "run_key"])))
+
+    name = _first(runs, "name") or sweep_dir.name
+    md = [f"# Sweep report: {name}", "", *_header(sweep_dir, runs, sweep.incomplete, target), ""]
+    if sweep.warnings:
+        md += ["## Warnings", "", *[f"- {w}" for w in sweep.warnings], ""]
+    md += ["## Figures", "", "Each figure is also written as SVG beside the PNG.", ""]
+    for stem, heading, definition in FIGURES:
+        md += [f"### {heading}", "", f"![{heading}]({stem}.png)", "", definition, ""]
+    md += ["## Tables", ""]
+    for title, columns, frame in sections:
+        headers, rows = _cells(frame, columns)
+        console.print(_rich_table(title, headers, rows))
+        md += [f"### {title}", "", _markdown_table(headers, rows), ""]
+    md += [
+        "Speedup and efficiency: over the smallest worker count of the same series; eff. = speedup / (N / N_base). "
+        "CV = std / mean over the repeats that reached the target (ddof=1); CV ratio = CV(epochs to target) / "
+        "CV(time per epoch): above 1, TTA varies mostly through the number of epochs. Cost = TTA / 3600 × nodes × "
+        "price per node-hour ('-' when the price is unknown).",
+        "",
+    ]
+    path = out / "report.md"
+    write_text_atomic(path, "\n".join(md))
+    return path

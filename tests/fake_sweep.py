@@ -1,0 +1,120 @@
+"""A fake sweep directory on disk, laid out as `scaling sweep` writes it, with generated records.
+
+Worker counts 1, 2, 4 x 3 repeats; each run's summary is computed from generated epochs and
+steps by the real `summarize_run`. w4-r1 never reaches the target (max_epochs), w4-r2 failed
+after 2 epochs, and w8-r0 is still going (run directory without summary.json, absent from
+runs.parquet). A larger global batch needs more epochs, so TTA scales worse than throughput.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scaling.analysis.run_metrics import summarize_run
+
+TARGET = 0.84
+MAX_EPOCHS = 10
+WORKERS = (1, 2, 4)
+REPEATS = 3
+FAILED, NOT_REACHED, INCOMPLETE = "w4-r2", "w4-r1", "w8-r0"
+
+
+def _epochs(num_workers: int, repeat: int, n_epochs: int | None = None, plateau: float = 0.93) -> pd.DataFrame:
+    rng = np.random.default_rng(100 * num_workers + repeat)
+    rate = 0.45 / (1 + 0.35 * np.log2(num_workers)) * (1 + 0.08 * rng.standard_normal())  # a larger global batch learns less per epoch
+    rows, elapsed_train, elapsed_wall = [], 0.0, 0.0
+    for epoch in range(1, MAX_EPOCHS + 1):
+        train_s = 8.0 / num_workers**0.85 * (1.3 if epoch == 1 else 1.0) * (1 + 0.04 * rng.standard_normal())
+        accuracy = plateau - 0.6 * np.exp(-rate * epoch) + 0.01 * rng.standard_normal()
+        elapsed_train += train_s
+        elapsed_wall += train_s + 0.6
+        rows.append(dict(epoch=epoch, train_s=train_s, eval_s=0.4, calibration_s=0.2, train_loss=2.0 * np.exp(-0.3 * epoch),
+                         val_accuracy=accuracy, samples=8192, throughput_samples_per_s=8192 / train_s,
+                         elapsed_train_s=elapsed_train, elapsed_wall_s=elapsed_wall, lr=0.05 * num_workers))
+        if n_epochs is not None and epoch >= n_epochs:
+            break
+        if n_epochs is None and accuracy >= TARGET:
+            break
+    return pd.DataFrame(rows)
+
+
+def _steps(num_workers: int) -> pd.DataFrame:
+    exposed = 0.0 if num_workers == 1 else 0.004 * np.log2(2 * num_workers)
+    rows = []
+    for rank in range(num_workers):
+        for step in range(8):
+            backward = 0.030 + exposed
+            rows.append(dict(epoch=1, step=step, rank=rank, node_rank=rank // 2, local_rank=rank % 2, kind="train",
+                             pair=-1, warmup=step < 2, samples=64, data_s=0.001, forward_s=0.025, backward_s=backward,
+                             optimizer_s=0.003, step_s=0.001 + 0.025 + backward + 0.003,
+                             allreduce_s=2 * exposed, exposed_comm_s=exposed,
+                             compute_s=0.025 + backward - exposed + 0.003, num_buckets=0 if num_workers == 1 else 2))
+        if num_workers > 1:
+            for pair in range(4):
+                for kind, fb in (("calib_nosync", 0.055), ("calib_sync", 0.055 + 1.5 * exposed)):
+                    rows.append(dict(epoch=1, step=7, rank=rank, node_rank=rank // 2, local_rank=rank % 2, kind=kind,
+                                     pair=pair, warmup=False, samples=64, data_s=0.0, forward_s=0.025, backward_s=fb - 0.025,
+                                     optimizer_s=0.0, step_s=fb, allreduce_s=0.0, exposed_comm_s=0.0, compute_s=fb,
+                                     num_buckets=0 if kind == "calib_nosync" else 2))
+    return pd.DataFrame(rows)
+
+
+def _summary(key: str, num_workers: int, repeat: int, epochs: pd.DataFrame, steps: pd.DataFrame, status=None,
+             error=None) -> dict:
+    figures = summarize_run(steps, epochs, TARGET, num_workers)
+    if status is None:
+        status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
+    num_nodes = int(steps["node_rank"].nunique())
+    return {
+        "schema_version": 1, "run_id": key, "name": "quickstart", "model": "small_cnn", "dataset": "embedded",
+        "backend": "gloo", "launcher": "ray", "num_workers": num_workers, "num_nodes": num_nodes,
+        "workers_per_node": num_workers / num_nodes, "per_worker_batch": 64, "global_batch": 64 * num_workers,
+        "seed": repeat, "status": status, "error": error, "target_accuracy": TARGET, **figures,
+        "inject_comm_delay_s": 0.0, "node_price_per_hour": 0.5, "started_at": "2025-01-01T00:00:00+00:00",
+        "run_wall_s": float(epochs["elapsed_wall_s"].iloc[-1]) + 5.0,
+        "versions": {"python": "3.11", "torch": "2.13.0", "ray": "2.60.0"},
+        "hardware": {"hostname": "test", "cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0},
+    }
+
+
+def make_fake_sweep(root: Path, with_index: bool = True) -> Path:
+    """Write the fake sweep under root/qs and return its path."""
+    sweep = Path(root) / "qs"
+    (sweep / "runs").mkdir(parents=True)
+    (sweep / "sweep.yaml").write_text("base: {name: quickstart}\nsweep: {workers: [1, 2, 4], repeats: 3, axes: {}}\n")
+    rows = []
+    for num_workers in WORKERS:
+        for repeat in range(REPEATS):
+            key = f"w{num_workers}-r{repeat}"
+            run_dir = sweep / "runs" / key
+            run_dir.mkdir()
+            steps = _steps(num_workers)
+            if key == FAILED:
+                epochs = _epochs(num_workers, repeat, n_epochs=2)
+                summary = _summary(key, num_workers, repeat, epochs, steps, status="failed",
+                                   error="RuntimeError: worker 3 died (simulated)")
+            elif key == NOT_REACHED:
+                epochs = _epochs(num_workers, repeat, n_epochs=MAX_EPOCHS, plateau=0.80)
+                summary = _summary(key, num_workers, repeat, epochs, steps)
+            else:
+                epochs = _epochs(num_workers, repeat)
+                summary = _summary(key, num_workers, repeat, epochs, steps)
+            (run_dir / "config.yaml").write_text(f"name: quickstart\nworkers: {{num_workers: {num_workers}}}\n")
+            epochs.to_parquet(run_dir / "epochs.parquet", index=False)
+            steps.to_parquet(run_dir / "steps.parquet", index=False)
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
+            row.update(run_key=key, run_dir=f"runs/{key}", repeat=repeat)
+            rows.append(row)
+    # a run still going: config and a first epoch, no summary, not in the index
+    running = sweep / "runs" / INCOMPLETE
+    running.mkdir()
+    (running / "config.yaml").write_text("name: quickstart\nworkers: {num_workers: 8}\n")
+    _epochs(8, 0, n_epochs=1).to_parquet(running / "epochs.parquet", index=False)
+    if with_index:
+        pd.DataFrame(rows).to_parquet(sweep / "runs.parquet", index=False)
+    return sweep

@@ -1,0 +1,192 @@
+"""`scaling report` on a fake sweep directory (tests/fake_sweep.py), its error cases, and the notebooks.
+
+No Ray, no torch training: the sweep's records are generated and written with pandas/json.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from scaling.errors import UsageError
+from scaling.report import load_sweep, resolve_sweep_dir, write_report
+from tests.fake_sweep import FAILED, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+FIGURES = ("speedup", "comm_overhead", "step_breakdown", "accuracy_curves", "throughput_vs_tta", "tta_spread")
+NOTEBOOKS = ("scaling_figures.ipynb", "tta_stability.ipynb")
+
+
+def _console() -> Console:
+    return Console(file=io.StringIO(), width=200, color_system=None)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    return make_fake_sweep(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="module")
+def reported(sweep):
+    console = _console()
+    path = write_report(sweep, console)
+    return path, console.file.getvalue()
+
+
+def test_report_writes_every_file(sweep, reported):
+    path, _ = reported
+    assert path == sweep / "report" / "report.md"
+    names = {p.name for p in path.parent.iterdir()}
+    assert names == {"report.md"} | {f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "svg")}  # no temp files
+    from PIL import Image
+
+    for stem in FIGURES:
+        with Image.open(path.parent / f"{stem}.png") as image:
+            assert image.format == "PNG" and image.width > 1000
+            assert image.info["dpi"] == pytest.approx((200, 200), abs=0.5)
+        assert (path.parent / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_report_markdown_embeds_figures_and_tables(reported):
+    path, _ = reported
+    text = path.read_text()
+    for stem in FIGURES:
+        assert f"]({stem}.png)" in text
+    assert text.count("\n| workers |") >= 3  # scaling, TTA and communication tables
+    assert "| 4 | 2/3 |" in text  # the failed w4 repeat is counted, not used
+    assert "Batch-size trade-off" in text  # the global batch grows with the workers
+
+
+def test_warnings_name_incomplete_and_failed_runs(sweep, reported):
+    _, printed = reported
+    _, _, warnings = load_sweep(sweep)
+    incomplete = [w for w in warnings if INCOMPLETE in w]
+    failed = [w for w in warnings if FAILED in w]
+    assert incomplete and "summary.json" in incomplete[0]
+    assert failed and "failed" in failed[0] and "worker 3 died" in failed[0]
+    assert INCOMPLETE in printed and FAILED in printed and "warning" in printed
+    assert "w1-r0" not in " ".join(warnings)
+
+
+def test_load_sweep_tables(sweep):
+    runs, epochs, _ = load_sweep(sweep)
+    assert len(runs) == len(WORKERS) * REPEATS  # the incomplete run is not in the table
+    assert {"run_id", "num_workers", "seed", "global_batch", "status"} <= set(epochs.columns)
+    assert set(epochs["run_id"]) == set(runs["run_id"])
+    assert (epochs.loc[epochs["run_id"] == FAILED, "status"] == "failed").all()
+    assert runs.loc[runs["run_key"] == NOT_REACHED, "status"].item() == "max_epochs"
+    assert (epochs["global_batch"] == 64 * epochs["num_workers"]).all()
+
+
+def test_interrupted_sweep_without_index_is_built_from_summaries(tmp_path):
+    sweep = make_fake_sweep(tmp_path, with_index=False)
+    runs, epochs, warnings = load_sweep(sweep)
+    assert len(runs) == len(WORKERS) * REPEATS
+    assert sorted(runs["repeat"].unique()) == list(range(REPEATS))
+    assert any("runs.parquet" in w for w in warnings)
+    path = write_report(sweep, _console())
+    assert (path.parent / "speedup.png").exists()
+
+
+def test_failed_runs_stay_out_of_the_figures(sweep):
+    from scaling.analysis.scaling_tables import per_worker_count
+
+    runs, _, _ = load_sweep(sweep)
+    table = per_worker_count(runs).set_index("num_workers")
+    assert table.loc[4, "n_failed"] == 1 and table.loc[4, "n_ok"] == 2 and table.loc[4, "n_reached"] == 1
+    failed_tta = runs.loc[runs["run_key"] == FAILED, "tta_s"].item()
+    reached_tta = runs.loc[(runs["num_workers"] == 4) & (runs["status"] == "reached_target"), "tta_s"]
+    assert table.loc[4, "tta_mean_s"] == pytest.approx(reached_tta.mean()) != failed_tta
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "empty", "not_a_sweep", "run_dir", "nothing_finished"])
+def test_errors_are_one_line(tmp_path, case):
+    target = tmp_path / "target"
+    if case == "file":
+        target.write_text("x")
+    elif case == "empty":
+        target.mkdir()
+    elif case == "not_a_sweep":
+        (target / "runs" / "a").mkdir(parents=True)
+        (target / "notes.txt").write_text("x")
+    elif case == "run_dir":
+        target.mkdir()
+        (target / "summary.json").write_text(json.dumps({"status": "max_epochs"}))
+    elif case == "nothing_finished":
+        (target / "runs" / "w1-r0").mkdir(parents=True)
+        (target / "sweep.yaml").write_text("sweep: {}\n")
+    with pytest.raises(UsageError) as info:
+        write_report(target, _console())
+    message = str(info.value)
+    assert "\n" not in message and str(target) in message
+    expected = {"missing": "not found", "file": "not a directory", "empty": "empty", "not_a_sweep": "not a sweep",
+                "run_dir": "run directory", "nothing_finished": "finished"}[case]
+    assert expected in message
+    assert not (target / "report").exists() if target.is_dir() else True
+
+
+def test_empty_index_of_a_fresh_sweep_is_an_error(tmp_path):
+    (tmp_path / "runs" / "w1-r0").mkdir(parents=True)
+    pd.DataFrame().to_parquet(tmp_path / "runs.parquet")
+    with pytest.raises(UsageError, match="finished"):
+        load_sweep(tmp_path)
+
+
+def test_cli_report(sweep, tmp_path, capsys):
+    from scaling.cli import main
+
+    copy = tmp_path / "qs"
+    shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("report"))
+    assert main(["report", str(copy)]) == 0
+    assert (copy / "report" / "report.md").exists()
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
+
+
+def test_resolve_sweep_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "qs").mkdir(parents=True)
+    assert resolve_sweep_dir("results/qs") == tmp_path / "results" / "qs"
+    monkeypatch.chdir(tmp_path / "results")  # a notebook's folder: found through $SCALING_RESULTS_DIR
+    monkeypatch.setenv("SCALING_RESULTS_DIR", str(tmp_path))
+    assert resolve_sweep_dir("results/qs") == tmp_path / "results" / "qs"
+    assert resolve_sweep_dir("/abs/path") == Path("/abs/path")
+    assert resolve_sweep_dir("no/such") == Path("no/such")
+
+
+# ---------------------------------------------------------------------------- notebooks
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_thin_and_without_outputs(name):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert code[0].source == 'SWEEP_DIR = "results/qs"'
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert not any("def " in cell.source or "class " in cell.source for cell in code)  # logic lives in scaling/
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_against_a_sweep(sweep, name):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    first = next(cell for cell in nb.cells if cell.cell_type == "code")
+    first.source = f"SWEEP_DIR = {str(sweep)!r}"
+    # as Jupyter runs it: from the notebook's folder
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [out for out in outputs if out.output_type == "error"]
+    images = [out for out in outputs if "image/png" in out.get("data", {})]
+    assert len(images) >= 2
+    printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    assert FAILED in printed and INCOMPLETE in printed
