@@ -272,11 +272,16 @@ def _cells(frame: pd.DataFrame, columns: list[tuple]) -> tuple[list[str], list[l
     return headers, rows
 
 
+def _left(index: int, header: str) -> bool:
+    """Names left, numbers right."""
+    return index == 0 or header in ("status", "backend")
+
+
 def _markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     def escape(cell: str) -> str:
         return cell.replace("|", "\\|")
 
-    align = ["---" if i < 1 else "---:" for i in range(len(headers))]
+    align = ["---" if _left(i, h) else "---:" for i, h in enumerate(headers)]
     lines = ["| " + " | ".join(escape(h) for h in headers) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -287,7 +292,7 @@ def _rich_table(title: str, headers: list[str], rows: list[list[str]]):
 
     table = Table(title=title, title_justify="left", header_style="bold")
     for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i == 0 else "right", overflow="fold")
+        table.add_column(header, justify="left" if _left(i, header) else "right", overflow="fold")
     for row in rows:
         table.add_row(*row)
     return table

@@ -29,6 +29,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """Yields {'address': 'IP:PORT', 'dashboard': 'http://IP:PORT', 'env': env for subprocesses}."""
@@ -47,8 +57,8 @@ def ray_cluster():
     deadline = time.time() + 90
     while True:
         probe = subprocess.run([str(BIN / "ray"), "status", f"--address={address}"], env=env, capture_output=True)
-        if probe.returncode == 0:
-            break
+        if probe.returncode == 0 and _http_ok(f"http://127.0.0.1:{dashboard}/api/version"):
+            break  # the job server (dashboard) comes up a few seconds after the GCS
         if time.time() > deadline or head.poll() is not None:
             os.killpg(head.pid, signal.SIGKILL)
             raise RuntimeError(f"test Ray head did not start: {probe.stderr.decode()[-500:]}")

@@ -6,10 +6,12 @@
 Each function returns a matplotlib `Figure` built without pyplot (rendered by Agg when
 saved; no global backend is set, so notebooks still show them inline). What each plotted
 figure means is defined in scaling/analysis/scaling_tables.py. Sizes and fonts are for
-print: about 6.5 x 4 inches, 9-10 pt text, PNG at 200 dpi plus SVG. Colours are the
-Okabe-Ito colour-blind-safe palette, one fixed colour per metric and per step phase, and
-lines also differ by marker so the figures survive greyscale printing. When a table holds
-more than one series (a sweep axis besides the worker count) each series gets its own panel.
+print: about 6.5 x 4 inches, 8-10 pt text, PNG at 200 dpi plus SVG. Colours are the
+Okabe-Ito colour-blind-safe palette, one fixed colour per metric and per step phase; worker
+counts run along viridis (few -> many); lines also differ by marker and dash so the figures
+survive greyscale printing. Worker-count axes carry integer ticks at the counts that were
+run (log2 when they span 8x or more). When a table holds more than one series (a sweep axis
+besides the worker count) each series gets its own panel and the legend goes below them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator, PercentFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator, PercentFormatter
 
 from scaling.analysis.scaling_tables import SPEEDUP_METRICS, group_columns
 
@@ -114,7 +116,7 @@ def _worker_axis(ax, counts, log: bool) -> None:
     if log:
         ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(counts))
-    ax.xaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda x, _: f"{int(round(x))}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{int(round(x))}"))
     ax.xaxis.set_minor_locator(NullLocator())
     if len(counts) == 1:
         ax.set_xlim(counts[0] * (0.5 if log else 1) - (0 if log else 1), counts[0] * (2 if log else 1) + (0 if log else 1))
@@ -185,7 +187,7 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                 ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
             if log:
                 ax.set_yscale("log", base=2)
-                ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
             else:
                 ax.set_ylim(bottom=0)
             _worker_axis(ax, counts, log)
