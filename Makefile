@@ -24,8 +24,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# The quickstart sweep (1 and 2 workers, 2 seeds each) and its report; re-running resumes it.
 demo: install
-	$(BIN)/scaling run experiments/quickstart.yaml --workers 2 --out results/demo-$$(date +%Y%m%d-%H%M%S)
+	$(BIN)/scaling sweep experiments/quickstart.yaml --out results/demo
+	$(BIN)/scaling report results/demo
 
 test: install-test
 	$(BIN)/python -m pytest -q

@@ -173,6 +173,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None, num_worker
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if isinstance(data, dict):
+        data.pop("sweep", None)  # the sweep grid belongs to `scaling sweep` (scaling/launch/sweep.py)
     data = apply_overrides(data, overrides or [])
     cfg = from_dict(data)
     if num_workers is not None:

@@ -76,6 +76,21 @@ def test_records_are_complete_and_consistent(ray_run):
     assert summary["comm_overhead_pct"] is not None and summary["allreduce_s"] > 0
 
 
+def test_exports_dawnbench_and_mlperf(ray_run):
+    from scaling.exports import read_mlperf_log
+
+    run_dir, summary = ray_run
+    tsv = pd.read_csv(run_dir / "dawnbench.tsv", sep="\t")
+    assert list(tsv.columns) == ["epoch", "hours", "top1Accuracy"] and len(tsv) == summary["epochs_run"]
+    assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_s"], rel=1e-3)
+    assert json.loads((run_dir / "dawnbench.json").read_text())["model"] == "small_cnn"
+    events = read_mlperf_log((run_dir / "mlperf.log").read_text())
+    keys = [e["key"] for e in events]
+    assert keys[0] == "submission_division" and events[0]["value"] == "open"
+    assert keys.count("eval_accuracy") == summary["epochs_run"] and keys[-1] == "run_stop"
+    assert events[-1]["metadata"]["status"] == "success"
+
+
 def test_too_many_workers_refused_at_once(ray_cluster, tmp_path):
     out = tmp_path / "run"
     result = run_cli("run", str(QUICKSTART), "--workers", "64", "--out", str(out), env=ray_cluster["env"], timeout=120)

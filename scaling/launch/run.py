@@ -123,6 +123,10 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) ->
         "hardware": hardware,
     }
     write_json_atomic(run_dir / "summary.json", summary)
+    if not epochs.empty:
+        from scaling.exports import write_exports
+
+        write_exports(run_dir, summary, epochs)
     return summary
 
 

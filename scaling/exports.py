@@ -1,0 +1,99 @@
+"""Per-run exports in the formats the field's leaderboards used.
+
+- `dawnbench.tsv` + `dawnbench.json`: DAWNBench's entry format: one row per epoch with
+  `epoch, hours, top1Accuracy` (accuracy in percent, `hours` = cumulative *training* time,
+  the lab's TTA definition: evaluation and calibration excluded), and a JSON description.
+- `mlperf.log`: an MLPerf-style log written through the `mlperf-logging` package's `mllog`
+  (`:::MLLOG {...}` lines), marked open division, status research. No compliance is claimed:
+  the lab's workloads and rules are not MLPerf's.
+
+Written after the run from its records (summary.json, epochs.parquet), atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from scaling.results import write_json_atomic, write_text_atomic
+
+
+def dawnbench_tsv(epochs: pd.DataFrame) -> str:
+    lines = ["epoch\thours\ttop1Accuracy"]
+    for row in epochs.itertuples():
+        lines.append(f"{row.epoch}\t{row.elapsed_train_s / 3600:.6f}\t{100 * row.val_accuracy:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def dawnbench_json(summary: dict) -> dict:
+    nodes = summary.get("num_nodes") or 1
+    price = summary.get("node_price_per_hour") or 0.0
+    hardware = summary["hardware"]
+    device = f"{hardware['gpu_count']} x {hardware['gpu_name']}" if hardware.get("gpu_count") else f"{hardware['cpu_model']} ({hardware['cpu_count']} CPUs)"
+    return {
+        "version": "v1.0",
+        "author": "scaling lab",
+        "framework": f"PyTorch {summary['versions']['torch']} + Ray {summary['versions']['ray']} ({summary['backend']})",
+        "codeURL": "",
+        "model": summary["model"],
+        "dataset": summary["dataset"],
+        "hardware": f"{summary['num_workers']} workers on {nodes} node(s); {device}",
+        "costPerHour": price * nodes if price else None,
+        "timestamp": summary["started_at"],
+        "misc": {
+            "targetAccuracy": summary["target_accuracy"],
+            "ttaHours": summary["tta_s"] / 3600 if summary["tta_s"] is not None else None,
+            "globalBatch": summary["global_batch"],
+            "status": summary["status"],
+            "note": "hours = training time (evaluation and calibration excluded)",
+        },
+    }
+
+
+def mlperf_log(summary: dict, epochs: pd.DataFrame) -> str:
+    from mlperf_logging.mllog import constants, mllog
+
+    buffer = io.StringIO()
+    logger = logging.getLogger(f"scaling.mlperf.{summary['run_id']}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.StreamHandler(buffer)
+    logger.addHandler(handler)
+    try:
+        log = mllog.MLLogger(logger=logger)
+        start_ms = dt.datetime.fromisoformat(summary["started_at"]).timestamp() * 1000
+        log.event(constants.SUBMISSION_DIVISION, constants.OPEN, time_ms=start_ms)
+        log.event(constants.SUBMISSION_STATUS, "research", time_ms=start_ms)
+        log.event(constants.SUBMISSION_BENCHMARK, summary["model"], time_ms=start_ms)
+        log.event(constants.GLOBAL_BATCH_SIZE, summary["global_batch"], time_ms=start_ms)
+        log.event(constants.SEED, summary["seed"], time_ms=start_ms)
+        log.event(constants.OPT_NAME, "sgd", time_ms=start_ms)
+        log.start(constants.RUN_START, time_ms=start_ms)
+        previous_ms = start_ms
+        for row in epochs.itertuples():
+            end_ms = start_ms + 1000 * row.elapsed_wall_s
+            log.start(constants.EPOCH_START, metadata={"epoch_num": int(row.epoch)}, time_ms=previous_ms)
+            log.end(constants.EPOCH_STOP, metadata={"epoch_num": int(row.epoch)}, time_ms=end_ms)
+            log.event(constants.EVAL_ACCURACY, float(row.val_accuracy), metadata={"epoch_num": int(row.epoch)}, time_ms=end_ms)
+            previous_ms = end_ms
+        status = constants.SUCCESS if summary["status"] == "reached_target" else constants.ABORTED
+        log.end(constants.RUN_STOP, metadata={"status": status}, time_ms=previous_ms)
+    finally:
+        logger.removeHandler(handler)
+    return buffer.getvalue()
+
+
+def write_exports(run_dir: Path, summary: dict, epochs: pd.DataFrame) -> None:
+    run_dir = Path(run_dir)
+    write_text_atomic(run_dir / "dawnbench.tsv", dawnbench_tsv(epochs))
+    write_json_atomic(run_dir / "dawnbench.json", dawnbench_json(summary))
+    write_text_atomic(run_dir / "mlperf.log", mlperf_log(summary, epochs))
+
+
+def read_mlperf_log(text: str) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in text.splitlines() if ":::MLLOG" in line]
