@@ -97,10 +97,11 @@ def _cmd_sweep(args) -> int:
     _check_capacity(sweep_max_workers(planned), args.launcher, log_to_driver=False)
     prepare_sweep_dir(sweep_dir, data, spec)
     console = Console()
-    console.print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)")
+    # plain print: rich would wrap a long path, and job logs are read by scripts
+    print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)", flush=True)
     index = run_sweep(sweep_dir, planned, args.launcher, console)
     failed = int((index["status"] == "failed").sum()) if not index.empty else 0
-    console.print(f"done: {len(index) - failed} runs finished, {failed} failed; next: scaling report {sweep_dir}")
+    print(f"done: {len(index) - failed} runs finished, {failed} failed; next: scaling report {sweep_dir}", flush=True)
     return 0 if failed == 0 else 1
 
 
