@@ -65,7 +65,7 @@ def test_ray_job_submit_runs_a_sweep(ray_cluster, tmp_path):
     runtime_env = json.dumps({"env_vars": {"SCALING_RESULTS_DIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}})
     submit = subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
-         "scaling", "sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--out", "results/qs", *TINY],
+         "scaling", "sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", "results/qs", *TINY],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
