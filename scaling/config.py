@@ -165,7 +165,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, num_workers: int | None = None) -> ExperimentConfig:
+def read_config_file(path: str | Path) -> dict:
+    """A config file's plain data (a mapping), or one clear ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -173,8 +174,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None, num_worker
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if isinstance(data, dict):
-        data.pop("sweep", None)  # the sweep grid belongs to `scaling sweep` (scaling/launch/sweep.py)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a YAML mapping at the top level")
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, num_workers: int | None = None) -> ExperimentConfig:
+    data = read_config_file(path)
+    data.pop("sweep", None)  # the sweep grid belongs to `scaling sweep` (scaling/launch/sweep.py)
     data = apply_overrides(data, overrides or [])
     cfg = from_dict(data)
     if num_workers is not None:

@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from scaling.config import ConfigError, apply_overrides, from_dict, validate
+from scaling.config import ConfigError, apply_overrides, from_dict, read_config_file, validate
 from scaling.errors import UsageError
 from scaling.results import read_epochs, write_parquet_atomic, write_text_atomic
 
@@ -95,15 +95,7 @@ def plan_sweep(
     config_path: Path, workers: list[int] | None, repeats: int | None, overrides: list[str] | None = None
 ) -> tuple[dict, SweepSpec, list[PlannedRun]]:
     """Every run of the sweep, each config validated before anything runs."""
-    config_path = Path(config_path)
-    if not config_path.is_file():
-        raise ConfigError(f"config file not found: {config_path}")
-    try:
-        data = yaml.safe_load(config_path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{config_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{config_path} must hold a YAML mapping")
+    data = read_config_file(config_path)
     spec = _parse_spec(data.pop("sweep", None), workers, repeats)
     data = apply_overrides(data, overrides or [])
     base = from_dict(copy.deepcopy(data))
