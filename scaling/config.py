@@ -38,6 +38,8 @@ class DataConfig:
     train_samples: int = 8192  # embedded: training-set size; synthetic: samples per epoch
     val_samples: int = 2048  # embedded: held-out validation-set size (ignored by synthetic)
     difficulty: float = 1.0  # embedded: noise scale; higher is harder (see scaling/data/embedded.py)
+    path: str = ""  # cifar10: the cifar-10-batches-py folder; imagenet: the folder holding train/ and val/
+    loader_workers: int = 2  # imagenet: Pillow-decoding DataLoader processes per training worker
 
 
 @dataclass
@@ -56,6 +58,11 @@ class TrainConfig:
     max_epochs: int = 10
     target_accuracy: float = 0.8  # validation top-1 accuracy in (0, 1] that stops the run (TTA)
     seed: int = 0  # model init and data order
+    target_metric: str = "top1"  # validation accuracy that target_accuracy applies to: top1 | top5 (DAWNBench ImageNet: top5)
+    precision: str = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
+    channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
+    compile: bool = False  # torch.compile the model (first steps pay compilation; they are warm-up)
+    label_smoothing: float = 0.0  # cross-entropy label smoothing (0.1 in the MLPerf ResNet-50 reference)
 
 
 @dataclass
@@ -72,6 +79,9 @@ class InstrumentConfig:
     calibration_pairs: int = 10  # per epoch: (no_sync, sync) step pairs for the A/B comm overhead; 0 = off
     inject_comm_delay_s: float = 0.0  # ground truth: extra seconds added to the last gradient bucket's all-reduce, per step
     ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
+    step_timing: bool = True  # per-step records and the A/B window; false = epoch timing only (to measure the lab's own cost)
+    grad_compression: str = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
+    telemetry_interval_s: float = 1.0  # GPU telemetry sampling period (NVML); 0 = off
     fail_at_step: int = -1  # fault injection: rank 0 raises at this global step (tests of failure handling); -1 = never
 
 
@@ -224,11 +234,22 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")
     require(cfg.data.difficulty > 0, f"data.difficulty must be > 0, got {cfg.data.difficulty}")
+    require(cfg.train.target_metric in ("top1", "top5"), f"train.target_metric must be top1 or top5, got {cfg.train.target_metric!r}")
+    require(not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5), "train.target_metric top5 needs more than 5 classes")
+    require(cfg.train.precision in ("fp32", "fp16", "bf16"), f"train.precision must be fp32, fp16 or bf16, got {cfg.train.precision!r}")
+    require(0.0 <= cfg.train.label_smoothing < 1.0, f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
+    require(cfg.instrument.grad_compression in ("none", "fp16", "bf16"), f"instrument.grad_compression must be none, fp16 or bf16, got {cfg.instrument.grad_compression!r}")
+    require(cfg.instrument.telemetry_interval_s >= 0, f"instrument.telemetry_interval_s must be >= 0, got {cfg.instrument.telemetry_interval_s}")
+    require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")
-    steps = cfg.data.train_samples // cfg.global_batch
+    from scaling.data import check_dataset
+
+    counts = check_dataset(cfg.data)  # path datasets: read and checked here, before any worker starts
+    num_train = counts.get("train", cfg.data.train_samples)
+    source = f"{cfg.data.path}/train" if counts else "data.train_samples"
     require(
-        steps >= 1,
-        f"data.train_samples ({cfg.data.train_samples}) is smaller than the global batch "
+        num_train // cfg.global_batch >= 1,
+        f"the training set ({source}: {num_train} samples) is smaller than the global batch "
         f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch",
     )
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")

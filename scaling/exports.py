@@ -24,9 +24,16 @@ from scaling.results import write_json_atomic, write_text_atomic
 
 
 def dawnbench_tsv(epochs: pd.DataFrame) -> str:
-    lines = ["epoch\thours\ttop1Accuracy"]
-    for row in epochs.itertuples():
-        lines.append(f"{row.epoch}\t{row.elapsed_train_s / 3600:.6f}\t{100 * row.val_accuracy:.2f}")
+    """epoch, hours, top1Accuracy[, top5Accuracy] (in %), as DAWNBench entries list them."""
+    # Runs recorded before top-1/top-5 were split hold only val_accuracy (top-1 then).
+    top1 = epochs["val_top1"] if "val_top1" in epochs else epochs["val_accuracy"]
+    top5 = epochs["val_top5"] if "val_top5" in epochs and epochs["val_top5"].notna().any() else None
+    lines = ["epoch\thours\ttop1Accuracy" + ("\ttop5Accuracy" if top5 is not None else "")]
+    for i, row in enumerate(epochs.itertuples()):
+        line = f"{row.epoch}\t{row.elapsed_train_s / 3600:.6f}\t{100 * top1.iloc[i]:.2f}"
+        if top5 is not None:
+            line += f"\t{100 * top5.iloc[i]:.2f}"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -235,6 +235,16 @@ def _comm_columns(keys) -> list[tuple]:
     ]
 
 
+def _utilisation_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        ("achieved_flops_per_s", "achieved (TFLOP/s per worker)", _num(".3f", 1e-12)),
+        ("peak_flops_per_s", "peak (TFLOP/s)", _num(".3f", 1e-12)),
+        ("mfu", "MFU", _num(".1%")),
+        ("arithmetic_intensity", "intensity (FLOP/B, est.)", _num(".1f")),
+        ("mem_bytes_per_s", "memory roof (GB/s)", _num(".1f", 1e-9)),
+    ]
+
+
 BATCH_COLUMNS = [
     ("global_batch", "global batch", _text),
     ("num_workers", "workers", _text),
@@ -316,6 +326,9 @@ FIGURES = (  # file stem, heading, the one line that defines it
     ("accuracy_curves", "Accuracy curves",
      "Validation top-1 accuracy after each epoch: mean over repeats (line) and min–max (band); runs stop at the "
      "target (dashed), so later epochs hold only the slower repeats."),
+    ("roofline", "Roofline",
+     "Achieved model FLOP/s per worker against the estimated arithmetic intensity of a training step (FLOPs per byte "
+     "moved), under the device's roof min(peak FLOP/s, intensity × memory bandwidth); MFU = achieved / peak."),
     ("tta_spread", "TTA over repeats",
      "Time to accuracy (training time to the end of the first epoch at the target) of every repeat, its mean ± std, "
      "and how many repeats reached the target."),
@@ -332,6 +345,7 @@ def _figures(table, curves, spread, target) -> dict:
         "step_breakdown": fg.step_breakdown_figure(table),
         "accuracy_curves": fg.accuracy_curves_figure(curves, target),
         "tta_spread": fg.tta_spread_figure(spread),
+        "roofline": fg.roofline_figure(table),
     }
 
 
@@ -393,6 +407,7 @@ def write_report(sweep_dir: str | os.PathLike, console=None) -> Path:
         ("Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)", _scaling_columns(keys), table),
         ("Time to accuracy over repeats", _tta_columns(keys), table),
         ("Communication and step time", _comm_columns(keys), table),
+        ("Hardware utilisation (model FLOPs)", _utilisation_columns(keys), table),
     ]
     if not tradeoff.empty:
         sections.append(("Batch-size trade-off (global batch)", BATCH_COLUMNS, tradeoff))

@@ -56,14 +56,38 @@ def test_imagenet_resnets_use_torchvision_module_names():
 
 
 # ImageNet models get 64x64 to stay fast; adaptive average pooling makes any size >= 32 work.
-_INPUT_SIZE = {"small_cnn": 32, "resnet20": 32, "resnet56": 32, "resnet18": 64, "resnet50": 64}
+# AmoebaNet-D also pools adaptively; at 32x32 its last stack works on 1x1 maps, which is enough for
+# training-mode BatchNorm at batch 2.
+_INPUT_SIZE = {
+    "small_cnn": 32,
+    "resnet20": 32,
+    "resnet56": 32,
+    "resnet18": 64,
+    "resnet50": 64,
+    "amoebanet_d_6_64": 32,
+    "amoebanet_d_18_208": 32,
+    "amoebanet_d_18_256": 32,
+}
+
+# 81.5M and 122.5M parameters: a CPU forward+backward takes tens of seconds even at 32x32.
+# amoebanet_d_6_64 runs the same cells here, and tests/test_amoebanet.py checks that these build
+# and have the published parameter counts.
+_TOO_SLOW_ON_CPU = {"amoebanet_d_18_208", "amoebanet_d_18_256"}
 
 
 def test_every_registered_model_has_an_input_size():
     assert set(model_names()) == set(_INPUT_SIZE)
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.skip(reason="too slow on a CPU"))
+        if name in _TOO_SLOW_ON_CPU
+        else name
+        for name in model_names()
+    ],
+)
 def test_forward_backward(name):
     torch.manual_seed(0)
     num_classes, batch = 7, 2

@@ -19,7 +19,7 @@ from scaling.report import load_sweep, resolve_sweep_dir, write_report
 from tests.fake_sweep import FAILED, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = ("speedup", "comm_overhead", "step_breakdown", "accuracy_curves", "throughput_vs_tta", "tta_spread")
+FIGURES = ("speedup", "comm_overhead", "step_breakdown", "accuracy_curves", "throughput_vs_tta", "tta_spread", "roofline")
 NOTEBOOKS = ("scaling_figures.ipynb", "tta_stability.ipynb")
 
 

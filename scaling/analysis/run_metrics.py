@@ -19,7 +19,17 @@ Every figure in `summary.json` is defined here, once:
 - `epochs_to_target`: the first epoch whose validation accuracy reaches the target.
 - `tta_s`: training time (sum of train_s) up to and including that epoch; `tta_wall_s`: wall
   time from the first step to the end of that epoch's validation (includes evaluation,
-  calibration and reporting). None when the target was not reached.
+  calibration and reporting). None when the target was not reached. The accuracy is the
+  one `train.target_metric` names (top-1 or top-5), recorded as `val_accuracy` per epoch.
+- `train_flops_per_sample`: forward + backward FLOPs of one training sample, counted once per
+  input size with PyTorch's FlopCounterMode (a multiply-add is 2 FLOPs; model FLOPs, so
+  recomputation or padding would not count). From `compute_profile.json`.
+- `achieved_flops_per_s` (per worker) = train_flops_per_sample x throughput_samples_per_s /
+  num_workers; `mfu` (model FLOPs utilisation, as in PaLM) = achieved_flops_per_s / the
+  device's peak for the run's precision (`peak_flops_per_s`: a datasheet number for known
+  GPUs, the measured matmul rate of the worker's threads on CPU). None where either is unknown.
+- `arithmetic_intensity` = train_flops_per_sample / estimated bytes moved per sample (see
+  scaling/instrument/flops.py); with the device's memory roof it places the run on a roofline.
 """
 
 from __future__ import annotations
@@ -58,7 +68,29 @@ def _finite_or_none(value) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def summarize_run(steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int) -> dict:
+def utilisation(throughput_samples_per_s: float | None, num_workers: int, profile: dict | None) -> dict:
+    """Achieved FLOP/s per worker, MFU and arithmetic intensity (definitions: module docstring)."""
+    profile = profile or {}
+    flops = profile.get("train_flops")
+    peak = profile.get("peak_flops_per_s")
+    bytes_per_sample = profile.get("train_bytes_per_sample")
+    achieved = flops * throughput_samples_per_s / num_workers if (flops and throughput_samples_per_s) else None
+    return {
+        "train_flops_per_sample": flops,
+        "forward_flops_per_sample": profile.get("forward_flops"),
+        "peak_flops_per_s": peak,
+        "peak_source": profile.get("peak_source"),
+        "mem_bytes_per_s": profile.get("mem_bytes_per_s"),
+        "achieved_flops_per_s": achieved,
+        "mfu": achieved / peak if (achieved and peak) else None,
+        "arithmetic_intensity": flops / bytes_per_sample if (flops and bytes_per_sample) else None,
+    }
+
+
+def summarize_run(
+    steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
+    compute_profile: dict | None = None,
+) -> dict:
     """The run's figures; fields absent from the records come back as None."""
     out: dict = {}
     steady = steady_state_steps(steps) if not steps.empty else steps
@@ -81,12 +113,14 @@ def summarize_run(steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: fl
     if epochs.empty:
         out.update(best_accuracy=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
                    time_per_epoch_s=None, throughput_samples_per_s=None, calibration_s=None, eval_s=None)
+        out.update(utilisation(None, num_workers, compute_profile))
         return out
     steady_epochs = epochs.iloc[1:] if len(epochs) > 1 else epochs
     out["time_per_epoch_s"] = float(steady_epochs["train_s"].median())
     out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
     out["calibration_s"] = float(epochs["calibration_s"].sum())
     out["eval_s"] = float(epochs["eval_s"].sum())
+    out.update(utilisation(out["throughput_samples_per_s"], num_workers, compute_profile))
     accuracy = epochs["val_accuracy"]
     out["best_accuracy"] = _finite_or_none(accuracy.max())
     reached = epochs[accuracy >= target_accuracy]

@@ -42,6 +42,9 @@ its runs with different seeds.
   `speedup_throughput` = throughput(N) / throughput(base),
   `speedup_tta` = tta_mean_s(base) / tta_mean_s(N) (means over the repeats that reached the target).
   `efficiency_<same>` = speedup / (N / base_workers): 1.0 is linear scaling.
+- Utilisation, **medians** over the group's runs of the run's figure (docs/results.md):
+  `mfu`, `achieved_flops_per_s` (per worker), `arithmetic_intensity`, and the device roofs
+  `peak_flops_per_s` and `mem_bytes_per_s` they are taken against.
 - `batch_tradeoff`: per (global_batch, num_workers): epochs_to_target, throughput and TTA,
   the minibatch trade-off of DAWNBench (Coleman et al. 2017): a larger batch trains more
   samples per second but may need more epochs to reach the same accuracy.
@@ -66,6 +69,7 @@ _NUMERIC = (
     "epochs_run", "epochs_to_target", "tta_s", "tta_wall_s", "time_per_epoch_s", "throughput_samples_per_s",
     "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "exposed_comm_pct",
     "comm_overhead_pct", "node_price_per_hour",
+    "mfu", "achieved_flops_per_s", "arithmetic_intensity", "peak_flops_per_s", "mem_bytes_per_s",
 )
 
 
@@ -161,6 +165,11 @@ def _group_figures(group: pd.DataFrame) -> dict:
         "exposed_comm_s": exposed.mean(),
         "optimizer_s": _col(ok, "optimizer_s").mean(),
         "cost_to_accuracy_usd": _cost_usd(reached).mean(),
+        "mfu": _col(ok, "mfu").median(),
+        "achieved_flops_per_s": _col(ok, "achieved_flops_per_s").median(),
+        "arithmetic_intensity": _col(ok, "arithmetic_intensity").median(),
+        "peak_flops_per_s": _col(ok, "peak_flops_per_s").median(),
+        "mem_bytes_per_s": _col(ok, "mem_bytes_per_s").median(),
     }
     return {k: (float(v) if k not in ("n_runs", "n_failed", "n_ok", "n_reached") else int(v)) for k, v in out.items()}
 

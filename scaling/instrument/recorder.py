@@ -6,6 +6,10 @@ resolve per epoch), gathers every rank's step records to rank 0 with one collect
 epoch, and rank 0 writes `parts/steps-epochNNNNN.parquet` and `epochs.parquet` atomically,
 so a crash loses at most the epoch in progress. With `run_dir=None` it keeps everything in
 memory (tests).
+
+Each step record also carries `model_flops` (samples x training FLOPs per sample, once the
+loop has counted them: `flops_per_sample`) and `achieved_flops_per_s` (model_flops / step_s,
+per rank). GPU telemetry rows handed to `end_epoch` go the same way into `telemetry.parquet`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import pandas as pd
 import torch.distributed as dist
 
 from scaling.instrument.timing import Clock, StepMarks
-from scaling.results import step_part_path, write_parquet_atomic
+from scaling.results import step_part_path, write_json_atomic, write_parquet_atomic
 
 
 class RunRecorder:
@@ -29,27 +33,48 @@ class RunRecorder:
         self._pending: list[StepMarks] = []
         self.epoch_rows: list[dict] = []
         self.step_frames: list[pd.DataFrame] = []  # rank 0: every epoch's gathered steps
+        self.telemetry_rows: list[dict] = []  # rank 0: every rank's telemetry samples so far
+        self.flops_per_sample: float | None = None  # training FLOPs per sample, set by the loop
+
+    def write_json(self, name: str, data: dict) -> None:
+        """Rank 0 writes `name` into the run directory (atomically); other ranks do nothing."""
+        if self.rank == 0 and self.run_dir is not None:
+            write_json_atomic(self.run_dir / name, data)
+
+    def _resolved(self, marks: StepMarks) -> dict:
+        row = {**marks.resolve(self.clock), **self.identity}
+        if self.flops_per_sample is not None:
+            row["model_flops"] = marks.samples * self.flops_per_sample
+            row["achieved_flops_per_s"] = row["model_flops"] / row["step_s"] if row["step_s"] > 0 else float("nan")
+        return row
 
     def step(self, marks: StepMarks) -> None:
         self._pending.append(marks)
 
-    def end_epoch(self, epoch_row: dict) -> None:
+    def end_epoch(self, epoch_row: dict, telemetry: list[dict] | None = None) -> None:
         """Resolve, gather and (rank 0) write this epoch's records. Every rank must call it."""
         self.clock.resolve()
-        rows = [{**m.resolve(self.clock), **self.identity} for m in self._pending]
+        rows = [self._resolved(m) for m in self._pending]
         self._pending = []
+        telemetry = [{**sample, **self.identity} for sample in telemetry or []]
         gathered: list | None = [None] * self.world_size if self.rank == 0 else None
         if self.world_size > 1:
-            dist.gather_object(rows, gathered, dst=0)
+            dist.gather_object((rows, telemetry), gathered, dst=0)
         else:
-            gathered = [rows]
+            gathered = [(rows, telemetry)]
         if self.rank != 0:
             return
-        steps = pd.DataFrame([row for rank_rows in gathered for row in rank_rows])
+        steps = pd.DataFrame([row for rank_rows, _ in gathered for row in rank_rows])
+        new_telemetry = [sample for _, rank_samples in gathered for sample in rank_samples]
+        if new_telemetry:
+            self.telemetry_rows += new_telemetry
+            if self.run_dir is not None:
+                write_parquet_atomic(self.run_dir / "telemetry.parquet", pd.DataFrame(self.telemetry_rows))
         self.epoch_rows.append(epoch_row)
         self.step_frames.append(steps)
         if self.run_dir is not None:
-            write_parquet_atomic(step_part_path(self.run_dir, epoch_row["epoch"]), steps)
+            if not steps.empty:  # empty with instrument.step_timing off
+                write_parquet_atomic(step_part_path(self.run_dir, epoch_row["epoch"]), steps)
             write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
 
     def steps_frame(self) -> pd.DataFrame:

@@ -91,7 +91,9 @@ def _one_line_error(exc: BaseException) -> str:
 def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) -> dict:
     steps = merge_step_parts(run_dir)
     epochs = read_epochs(run_dir)
-    figures = summarize_run(steps, epochs, cfg.train.target_accuracy, cfg.workers.num_workers)
+    profile_path = run_dir / "compute_profile.json"
+    profile = _read_json(profile_path) if profile_path.exists() else None
+    figures = summarize_run(steps, epochs, cfg.train.target_accuracy, cfg.workers.num_workers, profile)
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     machine_path = run_dir / "machine.json"
@@ -114,6 +116,12 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) ->
         "status": status,
         "error": error,
         "target_accuracy": cfg.train.target_accuracy,
+        "target_metric": cfg.train.target_metric,
+        "precision": cfg.train.precision,
+        "channels_last": cfg.train.channels_last,
+        "compile": cfg.train.compile,
+        "grad_compression": cfg.instrument.grad_compression,
+        "step_timing": cfg.instrument.step_timing,
         **figures,
         "inject_comm_delay_s": cfg.instrument.inject_comm_delay_s,
         "node_price_per_hour": cfg.workers.node_price_per_hour,

@@ -387,6 +387,40 @@ def tta_spread_figure(spread: pd.DataFrame) -> Figure:
 
 # ---------------------------------------------------------------------------- output
 
+def roofline_figure(table: pd.DataFrame) -> Figure:
+    """Achieved FLOP/s per worker vs. arithmetic intensity, one point per worker count, under the roof."""
+    with mpl.rc_context(STYLE):
+        fig, (ax,) = _figure(1)
+        needed = ("arithmetic_intensity", "achieved_flops_per_s", "peak_flops_per_s", "mem_bytes_per_s")
+        points = table.dropna(subset=[c for c in needed if c in table.columns]) if set(needed) <= set(table.columns) else table.iloc[0:0]
+        if points.empty:
+            _no_data(ax, "no FLOP counts or device roofs in these runs")
+            return fig
+        peak = float(points["peak_flops_per_s"].median())
+        bandwidth = float(points["mem_bytes_per_s"].median())
+        ridge = peak / bandwidth
+        intensity = points["arithmetic_intensity"].astype(float)
+        low = min(intensity.min(), ridge) / 8
+        high = max(intensity.max(), ridge) * 8
+        xs = np.geomspace(low, high, 200)
+        ax.plot(xs / 1.0, np.minimum(peak, xs * bandwidth) / 1e12, color="black", linewidth=1.4,
+                label=f"roof: {peak / 1e12:.3g} TFLOP/s, {bandwidth / 1e9:.3g} GB/s")
+        colours = _worker_colours(points["num_workers"])
+        for (_, part) in _series(points):
+            for _, row in part.iterrows():
+                n = int(row["num_workers"])
+                ax.plot(row["arithmetic_intensity"], row["achieved_flops_per_s"] / 1e12, linestyle="none", marker="o",
+                        markersize=7, color=colours[n], markeredgecolor="black", markeredgewidth=0.6,
+                        label=f"{_workers_label(n)} (MFU {row['mfu']:.1%})" if pd.notna(row.get("mfu")) else _workers_label(n))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP per byte moved, estimated)")
+        ax.set_ylabel("model FLOP/s per worker (TFLOP/s)")
+        ax.set_title("Roofline: achieved model FLOP/s per worker")
+        _legend(fig, [ax], loc="lower right")
+        return fig
+
+
 def save(fig: Figure, path_without_suffix: Path | str) -> list[Path]:
     """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename)."""
     stem = Path(path_without_suffix)

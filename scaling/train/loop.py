@@ -22,13 +22,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from scaling.config import ExperimentConfig
-from scaling.data import InMemoryDataset, load_dataset, steps_per_epoch, train_batches, val_shard
+from scaling.data import load_dataset, steps_per_epoch
 from scaling.instrument.recorder import RunRecorder
 from scaling.instrument.timing import CommTimingHook, StepMarks, clock_for
 from scaling.models import build_model
+from scaling.train.precision import Precision
 
 EVAL_BATCH = 512
 # Calibration batches come from a permutation of their own, apart from any training epoch's.
@@ -80,25 +82,27 @@ def lr_multiplier(step: int, steps_per_ep: int, cfg: ExperimentConfig) -> float:
     return 1.0
 
 
-def _evaluate(model: torch.nn.Module, dataset: InMemoryDataset, ctx: WorkerContext) -> float:
-    """Top-1 accuracy over the whole validation set: each rank its shard, summed across ranks."""
+def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Precision) -> dict:
+    """Top-1 and top-5 accuracy over the whole validation set: each rank its shard, summed across ranks."""
     model.eval()
-    shard = val_shard(len(dataset.val_y), ctx.rank, ctx.world_size)
-    indices = torch.tensor(list(shard), device=ctx.device, dtype=torch.long)
-    correct = torch.zeros((), device=ctx.device, dtype=torch.float64)
+    totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)  # top-1 correct, top-5 correct, samples
     with torch.no_grad():
-        for start in range(0, len(indices), EVAL_BATCH):
-            batch = indices[start : start + EVAL_BATCH]
-            logits = model(dataset.val_x[batch])
-            correct += (logits.argmax(dim=1) == dataset.val_y[batch]).sum()
-    totals = torch.stack([correct, torch.tensor(float(len(indices)), device=ctx.device, dtype=torch.float64)])
+        for inputs, targets in dataset.val_batches(ctx.rank, ctx.world_size, EVAL_BATCH):
+            with precision.autocast():
+                logits = model(precision.layout(inputs))
+            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            hits = top == targets.view(-1, 1)
+            totals[0] += hits[:, 0].sum()
+            totals[1] += hits.any(dim=1).sum()
+            totals[2] += len(targets)
     if ctx.world_size > 1:
         dist.all_reduce(totals)
     model.train()
-    return float(totals[0] / totals[1])
+    samples = float(totals[2])
+    return {"top1": float(totals[0]) / samples, "top5": float(totals[1]) / samples}
 
 
-def _calibrate(model, hook, batches, clock, recorder, epoch: int, step: int, pairs: int) -> None:
+def _calibrate(model, forward, loss_fn, precision, hook, batches, clock, recorder, epoch: int, step: int, pairs: int) -> None:
     """A/B window: forward+backward with gradient sync off (`no_sync`) and on, alternating.
 
     The same batch serves both halves of a pair, and the order flips every pair (ABBA) so that
@@ -111,6 +115,7 @@ def _calibrate(model, hook, batches, clock, recorder, epoch: int, step: int, pai
             inputs, targets = next(batches)
         except StopIteration:
             break
+        inputs = precision.layout(inputs)
         order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
         for kind in order:
             # DDP decides in forward whether the coming backward synchronises, so the whole
@@ -118,9 +123,10 @@ def _calibrate(model, hook, batches, clock, recorder, epoch: int, step: int, pai
             with model.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
                 start = clock.mark()
                 after_data = start  # the batch is already here: calibration times compute and sync only
-                loss = F.cross_entropy(model(inputs), targets)
+                with precision.autocast():
+                    loss = loss_fn(forward(inputs), targets)
                 after_forward = clock.mark()
-                loss.backward()
+                precision.backward(loss)
                 after_backward = clock.mark()
             model.zero_grad(set_to_none=True)
             recorder.step(
@@ -132,6 +138,61 @@ def _calibrate(model, hook, batches, clock, recorder, epoch: int, step: int, pai
             buf.copy_(saved_buffers[name])
 
 
+COMPRESSION_HOOKS = {
+    "none": default_hooks.allreduce_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+    "bf16": default_hooks.bf16_compress_hook,
+}
+
+
+def _wrap_ddp(model, cfg: ExperimentConfig, ctx: WorkerContext, clock):
+    """DDP with the gradient all-reduce hook chosen by config; returns (ddp_model, timing hook or None)."""
+    # forward_sync_buffers=False: BatchNorm statistics are synced once at start and then
+    # stay per worker (as in Goyal et al.), so the only communication during training is
+    # the gradient all-reduce that the hook times.
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
+        forward_sync_buffers=False,
+    )
+    inner = COMPRESSION_HOOKS[cfg.instrument.grad_compression]
+    if cfg.instrument.step_timing:
+        hook = CommTimingHook(clock, inner_hook=inner, inject_delay_s=cfg.instrument.inject_comm_delay_s)
+        ddp.register_comm_hook(state=None, hook=hook)
+        return ddp, hook
+    if cfg.instrument.grad_compression != "none":
+        ddp.register_comm_hook(state=None, hook=inner)
+    return ddp, None
+
+
+def _profile_compute(cfg: ExperimentConfig, model: torch.nn.Module, ctx: WorkerContext, recorder: RunRecorder) -> dict:
+    """Training FLOPs per sample (counted once, for this input size) and the device's peak.
+
+    Every rank counts (on the meta device: no compute), so every rank's step records carry
+    their FLOP rate; rank 0 also records the profile in `compute_profile.json`.
+    """
+    from scaling.instrument import flops
+
+    size = cfg.data.image_size
+    counts = flops.training_flops_per_sample(model, (3, size, size), cfg.data.num_classes)
+    traffic = flops.training_bytes_per_sample(
+        counts, cfg.train.per_worker_batch, bytes_per_element=4 if cfg.train.precision == "fp32" else 2
+    )
+    profile = {
+        "precision": cfg.train.precision,
+        "input_shape": [3, size, size],
+        "per_worker_batch": cfg.train.per_worker_batch,
+        **counts,
+        "train_bytes_per_sample": traffic["bytes_per_sample"],
+        "bytes_method": traffic["method"],
+        **flops.device_roofs(ctx.device, cfg.train.precision, cfg.workers.cpus_per_worker, measure=ctx.rank == 0),
+    }
+    recorder.flops_per_sample = profile["train_flops"]
+    recorder.write_json("compute_profile.json", profile)
+    return profile
+
+
 def train_worker(
     cfg: ExperimentConfig,
     ctx: WorkerContext,
@@ -139,109 +200,134 @@ def train_worker(
     report_epoch: Callable[[dict], None],
 ) -> dict:
     """Train until the target accuracy or max_epochs; returns rank 0's last epoch row."""
+    from scaling.instrument.telemetry import start_telemetry, telemetry_available
+
     if ctx.device.type == "cpu":
         set_cpu_threads(cfg.workers.cpus_per_worker)
     seed_everything(cfg.train.seed)
     dataset = load_dataset(cfg.data, ctx.device)
-    model = build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device)
+    precision = Precision(cfg.train.precision, cfg.train.channels_last, ctx.device)
+    model = precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
     clock = clock_for(ctx.device)
+    _profile_compute(cfg, model, ctx, recorder)
+    timing = cfg.instrument.step_timing
 
     hook = None
     if ctx.world_size > 1:
-        # forward_sync_buffers=False: BatchNorm statistics are synced once at start and then
-        # stay per worker (as in Goyal et al.), so the only communication during training is
-        # the gradient all-reduce that the hook times.
-        model = DistributedDataParallel(
-            model,
-            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
-            forward_sync_buffers=False,
-        )
-        hook = CommTimingHook(clock, inject_delay_s=cfg.instrument.inject_comm_delay_s)
-        model.register_comm_hook(state=None, hook=hook)
-    eval_model = model.module if hook is not None else model
+        model, hook = _wrap_ddp(model, cfg, ctx, clock)
+    eval_model = model.module if ctx.world_size > 1 else model
+    # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP.
+    forward = torch.compile(model) if cfg.train.compile else model
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits, targets, label_smoothing=cfg.train.label_smoothing)
 
     peak_lr = cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch
     optimizer = torch.optim.SGD(
         model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
         nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
     )
-    steps_per_ep = steps_per_epoch(len(dataset.train_y), ctx.world_size, cfg.train.per_worker_batch)
+    steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))
+
+    if ctx.rank == 0 and ctx.device.type == "cpu" and cfg.train.precision == "fp16":
+        print("note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
+              "bf16 is the CPU's mixed precision (train.precision=bf16)", flush=True)
+    telemetry, telemetry_note = start_telemetry(ctx.device, cfg.instrument.telemetry_interval_s)
+    if ctx.rank == 0 and cfg.instrument.telemetry_interval_s > 0:
+        # One line: what was started on a GPU, or that a machine has no NVML to read.
+        if ctx.device.type == "cuda":
+            print(telemetry_note, flush=True)
+        else:
+            available, why_not = telemetry_available()
+            if not available:
+                print(why_not, flush=True)
 
     model.train()
     global_step = 0
     elapsed_train_s = 0.0
     run_start = time.perf_counter()
     last_row: dict = {}
-    for epoch in range(1, cfg.train.max_epochs + 1):
-        batches = train_batches(dataset, ctx.rank, ctx.world_size, epoch, cfg.train.seed, cfg.train.per_worker_batch)
-        loss_sum = torch.zeros((), device=ctx.device)
-        if clock.cuda:
-            torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
-        epoch_start = time.perf_counter()
-        for _ in range(steps_per_ep):
-            if global_step == cfg.instrument.fail_at_step and ctx.rank == 0:
-                raise InjectedFailure(f"injected failure at step {global_step} (instrument.fail_at_step)")
-            start = clock.mark()
-            inputs, targets = next(batches)
-            after_data = clock.mark()
-            loss = F.cross_entropy(model(inputs), targets)
-            after_forward = clock.mark()
-            loss.backward()
-            after_backward = clock.mark()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            after_optimizer = clock.mark()
-            loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
-            recorder.step(
-                StepMarks(epoch, global_step, "train", global_step < cfg.instrument.warmup_steps,
-                          len(targets), start, after_data, after_forward, after_backward,
-                          after_optimizer, hook.take() if hook else [])
-            )
-            global_step += 1
-        if clock.cuda:
-            torch.cuda.synchronize()
-        train_s = time.perf_counter() - epoch_start
-        elapsed_train_s += train_s
-
-        calibration_start = time.perf_counter()
-        if hook is not None and cfg.instrument.calibration_pairs > 0:
-            calib_batches = train_batches(dataset, ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed, cfg.train.per_worker_batch)
-            _calibrate(model, hook, calib_batches, clock, recorder, epoch, global_step - 1, cfg.instrument.calibration_pairs)
+    try:
+        for epoch in range(1, cfg.train.max_epochs + 1):
+            batches = dataset.train_batches(ctx.rank, ctx.world_size, epoch, cfg.train.seed, cfg.train.per_worker_batch)
+            loss_sum = torch.zeros((), device=ctx.device)
+            if clock.cuda:
+                torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
+            epoch_start = time.perf_counter()
+            for _ in range(steps_per_ep):
+                if global_step == cfg.instrument.fail_at_step and ctx.rank == 0:
+                    raise InjectedFailure(f"injected failure at step {global_step} (instrument.fail_at_step)")
+                start = clock.mark() if timing else None
+                inputs, targets = next(batches)
+                inputs = precision.layout(inputs)
+                after_data = clock.mark() if timing else None
+                with precision.autocast():
+                    loss = loss_fn(forward(inputs), targets)
+                after_forward = clock.mark() if timing else None
+                precision.backward(loss)
+                after_backward = clock.mark() if timing else None
+                precision.step(optimizer)
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+                loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
+                if timing:
+                    after_optimizer = clock.mark()
+                    recorder.step(
+                        StepMarks(epoch, global_step, "train", global_step < cfg.instrument.warmup_steps,
+                                  len(targets), start, after_data, after_forward, after_backward,
+                                  after_optimizer, hook.take() if hook else [])
+                    )
+                global_step += 1
             if clock.cuda:
                 torch.cuda.synchronize()
-        calibration_s = time.perf_counter() - calibration_start
+            train_s = time.perf_counter() - epoch_start
+            elapsed_train_s += train_s
 
-        eval_start = time.perf_counter()
-        val_accuracy = _evaluate(eval_model, dataset, ctx) if dataset.has_validation else float("nan")
-        eval_s = time.perf_counter() - eval_start
+            calibration_start = time.perf_counter()
+            if hook is not None and cfg.instrument.calibration_pairs > 0:
+                calib_batches = dataset.train_batches(ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed, cfg.train.per_worker_batch)
+                _calibrate(model, forward, loss_fn, precision, hook, calib_batches, clock, recorder, epoch,
+                           global_step - 1, cfg.instrument.calibration_pairs)
+                if clock.cuda:
+                    torch.cuda.synchronize()
+            calibration_s = time.perf_counter() - calibration_start
 
-        samples = steps_per_ep * cfg.global_batch
-        train_loss = float(loss_sum) / steps_per_ep
-        last_row = {
-            "epoch": epoch,
-            "train_s": train_s,
-            "eval_s": eval_s,
-            "calibration_s": calibration_s,
-            "train_loss": train_loss,
-            "val_accuracy": val_accuracy,
-            "samples": samples,
-            "throughput_samples_per_s": samples / train_s,
-            "elapsed_train_s": elapsed_train_s,
-            # wall time from the first step to the end of this epoch's validation
-            "elapsed_wall_s": time.perf_counter() - run_start,
-            "lr": optimizer.param_groups[0]["lr"],
-        }
-        recorder.end_epoch(last_row)
-        if ctx.rank == 0:
-            print(
-                f"epoch {epoch:3d}  val_acc {val_accuracy:.4f}  loss {train_loss:.4f}  "
-                f"train {train_s:.2f}s  {samples / train_s:,.0f} samples/s",
-                flush=True,
-            )
-        report_epoch({k: v for k, v in last_row.items()})
-        if dataset.has_validation and val_accuracy >= cfg.train.target_accuracy:
-            break
+            eval_start = time.perf_counter()
+            accuracy = _evaluate(eval_model, dataset, ctx, precision) if dataset.has_validation else {}
+            eval_s = time.perf_counter() - eval_start
+
+            samples = steps_per_ep * cfg.global_batch
+            train_loss = float(loss_sum) / steps_per_ep
+            val_accuracy = accuracy.get(cfg.train.target_metric, float("nan"))
+            last_row = {
+                "epoch": epoch,
+                "train_s": train_s,
+                "eval_s": eval_s,
+                "calibration_s": calibration_s,
+                "train_loss": train_loss,
+                # the accuracy the target applies to (train.target_metric); both kinds beside it
+                "val_accuracy": val_accuracy,
+                "val_top1": accuracy.get("top1", float("nan")),
+                "val_top5": accuracy.get("top5", float("nan")),
+                "samples": samples,
+                "throughput_samples_per_s": samples / train_s,
+                "elapsed_train_s": elapsed_train_s,
+                # wall time from the first step to the end of this epoch's validation
+                "elapsed_wall_s": time.perf_counter() - run_start,
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+            recorder.end_epoch(last_row, telemetry.drain() if telemetry else [])
+            if ctx.rank == 0:
+                print(
+                    f"epoch {epoch:3d}  val_acc({cfg.train.target_metric}) {val_accuracy:.4f}  loss {train_loss:.4f}  "
+                    f"train {train_s:.2f}s  {samples / train_s:,.0f} samples/s",
+                    flush=True,
+                )
+            report_epoch({k: v for k, v in last_row.items()})
+            if dataset.has_validation and val_accuracy >= cfg.train.target_accuracy:
+                break
+    finally:
+        if telemetry is not None:
+            telemetry.stop()
     return last_row

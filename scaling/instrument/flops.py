@@ -1,0 +1,356 @@
+"""Model FLOPs, an estimate of the bytes a training step moves, device peaks, and MFU.
+
+Definitions (once, here):
+
+- `forward_flops`, `train_flops`: the FLOPs of one sample's forward pass, and of its forward +
+  backward (loss = cross-entropy), counted by PyTorch's `torch.utils.flop_counter.FlopCounterMode`
+  on a copy of the model in training mode. A multiply-add counts as 2 FLOPs (ResNet-50 at
+  224x224: 8.18 GFLOP forward = the usual 4.09 GMAC). FlopCounterMode counts matmuls and
+  convolutions (and attention) only; normalisation, activations, pooling, elementwise adds and
+  the loss are not counted (of the order of 1% of a ResNet's arithmetic: they weigh on
+  memory traffic, not on FLOPs). The optimizer step is not counted either. `train_flops` is a
+  little under 3x `forward_flops`: backward costs 2x forward per layer (gradient w.r.t. the
+  input and w.r.t. the weights), except the first layer, whose input (the images) needs no
+  gradient.
+- achieved FLOP/s per worker = `train_flops` x trained samples per second of that worker.
+- MFU (model FLOPs utilisation, PaLM's definition, Chowdhery et al. 2022, appendix B) =
+  achieved FLOP/s / peak FLOP/s of the device. Model FLOPs, not hardware FLOPs: work the
+  implementation adds (activation recomputation, padding) is not counted.
+- `bytes_per_sample` (`training_bytes_per_sample`): an *estimate* of the DRAM traffic of one
+  training step, per sample, for unfused ops: each tensor an op touches crosses DRAM once
+  (perfect reuse inside the op, none between ops). It leaves things out (below), so it is a
+  lower bound on a GPU's traffic; on a CPU whose last-level cache holds a small model's
+  activations it can over-count. Two parts:
+    activations: A = elements of the outputs of the leaf modules in one sample's forward. Each
+      is written in forward and read by its consumer (2 passes), then in backward read again
+      (saved for backward), and its gradient written and read (3 passes): 5 A x bytes/element.
+      Functional ops inside `forward` (the residual add of a ResNet block, flatten) are not
+      leaf modules and are not counted.
+    parameters, per step, shared by the batch: P parameters read in forward, read again in
+      backward (for the input gradient), gradients written (3 passes), and an optimizer step
+      that reads weights, gradients and momentum and writes weights and momentum (5 passes for
+      SGD with momentum, the lab's optimizer): 8 P x bytes/element / batch size.
+  Communication (DDP's copies into and out of its gradient buckets) and autocast's casts of
+  the weights are not counted.
+- arithmetic intensity = `train_flops` / `bytes_per_sample` (FLOPs per byte), the x axis of a
+  roofline; attainable FLOP/s = min(peak FLOP/s, intensity x memory bandwidth).
+
+Peaks: `DEVICE_PEAKS` holds NVIDIA's datasheet numbers for the GPUs the lab runs on (dense,
+without 2:4 sparsity); `measure_cpu_peak` measures a CPU's (its matmul rate and copy bandwidth),
+since a CPU's datasheet peak is neither published uniformly nor reached by torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+# Memory passes over each tensor, as defined in the module docstring.
+ACTIVATION_PASSES = 5  # forward write + read, backward read + gradient write + read
+PARAMETER_PASSES = 3  # weights read in forward and in backward, gradients written
+SGD_MOMENTUM_PASSES = 5  # read weights, gradients, momentum; write weights, momentum
+
+# A batch of 2, not 1: a real (non-meta) BatchNorm in training mode refuses a single value
+# per channel. FLOPs and activation sizes are linear in the batch, so dividing is exact.
+_COUNT_BATCH = 2
+
+
+def _leaf_output_elements(model: nn.Module) -> tuple[list, list[int]]:
+    """Register forward hooks adding up the output elements of every leaf module."""
+    total = [0]
+
+    def hook(_module, _inputs, output):
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        total[0] += sum(o.numel() for o in outputs if isinstance(o, torch.Tensor))
+
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    return [m.register_forward_hook(hook) for m in leaves], total
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` whose parameters and buffers live on the meta device.
+
+    The memo hands deepcopy data-less meta tensors in place of the parameters and buffers,
+    so the weights are never copied (ResNet-50's 100 MB would cost most of a second).
+    """
+    memo: dict = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        meta = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, nn.Parameter):
+            meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = meta
+    return copy.deepcopy(model, memo).to("meta")
+
+
+def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num_classes: int) -> dict:
+    model.train()  # a training step: BatchNorm uses batch statistics, as in training
+    images = torch.randn(_COUNT_BATCH, *input_shape, device=device)
+    labels = torch.randint(0, num_classes, (_COUNT_BATCH,), device=device)
+    handles, activations = _leaf_output_elements(model)
+    try:
+        with FlopCounterMode(display=False) as forward_counter:
+            loss = F.cross_entropy(model(images), labels)
+    finally:
+        for h in handles:
+            h.remove()
+    with FlopCounterMode(display=False) as backward_counter:
+        loss.backward()
+    forward = forward_counter.get_total_flops() / _COUNT_BATCH
+    backward = backward_counter.get_total_flops() / _COUNT_BATCH
+    return {
+        "forward_flops": forward,
+        "train_flops": forward + backward,
+        "backward_flops": backward,
+        "train_to_forward": (forward + backward) / forward if forward else None,
+        "activation_elements": activations[0] / _COUNT_BATCH,
+        "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+
+
+def training_flops_per_sample(model: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> dict:
+    """Forward and training-step FLOPs of one sample, counted on a copy of `model`.
+
+    `input_shape` is (channels, height, width). `model` is the plain module (not a DDP
+    wrapper) and is left untouched: the counting runs on a deep copy moved to the meta device,
+    where tensors have shapes but no data, so even ResNet-50 costs no arithmetic. If the meta
+    device fails (an op without a meta kernel), it counts on a CPU copy with a real batch.
+
+    Returns {"forward_flops", "train_flops", "backward_flops", "train_to_forward",
+    "activation_elements" (per sample), "parameters" (trainable), "method": "FlopCounterMode",
+    "counted_on": "meta" or "cpu (...why meta failed)"}.
+    """
+    try:
+        counts = _count(_meta_copy(model), "meta", input_shape, num_classes)
+        counts["counted_on"] = "meta"
+    except Exception as meta_error:  # noqa: BLE001 - any failure on meta: count for real
+        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes)
+        counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
+    counts["method"] = "FlopCounterMode"
+    return counts
+
+
+def training_bytes_per_sample(
+    counts: dict,
+    batch_size: int,
+    bytes_per_element: int = 4,
+    param_bytes_per_element: int = 4,
+    optimizer_passes: int = SGD_MOMENTUM_PASSES,
+) -> dict:
+    """Estimated DRAM bytes per trained sample and the arithmetic intensity (module docstring).
+
+    `counts` is `training_flops_per_sample`'s result. `bytes_per_element` is the activations'
+    (4 for fp32, 2 under fp16/bf16 autocast); `param_bytes_per_element` the weights',
+    gradients' and optimizer state's (4: fp32 master weights, also under autocast).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    activation_bytes = ACTIVATION_PASSES * counts["activation_elements"] * bytes_per_element
+    param_bytes_per_step = (PARAMETER_PASSES + optimizer_passes) * counts["parameters"] * param_bytes_per_element
+    bytes_per_sample = activation_bytes + param_bytes_per_step / batch_size
+    return {
+        "batch_size": batch_size,
+        "bytes_per_element": bytes_per_element,
+        "activation_bytes_per_sample": activation_bytes,
+        "param_bytes_per_step": param_bytes_per_step,
+        "bytes_per_sample": bytes_per_sample,
+        "arithmetic_intensity": counts["train_flops"] / bytes_per_sample,
+        "method": "estimate: unfused ops, each tensor an op touches crosses DRAM once",
+    }
+
+
+def attainable_flops_per_s(intensity: float, peak_flops_per_s: float, mem_bytes_per_s: float) -> float:
+    """The roofline: the FLOP/s an op of this arithmetic intensity can reach on this device."""
+    return min(peak_flops_per_s, intensity * mem_bytes_per_s)
+
+
+def mfu(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: achieved / peak FLOP/s (definitions in the module docstring)."""
+    return achieved_flops_per_s / peak_flops_per_s
+
+
+# --- device peaks ---------------------------------------------------------------------------
+
+# Dense peaks (no 2:4 sparsity; NVIDIA's datasheets print the sparse figure, twice these, for
+# TF32/BF16/FP16 on A100 and H100/H200), in FLOP/s and bytes/s. None: the device has no such
+# tensor-core precision. fp32 is the CUDA-core (non-tensor) peak. Sources:
+# - V100 SXM2: NVIDIA Tesla V100 datasheet (volta-v100-datasheet): 15.7 TFLOPS single
+#   precision, 125 TFLOPS tensor (fp16), 900 GB/s HBM2.
+# - A100 SXM4: NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4):
+#   19.5 FP32, 156 TF32, 312 BF16/FP16; 1,555 GB/s (40GB HBM2), 2,039 GB/s (80GB HBM2e).
+# - H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet: 67 FP32, 989 TF32*, 1,979 BF16/FP16*
+#   (*with sparsity: halved here); 3.35 TB/s.
+# - H200 SXM: NVIDIA H200 Tensor Core GPU datasheet: the H100 SXM's compute, 4.8 TB/s HBM3e.
+DEVICE_PEAKS: dict[str, dict[str, float | None]] = {
+    "V100 SXM2": {"fp32": 15.7e12, "tf32": None, "bf16": None, "fp16": 125e12, "mem_bytes_per_s": 900e9},
+    "A100 SXM4 40GB": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12, "mem_bytes_per_s": 1555e9},
+    "A100 SXM4 80GB": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12, "mem_bytes_per_s": 2039e9},
+    "H100 SXM": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "mem_bytes_per_s": 3350e9},
+    "H200 SXM": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "mem_bytes_per_s": 4800e9},
+}
+
+# Names as NVML and torch.cuda.get_device_name report them, e.g. "Tesla V100-SXM2-16GB",
+# "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3" (the SXM5 part), "NVIDIA H200". PCIe and
+# NVL variants run at other clocks and bandwidths, and GH200 is another part; they match
+# nothing here rather than borrowing an SXM part's peak.
+_NAME_PATTERNS: list[tuple[str, str]] = [
+    (r"\bv100-sxm2\b", "V100 SXM2"),
+    (r"\ba100-sxm4?-40gb\b", "A100 SXM4 40GB"),
+    (r"\ba100-sxm4?-80gb\b", "A100 SXM4 80GB"),
+    (r"\bh100 80gb hbm3$|\bh100 sxm", "H100 SXM"),
+    (r"\bh200$|\bh200 sxm", "H200 SXM"),
+]
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def match_device(device_name: str) -> str | None:
+    """The `DEVICE_PEAKS` key for a device name (case-insensitive), or None."""
+    name = device_name.strip().lower()
+    for pattern, key in _NAME_PATTERNS:
+        if re.search(pattern, name):
+            return key
+    return None
+
+
+def _tf32_note() -> str:
+    # torch's defaults: matmuls in fp32 (allow_tf32 False), but cuDNN convolutions in TF32
+    # (cudnn.allow_tf32 True). A conv net "in fp32" on Ampere or newer thus runs nearly all
+    # its FLOPs on TF32 tensor cores, whose peak is then the one to compare with.
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    conv = torch.backends.cudnn.allow_tf32
+    return (
+        f"fp32 CUDA-core peak; this torch runs fp32 matmuls in {'TF32' if matmul else 'fp32'} "
+        f"and cuDNN convolutions in {'TF32' if conv else 'fp32'}"
+        + ("; for a model whose FLOPs are mostly TF32 ops pass precision='tf32'" if matmul or conv else "")
+    )
+
+
+def device_peak(device_name: str, precision: str) -> tuple[float | None, str]:
+    """(peak FLOP/s, note) for a GPU by name and precision, or (None, why not).
+
+    `precision`: fp32 (the CUDA-core peak), tf32, bf16 or fp16 (tensor cores). Never guesses:
+    a device or precision not in `DEVICE_PEAKS` gives None.
+    """
+    precision = precision.lower()
+    if precision not in PRECISIONS:
+        return None, f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}"
+    key = match_device(device_name)
+    if key is None:
+        return None, f"no datasheet peak for {device_name!r} (known: {', '.join(DEVICE_PEAKS)}); MFU not computed"
+    peak = DEVICE_PEAKS[key][precision]
+    if peak is None:
+        return None, f"{key} has no {precision} tensor cores; MFU not computed"
+    if precision == "fp32" and DEVICE_PEAKS[key]["tf32"] is not None:
+        return peak, f"{key} {_tf32_note()}"
+    return peak, f"{key} {precision} dense datasheet peak"
+
+
+def device_mem_bandwidth(device_name: str) -> tuple[float | None, str]:
+    """(datasheet memory bandwidth in bytes/s, note) for a GPU by name, or (None, why not)."""
+    key = match_device(device_name)
+    if key is None:
+        return None, f"no datasheet bandwidth for {device_name!r}"
+    return DEVICE_PEAKS[key]["mem_bytes_per_s"], f"{key} datasheet memory bandwidth"
+
+
+# --- CPU peak, measured ---------------------------------------------------------------------
+
+_MATMUL_N = 1024  # 2.1 GFLOP per matmul: long enough to time, short enough to repeat
+
+
+def _l3_bytes() -> int | None:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip()  # e.g. "107520K"
+    except OSError:
+        return None
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def _best_rate(work, amount: float, budget_s: float, per_round: int, min_rounds: int = 2) -> float:
+    """Best `amount` per second over rounds of `per_round` calls to `work`, within `budget_s`."""
+    work()  # warm-up: first-touch page faults, thread pool start-up, kernel selection
+    best, rounds = 0.0, 0
+    deadline = time.perf_counter() + budget_s
+    while rounds < min_rounds or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(per_round):
+            work()
+        best = max(best, per_round * amount / (time.perf_counter() - start))
+        rounds += 1
+    return best
+
+
+def measure_cpu_peak(threads: int, seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> dict:
+    """Measure this CPU's matmul rate (in `dtype`) and copy bandwidth with `threads` torch threads.
+
+    The matmul rate (best round of 1024x1024 fp32 matmuls) is the compute roof a CPU run's MFU
+    is taken against; the copy bandwidth (bytes read + written by copying a tensor several
+    times the size of the last-level cache) is the memory roof. Both are what this process's
+    threads get with the rest of the machine idle: workers sharing a socket will contend for
+    memory bandwidth in a real run. Takes about `seconds` plus set-up. torch's thread count is
+    restored afterwards.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randn(_MATMUL_N, _MATMUL_N, dtype=dtype)
+        b = torch.randn(_MATMUL_N, _MATMUL_N, dtype=dtype)
+        out = torch.empty(_MATMUL_N, _MATMUL_N, dtype=dtype)
+        peak = _best_rate(lambda: torch.mm(a, b, out=out), 2 * _MATMUL_N**3, seconds / 2, per_round=2)
+        del a, b, out
+
+        # Source and destination together 4x the L3, so the copy streams from and to DRAM.
+        l3 = _l3_bytes()
+        nbytes = min(max(2 * l3 if l3 else 128 << 20, 64 << 20), 512 << 20)
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        bandwidth = _best_rate(lambda: dst.copy_(src), 2 * nbytes, seconds / 2, per_round=1)
+        del src, dst
+    finally:
+        torch.set_num_threads(previous)
+    return {
+        "peak_flops": peak,
+        "mem_bytes_per_s": bandwidth,
+        "threads": threads,
+        "method": f"measured: best {str(dtype).removeprefix('torch.')} {_MATMUL_N}x{_MATMUL_N} matmul rate; "
+        f"copy of {nbytes >> 20} MiB, bytes read + written per second",
+    }
+
+
+def device_roofs(device: torch.device, precision: str, threads: int, measure: bool = True) -> dict:
+    """The compute and memory roofs a run's MFU and roofline are taken against.
+
+    GPU: the datasheet peak for the run's precision. An "fp32" run on a GPU with TF32 tensor
+    cores is taken against the TF32 peak when cuDNN may use TF32 (`torch.backends.cudnn.
+    allow_tf32`, True by default), because a convolutional network's FLOPs are then TF32
+    convolutions: the fp32 peak would make its MFU look several times too high.
+    CPU: the measured matmul rate (in the run's compute dtype: an autocast run's matmuls are
+    bf16 or fp16) and copy bandwidth of `threads` threads (only where `measure`: one rank
+    measures, the others would disturb it; they report None).
+    """
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        key = precision
+        if precision == "fp32" and torch.backends.cudnn.allow_tf32 and device_peak(name, "tf32")[0] is not None:
+            key = "tf32"
+        peak, note = device_peak(name, key)
+        bandwidth, _ = device_mem_bandwidth(name)
+        return {"device_name": name, "peak_flops_per_s": peak, "peak_precision": key,
+                "peak_source": note, "mem_bytes_per_s": bandwidth}
+    if not measure:
+        return {"device_name": "cpu", "peak_flops_per_s": None, "peak_precision": precision,
+                "peak_source": "not measured on this rank", "mem_bytes_per_s": None}
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    measured = measure_cpu_peak(threads, dtype=dtype)
+    return {"device_name": "cpu", "peak_flops_per_s": measured["peak_flops"], "peak_precision": precision,
+            "peak_source": f"{measured['method']} ({threads} thread{'s' if threads > 1 else ''})",
+            "mem_bytes_per_s": measured["mem_bytes_per_s"]}

@@ -1,0 +1,67 @@
+"""Mixed precision, channels_last and gradient compression: steps on CPU that PyTorch supports,
+and a 2-worker run (plain launcher) whose compressed all-reduce is still timed and whose
+summary reports FLOPs and MFU; the same with step timing off."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scaling.config import load_config
+from scaling.launch.run import execute_run
+from scaling.models import build_model
+from scaling.train.precision import Precision
+
+QUICKSTART = "experiments/quickstart.yaml"
+SMALL = ["data.train_samples=512", "data.val_samples=256", "train.max_epochs=2", "instrument.calibration_pairs=2"]
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16"])
+def test_one_training_step_per_precision(name):
+    torch.manual_seed(0)
+    precision = Precision(name, channels_last=True, device=torch.device("cpu"))
+    model = precision.prepare_model(build_model("small_cnn", 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs = precision.layout(torch.randn(4, 3, 32, 32))
+    assert inputs.is_contiguous(memory_format=torch.channels_last)
+    before = [p.detach().clone() for p in model.parameters()]
+    with precision.autocast():
+        logits = model(inputs)
+        loss = F.cross_entropy(logits, torch.tensor([0, 1, 2, 3]))
+    assert logits.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    precision.backward(loss)
+    precision.step(optimizer)
+    # master weights stay fp32 and were updated (fp16: the scaler found no overflow at its start scale)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _run(tmp_path, name, overrides):
+    cfg = load_config(QUICKSTART, overrides=SMALL + overrides, num_workers=2)
+    summary = execute_run(cfg, tmp_path / name, launcher="local")
+    assert summary["status"] == "max_epochs", summary.get("error")
+    return summary, tmp_path / name
+
+
+def test_bf16_with_compressed_allreduce_is_timed_and_reports_mfu(tmp_path):
+    summary, run_dir = _run(tmp_path, "bf16", ["train.precision=bf16", "train.channels_last=true", "instrument.grad_compression=bf16"])
+    assert summary["precision"] == "bf16" and summary["grad_compression"] == "bf16"
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    train = steps[steps["kind"] == "train"]
+    assert (train["num_buckets"] > 0).all() and (train["allreduce_s"] > 0).all()
+    assert summary["comm_overhead_pct"] is not None
+    # FLOPs: small_cnn's training FLOPs per sample (counted, tests/test_flops_telemetry.py)
+    assert summary["train_flops_per_sample"] == pytest.approx(17_513_472)
+    assert 0 < summary["mfu"] < 1 and summary["peak_flops_per_s"] > 0
+    assert (train["model_flops"] == train["samples"] * summary["train_flops_per_sample"]).all()
+    profile = json.loads((run_dir / "compute_profile.json").read_text())
+    assert profile["peak_precision"] == "bf16"
+
+
+def test_step_timing_off_keeps_epoch_figures(tmp_path):
+    summary, run_dir = _run(tmp_path, "untimed", ["instrument.step_timing=false"])
+    assert summary["step_s"] is None and summary["comm_overhead_pct"] is None
+    assert summary["time_per_epoch_s"] > 0 and summary["mfu"] > 0
+    assert pd.read_parquet(run_dir / "steps.parquet").empty
