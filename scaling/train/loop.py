@@ -247,6 +247,7 @@ def train_worker(
     global_step = 0
     elapsed_train_s = 0.0
     run_start = time.perf_counter()
+    first_step_unix = time.time()  # when training began, for start-up cost (command -> first step)
     last_row: dict = {}
     try:
         for epoch in range(1, cfg.train.max_epochs + 1):
@@ -316,6 +317,7 @@ def train_worker(
                 # wall time from the first step to the end of this epoch's validation
                 "elapsed_wall_s": time.perf_counter() - run_start,
                 "lr": optimizer.param_groups[0]["lr"],
+                "first_step_unix": first_step_unix,
             }
             recorder.end_epoch(last_row, telemetry.drain() if telemetry else [])
             if ctx.rank == 0:
