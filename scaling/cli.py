@@ -138,7 +138,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         ("epochs", f"{summary['epochs_run']} run, target at {_fmt(summary['epochs_to_target'], 'd')}"),
         ("TTA", f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)"),
         ("time per epoch", _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)"),
-        ("throughput", _fmt(summary["throughput_samples_per_s"], ",.0f", " samples/s")),
+        ("throughput", _fmt(summary["throughput_samples_per_s"],
+                            ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g", " samples/s")),
         ("step", _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
          + "  = data " + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
          + " + fwd " + _fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
@@ -148,6 +149,10 @@ def print_summary(summary: dict, run_dir: Path) -> None:
          + ", exposed " + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
          + " (" + _fmt(summary["exposed_comm_pct"], ".1f", "% of step") + ")"),
         ("comm overhead (A/B)", _fmt(summary["comm_overhead_pct"], ".1f", " %")),
+        ("compute", _fmt(summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9, ".3g", " GFLOP/sample")
+         + ", " + _fmt(summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12, ".3g", " TFLOP/s per worker")
+         + ", MFU " + _fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %")
+         + f" ({summary.get('precision', 'fp32')}, peak " + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s") + ")"),
         ("results", str(run_dir)),
     ]
     if summary.get("error"):

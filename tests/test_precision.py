@@ -65,3 +65,22 @@ def test_step_timing_off_keeps_epoch_figures(tmp_path):
     assert summary["step_s"] is None and summary["comm_overhead_pct"] is None
     assert summary["time_per_epoch_s"] > 0 and summary["mfu"] > 0
     assert pd.read_parquet(run_dir / "steps.parquet").empty
+
+
+@pytest.mark.parametrize("model, flops_per_sample", [
+    ("resnet50", 3 * 8.18e9 * (64 / 224) ** 2),  # ~3x forward; forward scales with the pixel count
+    ("amoebanet_d_6_64", None),
+])
+def test_full_scale_models_run_on_synthetic_data_and_report_mfu(tmp_path, model, flops_per_sample):
+    # The full-scale networks through the whole run path with 2 CPU workers; small images keep it quick.
+    summary, run_dir = _run(tmp_path, model, [
+        f"model.name={model}", "data.name=synthetic", "data.image_size=64", "data.num_classes=1000",
+        "data.train_samples=16", "train.per_worker_batch=2", "train.max_epochs=1",
+        "instrument.warmup_steps=1", "instrument.calibration_pairs=1",
+    ])
+    assert summary["epochs_run"] == 1 and summary["best_accuracy"] is None  # synthetic: no validation
+    assert summary["mfu"] is not None and 0 < summary["mfu"] < 1
+    if flops_per_sample:
+        assert summary["train_flops_per_sample"] == pytest.approx(flops_per_sample, rel=0.05)
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert len(steps[steps["kind"] == "train"]) == 2 * 4  # 16 samples / 2 workers / batch 2, per rank

@@ -1,0 +1,163 @@
+"""What every benchmark in bench/ shares: the result envelope, the A/B order, the statistics.
+
+Each benchmark script (bench/<name>.py) measures one thing, defined in its own docstring, and
+writes `bench/results/<name>.json` (`--quick`: `bench/results/quick/<name>.json`) through
+`write_result`, which wraps its figures in the same envelope:
+
+    benchmark    the script's name
+    what         one paragraph: what is measured and how (the script's docstring, first paragraph)
+    command      the exact command line that produced the file
+    date         local date and time with UTC offset, ISO 8601, when the benchmark ended
+    wall_s       how long the whole benchmark took
+    quick        true for the few-minute variant (fewer repeats and sizes)
+    machine      {"hardware": describe_hardware(), "versions": describe_versions(), "load_avg_start",
+                  "load_avg_end"} (scaling.instrument.machine; load averages: /proc/loadavg, to spot contention)
+    comparisons  list of {name, a, b, a_median, b_median, unit, ratio, ratio_definition, budget,
+                  budget_definition, pass, note}: the rows `bench/summarize.py` turns into the table
+    ...          the benchmark's own details (per-run values, per-size timings, ...)
+
+A and B are always run in the same benchmark, alternating in ABBA order (A B B A A B ...), so
+that a slow drift of the machine (another job starting, thermal state) lands on both arms
+equally; figures are medians, never means, so that one disturbed run does not move them.
+Run the scripts with the repository's venv from the repository root, e.g.
+`.venv/bin/python bench/instrumentation_overhead.py --quick`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+
+def abba(n_pairs: int, a="A", b="B") -> list:
+    """The alternating order of 2 x n_pairs runs: A B B A A B B A ..."""
+    order = []
+    for i in range(n_pairs):
+        order += [a, b] if i % 2 == 0 else [b, a]
+    return order
+
+
+def adjacent_pairs(sequence: list[tuple], a="A", b="B") -> list[tuple]:
+    """Pair each A with the B run next to it in an ABBA sequence of (arm, value): [(a_value, b_value), ...]."""
+    pairs = []
+    for i in range(0, len(sequence) - 1, 2):
+        (arm1, v1), (arm2, v2) = sequence[i], sequence[i + 1]
+        values = {arm1: v1, arm2: v2}
+        if set(values) == {a, b}:
+            pairs.append((values[a], values[b]))
+    return pairs
+
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(statistics.median(values)) if values else None
+
+
+def ratio(numerator, denominator) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return float(numerator) / float(denominator)
+
+
+def comparison(name: str, a: str, b: str, a_median, b_median, unit: str, ratio_value, ratio_definition: str,
+               budget: float | None = None, budget_definition: str = "", note: str = "") -> dict:
+    """One row of the summary table. `pass` is ratio <= budget (null without a budget or a ratio)."""
+    passed = None if budget is None or ratio_value is None else bool(ratio_value <= budget)
+    return {
+        "name": name, "a": a, "b": b, "a_median": a_median, "b_median": b_median, "unit": unit,
+        "ratio": ratio_value, "ratio_definition": ratio_definition,
+        "budget": budget, "budget_definition": budget_definition, "pass": passed, "note": note,
+    }
+
+
+def command_line() -> str:
+    """The command that is running, as one could type it again from the repository root."""
+    def rel(path: str) -> str:
+        try:
+            return os.path.relpath(Path(path).absolute(), REPO) if Path(path).is_absolute() or Path(path).exists() else path
+        except ValueError:
+            return path
+
+    python = rel(sys.executable)
+    return shlex.join([python, rel(sys.argv[0]), *sys.argv[1:]])
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return None
+
+
+def describe_machine(load_avg_start=None) -> dict:
+    from scaling.instrument.machine import describe_hardware, describe_versions
+
+    return {"hardware": describe_hardware(), "versions": describe_versions(),
+            "load_avg_start": load_avg_start, "load_avg_end": load_average()}
+
+
+def what(doc: str) -> str:
+    """The first paragraph of a module docstring, on one line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def results_dir(quick: bool) -> Path:
+    return RESULTS / "quick" if quick else RESULTS
+
+
+def write_result(name: str, doc: str, quick: bool, started: float, load_avg_start, comparisons: list[dict],
+                 **details) -> Path:
+    """Write results/<name>.json (atomically) and return its path."""
+    import time
+
+    out_dir = results_dir(quick)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": name,
+        "what": what(doc),
+        "command": command_line(),
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "wall_s": round(time.time() - started, 1),
+        "quick": quick,
+        "machine": describe_machine(load_avg_start),
+        "comparisons": comparisons,
+        **details,
+    }
+    path = out_dir / f"{name}.json"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=2, default=_json_default)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def _json_default(value):
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def print_comparisons(comparisons: list[dict]) -> None:
+    for c in comparisons:
+        verdict = "" if c["pass"] is None else ("  PASS" if c["pass"] else "  MISS")
+        budget = f" (budget <= {c['budget']})" if c["budget"] is not None else ""
+        r = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
+        print(f"{c['name']}: A {c['a']} = {_fmt(c['a_median'])} {c['unit']}, B {c['b']} = {_fmt(c['b_median'])} "
+              f"{c['unit']}; ratio {r}{budget}{verdict}", flush=True)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}"

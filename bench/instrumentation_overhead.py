@@ -1,0 +1,121 @@
+"""Instrumentation overhead: steady-state step time of the quickstart with the lab's full per-step instrumentation against the same run with none, plain launcher, 2 workers; budget: instrumented / plain <= 1.03.
+
+The switch is the config field `instrument.step_timing`:
+  A "instrumented"  true:  a mark between the phases of every step, the comm-timing DDP hook
+                    (CommTimingHook around allreduce_hook) and one step record per rank and step.
+  B "plain"         false: no marks, no hook (DDP's built-in all-reduce), no step records.
+Epoch timing is the same in both. Everything else is the same config: experiments/quickstart.yaml
+at 2 workers (gloo, one CPU thread each), `train.target_accuracy=1.0` so that every run trains
+`--epochs` epochs, `instrument.calibration_pairs=0` (calibration is outside `train_s` anyway; off
+in both arms to save time) and `data.val_samples=512` (validation is outside `train_s` too).
+
+Measured: per run, the steady-state step time = median over the epochs after the first of
+`train_s / steps` (epochs.parquet; steps = samples / global batch). Runs alternate A B B A ...
+(`--pairs` pairs), each launched in-process with `scaling.launch.run.execute_run(cfg, dir,
+launcher="local")`, i.e. what `scaling run experiments/quickstart.yaml --launcher local --workers 2
+--set ...` does. The headline ratio is the median over adjacent (A, B) pairs of A / B; the ratio of
+the two arms' medians is reported beside it.
+
+    .venv/bin/python bench/instrumentation_overhead.py            # 3 pairs x 3 epochs (about 3 min here)
+    .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+NAME = "instrumentation_overhead"
+BUDGET = 1.03
+ARMS = {"instrumented": "instrument.step_timing=true", "plain": "instrument.step_timing=false"}
+
+
+def base_overrides(epochs: int) -> list[str]:
+    return [
+        f"train.max_epochs={epochs}",
+        "train.target_accuracy=1.0",
+        "instrument.calibration_pairs=0",
+        "data.val_samples=512",
+    ]
+
+
+def steady_step_s(run_dir: Path, global_batch: int) -> tuple[float, list[dict]]:
+    """Median over epochs after the first of train_s / steps; and every epoch's figures."""
+    import pandas as pd
+
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    rows = []
+    for row in epochs.itertuples():
+        steps = row.samples / global_batch
+        rows.append({"epoch": int(row.epoch), "train_s": float(row.train_s), "steps": int(steps),
+                     "step_s": float(row.train_s) / steps})
+    steady = [r["step_s"] for r in rows if r["epoch"] > 1]
+    if not steady:
+        raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
+    return bl.median(steady), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs")
+    parser.add_argument("--pairs", type=int, help="A/B pairs (default 3; quick 1)")
+    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--config", default="experiments/quickstart.yaml")
+    args = parser.parse_args()
+    pairs = args.pairs or (1 if args.quick else 3)
+    epochs = args.epochs or (2 if args.quick else 3)
+
+    from scaling.config import load_config
+    from scaling.launch.run import execute_run
+
+    started, load_start = time.time(), bl.load_average()
+    overrides = base_overrides(epochs)
+    config_path = bl.REPO / args.config
+    sequence, runs = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
+        for i, arm in enumerate(bl.abba(pairs, "instrumented", "plain")):
+            cfg = load_config(config_path, overrides=[*overrides, ARMS[arm]], num_workers=args.workers)
+            run_dir = Path(tmp) / f"run{i:02d}-{arm}"
+            print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
+            summary = execute_run(cfg, run_dir, launcher="local")
+            if summary["status"] == "failed":
+                raise RuntimeError(f"{arm} run failed: {summary['error']}")
+            step_s, epoch_rows = steady_step_s(run_dir, cfg.global_batch)
+            sequence.append((arm, step_s))
+            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "epochs": epoch_rows,
+                         "summary_step_s": summary.get("step_s")})
+            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms", flush=True)
+
+    pair_values = bl.adjacent_pairs(sequence, "instrumented", "plain")
+    pair_ratios = [a / b for a, b in pair_values]
+    a_med = bl.median(v for arm, v in sequence if arm == "instrumented")
+    b_med = bl.median(v for arm, v in sequence if arm == "plain")
+    headline = bl.median(pair_ratios)
+    comparisons = [bl.comparison(
+        "instrumentation overhead (step time)", "instrumented (step_timing=true)", "plain (step_timing=false)",
+        a_med, b_med, "s/step", headline,
+        "median over adjacent ABBA pairs of instrumented / plain steady-state step time",
+        BUDGET, "instrumented / plain <= 1.03 on CPU",
+        note=f"quickstart, {args.workers} workers, local launcher, {pairs} pairs x {epochs} epochs; "
+             f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}",
+    )]
+    cli = f".venv/bin/scaling run {args.config} --launcher local --workers {args.workers} " + " ".join(
+        f"--set {shlex.quote(o)}" for o in overrides)
+    path = bl.write_result(
+        NAME, __doc__, args.quick, started, load_start, comparisons,
+        config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
+        arms={arm: f"{cli} --set {switch} --out DIR" for arm, switch in ARMS.items()},
+        pair_ratios=pair_ratios, ratio_of_medians=bl.ratio(a_med, b_med), runs=runs,
+    )
+    bl.print_comparisons(comparisons)
+    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
+
+
+if __name__ == "__main__":  # the plain launcher spawns processes that re-import this module
+    main()

@@ -1,0 +1,254 @@
+"""Ray Train's overhead: the same quickstart run (same loop, same config) launched with Ray Train against the plain torch.distributed launcher, 2 workers; steady-state step time (budget: ray / local <= 1.05) and start-up cost (command start -> first training step).
+
+Arms (each run is the CLI, a fresh process, exactly as a user types it):
+  A "ray"    scaling run experiments/quickstart.yaml --launcher ray   --workers 2 --set ... --out DIR
+  B "local"  scaling run experiments/quickstart.yaml --launcher local --workers 2 --set ... --out DIR
+with `train.target_accuracy=1.0` (every run trains `--epochs` epochs), `instrument.calibration_pairs=0`
+and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A ... (`--pairs` pairs).
+
+- Steady-state step time: per run, the median over the epochs after the first of `train_s / steps`
+  (epochs.parquet). Headline: median over adjacent (ray, local) pairs of ray / local.
+- Start-up: `first_step_unix` (epochs.parquet: time.time() on rank 0 when its training loop began)
+  minus time.time() taken just before the command was started. It includes the Python start and
+  imports of the CLI, config checks and, for Ray, connecting the driver (`ray.init` to the running
+  cluster), the Train controller and the worker group (actors, torch process group); for both, the
+  per-worker set-up that precedes training (dataset generation, model build, FLOP count and the
+  measured CPU roof). Ray runs against a private head started once for the benchmark (`ray start
+  --head`, loopback, free ports, private temp dir, 2 CPUs, RAY_AUTH_MODE=disabled), warm: started
+  before the first run, stopped by its process id at the end. The head runs during the local runs
+  too, so both arms see its background load.
+- Cold cluster: separately, in a fresh process each, the time of `ray.init(address="local")`
+  starting a new local cluster (private temp dir, its own ports, dashboard included as in a plain
+  `ray.init()`), and of `ray.shutdown()`; and the time of `ray start --head` until `ray status`
+  answers, for the benchmark's head. A run on a new cluster pays about this on top of the warm
+  start-up.
+
+    .venv/bin/python bench/ray_overhead.py            # 3 pairs x 3 epochs (about 4 min here)
+    .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+NAME = "ray_overhead"
+STEP_BUDGET = 1.05
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_env() -> dict:
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+class PrivateRayHead:
+    """`ray start --head --block` in its own session, private temp dir and ports; stopped by pid (never `ray stop`)."""
+
+    def __init__(self, num_cpus: int = 2):
+        self.temp_dir = tempfile.mkdtemp(prefix="bray-", dir="/tmp")  # short: Ray's socket paths have a length limit
+        self.port = free_port()
+        self.env = ray_env()
+        self.num_cpus = num_cpus
+        self.process = None
+        self.start_s = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        command = [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
+                   "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
+                   f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
+                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+        t0 = time.time()
+        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+        deadline = t0 + 120
+        while True:
+            probe = subprocess.run([str(BIN / "ray"), "status", f"--address={self.address}"], env=self.env,
+                                   capture_output=True)
+            if probe.returncode == 0:
+                break
+            if time.time() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"private Ray head did not start: {probe.stderr.decode()[-500:]}")
+            time.sleep(0.5)
+        self.start_s = time.time() - t0
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+# Run in a fresh interpreter: a new local cluster, its start and its shutdown timed.
+RAY_INIT_PROBE = r"""
+import json, logging, socket, sys, time
+t0 = time.time()
+import ray
+t1 = time.time()
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+ray.init(address="local", num_cpus=2, _temp_dir=sys.argv[1], dashboard_port=free_port(), logging_level=logging.WARNING)
+t2 = time.time()
+ray.shutdown()
+t3 = time.time()
+print(json.dumps({"import_ray_s": t1 - t0, "ray_init_local_s": t2 - t1, "ray_shutdown_s": t3 - t2}))
+"""
+
+
+def measure_ray_init() -> dict:
+    temp_dir = tempfile.mkdtemp(prefix="brin-", dir="/tmp")
+    env = ray_env()
+    env.pop("RAY_ADDRESS", None)
+    try:
+        out = subprocess.run([sys.executable, "-c", RAY_INIT_PROBE, temp_dir], env=env, capture_output=True,
+                             text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"ray.init probe failed: {out.stderr[-800:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def steady_step_s(run_dir: Path, global_batch: int) -> tuple[float, float, list[dict]]:
+    """(median over epochs after the first of train_s / steps, first_step_unix, every epoch's figures)."""
+    import pandas as pd
+
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    rows = [{"epoch": int(r.epoch), "train_s": float(r.train_s), "step_s": float(r.train_s) / (r.samples / global_batch)}
+            for r in epochs.itertuples()]
+    steady = [r["step_s"] for r in rows if r["epoch"] > 1]
+    if not steady:
+        raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
+    return bl.median(steady), float(epochs["first_step_unix"].iloc[0]), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs, one ray.init probe")
+    parser.add_argument("--pairs", type=int, help="A/B pairs (default 3; quick 1)")
+    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
+    parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--config", default="experiments/quickstart.yaml")
+    args = parser.parse_args()
+    pairs = args.pairs or (1 if args.quick else 3)
+    epochs = args.epochs or (2 if args.quick else 3)
+    probes = args.init_probes if args.init_probes is not None else (1 if args.quick else 2)
+    started, load_start = time.time(), bl.load_average()
+
+    print(f"[{NAME}] cold ray.init(address='local'): {probes} probe(s)", flush=True)
+    init_probes = [measure_ray_init() for _ in range(probes)]
+
+    overrides = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "instrument.calibration_pairs=0",
+                 "data.val_samples=512"]
+    head = PrivateRayHead(num_cpus=max(2, args.workers))
+    sequence_step, sequence_start, runs = [], [], []
+    tmp = tempfile.mkdtemp(prefix="bench-ray-")
+    try:
+        head.start()
+        print(f"[{NAME}] private Ray head at {head.address} (up in {head.start_s:.1f} s)", flush=True)
+        env = {**head.env, "RAY_ADDRESS": head.address}
+        for i, arm in enumerate(bl.abba(pairs, "ray", "local")):
+            run_dir = Path(tmp) / f"run{i:02d}-{arm}"
+            command = [str(BIN / "scaling"), "run", args.config, "--launcher", arm, "--workers", str(args.workers),
+                       *[x for o in overrides for x in ("--set", o)], "--out", str(run_dir)]
+            print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
+            log = Path(tmp) / f"run{i:02d}-{arm}.log"
+            with open(log, "w") as out:
+                launch_unix = time.time()
+                proc = subprocess.run(command, cwd=bl.REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+                end_unix = time.time()
+            summary_path = run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+            if proc.returncode != 0 or summary.get("status") == "failed":
+                raise RuntimeError(f"{arm} run failed (exit {proc.returncode}):\n{log.read_text()[-2000:]}")
+            step_s, first_step_unix, epoch_rows = steady_step_s(run_dir, summary["global_batch"])
+            startup_s = first_step_unix - launch_unix
+            sequence_step.append((arm, step_s))
+            sequence_start.append((arm, startup_s))
+            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "startup_s": startup_s,
+                         "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
+            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s", flush=True)
+    finally:
+        head.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    step_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_step, "ray", "local")]
+    start_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_start, "ray", "local")]
+    step_a = bl.median(v for arm, v in sequence_step if arm == "ray")
+    step_b = bl.median(v for arm, v in sequence_step if arm == "local")
+    start_a = bl.median(v for arm, v in sequence_start if arm == "ray")
+    start_b = bl.median(v for arm, v in sequence_start if arm == "local")
+    init_s = bl.median(p["ray_init_local_s"] for p in init_probes)
+    where = f"quickstart, {args.workers} workers, {pairs} pairs x {epochs} epochs"
+    comparisons = [
+        bl.comparison(
+            "Ray Train overhead (step time)", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
+            step_a, step_b, "s/step", bl.median(step_pairs),
+            "median over adjacent ABBA pairs of ray / local steady-state step time", STEP_BUDGET,
+            "ray / local <= 1.05",
+            note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
+                 f"{', '.join(f'{r:.3f}' for r in step_pairs)}"),
+        bl.comparison(
+            "start-up, warm cluster (command -> first step)", "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)", start_a, start_b, "s", bl.median(start_pairs),
+            "median over adjacent ABBA pairs of ray / local start-up", None, "",
+            note=f"{where}; Ray's includes connecting to the running cluster and creating the Train controller "
+                 f"and worker group; difference of medians {start_a - start_b:+.2f} s"),
+        bl.comparison(
+            "start-up of a new local Ray cluster", "ray.init(address='local')", "", init_s, None, "s", None, "",
+            None, "",
+            note=f"fresh process, median of {probes}; a run on a new cluster pays this on top of the warm start-up; "
+                 f"`ray start --head` until `ray status` answers took {head.start_s:.1f} s"),
+    ]
+    cli = f".venv/bin/scaling run {args.config} --workers {args.workers} " + " ".join(
+        f"--set {shlex.quote(o)}" for o in overrides)
+    path = bl.write_result(
+        NAME, __doc__, args.quick, started, load_start, comparisons,
+        config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
+        arms={"ray": f"RAY_ADDRESS=<private head> {cli} --launcher ray --out DIR",
+              "local": f"{cli} --launcher local --out DIR"},
+        startup_definition="first_step_unix (rank 0, epochs.parquet) - time.time() just before the command started; "
+                           "for Ray it includes the driver's connection to the warm cluster, the Train controller and "
+                           "worker-group creation (worker actors, torch process group)",
+        step_pair_ratios=step_pairs, startup_pair_ratios=start_pairs,
+        ray_head={"start_s": head.start_s, "num_cpus": head.num_cpus,
+                  "how": "ray start --head --block, 127.0.0.1, free ports, private --temp-dir, RAY_AUTH_MODE=disabled; "
+                         "stopped by process id"},
+        ray_init_probes=init_probes, runs=runs,
+    )
+    bl.print_comparisons(comparisons)
+    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
