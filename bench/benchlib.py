@@ -13,7 +13,8 @@ writes `bench/results/<name>.json` (`--quick`: `bench/results/quick/<name>.json`
     machine      {"hardware": describe_hardware(), "versions": describe_versions(), "load_avg_start",
                   "load_avg_end"} (scaling.instrument.machine; load averages: /proc/loadavg, to spot contention)
     comparisons  list of {name, a, b, a_median, b_median, unit, ratio, ratio_definition, budget,
-                  budget_definition, pass, note}: the rows `bench/summarize.py` turns into the table
+                  budget_on ("ratio" or "a": what the budget bounds), budget_definition, pass, note}:
+                  the rows `bench/summarize.py` turns into the table
     ...          the benchmark's own details (per-run values, per-size timings, ...)
 
 A and B are always run in the same benchmark, alternating in ABBA order (A B B A A B ...), so
@@ -69,13 +70,16 @@ def ratio(numerator, denominator) -> float | None:
 
 
 def comparison(name: str, a: str, b: str, a_median, b_median, unit: str, ratio_value, ratio_definition: str,
-               budget: float | None = None, budget_definition: str = "", note: str = "") -> dict:
-    """One row of the summary table. `pass` is ratio <= budget (null without a budget or a ratio)."""
-    passed = None if budget is None or ratio_value is None else bool(ratio_value <= budget)
+               budget: float | None = None, budget_definition: str = "", note: str = "",
+               budget_on: str = "ratio") -> dict:
+    """One row of the summary table. `pass`: the ratio (budget_on="ratio") or A's median
+    (budget_on="a", a budget in `unit`) is <= budget; null without a budget or a value."""
+    value = ratio_value if budget_on == "ratio" else a_median
+    passed = None if budget is None or value is None else bool(value <= budget)
     return {
         "name": name, "a": a, "b": b, "a_median": a_median, "b_median": b_median, "unit": unit,
         "ratio": ratio_value, "ratio_definition": ratio_definition,
-        "budget": budget, "budget_definition": budget_definition, "pass": passed, "note": note,
+        "budget": budget, "budget_on": budget_on, "budget_definition": budget_definition, "pass": passed, "note": note,
     }
 
 
@@ -151,7 +155,8 @@ def _json_default(value):
 def print_comparisons(comparisons: list[dict]) -> None:
     for c in comparisons:
         verdict = "" if c["pass"] is None else ("  PASS" if c["pass"] else "  MISS")
-        budget = f" (budget <= {c['budget']})" if c["budget"] is not None else ""
+        on = "" if c.get("budget_on", "ratio") == "ratio" else f" {c['unit']}, on A"
+        budget = f" (budget <= {c['budget']}{on})" if c["budget"] is not None else ""
         r = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
         print(f"{c['name']}: A {c['a']} = {_fmt(c['a_median'])} {c['unit']}, B {c['b']} = {_fmt(c['b_median'])} "
               f"{c['unit']}; ratio {r}{budget}{verdict}", flush=True)

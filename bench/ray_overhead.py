@@ -19,8 +19,8 @@ and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A
   too, so both arms see its background load.
 - Cold cluster: separately, in a fresh process each, the time of `ray.init(address="local")`
   starting a new local cluster (private temp dir, its own ports, dashboard included as in a plain
-  `ray.init()`), and of `ray.shutdown()`; and the time of `ray start --head` until `ray status`
-  answers, for the benchmark's head. A run on a new cluster pays about this on top of the warm
+  `ray.init()`), and of `ray.shutdown()`; and the time of `ray start --head` until `ray status` and
+  the dashboard answer, for the benchmark's head. A run on a new cluster pays about this on top of the warm
   start-up.
 
     .venv/bin/python bench/ray_overhead.py            # 3 pairs x 3 epochs (about 4 min here)
@@ -47,12 +47,23 @@ import benchlib as bl
 NAME = "ray_overhead"
 STEP_BUDGET = 1.05
 BIN = Path(sys.executable).parent
+SETTLE_S = 3.0  # after the head answers, before the first run: its start-up work (dashboard, agent) settles
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def ray_env() -> dict:
@@ -66,6 +77,7 @@ class PrivateRayHead:
     def __init__(self, num_cpus: int = 2):
         self.temp_dir = tempfile.mkdtemp(prefix="bray-", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port = free_port()
+        self.dashboard_port = free_port()
         self.env = ray_env()
         self.num_cpus = num_cpus
         self.process = None
@@ -77,7 +89,7 @@ class PrivateRayHead:
 
     def start(self) -> None:
         command = [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
-                   "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
+                   "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                    f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
                    f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
         t0 = time.time()
@@ -87,13 +99,14 @@ class PrivateRayHead:
         while True:
             probe = subprocess.run([str(BIN / "ray"), "status", f"--address={self.address}"], env=self.env,
                                    capture_output=True)
-            if probe.returncode == 0:
-                break
+            if probe.returncode == 0 and http_ok(f"http://127.0.0.1:{self.dashboard_port}/api/version"):
+                break  # the dashboard comes up a few seconds after the GCS; wait for it, so it is not starting during a run
             if time.time() > deadline or self.process.poll() is not None:
                 self.stop()
                 raise RuntimeError(f"private Ray head did not start: {probe.stderr.decode()[-500:]}")
             time.sleep(0.5)
         self.start_s = time.time() - t0
+        time.sleep(SETTLE_S)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -228,7 +241,7 @@ def main() -> None:
             "start-up of a new local Ray cluster", "ray.init(address='local')", "", init_s, None, "s", None, "",
             None, "",
             note=f"fresh process, median of {probes}; a run on a new cluster pays this on top of the warm start-up; "
-                 f"`ray start --head` until `ray status` answers took {head.start_s:.1f} s"),
+                 f"`ray start --head` until `ray status` and the dashboard answered took {head.start_s:.1f} s"),
     ]
     cli = f".venv/bin/scaling run {args.config} --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)

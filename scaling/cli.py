@@ -3,6 +3,7 @@
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR
+    scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | down
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
 directory) ends with exit status 2 and one line on stderr, before anything is written.
@@ -50,7 +51,44 @@ def _build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="tables and figures of a sweep directory")
     report.add_argument("sweep_dir", type=Path)
+
+    mini = commands.add_parser("minicluster", help="a multi-node Ray cluster on this machine (network namespaces; root)")
+    mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=_OneLineParser)
+    mini_up = mini_commands.add_parser("up", help="build N namespaced nodes joined by a bridge, each a Ray node")
+    mini_up.add_argument("--nodes", type=int, required=True)
+    mini_up.add_argument("--bandwidth", help="cap each node's link, a tc rate such as 100mbit or 1gbit (default: uncapped)")
+    mini_up.add_argument("--cpus-per-node", type=int, default=1)
+    mini_up.add_argument("--subnet", default="10.213.0.0/24", help="private subnet of the nodes (default 10.213.0.0/24)")
+    for sub in (mini_up, mini_commands.add_parser("status", help="nodes, IPs, caps, liveness"),
+                mini_commands.add_parser("down", help="remove exactly what up made")):
+        sub.add_argument("--name", default="lab", help="which minicluster (default: lab)")
+    mini_exec = mini_commands.add_parser("exec", help="run a command inside the cluster (head namespace, RAY_ADDRESS set)")
+    mini_exec.add_argument("--name", default="lab")
+    mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: the head)")
+    mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
+
+
+def _cmd_minicluster(args) -> int:
+    from scaling.launch import minicluster as mc
+
+    if args.action == "up":
+        cluster = mc.up(args.nodes, args.bandwidth, args.cpus_per_node, args.name, args.subnet)
+        cap = f", each link capped at {cluster.bandwidth}" if cluster.bandwidth else ", uncapped"
+        print(f"minicluster {cluster.name!r} up: {len(cluster.nodes)} nodes{cap}")
+        print(f"  head {cluster.address}  dashboard/jobs {cluster.dashboard}")
+        print(f"  run inside it: scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers {len(cluster.nodes)}")
+        return 0
+    if args.action == "status":
+        import json
+
+        print(json.dumps(mc.status(args.name), indent=2))
+        return 0
+    if args.action == "down":
+        mc.down(args.name)
+        return 0
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return mc.exec_in(command, args.name, args.node)
 
 
 def _check_capacity(cfg, launcher: str, log_to_driver: bool = True) -> None:
@@ -165,7 +203,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
-        commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report}
+        commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report, "minicluster": _cmd_minicluster}
         return commands[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,398 @@
+"""A real multi-node Ray cluster on this machine: one Linux network namespace per node.
+
+    scaling minicluster up --nodes 2 --bandwidth 1gbit
+    scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2 --out results/mc
+    scaling minicluster status
+    scaling minicluster down
+
+Each node is a network namespace with its own IP on a private /24, joined to the host by a
+veth pair whose host end sits on a Linux bridge; each node runs a real `ray start` (the head
+in node 0). The node end of every veth is named `lab0` in every namespace, so
+`GLOO_SOCKET_IFNAME=lab0` makes gloo bind to the node's own link wherever a worker runs.
+`--bandwidth` caps each node's link in both directions with a token bucket (`tc ... tbf`:
+netem is absent on these kernels): on the node end (what the node sends) and on the host end
+(what it receives). Traffic between two nodes therefore crosses two capped links, as between
+two machines behind one switch.
+
+`up` records everything it makes (namespaces, links, bridge, caps, process ids) in a state
+file under /run/scaling-minicluster/<name>/; `down` removes exactly that: it kills the
+processes inside the recorded namespaces (`ip netns pids`), deletes the namespaces (which
+deletes their veth pairs) and the bridge, never anything found by a broad name. Needs root
+(CAP_NET_ADMIN, CAP_SYS_ADMIN); without it every subcommand says so in one line.
+
+Commands run inside the cluster with `exec` (in the head's namespace, with RAY_ADDRESS set)
+or from the host with `ray job submit --address http://<head ip>:<dashboard port>`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from scaling.errors import UsageError
+
+STATE_ROOT = Path(os.environ.get("SCALING_MINICLUSTER_STATE", "/run/scaling-minicluster"))
+NODE_IFACE = "lab0"  # the node end of each veth, the same name in every namespace (for GLOO_SOCKET_IFNAME)
+GCS_PORT = 6390
+DASHBOARD_PORT = 8270
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class Node:
+    index: int
+    namespace: str
+    ip: str
+    host_iface: str
+    pid: int = 0  # the node's `ray start --block` process (its own process group)
+
+
+@dataclass
+class MiniCluster:
+    name: str
+    subnet: str
+    bridge: str
+    bridge_ip: str
+    bandwidth: str | None  # tc rate, e.g. "1gbit"; None = uncapped
+    cpus_per_node: int
+    nodes: list[Node] = field(default_factory=list)
+    temp_dir: str = ""
+    created_at: float = 0.0
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def address(self) -> str:
+        return f"{self.head.ip}:{GCS_PORT}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://{self.head.ip}:{DASHBOARD_PORT}"
+
+    def env(self) -> dict:
+        """The environment of processes that belong to the cluster (ray nodes, drivers)."""
+        return {
+            **os.environ,
+            "RAY_AUTH_MODE": "disabled",  # a private bridge no other machine reaches
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "GLOO_SOCKET_IFNAME": NODE_IFACE,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("the minicluster needs root (network namespaces, veth links and tc); run it as root")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise UsageError(f"the minicluster needs '{tool}' (Debian package iproute2)")
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(args), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def _in_ns(namespace: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _sh("ip", "netns", "exec", namespace, *args, check=check)
+
+
+def _state_path(name: str) -> Path:
+    return STATE_ROOT / name / "state.json"
+
+
+def _save(cluster: MiniCluster) -> None:
+    path = _state_path(cluster.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(cluster), indent=2))
+    tmp.replace(path)
+
+
+def load(name: str = "lab") -> MiniCluster:
+    path = _state_path(name)
+    if not path.exists():
+        raise UsageError(f"no minicluster named {name!r} is up (scaling minicluster up --nodes N)")
+    data = json.loads(path.read_text())
+    data["nodes"] = [Node(**node) for node in data["nodes"]]
+    return MiniCluster(**data)
+
+
+def _check_name(name: str) -> None:
+    if not re.fullmatch(r"[a-z0-9]{1,6}", name):
+        raise UsageError(f"minicluster name must be 1-6 lowercase letters or digits, got {name!r}")
+
+
+TC_RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$")
+
+
+def rate_bits_per_s(rate: str) -> float:
+    """tc's rate units (bits per second, SI prefixes): '100mbit' -> 1e8."""
+    match = TC_RATE.match(rate.lower())
+    if not match:
+        raise UsageError(f"--bandwidth must be a tc rate such as 100mbit, 1gbit or 2.5gbit, got {rate!r}")
+    scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}[match.group(2)]
+    return float(rate[: -len(match.group(2))]) * scale
+
+
+def _cap(run, iface: str, rate: str) -> None:
+    """Token-bucket cap on `iface`'s egress. The bucket holds ~4 ms of traffic (at least 64 KB),
+    enough for the kernel's timer granularity, small enough that bursts do not hide the rate."""
+    burst_bytes = max(64 * 1024, int(rate_bits_per_s(rate) / 8 * 0.004))
+    run("tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate, "burst", str(burst_bytes), "latency", "200ms")
+
+
+def _wait_for_head(cluster: MiniCluster, head_process: subprocess.Popen) -> None:
+    deadline = time.time() + START_TIMEOUT_S
+    while True:
+        probe = _in_ns(cluster.head.namespace, str(BIN / "ray"), "status", f"--address={cluster.address}", check=False)
+        if probe.returncode == 0 and _http_ok(f"{cluster.dashboard}/api/version"):
+            return
+        if head_process.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"the head node did not start: {probe.stderr.strip()[-300:]}")
+        time.sleep(1)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def alive_nodes(cluster: MiniCluster) -> int:
+    """How many Ray nodes the head reports alive (0 when it cannot be asked)."""
+    code = "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+    result = subprocess.run(
+        ["ip", "netns", "exec", cluster.head.namespace, sys.executable, "-c", code],
+        capture_output=True, text=True, env={**cluster.env(), "RAY_ADDRESS": cluster.address}, timeout=60,
+    )
+    try:
+        return int(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0
+
+
+# --------------------------------------------------------------------------- up / down
+
+
+def up(nodes: int, bandwidth: str | None = None, cpus_per_node: int = 1, name: str = "lab",
+       subnet: str = "10.213.0.0/24", log=print) -> MiniCluster:
+    """Build the cluster; on any failure, remove what was made so far and raise."""
+    _require_root()
+    _check_name(name)
+    if nodes < 1 or nodes > 50:
+        raise UsageError(f"--nodes must be between 1 and 50, got {nodes}")
+    if bandwidth is not None:
+        rate_bits_per_s(bandwidth)
+    if _state_path(name).exists():
+        raise UsageError(f"minicluster {name!r} is already up; 'scaling minicluster down --name {name}' first")
+    net = ipaddress.ip_network(subnet)
+    hosts = list(net.hosts())
+    for route in _sh("ip", "-o", "route").stdout.splitlines():
+        try:
+            if ipaddress.ip_network(route.split()[0], strict=False).overlaps(net) and route.split()[0] != "default":
+                raise UsageError(f"subnet {subnet} overlaps a route of this host ({route.split()[0]}); pass --subnet")
+        except ValueError:
+            continue
+    cluster = MiniCluster(
+        name=name, subnet=subnet, bridge=f"sm{name}br", bridge_ip=str(hosts[0]), bandwidth=bandwidth,
+        cpus_per_node=cpus_per_node, temp_dir=f"/tmp/smc-{name}", created_at=time.time(),
+        nodes=[Node(i, f"scaling-{name}-n{i}", str(hosts[9 + i]), f"sm{name}h{i}") for i in range(nodes)],
+    )
+    _save(cluster)  # first: whatever happens next, `down` knows what to remove
+    try:
+        _build_network(cluster)
+        _start_ray(cluster, log)
+    except BaseException:
+        down(name, log=lambda *_: None)
+        raise
+    return cluster
+
+
+def _build_network(cluster: MiniCluster) -> None:
+    prefix = ipaddress.ip_network(cluster.subnet).prefixlen
+    _sh("ip", "link", "add", "name", cluster.bridge, "type", "bridge")
+    _sh("ip", "addr", "add", f"{cluster.bridge_ip}/{prefix}", "dev", cluster.bridge)
+    _sh("ip", "link", "set", cluster.bridge, "up")
+    for node in cluster.nodes:
+        _sh("ip", "netns", "add", node.namespace)
+        _sh("ip", "link", "add", node.host_iface, "type", "veth", "peer", "name", f"{node.host_iface}p")
+        _sh("ip", "link", "set", f"{node.host_iface}p", "netns", node.namespace)
+        _in_ns(node.namespace, "ip", "link", "set", f"{node.host_iface}p", "name", NODE_IFACE)
+        _in_ns(node.namespace, "ip", "addr", "add", f"{node.ip}/{prefix}", "dev", NODE_IFACE)
+        _in_ns(node.namespace, "ip", "link", "set", NODE_IFACE, "up")
+        _in_ns(node.namespace, "ip", "link", "set", "lo", "up")
+        _in_ns(node.namespace, "ip", "route", "add", "default", "via", cluster.bridge_ip)
+        _sh("ip", "link", "set", node.host_iface, "master", cluster.bridge)
+        _sh("ip", "link", "set", node.host_iface, "up")
+        if cluster.bandwidth:
+            _cap(lambda *a: _in_ns(node.namespace, *a), NODE_IFACE, cluster.bandwidth)  # what the node sends
+            _cap(_sh, node.host_iface, cluster.bandwidth)  # what it receives
+    _save(cluster)
+
+
+def _start_ray(cluster: MiniCluster, log) -> None:
+    env = cluster.env()
+    common = [f"--num-cpus={cluster.cpus_per_node}", "--num-gpus=0", "--disable-usage-stats", "--block"]
+    head = cluster.head
+    Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
+    log(f"starting the head in {head.namespace} ({head.ip})")
+    process = subprocess.Popen(
+        ["ip", "netns", "exec", head.namespace, str(BIN / "ray"), "start", "--head", f"--node-ip-address={head.ip}",
+         f"--port={GCS_PORT}", "--dashboard-host=0.0.0.0", f"--dashboard-port={DASHBOARD_PORT}",
+         f"--temp-dir={cluster.temp_dir}", *common],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    head.pid = process.pid
+    _save(cluster)
+    _wait_for_head(cluster, process)
+    for node in cluster.nodes[1:]:
+        log(f"starting node {node.index} in {node.namespace} ({node.ip})")
+        worker = subprocess.Popen(
+            ["ip", "netns", "exec", node.namespace, str(BIN / "ray"), "start", f"--address={cluster.address}",
+             f"--node-ip-address={node.ip}", *common],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        node.pid = worker.pid
+        _save(cluster)
+    deadline = time.time() + START_TIMEOUT_S
+    while (alive := alive_nodes(cluster)) < len(cluster.nodes):
+        if time.time() > deadline:
+            raise RuntimeError(f"only {alive} of {len(cluster.nodes)} Ray nodes joined within {START_TIMEOUT_S} s")
+        time.sleep(1)
+
+
+def _namespace_pids(namespace: str) -> list[int]:
+    result = _sh("ip", "netns", "pids", namespace, check=False)
+    return [int(pid) for pid in result.stdout.split() if pid.isdigit()]
+
+
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def down(name: str = "lab", log=print) -> None:
+    """Remove exactly what `up` recorded: processes in its namespaces, the namespaces, the bridge."""
+    _require_root()
+    cluster = load(name)
+    existing = set(_sh("ip", "netns", "list", check=False).stdout.split())
+    namespaces = [n.namespace for n in cluster.nodes if n.namespace in existing]
+    # Ray nodes first, gently (workers before the head), then whatever is left in the namespaces.
+    for node in reversed(cluster.nodes):
+        if node.pid:
+            try:
+                os.killpg(node.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_namespace_pids(ns) for ns in namespaces):
+        time.sleep(0.5)
+    for ns in namespaces:
+        _kill(_namespace_pids(ns), signal.SIGKILL)
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_namespace_pids(ns) for ns in namespaces):
+        time.sleep(0.2)  # SIGKILLed processes leave the namespace once the kernel reaped them
+    for node in cluster.nodes:
+        if node.pid:
+            try:
+                os.killpg(node.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for ns in namespaces:
+        _sh("ip", "netns", "del", ns, check=False)  # deletes the veth pair with it
+    for node in cluster.nodes:
+        _sh("ip", "link", "del", node.host_iface, check=False)  # a half-made pair, if up failed mid-way
+    _sh("ip", "link", "del", cluster.bridge, check=False)
+    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+    _state_path(name).unlink()
+    try:
+        _state_path(name).parent.rmdir()
+    except OSError:
+        pass
+    log(f"minicluster {name!r} removed ({len(cluster.nodes)} nodes)")
+
+
+def status(name: str = "lab") -> dict:
+    """Nodes, their IPs, processes and caps, as the kernel and Ray see them now."""
+    _require_root()
+    cluster = load(name)
+    existing = set(_sh("ip", "netns", "list", check=False).stdout.split())
+    rows = []
+    for node in cluster.nodes:
+        qdisc = _in_ns(node.namespace, "tc", "qdisc", "show", "dev", NODE_IFACE, check=False).stdout.strip() \
+            if node.namespace in existing else ""
+        rate = re.search(r"rate (\S+)", qdisc)
+        rows.append({
+            "node": node.index, "namespace": node.namespace, "ip": node.ip,
+            "namespace_exists": node.namespace in existing,
+            "ray_process_alive": _pid_alive(node.pid),
+            "egress_cap": rate.group(1) if rate else "uncapped",
+        })
+    return {"name": cluster.name, "address": cluster.address, "dashboard": cluster.dashboard,
+            "bandwidth": cluster.bandwidth, "ray_nodes_alive": alive_nodes(cluster), "nodes": rows}
+
+
+def _pid_alive(pid: int) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def exec_in(command: list[str], name: str = "lab", node: int = 0) -> int:
+    """Run `command` in a node's namespace (the head's by default) as a driver of the cluster."""
+    _require_root()
+    cluster = load(name)
+    if not command:
+        raise UsageError("minicluster exec needs a command after --, e.g. -- scaling sweep CONFIG --workers 2")
+    if not 0 <= node < len(cluster.nodes):
+        raise UsageError(f"--node must be between 0 and {len(cluster.nodes) - 1}")
+    env = {**cluster.env(), "RAY_ADDRESS": cluster.address}
+    return subprocess.run(["ip", "netns", "exec", cluster.nodes[node].namespace, *command], env=env).returncode
+
+
+def allreduce_seconds(nbytes: int, name: str = "lab", iters: int = 3, nodes: int = 2) -> dict:
+    """Median time of a gloo all-reduce of `nbytes` across the first `nodes` nodes, one rank each."""
+    _require_root()
+    cluster = load(name)
+    env = cluster.env()
+    processes = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "scaling.launch.allreduce_probe",
+             f"--rank={node.index}", f"--world={nodes}", f"--master={cluster.head.ip}", f"--bytes={nbytes}",
+             f"--iters={iters}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for node in cluster.nodes[:nodes]
+    ]
+    outputs = [p.communicate(timeout=600) for p in processes]
+    if any(p.returncode for p in processes):
+        raise RuntimeError(f"all-reduce probe failed: {outputs[0][1].strip()[-300:] or outputs[-1][1].strip()[-300:]}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])

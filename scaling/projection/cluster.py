@@ -1,0 +1,235 @@
+"""Cluster presets and the per-device throughput table: YAML files read with yaml.safe_load,
+validated (an unknown key or a bad value is refused with one line naming it).
+
+    load_cluster("p3.16xlarge")            # a preset in scaling/projection/presets/
+    load_cluster("path/to/my.yaml")        # your own, same keys
+
+A cluster file:
+
+    name: p3.16xlarge                      # optional (default: the file name)
+    description: 8 V100 SXM2, NVLink ...   # optional
+    device: V100 SXM2 16GB                 # a key of devices.yaml, or null (then give the
+                                           #   compute time: --from-run or --samples-per-s)
+    gpus_per_node: 8
+    allreduce: ring                        # ring | hierarchical (scaling/projection/cost.py)
+    intra_node:                            # required when gpus_per_node > 1
+      name: NVLink 2 (hybrid cube-mesh)    # optional, free text
+      bandwidth_GBps: 130                  # effective all-reduce bus bandwidth, 1e9 bytes/s ...
+      latency_us: 2                        # per ring step
+    inter_node:                            # required to span more than one node
+      name: 25 Gbps Ethernet (ENA), TCP
+      bandwidth_Gbps: 25                   # ... or in 1e9 bits/s (exactly one of the two)
+      efficiency: 0.8                      # optional, default 1: the fraction of it NCCL gets
+      latency_us: 30
+
+The effective bandwidth used is bandwidth x efficiency (bytes/s).
+
+devices.yaml: per device, `memory_bandwidth_GBps` (for the optimizer step's time) and
+`throughput: {model: {precision: {samples_per_s, batch, source}}}`: published training
+throughput of one GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from scaling.errors import UsageError
+from scaling.projection.cost import ALGORITHMS, Link, ring_allreduce_s
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PRESET_DIR = PACKAGE_DIR / "presets"
+DEVICES_FILE = PACKAGE_DIR / "devices.yaml"
+
+CLUSTER_KEYS = ("name", "description", "device", "gpus_per_node", "allreduce", "intra_node", "inter_node")
+LINK_KEYS = ("name", "bandwidth_GBps", "bandwidth_Gbps", "efficiency", "latency_us")
+DEVICE_KEYS = ("memory_bandwidth_GBps", "throughput", "note")
+THROUGHPUT_KEYS = ("samples_per_s", "batch", "source")
+PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISION_ALIASES = {"amp": "fp16", "mixed": "fp16", "tf32": "fp32"}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    gpus_per_node: int
+    intra_node: Link | None
+    inter_node: Link | None
+    allreduce: str = "ring"
+    device: str | None = None
+    description: str = ""
+    source: str = ""  # the preset name or file it came from
+
+    def with_algorithm(self, algorithm: str | None) -> "Cluster":
+        if algorithm is None:
+            return self
+        if algorithm not in ALGORITHMS:
+            raise UsageError(f"unknown all-reduce algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+        return replace(self, allreduce=algorithm)
+
+
+def normalize_precision(precision: str) -> str:
+    """The lab's precision name (fp32 | fp16 | bf16); 'amp' is fp16 autocast, as in NVIDIA's tables."""
+    p = str(precision).lower()
+    p = PRECISION_ALIASES.get(p, p)
+    if p not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; valid: fp32, amp (= fp16), fp16, bf16")
+    return p
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _where(source: str, section: str | None) -> str:
+    return f"cluster {source}" + (f", {section}" if section else "")
+
+
+def _number(value, what: str, where: str, integer: bool = False, positive: bool = True) -> float:
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if not ok or (positive and not value > 0) or (not positive and value < 0):
+        kind = "a positive integer" if integer else ("a positive number" if positive else "a number >= 0")
+        raise UsageError(f"{where}: {what} must be {kind}, got {value!r}")
+    return value
+
+
+def _check_keys(data, allowed: tuple[str, ...], where: str) -> dict:
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(allowed)}")
+    return data
+
+
+def parse_link(data, where: str) -> Link:
+    data = _check_keys(data, LINK_KEYS, where)
+    has_bytes, has_bits = "bandwidth_GBps" in data, "bandwidth_Gbps" in data
+    if has_bytes == has_bits:
+        raise UsageError(f"{where}: give exactly one of bandwidth_GBps (1e9 bytes/s) or bandwidth_Gbps (1e9 bits/s)")
+    if has_bytes:
+        bandwidth = _number(data["bandwidth_GBps"], "bandwidth_GBps", where) * 1e9
+    else:
+        bandwidth = _number(data["bandwidth_Gbps"], "bandwidth_Gbps", where) * 1e9 / 8
+    efficiency = _number(data.get("efficiency", 1.0), "efficiency", where)
+    if efficiency > 1:
+        raise UsageError(f"{where}: efficiency must be in (0, 1], got {efficiency!r}")
+    if "latency_us" not in data:
+        raise UsageError(f"{where}: latency_us is required")
+    latency = _number(data["latency_us"], "latency_us", where, positive=False) * 1e-6
+    name = data.get("name", "")
+    return Link(bandwidth_bytes_per_s=bandwidth * efficiency, latency_s=latency, name=str(name))
+
+
+def parse_cluster(data, source: str) -> Cluster:
+    """A validated Cluster from a parsed YAML mapping; UsageError (one line) on anything wrong."""
+    where = _where(source, None)
+    data = _check_keys(data, CLUSTER_KEYS, where)
+    if "gpus_per_node" not in data:
+        raise UsageError(f"{where}: gpus_per_node is required")
+    gpus = int(_number(data["gpus_per_node"], "gpus_per_node", where, integer=True))
+    algorithm = data.get("allreduce", "ring")
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"{where}: allreduce must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    intra = parse_link(data["intra_node"], _where(source, "intra_node")) if data.get("intra_node") is not None else None
+    if gpus > 1 and intra is None:
+        raise UsageError(f"{where}: intra_node is required when gpus_per_node > 1")
+    inter = parse_link(data["inter_node"], _where(source, "inter_node")) if data.get("inter_node") is not None else None
+    device = data.get("device")
+    if device is not None:
+        devices = load_devices()
+        if device not in devices:
+            raise UsageError(f"{where}: unknown device {device!r}; known: {', '.join(sorted(devices))} (or null)")
+    default_name = Path(source).stem if source.endswith((".yaml", ".yml")) else source
+    return Cluster(name=str(data.get("name") or default_name), gpus_per_node=gpus, intra_node=intra,
+                   inter_node=inter, allreduce=algorithm, device=device,
+                   description=str(data.get("description", "")), source=source)
+
+
+def _read_yaml(path: Path, what: str):
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UsageError(f"{what} {path} is not valid YAML{at}") from None
+
+
+def load_cluster(name_or_path: str | Path) -> Cluster:
+    """A preset by name (see `preset_names()`), or a cluster YAML file by path."""
+    text = str(name_or_path)
+    path = Path(text)
+    if text.endswith((".yaml", ".yml")) or path.is_file() or "/" in text:
+        if not path.is_file():
+            raise UsageError(f"cluster file not found: {path}")
+        return parse_cluster(_read_yaml(path, "cluster file"), str(path))
+    preset = PRESET_DIR / f"{text}.yaml"
+    if not preset.is_file():
+        raise UsageError(f"unknown cluster {text!r}; presets: {', '.join(preset_names())} (or a path to a .yaml file)")
+    return parse_cluster(_read_yaml(preset, "cluster preset"), text)
+
+
+@lru_cache(maxsize=1)
+def load_devices() -> dict:
+    """devices.yaml, validated: {device: {memory_bandwidth_GBps, throughput: {model: {precision: {...}}}}}."""
+    data = _read_yaml(DEVICES_FILE, "device table")
+    data = _check_keys(data, tuple(data) if isinstance(data, dict) else (), f"device table {DEVICES_FILE.name}")
+    for device, spec in data.items():
+        where = f"device table, {device}"
+        _check_keys(spec, DEVICE_KEYS, where)
+        _number(spec.get("memory_bandwidth_GBps"), "memory_bandwidth_GBps", where)
+        for model, per_precision in (spec.get("throughput") or {}).items():
+            _check_keys(per_precision, PRECISIONS, f"{where}, {model}")
+            for precision, entry in per_precision.items():
+                if entry is None:
+                    continue
+                w = f"{where}, {model}, {precision}"
+                _check_keys(entry, THROUGHPUT_KEYS, w)
+                _number(entry.get("samples_per_s"), "samples_per_s", w)
+                _number(entry.get("batch"), "batch", w, integer=True)
+    return data
+
+
+def device_throughput(device: str, model: str, precision: str) -> dict | None:
+    """{samples_per_s, batch, source} for one GPU of `device`, or None where nothing is published."""
+    spec = load_devices().get(device) or {}
+    return ((spec.get("throughput") or {}).get(model) or {}).get(normalize_precision(precision))
+
+
+def cluster_from_alpha_beta(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,
+                            inter_alpha_s: float | None = None, inter_bytes_per_s: float | None = None,
+                            device: str | None = None, name: str = "fitted alpha-beta") -> Cluster:
+    """A cluster whose links are fitted alpha (s) and bandwidth (bytes/s), e.g. from `fit_alpha_beta`.
+
+    One (alpha, bandwidth) for every link unless the inter-node pair is given separately;
+    flat ring all-reduce (what a ring fitted over all ranks measured).
+    """
+    intra = Link(float(beta_bytes_per_s), float(alpha_s), "fitted")
+    inter = Link(float(inter_bytes_per_s or beta_bytes_per_s),
+                 float(alpha_s if inter_alpha_s is None else inter_alpha_s), "fitted")
+    for value, what in ((alpha_s, "alpha_s"), (beta_bytes_per_s, "beta_bytes_per_s")):
+        if not (isinstance(value, (int, float)) and value >= 0) or (what != "alpha_s" and not value > 0):
+            raise UsageError(f"cluster_from_alpha_beta: {what} must be a positive number, got {value!r}")
+    return Cluster(name=name, gpus_per_node=int(gpus_per_node), intra_node=intra, inter_node=inter,
+                   allreduce="ring", device=device, source=name)
+
+
+def describe_link(link: Link | None, nodes_label: str) -> str:
+    if link is None:
+        return f"{nodes_label}: none"
+    label = f" ({link.name})" if link.name else ""
+    return f"{nodes_label}{label}: {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s effective, {link.latency_s * 1e6:.3g} us"
+
+
+def example_cost_line(cluster: Cluster, nbytes: float) -> str:
+    """One line: what a single all-reduce of `nbytes` costs inside one node (for the printed notes)."""
+    if cluster.intra_node is None or cluster.gpus_per_node < 2:
+        return ""
+    t = ring_allreduce_s(nbytes, cluster.gpus_per_node, cluster.intra_node.latency_s,
+                         cluster.intra_node.bandwidth_bytes_per_s)
+    return f"{nbytes / 1e6:.1f} MB all-reduce over {cluster.gpus_per_node} GPUs of one node: {t * 1e3:.2f} ms"
