@@ -34,3 +34,13 @@ test: install-test
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
+
+# Benchmarks of the lab's own cost (bench/, issue 8): each writes bench/results/<name>.json, then
+# bench/summarize.py writes the table bench/results/README.md. About 14 minutes on a 2-core CPU machine.
+# `make bench QUICK=1` (or `make bench-quick`) is the few-minute variant, written to bench/results/quick/.
+.PHONY: bench bench-quick
+bench: install
+	$(BIN)/python bench/run_all.py $(if $(filter 1 yes true,$(QUICK)),--quick)
+
+bench-quick: install
+	$(BIN)/python bench/run_all.py --quick

@@ -19,11 +19,11 @@ and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A
   too, so both arms see its background load.
 - Cold cluster: separately, in a fresh process each, the time of `ray.init(address="local")`
   starting a new local cluster (private temp dir, its own ports, dashboard included as in a plain
-  `ray.init()`), and of `ray.shutdown()`; and the time of `ray start --head` until `ray status` and
-  the dashboard answer, for the benchmark's head. A run on a new cluster pays about this on top of the warm
-  start-up.
+  `ray.init()`), and of `ray.shutdown()`; and, for the benchmark's head, the time of `ray start
+  --head` until `ray status` and the dashboard answer. A run on a new cluster pays about this on
+  top of the warm start-up.
 
-    .venv/bin/python bench/ray_overhead.py            # 3 pairs x 3 epochs (about 4 min here)
+    .venv/bin/python bench/ray_overhead.py            # 2 pairs x 3 epochs (about 4 min here)
     .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs
 """
 
@@ -167,13 +167,13 @@ def steady_step_s(run_dir: Path, global_batch: int) -> tuple[float, float, list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs, one ray.init probe")
-    parser.add_argument("--pairs", type=int, help="A/B pairs (default 3; quick 1)")
+    parser.add_argument("--pairs", type=int, help="A/B pairs (default 2; quick 1)")
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="experiments/quickstart.yaml")
     args = parser.parse_args()
-    pairs = args.pairs or (1 if args.quick else 3)
+    pairs = args.pairs or (1 if args.quick else 2)
     epochs = args.epochs or (2 if args.quick else 3)
     probes = args.init_probes if args.init_probes is not None else (1 if args.quick else 2)
     started, load_start = time.time(), bl.load_average()

@@ -3,6 +3,7 @@
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR
+    scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG]
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | down
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
@@ -52,6 +53,11 @@ def _build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="tables and figures of a sweep directory")
     report.add_argument("sweep_dir", type=Path)
 
+    from scaling.projection.cli import add_arguments as add_projection_arguments
+
+    project = commands.add_parser("project", help="project step time, speedup and comm overhead onto a cluster (alpha-beta model)")
+    add_projection_arguments(project)
+
     mini = commands.add_parser("minicluster", help="a multi-node Ray cluster on this machine (network namespaces; root)")
     mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=_OneLineParser)
     mini_up = mini_commands.add_parser("up", help="build N namespaced nodes joined by a bridge, each a Ray node")
@@ -67,6 +73,12 @@ def _build_parser() -> argparse.ArgumentParser:
     mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: the head)")
     mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
+
+
+def _cmd_project(args) -> int:
+    from scaling.projection.cli import run_from_args
+
+    return run_from_args(args)
 
 
 def _cmd_minicluster(args) -> int:
@@ -93,6 +105,11 @@ def _cmd_minicluster(args) -> int:
 
 def _check_capacity(cfg, launcher: str, log_to_driver: bool = True) -> None:
     """Refuse at once what the cluster (or this host) cannot place."""
+    if cfg.workers.link_bandwidth:
+        from scaling.launch import minicluster
+
+        if minicluster.current() is None:
+            raise UsageError("workers.link_bandwidth needs a minicluster: run through 'scaling minicluster exec -- ...'")
     if launcher == "ray":
         from scaling.launch.ray_train import check_capacity, connect
 
@@ -203,7 +220,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
-        commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report, "minicluster": _cmd_minicluster}
+        commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report, "minicluster": _cmd_minicluster,
+                    "project": _cmd_project}
         return commands[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -71,6 +71,7 @@ class WorkersConfig:
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
     node_price_per_hour: float = 0.0  # USD per node-hour, for cost-to-accuracy (DAWNBench); 0 = unknown
+    link_bandwidth: str = ""  # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
 
 
 @dataclass
@@ -230,6 +231,10 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
     require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
     require(cfg.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {cfg.optim.schedule!r}")
+    if cfg.workers.link_bandwidth not in ("", "uncapped"):
+        from scaling.launch.minicluster import rate_bits_per_s
+
+        rate_bits_per_s(cfg.workers.link_bandwidth)  # refuses anything tc would not take
     require(cfg.workers.node_price_per_hour >= 0, f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}")
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")

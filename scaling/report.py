@@ -335,6 +335,13 @@ FIGURES = (  # file stem, heading, the one line that defines it
 )
 
 
+BANDWIDTH_FIGURE = (
+    "comm_vs_bandwidth", "Communication overhead against link bandwidth",
+    "Median A/B communication overhead per worker count at each link cap of the minicluster's nodes "
+    "(`workers.link_bandwidth`; tc token-bucket on each node's egress).",
+)
+
+
 def _figures(table, curves, spread, target) -> dict:
     from scaling.plots import figures as fg
 
@@ -400,7 +407,15 @@ def write_report(sweep_dir: str | os.PathLike, console=None) -> Path:
 
     out = sweep_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    for stem, fig in _figures(table, curves, spread, target).items():
+    figures = _figures(table, curves, spread, target)
+    listed = list(FIGURES)
+    bandwidth = st.bandwidth_series(table)
+    if not bandwidth.empty:  # a minicluster sweep over link caps
+        from scaling.plots.figures import comm_vs_bandwidth_figure
+
+        figures["comm_vs_bandwidth"] = comm_vs_bandwidth_figure(bandwidth)
+        listed.append(BANDWIDTH_FIGURE)
+    for stem, fig in figures.items():
         save(fig, out / stem)
 
     sections = [
@@ -418,7 +433,7 @@ def write_report(sweep_dir: str | os.PathLike, console=None) -> Path:
     if sweep.warnings:
         md += ["## Warnings", "", *[f"- {w}" for w in sweep.warnings], ""]
     md += ["## Figures", "", "Each figure is also written as SVG beside the PNG.", ""]
-    for stem, heading, definition in FIGURES:
+    for stem, heading, definition in listed:
         md += [f"### {heading}", "", f"![{heading}]({stem}.png)", "", definition, ""]
     md += ["## Tables", ""]
     for title, columns, frame in sections:

@@ -45,6 +45,9 @@ its runs with different seeds.
 - Utilisation, **medians** over the group's runs of the run's figure (docs/results.md):
   `mfu`, `achieved_flops_per_s` (per worker), `arithmetic_intensity`, and the device roofs
   `peak_flops_per_s` and `mem_bytes_per_s` they are taken against.
+- `link_bandwidth_bits_per_s`: the minicluster link cap the group's runs ran under (median;
+  NaN when uncapped). A sweep with the axis `workers.link_bandwidth` gives comm overhead
+  against bandwidth (`bandwidth_series`).
 - `batch_tradeoff`: per (global_batch, num_workers): epochs_to_target, throughput and TTA,
   the minibatch trade-off of DAWNBench (Coleman et al. 2017): a larger batch trains more
   samples per second but may need more epochs to reach the same accuracy.
@@ -70,6 +73,7 @@ _NUMERIC = (
     "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "exposed_comm_pct",
     "comm_overhead_pct", "node_price_per_hour",
     "mfu", "achieved_flops_per_s", "arithmetic_intensity", "peak_flops_per_s", "mem_bytes_per_s",
+    "link_bandwidth_bits_per_s",
 )
 
 
@@ -170,6 +174,8 @@ def _group_figures(group: pd.DataFrame) -> dict:
         "arithmetic_intensity": _col(ok, "arithmetic_intensity").median(),
         "peak_flops_per_s": _col(ok, "peak_flops_per_s").median(),
         "mem_bytes_per_s": _col(ok, "mem_bytes_per_s").median(),
+        # minicluster runs: each node's link cap (NaN = uncapped or not a minicluster run)
+        "link_bandwidth_bits_per_s": _col(ok, "link_bandwidth_bits_per_s").median(),
     }
     return {k: (float(v) if k not in ("n_runs", "n_failed", "n_ok", "n_reached") else int(v)) for k, v in out.items()}
 
@@ -275,3 +281,19 @@ def target_accuracy(runs: pd.DataFrame) -> float | None:
         return None
     values = pd.to_numeric(runs["target_accuracy"], errors="coerce").dropna()
     return float(values.mode().iloc[0]) if not values.empty else None
+
+
+def bandwidth_series(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a per_worker_count table that ran under different link caps (empty if only one).
+
+    Columns: num_workers, link_bandwidth (the cap as written: a tc rate or "uncapped"),
+    link_bandwidth_bits_per_s (NaN for uncapped), comm_overhead_pct, exposed_comm_pct,
+    time_per_epoch_s, step_s.
+    """
+    axis = "sweep.workers.link_bandwidth"
+    if axis not in table.columns or table[axis].nunique(dropna=True) < 2:
+        return pd.DataFrame()
+    columns = ["num_workers", axis, "link_bandwidth_bits_per_s", "comm_overhead_pct", "exposed_comm_pct",
+               "time_per_epoch_s", "step_s"]
+    out = table[[c for c in columns if c in table.columns]].rename(columns={axis: "link_bandwidth"})
+    return out.sort_values(["num_workers", "link_bandwidth_bits_per_s"], na_position="last").reset_index(drop=True)

@@ -9,10 +9,11 @@ Each node is a network namespace with its own IP on a private /24, joined to the
 veth pair whose host end sits on a Linux bridge; each node runs a real `ray start` (the head
 in node 0). The node end of every veth is named `lab0` in every namespace, so
 `GLOO_SOCKET_IFNAME=lab0` makes gloo bind to the node's own link wherever a worker runs.
-`--bandwidth` caps each node's link in both directions with a token bucket (`tc ... tbf`:
-netem is absent on these kernels): on the node end (what the node sends) and on the host end
-(what it receives). Traffic between two nodes therefore crosses two capped links, as between
-two machines behind one switch.
+`--bandwidth` caps what each node sends with a token bucket on its `lab0` (`tc ... tbf`:
+netem is absent on these kernels), so traffic between any two nodes runs at most at the cap
+in each direction, as between machines whose NICs run at that rate. A run can change the cap
+for itself (`workers.link_bandwidth`, e.g. as a sweep axis): the driver, inside the cluster,
+re-caps every node before the run (`set_bandwidth`); the summary records the cap in effect.
 
 `up` records everything it makes (namespaces, links, bridge, caps, process ids) in a state
 file under /run/scaling-minicluster/<name>/; `down` removes exactly that: it kills the
@@ -89,6 +90,7 @@ class MiniCluster:
             "RAY_AUTH_MODE": "disabled",  # a private bridge no other machine reaches
             "RAY_USAGE_STATS_ENABLED": "0",
             "GLOO_SOCKET_IFNAME": NODE_IFACE,
+            "SCALING_MINICLUSTER": self.name,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         }
 
@@ -245,10 +247,8 @@ def _build_network(cluster: MiniCluster) -> None:
         _in_ns(node.namespace, "ip", "route", "add", "default", "via", cluster.bridge_ip)
         _sh("ip", "link", "set", node.host_iface, "master", cluster.bridge)
         _sh("ip", "link", "set", node.host_iface, "up")
-        if cluster.bandwidth:
-            _cap(lambda *a: _in_ns(node.namespace, *a), NODE_IFACE, cluster.bandwidth)  # what the node sends
-            _cap(_sh, node.host_iface, cluster.bandwidth)  # what it receives
     _save(cluster)
+    set_bandwidth(cluster.bandwidth, cluster.name)
 
 
 def _start_ray(cluster: MiniCluster, log) -> None:
@@ -280,6 +280,31 @@ def _start_ray(cluster: MiniCluster, log) -> None:
         if time.time() > deadline:
             raise RuntimeError(f"only {alive} of {len(cluster.nodes)} Ray nodes joined within {START_TIMEOUT_S} s")
         time.sleep(1)
+
+
+def set_bandwidth(rate: str | None, name: str = "lab") -> MiniCluster:
+    """Cap every node's egress at `rate` (a tc rate), or remove the caps (None / "uncapped")."""
+    _require_root()
+    rate = None if rate in (None, "", "uncapped") else rate
+    if rate is not None:
+        rate_bits_per_s(rate)
+    cluster = load(name)
+    for node in cluster.nodes:
+        if rate is None:
+            _in_ns(node.namespace, "tc", "qdisc", "del", "dev", NODE_IFACE, "root", check=False)
+        else:
+            _cap(lambda *a, ns=node.namespace: _in_ns(ns, *a), NODE_IFACE, rate)
+    cluster.bandwidth = rate
+    _save(cluster)
+    return cluster
+
+
+def current(env: dict | None = None) -> MiniCluster | None:
+    """The minicluster this process runs inside (`exec` sets SCALING_MINICLUSTER), or None."""
+    name = (env if env is not None else os.environ).get("SCALING_MINICLUSTER")
+    if not name or not _state_path(name).exists():
+        return None
+    return load(name)
 
 
 def _namespace_pids(namespace: str) -> list[int]:

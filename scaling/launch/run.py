@@ -54,8 +54,23 @@ def check_run_dir(run_dir: Path) -> None:
         raise UsageError(f"output directory {run_dir} is not writable (at {parent}); choose another --out")
 
 
+def apply_link_bandwidth(cfg: ExperimentConfig) -> str | None:
+    """Set the minicluster's link cap the run asks for; returns the cap in effect (None: not in a minicluster)."""
+    from scaling.launch import minicluster
+
+    cluster = minicluster.current()
+    if cluster is None:
+        if cfg.workers.link_bandwidth:
+            raise UsageError("workers.link_bandwidth needs a minicluster: run through 'scaling minicluster exec -- ...'")
+        return None
+    if cfg.workers.link_bandwidth:
+        cluster = minicluster.set_bandwidth(cfg.workers.link_bandwidth, cluster.name)
+    return cluster.bandwidth or "uncapped"
+
+
 def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> dict:
     """Launch `cfg`, then write summary.json from the records, whatever happened."""
+    link_bandwidth = apply_link_bandwidth(cfg)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
@@ -73,13 +88,13 @@ def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> 
             run_local(cfg, run_dir)
     except KeyboardInterrupt:
         status, error = "failed", "interrupted"
-        _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start)
+        _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
         raise
     except Exception as exc:
         status = "failed"
         error = _one_line_error(exc)
         (run_dir / "error.txt").write_text(traceback.format_exc())
-    return _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start)
+    return _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
 
 
 def _one_line_error(exc: BaseException) -> str:
@@ -88,7 +103,7 @@ def _one_line_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()
 
 
-def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) -> dict:
+def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, link_bandwidth=None) -> dict:
     steps = merge_step_parts(run_dir)
     epochs = read_epochs(run_dir)
     profile_path = run_dir / "compute_profile.json"
@@ -124,6 +139,9 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) ->
         "step_timing": cfg.instrument.step_timing,
         **figures,
         "inject_comm_delay_s": cfg.instrument.inject_comm_delay_s,
+        # minicluster runs: each node's link cap during the run (a tc rate, or "uncapped")
+        "link_bandwidth": link_bandwidth,
+        "link_bandwidth_bits_per_s": _bits_per_s(link_bandwidth),
         "node_price_per_hour": cfg.workers.node_price_per_hour,
         "started_at": started_at.isoformat(timespec="seconds"),
         "run_wall_s": wall_s,
@@ -136,6 +154,14 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s) ->
 
         write_exports(run_dir, summary, epochs)
     return summary
+
+
+def _bits_per_s(rate: str | None) -> float | None:
+    if rate in (None, "uncapped"):
+        return None
+    from scaling.launch.minicluster import rate_bits_per_s
+
+    return rate_bits_per_s(rate)
 
 
 def _read_json(path: Path) -> dict:

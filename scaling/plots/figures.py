@@ -421,6 +421,34 @@ def roofline_figure(table: pd.DataFrame) -> Figure:
         return fig
 
 
+def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
+    """Comm overhead % against each node's link bandwidth, one line per worker count (bandwidth_series)."""
+    with mpl.rc_context(STYLE):
+        fig, (ax,) = _figure(1)
+        if series.empty:
+            _no_data(ax, "these runs did not vary the link bandwidth")
+            return fig
+        capped = series["link_bandwidth_bits_per_s"].dropna()
+        # Uncapped runs sit at a labelled position right of the fastest cap.
+        uncapped_x = (capped.max() if not capped.empty else 1e9) * 4
+        colours = _worker_colours(series["num_workers"])
+        for n, part in series.groupby("num_workers", sort=True):
+            xs = part["link_bandwidth_bits_per_s"].fillna(uncapped_x)
+            ax.plot(xs / 1e6, part["comm_overhead_pct"], marker="o", color=colours[int(n)], label=_workers_label(n))
+        ticks = sorted(set(capped)) + ([uncapped_x] if series["link_bandwidth_bits_per_s"].isna().any() else [])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator([t / 1e6 for t in ticks]))
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: "uncapped" if abs(x - uncapped_x / 1e6) < 1e-9 * uncapped_x else (f"{x / 1e3:g} Gbit/s" if x >= 1e3 else f"{x:g} Mbit/s")))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("link bandwidth per node (tc cap)")
+        ax.set_ylabel("comm overhead, A/B (% of step)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Communication overhead against link bandwidth")
+        _legend(fig, [ax], loc="upper right")
+        return fig
+
+
 def save(fig: Figure, path_without_suffix: Path | str) -> list[Path]:
     """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename)."""
     stem = Path(path_without_suffix)

@@ -1,0 +1,36 @@
+"""Scaling projection: the step time of synchronous data-parallel training (DDP) on a cluster
+the lab has not run on, from one worker's compute time, the model's gradient buckets and when
+backward makes them ready, and an alpha-beta model of the cluster's all-reduce.
+
+    from scaling.projection import run_projection
+    df = run_projection("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32")
+
+Pure Python: pandas, numpy, PyYAML (matplotlib for the figure); no torch or ray on import.
+
+- layers.py   layer tables (layers/*.json), DDP's bucket assignment, bucket ready fractions
+- cost.py     alpha-beta costs (ring, hierarchical), the overlapped bucket schedule, fit_alpha_beta
+- cluster.py  cluster presets (presets/*.yaml) and the per-device throughput table (devices.yaml)
+- compute.py  one worker's step (data, forward, backward, optimizer) from a run or a device
+- project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
+- figure.py   projection_figure, overlay_projection, save
+- cli.py      main(argv) / add_arguments / run_from_args: `scaling project ...`
+- make_layer_tables.py  regenerates layers/*.json (needs torch; never imported by the package)
+"""
+
+from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, load_cluster, preset_names
+from scaling.projection.cost import AlphaBeta, Link, allreduce_s, fit_alpha_beta, ring_allreduce_s, schedule_buckets
+from scaling.projection.layers import available_models, model_buckets
+from scaling.projection.project import project_cluster_from_alpha_beta, run_projection
+
+__all__ = [
+    "AlphaBeta", "Cluster", "Link", "allreduce_s", "available_models", "cluster_from_alpha_beta", "fit_alpha_beta",
+    "load_cluster", "main", "model_buckets", "preset_names", "project_cluster_from_alpha_beta", "ring_allreduce_s",
+    "run_projection", "schedule_buckets",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`scaling project ...` (see scaling/projection/cli.py)."""
+    from scaling.projection.cli import main as _main
+
+    return _main(argv)

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from scaling.errors import UsageError
-from scaling.projection.cost import ALGORITHMS, Link, ring_allreduce_s
+from scaling.projection.cost import ALGORITHMS, Link
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PRESET_DIR = PACKAGE_DIR / "presets"
@@ -178,7 +178,8 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
 def load_devices() -> dict:
     """devices.yaml, validated: {device: {memory_bandwidth_GBps, throughput: {model: {precision: {...}}}}}."""
     data = _read_yaml(DEVICES_FILE, "device table")
-    data = _check_keys(data, tuple(data) if isinstance(data, dict) else (), f"device table {DEVICES_FILE.name}")
+    if not isinstance(data, dict):
+        raise UsageError(f"device table {DEVICES_FILE}: expected a mapping of devices")
     for device, spec in data.items():
         where = f"device table, {device}"
         _check_keys(spec, DEVICE_KEYS, where)
@@ -209,12 +210,17 @@ def cluster_from_alpha_beta(alpha_s: float, beta_bytes_per_s: float, gpus_per_no
     One (alpha, bandwidth) for every link unless the inter-node pair is given separately;
     flat ring all-reduce (what a ring fitted over all ranks measured).
     """
+    where = "cluster_from_alpha_beta"
+    _number(alpha_s, "alpha_s", where, positive=False)
+    _number(beta_bytes_per_s, "beta_bytes_per_s (bandwidth, bytes/s)", where)
+    _number(gpus_per_node, "gpus_per_node", where, integer=True)
+    if inter_alpha_s is not None:
+        _number(inter_alpha_s, "inter_alpha_s", where, positive=False)
+    if inter_bytes_per_s is not None:
+        _number(inter_bytes_per_s, "inter_bytes_per_s", where)
     intra = Link(float(beta_bytes_per_s), float(alpha_s), "fitted")
     inter = Link(float(inter_bytes_per_s or beta_bytes_per_s),
                  float(alpha_s if inter_alpha_s is None else inter_alpha_s), "fitted")
-    for value, what in ((alpha_s, "alpha_s"), (beta_bytes_per_s, "beta_bytes_per_s")):
-        if not (isinstance(value, (int, float)) and value >= 0) or (what != "alpha_s" and not value > 0):
-            raise UsageError(f"cluster_from_alpha_beta: {what} must be a positive number, got {value!r}")
     return Cluster(name=name, gpus_per_node=int(gpus_per_node), intra_node=intra, inter_node=inter,
                    allreduce="ring", device=device, source=name)
 
@@ -225,11 +231,3 @@ def describe_link(link: Link | None, nodes_label: str) -> str:
     label = f" ({link.name})" if link.name else ""
     return f"{nodes_label}{label}: {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s effective, {link.latency_s * 1e6:.3g} us"
 
-
-def example_cost_line(cluster: Cluster, nbytes: float) -> str:
-    """One line: what a single all-reduce of `nbytes` costs inside one node (for the printed notes)."""
-    if cluster.intra_node is None or cluster.gpus_per_node < 2:
-        return ""
-    t = ring_allreduce_s(nbytes, cluster.gpus_per_node, cluster.intra_node.latency_s,
-                         cluster.intra_node.bandwidth_bytes_per_s)
-    return f"{nbytes / 1e6:.1f} MB all-reduce over {cluster.gpus_per_node} GPUs of one node: {t * 1e3:.2f} ms"

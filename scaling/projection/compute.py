@@ -55,6 +55,8 @@ class StepCompute:
     measured_num_buckets: float | None = None  # median num_buckets of a run's steps (multi-worker runs)
     epochs_to_target: float | None = None
     global_batch: int | None = None
+    bucket_cap_mb: float | None = None  # a run's instrument.ddp_bucket_cap_mb (given explicitly to DDP)
+    grad_compression: str | None = None  # a run's instrument.grad_compression
 
     @property
     def step_s(self) -> float:
@@ -180,6 +182,9 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
             if not train.empty:
                 num_buckets = float(train["num_buckets"].median())
     measured = _measured_buckets(run_dir, backward) if backward > 0 else None
+    instrument = _run_config(run_dir).get("instrument") or {}
+    cap = instrument.get("ddp_bucket_cap_mb")
+    compression = instrument.get("grad_compression")
     return StepCompute(
         data_s=float(summary["data_s"]), forward_s=float(summary["forward_s"]), backward_s=backward,
         optimizer_s=float(summary["optimizer_s"]), per_worker_batch=int(summary["per_worker_batch"]),
@@ -190,7 +195,20 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
         measured_num_buckets=num_buckets,
         epochs_to_target=summary.get("epochs_to_target"),
         global_batch=summary.get("global_batch"),
+        bucket_cap_mb=float(cap) if _finite(cap) and cap > 0 else None,
+        grad_compression=compression if compression in ("none", "fp16", "bf16") else None,
     )
+
+
+def _run_config(run_dir: Path) -> dict:
+    """The run's resolved config.yaml (empty if absent or unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def run_model(run_dir: str | Path) -> str | None:

@@ -20,8 +20,13 @@ DDP's buckets (torch.nn.parallel.DistributedDataParallel, torch 2.x; checked aga
   whose master weights and gradients stay fp32); a compression hook (fp16/bf16) halves the
   bytes on the wire but not the bucketing.
 
-For ResNet-50 this gives 5 buckets: 8,196,000 / 31,502,336 / 28,356,608 / 26,288,128 /
-7,885,056 bytes, exactly what DDP reports after its rebuild (held by tests/test_projection.py).
+- A `bucket_cap_mb` given explicitly (the lab always passes `instrument.ddp_bucket_cap_mb`,
+  25.0 by default) sets the first bucket's cap to the same value: no 1 MiB first bucket.
+
+For ResNet-50 this gives 5 buckets with DDP's defaults, 8,196,000 / 31,502,336 / 28,356,608 /
+26,288,128 / 7,885,056 bytes, and 4 with bucket_cap_mb=25 given, 30,257,056 / 27,291,648 /
+27,330,560 / 17,348,864: exactly what DDP reports after its rebuild (held by
+tests/test_projection.py against the sizes make_layer_tables.py recorded from DDP).
 
 Ready time (estimate): backward runs the layers in the table's order, each taking time in
 proportion to its backward FLOPs; a bucket is ready when backward has processed all its

@@ -21,8 +21,9 @@ leaf module that owns parameters, in the order backward makes their gradients re
 The gradient-ready order is *measured*: a one-rank gloo DDP on CPU runs three steps, DDP
 rebuilds its buckets in the order the gradients arrived, and `_get_ddp_logging_data()`
 reports that order (`rebuilt_per_bucket_param_indices`) and the rebuilt bucket sizes
-(`rebuilt_bucket_sizes`, stored as `ddp_bucket_bytes` for the tests to hold the pure-Python
-bucketing to). Gradient order does not depend on the input size, so the DDP probe runs at a
+(`rebuilt_bucket_sizes`, stored as `ddp_bucket_bytes`, and as `ddp_bucket_bytes_cap_25` for
+`bucket_cap_mb=25` given explicitly, as the lab does, which drops the 1 MiB first bucket) for
+the tests to hold the pure-Python bucketing to. Gradient order does not depend on the input size, so the DDP probe runs at a
 small input (`probe_size`) to be quick on a CPU.
 """
 
@@ -85,7 +86,7 @@ def _module_flops(model: nn.Module, side: int, num_classes: int) -> tuple[dict, 
     return counts, needs_grad, fwd.get_total_flops() / _BATCH, bwd.get_total_flops() / _BATCH
 
 
-def _ddp_ready_order(model: nn.Module, side: int, num_classes: int) -> tuple[list[int], list[int]]:
+def _ddp_ready_order(model: nn.Module, side: int, num_classes: int, **ddp_kwargs) -> tuple[list[int], list[int]]:
     """Parameter indices in the order DDP saw their gradients become ready; rebuilt bucket bytes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,7 +94,7 @@ def _ddp_ready_order(model: nn.Module, side: int, num_classes: int) -> tuple[lis
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
         for _ in range(3):
             images = torch.randn(_BATCH, 3, side, side)
             labels = torch.randint(0, num_classes, (_BATCH,))
@@ -116,6 +117,9 @@ def make_table(name: str) -> dict:
         for p_name, _ in module.named_parameters(recurse=False):
             owner[f"{mod_name}.{p_name}" if mod_name else p_name] = mod_name
     order, ddp_sizes = _ddp_ready_order(model, probe_side, num_classes)
+    # the lab passes bucket_cap_mb explicitly (instrument.ddp_bucket_cap_mb), which drops DDP's 1 MiB first bucket
+    order_25, ddp_sizes_25 = _ddp_ready_order(model, probe_side, num_classes, bucket_cap_mb=25.0)
+    assert order_25 == order, f"{name}: gradient order differs between the two DDP probes"
     assert sorted(order) == list(range(len(params))), "DDP's order must hold every parameter once"
 
     flops, needs_grad, fwd_total, bwd_total = _module_flops(build_model(name, num_classes), side, num_classes)
@@ -155,6 +159,7 @@ def make_table(name: str) -> dict:
         "forward_flops_per_sample": fwd_total,
         "backward_flops_per_sample": bwd_total,
         "ddp_bucket_bytes": ddp_sizes,
+        "ddp_bucket_bytes_cap_25": ddp_sizes_25,
         "generated_by": (f"python -m scaling.projection.make_layer_tables {name} "
                          f"(torch {torch.__version__}); layers in DDP's measured gradient-ready order"),
         "layers": layers,

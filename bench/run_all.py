@@ -1,0 +1,59 @@
+"""Run every benchmark in bench/, one after the other, then write the summary table.
+
+    .venv/bin/python bench/run_all.py            # full: results in bench/results/ (about 14 min here)
+    .venv/bin/python bench/run_all.py --quick    # few minutes: results in bench/results/quick/
+    .venv/bin/python bench/run_all.py --only allreduce,analysis_speed
+
+(`make bench` and `make bench QUICK=1` call this.) Each benchmark is its own process, so one
+cannot disturb the next through leftover threads or memory; a benchmark that fails is reported
+and the others still run; the exit status is 1 if any failed. Last, bench/summarize.py renders
+the results into bench/results/README.md (quick: bench/results/quick/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+# Shortest first: a broken set-up shows within a minute.
+BENCHMARKS = ("allreduce", "analysis_speed", "instrumentation_overhead", "ray_overhead", "cpu_scaling")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the few-minute variant of every benchmark")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark {unknown[0]!r}; valid: {', '.join(BENCHMARKS)}")
+
+    started = time.perf_counter()
+    durations, failed = {}, []
+    for name in names:
+        command = [sys.executable, str(BENCH / f"{name}.py"), *(["--quick"] if args.quick else [])]
+        print(f"=== {name}{' (quick)' if args.quick else ''}", flush=True)
+        t0 = time.perf_counter()
+        code = subprocess.call(command, cwd=REPO)
+        durations[name] = time.perf_counter() - t0
+        print(f"=== {name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {durations[name]:.0f} s", flush=True)
+        if code != 0:
+            failed.append(name)
+
+    subprocess.call([sys.executable, str(BENCH / "summarize.py"), *(["--quick"] if args.quick else [])], cwd=REPO)
+    total = time.perf_counter() - started
+    print("=== durations: " + ", ".join(f"{n} {s:.0f} s" for n, s in durations.items()) + f"; total {total:.0f} s")
+    if failed:
+        print(f"=== failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The projection's figure: speedup and communication overhead against workers.
+
+    fig = projection_figure(df); save(fig, "proj")      # proj.png (200 dpi) + proj.svg
+
+Built with matplotlib's object API (no pyplot, no global backend), in the style of
+scaling/plots/figures.py (its `save`, rc STYLE, grid and ideal line). `overlay_projection`
+draws a projection onto an existing speedup axes (the report's measured speedup), rebased to
+that figure's baseline worker count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib as mpl
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+from scaling.plots.figures import GRID, IDEAL, STYLE
+from scaling.plots.figures import save as _save
+
+# Okabe-Ito, as scaling/plots/figures.py: throughput orange, TTA green, exposed communication vermillion
+THROUGHPUT = dict(color="#E69F00", linestyle="-", linewidth=2.0, marker="s", markersize=5)
+TTA = dict(color="#009E73", linestyle="-", linewidth=1.6, marker="^", markersize=6)
+COMM = dict(color="#D55E00", linestyle="-", linewidth=1.8, marker="o", markersize=5)
+OVERLAY = dict(color="#555555", linestyle=":", linewidth=1.6, marker="x", markersize=5)
+
+
+def _style(ax) -> None:
+    ax.grid(True, **GRID)
+    ax.set_axisbelow(True)
+    ax.tick_params(labelsize=8, direction="out", length=3)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _workers_axis(ax, counts) -> None:
+    counts = sorted({int(c) for c in counts})
+    if counts and max(counts) / min(counts) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(counts))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{int(round(x))}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("GPUs (data-parallel workers)")
+
+
+def projection_title(df: pd.DataFrame) -> str:
+    a = df.attrs
+    if not a:
+        return "Projected scaling"
+    return (f"Projected: {a.get('model')} on {a.get('cluster')} ({a.get('allreduce')} all-reduce), "
+            f"{a.get('precision')}, batch {a.get('per_gpu_batch')}/GPU")
+
+
+def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
+    """Left: throughput (and TTA) speedup over 1 GPU with the ideal line; right: comm overhead %."""
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(8.0, 3.8), layout="constrained")
+        left, right = fig.subplots(1, 2)
+        for ax in (left, right):
+            _style(ax)
+        df = df.sort_values("num_workers")
+        n = df["num_workers"].to_numpy(dtype=float)
+        left.plot(n, n, label="ideal (linear)", zorder=1, **IDEAL)
+        left.plot(n, df["speedup_throughput"], label="throughput (efficiency %)", zorder=3, **THROUGHPUT)
+        for x, y, e in zip(n, df["speedup_throughput"], df["efficiency_throughput"]):
+            if x > 1:
+                left.annotate(f"{100 * e:.0f}%", (x, y), xytext=(4, -10), textcoords="offset points", fontsize=7,
+                              color=THROUGHPUT["color"])
+        if "speedup_tta" in df.columns and df["speedup_tta"].notna().any():
+            left.plot(n, df["speedup_tta"], label="TTA", zorder=3, **TTA)
+            extrapolated = df[df["epochs_extrapolated"]]
+            if not extrapolated.empty:
+                left.scatter(extrapolated["num_workers"], extrapolated["speedup_tta"], s=70, facecolors="none",
+                             edgecolors=TTA["color"], linewidths=1.0, label="TTA (epochs extrapolated)", zorder=4)
+        if n.max() / n.min() >= 8:
+            left.set_yscale("log", base=2)
+            left.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        else:
+            left.set_ylim(bottom=0)
+        _workers_axis(left, n)
+        left.set_ylabel("speedup over 1 GPU (×)")
+        left.set_title("Speedup", fontsize=9)
+        left.legend(loc="upper left")
+
+        right.plot(n, df["comm_overhead_pct"], label="exposed communication (% of step)", **COMM)
+        right.set_ylim(0, max(5.0, float(df["comm_overhead_pct"].max()) * 1.15))
+        right.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}%"))
+        _workers_axis(right, n)
+        right.set_ylabel("communication overhead")
+        right.set_title("Communication overhead", fontsize=9)
+        right.legend(loc="upper left")
+        fig.suptitle(title or projection_title(df), fontweight="bold", fontsize=10)
+    return fig
+
+
+def overlay_projection(ax, df: pd.DataFrame, base_workers: int = 1, metric: str = "throughput",
+                       label: str = "projected") -> None:
+    """Draw the projection's `speedup_<metric>` on `ax`, rebased to `base_workers` (must be a row)."""
+    column = f"speedup_{metric}"
+    base = df.loc[df["num_workers"] == base_workers, column]
+    if base.empty:
+        raise ValueError(f"the projection has no {base_workers}-worker row to rebase on")
+    df = df.sort_values("num_workers")
+    ax.plot(df["num_workers"], df[column] / float(base.iloc[0]), label=label, zorder=2, **OVERLAY)
+
+
+def save(fig: Figure, path: str | Path) -> list[Path]:
+    """`<path>.png` and `<path>.svg` (a .png/.svg suffix on `path` is dropped), atomically."""
+    path = Path(path)
+    if path.suffix.lower() in (".png", ".svg"):
+        path = path.with_suffix("")
+    return _save(fig, path)

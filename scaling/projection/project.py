@@ -1,0 +1,323 @@
+"""Project synchronous data-parallel training (DDP) to more GPUs and nodes: step time,
+time per epoch, throughput, speedup, communication overhead, scaling efficiency, and TTA.
+
+    df = run_projection("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32")
+
+The model, per worker count (weak scaling: the per-GPU batch is fixed, the global batch grows):
+
+    step_s = data_s + forward_s + backward_compute_s + exposed_comm_s + optimizer_s
+
+- data, forward, backward compute, optimizer: one worker's, the same at every worker count
+  (scaling/projection/compute.py: from a run or a published throughput).
+- exposed_comm_s: the DDP buckets (scaling/projection/layers.py) become ready during backward
+  and are all-reduced in order, one at a time, each at max(its ready time, the previous
+  bucket's finish), costed with the alpha-beta model of the cluster's algorithm
+  (scaling/projection/cost.py); exposed = finish of the last bucket - end of backward compute,
+  >= 0. At one worker there is no all-reduce: exposed = 0.
+- comm_overhead_pct = 100 x exposed_comm_s / step_s. The lab measures (t_sync - t_no_sync) /
+  t_sync (scaling/analysis/run_metrics.py); in this model t_sync - t_no_sync is the exposed
+  communication (hidden communication costs nothing), so the two coincide: exposed_comm_pct
+  and comm_overhead_pct are the same number here.
+- allreduce_s: time with an all-reduce in flight (the sum of the bucket costs: they run one at
+  a time), the lab's `allreduce_s`.
+- throughput_samples_per_s = num_workers x per-GPU batch / step_s;
+  speedup_throughput = throughput(N) / throughput(1 GPU); efficiency_throughput = speedup / N.
+- steps_per_epoch = floor(samples per epoch / global batch) (DistributedSampler with
+  drop_last, as the lab); time_per_epoch_s = steps_per_epoch x step_s;
+  speedup_time_per_epoch = time_per_epoch(1) / time_per_epoch(N).
+- TTA (only with an epochs-to-target table {global batch: epochs}, measured at smaller scale):
+  epochs_to_target at a row's global batch is interpolated linearly in log2(global batch)
+  between measured points and, outside them, extrapolated along the last two points' slope
+  (held constant with one point), never below the fewest measured epochs;
+  tta_s = epochs_to_target x time_per_epoch_s; speedup_tta = tta(1) / tta(N). Rows beyond the
+  measured batches carry epochs_extrapolated = True: large-batch training can need many more
+  epochs (or fail to reach the target) beyond what was measured.
+
+Column names follow the lab's (docs/results.md, scaling/analysis/scaling_tables.py), so a
+projection can be drawn over a sweep's measured table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from scaling.errors import UsageError
+from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, describe_link, load_cluster, normalize_precision
+from scaling.projection.compute import StepCompute, compute_from_device, compute_from_run, run_model
+from scaling.projection.cost import allreduce_s, simulate
+from scaling.projection.layers import (
+    BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, load_layer_table, model_buckets,
+)
+
+COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
+TTA_CAVEAT = ("TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
+              "may need many more epochs, or not reach the target at all, beyond what was measured")
+COLUMNS = (
+    "num_nodes", "workers_per_node", "num_workers", "per_worker_batch", "global_batch",
+    "data_s", "forward_s", "backward_compute_s", "backward_s", "optimizer_s", "step_s",
+    "allreduce_s", "exposed_comm_s", "exposed_comm_pct", "comm_overhead_pct",
+    "throughput_samples_per_s", "speedup_throughput", "efficiency_throughput",
+    "steps_per_epoch", "time_per_epoch_s", "speedup_time_per_epoch",
+    "num_buckets", "grad_bytes", "allreduce_algorithm",
+)
+TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
+
+
+def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
+    """'1,2,4' or [1, 2, 4] -> [1, 2, 4]: positive integers, no repeats; UsageError otherwise."""
+    if isinstance(text, str):
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise UsageError(f"{what} must be comma-separated positive integers, e.g. 1,2,4, got {text!r}") from None
+    else:
+        values = list(text)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise UsageError(f"{what} must be positive integers, got {values!r}")
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{what} must be positive integers, e.g. 1,2,4, got {text!r}")
+    if len(set(values)) != len(values):
+        raise UsageError(f"{what} repeats a value: {text!r}")
+    return sorted(values)
+
+
+def parse_epochs_table(text: str | Mapping | None) -> dict[int, float] | None:
+    """'256:3,512:4' or {256: 3, 512: 4} -> {global batch: epochs to target}."""
+    if text is None:
+        return None
+    if isinstance(text, Mapping):
+        items = list(text.items())
+    else:
+        items = []
+        for part in str(text).split(","):
+            batch, sep, epochs = part.partition(":")
+            if not sep:
+                raise UsageError(f"--epochs-to-target takes GLOBAL_BATCH:EPOCHS pairs, e.g. 256:30,1024:32, got {text!r}")
+            items.append((batch.strip(), epochs.strip()))
+    table = {}
+    for batch, epochs in items:
+        try:
+            b, e = int(batch), float(epochs)
+        except (TypeError, ValueError):
+            raise UsageError(f"epochs-to-target: {batch!r}:{epochs!r} is not GLOBAL_BATCH:EPOCHS") from None
+        if b < 1 or not (e > 0 and math.isfinite(e)):
+            raise UsageError(f"epochs-to-target: batch must be >= 1 and epochs > 0, got {batch}:{epochs}")
+        table[b] = e
+    if not table:
+        raise UsageError("epochs-to-target: empty table")
+    return table
+
+
+def epochs_at(table: Mapping[int, float], global_batch: int) -> tuple[float, bool]:
+    """(epochs to target at `global_batch`, whether it was extrapolated); rule in the module docstring."""
+    points = sorted((math.log2(b), e) for b, e in table.items())
+    x = math.log2(global_batch)
+    floor = min(e for _, e in points)
+    if len(points) == 1:
+        return points[0][1], global_batch != 2 ** points[0][0]
+    if points[0][0] <= x <= points[-1][0]:
+        for (x0, e0), (x1, e1) in zip(points, points[1:]):
+            if x0 <= x <= x1:
+                return (e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e0), False
+    (x0, e0), (x1, e1) = (points[-2], points[-1]) if x > points[-1][0] else (points[0], points[1])
+    return max(floor, e0 + (e1 - e0) * (x - x0) / (x1 - x0)), True
+
+
+def placements(nodes: Sequence[int] | None, workers: Sequence[int] | None, gpus_per_node: int) -> list[tuple[int, int]]:
+    """(nodes, GPUs per node) per row: the 1-GPU baseline first, then full nodes or given worker counts."""
+    points = {(1, 1)}
+    if workers is not None:
+        for w in parse_int_list(workers, "workers"):
+            if w <= gpus_per_node:
+                points.add((1, w))
+            elif w % gpus_per_node == 0:
+                points.add((w // gpus_per_node, gpus_per_node))
+            else:
+                raise UsageError(f"{w} workers do not fill whole nodes of {gpus_per_node} GPUs")
+    if nodes is not None:
+        for n in parse_int_list(nodes, "nodes"):
+            points.add((n, gpus_per_node))
+    if workers is None and nodes is None:
+        raise UsageError("give the node counts (nodes) or worker counts (workers) to project")
+    return sorted(points, key=lambda p: (p[0] * p[1], p[0]))
+
+
+def _resolve_compute(model: str, cluster: Cluster, per_gpu_batch: int | None, precision: str | None,
+                     from_run, samples_per_s: float | None) -> tuple[StepCompute, list[str]]:
+    notes = []
+    if from_run is not None:
+        trained = run_model(from_run)
+        if trained is not None and trained != model:
+            raise UsageError(f"--from-run {from_run} trained {trained}, not {model}; drop --model or give a {model} run")
+        compute = compute_from_run(from_run)
+        if precision is not None and normalize_precision(precision) != compute.precision:
+            raise UsageError(f"--from-run {from_run} ran at {compute.precision}; --precision {precision} "
+                             f"would need another run")
+        compute = compute.at_batch(per_gpu_batch)
+        notes.append(f"compute: {compute.source}; the cluster's links carry its gradients")
+    else:
+        compute = compute_from_device(cluster.device, model, precision or "fp32", per_gpu_batch or 64, samples_per_s)
+        notes.append(f"compute: {compute.source}; split forward:backward by FLOPs, optimizer memory-bound, data 0")
+    return compute, notes
+
+
+def run_projection(
+    model: str,
+    cluster: str | Path | Cluster,
+    nodes: Sequence[int] | str | None = None,
+    per_gpu_batch: int | None = None,
+    precision: str | None = None,
+    from_run: str | Path | None = None,
+    *,
+    workers: Sequence[int] | str | None = None,
+    samples_per_s: float | None = None,
+    dataset_size: int | None = None,
+    epochs_to_target: Mapping[int, float] | str | None = None,
+    allreduce: str | None = None,
+    grad_compression: str | None = None,
+    bucket_cap_mb: float | None = None,
+) -> pd.DataFrame:
+    """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
+
+    model: a name with a layer table (`scaling.projection.layers.available_models()`).
+    cluster: a preset name, a cluster YAML path, or a `Cluster`.
+    nodes: node counts (all GPUs of each node used); workers: worker counts instead (a count
+    up to a node's GPUs stays in one node). per_gpu_batch: default the run's, else 64.
+    precision: fp32 | amp (= fp16) | fp16 | bf16 (default the run's, else fp32).
+    from_run: a run directory whose one-worker step times are the compute (else the cluster
+    device's published throughput, or `samples_per_s`). dataset_size: samples per epoch
+    (default the run's, else the model's usual dataset). epochs_to_target: {global batch:
+    epochs} measured at smaller scale, for TTA. allreduce: ring | hierarchical (default the
+    cluster's). grad_compression: none | fp16 | bf16 (DDP's compression hooks: 2 bytes per
+    gradient element on the wire; default the run's, else none). bucket_cap_mb: given to DDP
+    explicitly (first bucket = the same cap), default the run's `instrument.ddp_bucket_cap_mb`,
+    else DDP's own default (no argument: 25 MiB, first bucket 1 MiB). The lab always passes it
+    (25.0 by default), so projections from its runs have no 1 MiB first bucket.
+
+    `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
+    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
+    """
+    table = load_layer_table(model)
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    cluster = cluster.with_algorithm(allreduce)
+    if grad_compression is not None and grad_compression not in COMPRESSION_BYTES:
+        raise UsageError(f"grad_compression must be one of {', '.join(COMPRESSION_BYTES)}, got {grad_compression!r}")
+    rows_at = placements(nodes, workers, cluster.gpus_per_node)
+    if any(n > 1 for n, _ in rows_at) and cluster.inter_node is None:
+        raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
+    compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s)
+    b = compute.per_worker_batch
+    if grad_compression is None:
+        grad_compression = compute.grad_compression or "none"
+    cap_from_run = bucket_cap_mb is None and compute.bucket_cap_mb is not None
+    if cap_from_run:
+        bucket_cap_mb = compute.bucket_cap_mb
+
+    if bucket_cap_mb is None:
+        buckets = model_buckets(table)
+        bucket_note = f"DDP defaults: {DEFAULT_BUCKET_CAP_MB} MiB buckets, first {DEFAULT_FIRST_BUCKET_BYTES // 2**20} MiB"
+    else:
+        if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
+            raise UsageError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
+        buckets = model_buckets(table, bucket_cap_mb=bucket_cap_mb, first_bucket_bytes=None)
+        bucket_note = (f"bucket_cap_mb={bucket_cap_mb:g}{' (the run config)' if cap_from_run else ''}, "
+                       f"given explicitly: DDP then has no 1 MiB first bucket")
+    elements = [bk.elements for bk in buckets]
+    fractions = [bk.ready_fraction for bk in buckets]
+    schedule_source = "estimated from layer FLOPs (backward in DDP's gradient order, time proportional to FLOPs)"
+    if compute.measured_ready_fractions is not None:
+        fractions = list(compute.measured_ready_fractions)
+        elements = [nb // BYTES_PER_GRAD_ELEMENT for nb in compute.measured_bucket_bytes]
+        schedule_source = "measured (the run's buckets.parquet: median ready time per bucket)"
+    elif from_run is not None:
+        schedule_source += "; the run has no per-bucket records (steps.parquet holds num_buckets only)"
+    if compute.measured_num_buckets is not None and round(compute.measured_num_buckets) != len(elements):
+        notes.append(f"note: the run all-reduced {compute.measured_num_buckets:g} buckets per step, "
+                     f"the estimate has {len(elements)}")
+    wire = COMPRESSION_BYTES[grad_compression]
+    wire_bytes = [e * wire for e in elements]
+    notes.append(f"buckets: {len(elements)} ({bucket_note}); {sum(wire_bytes) / 1e6:.1f} MB of gradients per step "
+                 f"on the wire ({'fp32' if grad_compression == 'none' else grad_compression}); "
+                 f"ready times {schedule_source}")
+    notes.append(f"cluster {cluster.name}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
+                 + describe_link(cluster.intra_node, "intra-node") + "; " + describe_link(cluster.inter_node, "inter-node"))
+
+    samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
+    if not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
+        raise UsageError(f"dataset size must be a positive integer, got {samples_per_epoch!r}")
+    source = ("given" if dataset_size else "the run's epochs" if compute.samples_per_epoch
+              else f"{table['dataset']}, the usual dataset of {model}")
+    notes.append(f"epoch: {samples_per_epoch:,} samples ({source})")
+
+    rows = []
+    for n_nodes, per_node in rows_at:
+        n = n_nodes * per_node
+
+        def cost(nbytes, n_nodes=n_nodes, per_node=per_node):
+            return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce)
+
+        ready = [f * compute.backward_s for f in fractions]
+        sched = simulate(wire_bytes, ready, compute.backward_s, cost) if n > 1 else None
+        exposed = sched.exposed_s if sched else 0.0
+        busy = sched.busy_s if sched else 0.0
+        step = compute.step_s + exposed
+        throughput = n * b / step
+        steps_per_epoch = samples_per_epoch // (n * b)
+        rows.append({
+            "num_nodes": n_nodes, "workers_per_node": per_node, "num_workers": n, "per_worker_batch": b,
+            "global_batch": n * b, "data_s": compute.data_s, "forward_s": compute.forward_s,
+            "backward_compute_s": compute.backward_s, "backward_s": compute.backward_s + exposed,
+            "optimizer_s": compute.optimizer_s, "step_s": step, "allreduce_s": busy, "exposed_comm_s": exposed,
+            "exposed_comm_pct": 100 * exposed / step, "comm_overhead_pct": 100 * exposed / step,
+            "throughput_samples_per_s": throughput, "steps_per_epoch": steps_per_epoch,
+            "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,
+            "num_buckets": len(wire_bytes) if n > 1 else 0, "grad_bytes": sum(wire_bytes) if n > 1 else 0,
+            "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring",
+        })
+    df = pd.DataFrame(rows)
+    base = df.iloc[0]
+    df["speedup_throughput"] = df["throughput_samples_per_s"] / base["throughput_samples_per_s"]
+    df["efficiency_throughput"] = df["speedup_throughput"] / df["num_workers"]
+    df["speedup_time_per_epoch"] = base["time_per_epoch_s"] / df["time_per_epoch_s"]
+    if (df["steps_per_epoch"] == 0).any():
+        notes.append(f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
+                     f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)")
+    columns = list(COLUMNS)
+    caveats = []
+    table_e = parse_epochs_table(epochs_to_target)
+    if table_e is not None:
+        at = [epochs_at(table_e, int(g)) for g in df["global_batch"]]
+        df["epochs_to_target"] = [e for e, _ in at]
+        df["epochs_extrapolated"] = [x for _, x in at]
+        df["tta_s"] = df["epochs_to_target"] * df["time_per_epoch_s"]
+        df["speedup_tta"] = df["tta_s"].iloc[0] / df["tta_s"]
+        columns += TTA_COLUMNS
+        measured = ", ".join(f"{bb}: {e:g}" for bb, e in sorted(table_e.items()))
+        notes.append(f"epochs to target measured at global batch {{{measured}}}")
+        if df["epochs_extrapolated"].any():
+            caveats.append(TTA_CAVEAT)
+    df = df[columns]
+    df.attrs.update(model=model, cluster=cluster.name, precision=compute.precision, per_gpu_batch=b,
+                    allreduce=cluster.allreduce, notes=notes, caveats=caveats, schedule=schedule_source)
+    return df
+
+
+def project_cluster_from_alpha_beta(
+    alpha_s: float, beta_bytes_per_s: float, nodes: Sequence[int] | str, gpus_per_node: int,
+    model: str = "resnet50", per_gpu_batch: int | None = None, precision: str | None = None,
+    from_run: str | Path | None = None, device: str | None = None, **kwargs,
+) -> pd.DataFrame:
+    """`run_projection` on a cluster whose every link is a fitted alpha (s) and bandwidth
+    (bytes/s), e.g. `fit_alpha_beta(...)` on the lab's all-reduce benchmark, flat ring.
+
+    The compute comes from `from_run`, `samples_per_s=` (in kwargs), or `device`'s published
+    throughput (a devices.yaml key, e.g. "V100 SXM2 16GB").
+    """
+    cluster = cluster_from_alpha_beta(alpha_s, beta_bytes_per_s, gpus_per_node=gpus_per_node, device=device)
+    return run_projection(model, cluster, nodes, per_gpu_batch, precision, from_run, **kwargs)

@@ -1,0 +1,399 @@
+"""The scaling projection (scaling/projection/): alpha-beta arithmetic on hand-computed cases, DDP's
+bucketing against what DDP itself reported, presets and their validation, the alpha-beta fit,
+run_projection's table, the command line, and that the package imports neither torch nor ray."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from scaling.errors import UsageError
+from scaling.projection import (
+    Cluster, Link, allreduce_s, fit_alpha_beta, load_cluster, main, preset_names, project_cluster_from_alpha_beta,
+    ring_allreduce_s, run_projection, schedule_buckets,
+)
+from scaling.projection.cluster import device_throughput, parse_cluster
+from scaling.projection.cost import reduce_scatter_s
+from scaling.projection.layers import MIB, assign_buckets, available_models, load_layer_table, model_buckets, tensor_schedule
+from scaling.projection.project import COLUMNS, TTA_CAVEAT, epochs_at, parse_int_list
+
+# ---------------------------------------------------------------------------- alpha-beta arithmetic
+
+
+def test_ring_formula_by_hand():
+    # 2(n-1) alpha + 2(n-1)/n S/B with S = 100 MB, n = 4, alpha = 10 us, B = 10 GB/s
+    assert ring_allreduce_s(1e8, 4, 1e-5, 1e10) == pytest.approx(6e-5 + 1.5 * 1e8 / 1e10)
+    assert ring_allreduce_s(1e8, 1, 1e-5, 1e10) == 0.0
+    assert reduce_scatter_s(1e8, 4, 1e-5, 1e10) == pytest.approx(3e-5 + 0.75 * 1e8 / 1e10)
+
+
+def test_single_bucket():
+    # one bucket, ready when backward ends (0.1 s), costing 0.05 s: all of it is exposed
+    sched = schedule_buckets([0.1], [0.05], backward_s=0.1)
+    assert sched.start_s == (0.1,) and sched.finish_s == pytest.approx((0.15,))
+    assert sched.exposed_s == pytest.approx(0.05) and sched.busy_s == pytest.approx(0.05)
+
+
+def test_perfect_overlap_exposes_nothing():
+    # buckets ready at 0 and 20 ms, 10 ms each: done at 30 ms, long before backward ends at 100 ms
+    sched = schedule_buckets([0.0, 0.02], [0.01, 0.01], backward_s=0.1)
+    assert sched.finish_s == pytest.approx((0.01, 0.03))
+    assert sched.exposed_s == 0.0
+
+
+def test_no_overlap_exposes_the_sum():
+    # every bucket ready at the end of backward: they queue, and the step waits for all of them
+    costs = [0.01, 0.02, 0.03]
+    sched = schedule_buckets([0.1, 0.1, 0.1], costs, backward_s=0.1)
+    assert sched.exposed_s == pytest.approx(sum(costs))
+
+
+def test_a_bucket_waits_for_the_previous_one():
+    # bucket 1 is ready at 10 ms but starts when bucket 0 finishes at 50 ms: 50 -> 60 ms, 20 ms exposed
+    sched = schedule_buckets([0.0, 0.01], [0.05, 0.01], backward_s=0.04)
+    assert sched.start_s == pytest.approx((0.0, 0.05))
+    assert sched.exposed_s == pytest.approx(0.02)
+
+
+def test_hierarchical_vs_flat_two_nodes_by_hand():
+    # 2 nodes x 2 GPUs, S = 1 MB; NVLink-ish 1 us / 10 GB/s inside, 10 us / 1 GB/s between nodes
+    intra, inter, S = Link(1e10, 1e-6), Link(1e9, 1e-5), 1e6
+    # flat ring over n = 4, paced by the inter-node link: 2*3*10us + 2*3/4 * 1MB / 1GB/s
+    flat = 6e-5 + 1.5e-3
+    # hierarchical: reduce-scatter + all-gather inside (each (2-1)*1us + 1/2 * 1MB / 10GB/s),
+    # then an all-reduce across the 2 nodes: 2*1*10us + 2*1/2 * 1MB / 1GB/s
+    hier = 2 * (1e-6 + 0.5 * 1e6 / 1e10) + (2e-5 + 1e-3)
+    assert allreduce_s(S, 2, 2, intra, inter, "ring") == pytest.approx(flat)
+    assert allreduce_s(S, 2, 2, intra, inter, "hierarchical") == pytest.approx(hier)
+    assert hier == pytest.approx(1.122e-3) and flat == pytest.approx(1.56e-3)
+    # one node: the intra-node ring, whatever the algorithm; one GPU: nothing
+    assert allreduce_s(S, 1, 4, intra, inter, "hierarchical") == pytest.approx(ring_allreduce_s(S, 4, 1e-6, 1e10))
+    assert allreduce_s(S, 1, 1, intra, inter) == 0.0
+
+
+# ---------------------------------------------------------------------------- DDP buckets
+
+
+def test_resnet50_table():
+    table = load_layer_table("resnet50")
+    assert table["parameters"] == 25_557_032
+    assert sum(n for layer in table["layers"] for _, n in layer["params"]) == 25_557_032
+    assert sum(b.bytes for b in model_buckets("resnet50")) == 102_228_128  # 102 MB of fp32 gradients
+    assert table["forward_flops_per_sample"] == pytest.approx(8.18e9, rel=1e-3)  # README: 8.18 GFLOP
+    assert table["layers"][0]["name"] == "fc" and table["layers"][-1]["name"] == "conv1"  # backward order
+    # backward ~ 2x forward per layer, 1x for the stem (its input needs no gradient)
+    assert table["backward_flops_per_sample"] == pytest.approx(2 * table["forward_flops_per_sample"]
+                                                               - table["layers"][-1]["forward_flops"])
+
+
+@pytest.mark.parametrize("model", available_models())
+def test_bucketing_matches_what_ddp_reported(model):
+    """Sizes recorded from DDP itself (make_layer_tables.py): default and explicit bucket_cap_mb=25."""
+    table = load_layer_table(model)
+    elements = [n for n, _ in tensor_schedule(table)]
+    default = assign_buckets(elements)
+    assert [4 * sum(elements[i] for i in b) for b in default] == table["ddp_bucket_bytes"]
+    explicit = assign_buckets(elements, 25 * MIB, first_bucket_bytes=None)
+    assert [4 * sum(elements[i] for i in b) for b in explicit] == table["ddp_bucket_bytes_cap_25"]
+
+
+def test_bucket_ready_fractions():
+    buckets = model_buckets("resnet50")
+    fractions = [b.ready_fraction for b in buckets]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0  # the last bucket holds the stem
+    assert fractions[0] < 0.01  # fc's gradient comes first and costs little
+
+
+# ---------------------------------------------------------------------------- presets
+
+
+def test_presets_load_and_validate():
+    assert set(preset_names()) >= {"p3.2xlarge", "p3.8xlarge", "p3.16xlarge", "p3dn.24xlarge", "dgx1", "h100x8"}
+    for name in preset_names():
+        cluster = load_cluster(name)
+        assert cluster.name == name and cluster.gpus_per_node >= 1 and cluster.inter_node is not None
+    p3 = load_cluster("p3.16xlarge")
+    assert p3.gpus_per_node == 8 and p3.device == "V100 SXM2 16GB"
+    assert p3.inter_node.bandwidth_bytes_per_s == pytest.approx(25e9 / 8 * 0.8)  # 25 Gbps at 80%
+    assert p3.inter_node.latency_s == pytest.approx(30e-6)
+    assert p3.intra_node.bandwidth_bytes_per_s == pytest.approx(130e9)
+    assert load_cluster("p3.2xlarge").intra_node is None
+    assert device_throughput("V100 SXM2 16GB", "resnet50", "amp")["samples_per_s"] == 1200
+    assert device_throughput("V100 SXM2 16GB", "resnet50", "fp32")["samples_per_s"] == 367
+    assert device_throughput("H100 SXM", "resnet50", "fp16") is None  # not published: unknown, not guessed
+
+
+GOOD = {"gpus_per_node": 2, "device": None,
+        "intra_node": {"bandwidth_GBps": 10, "latency_us": 1},
+        "inter_node": {"bandwidth_Gbps": 8, "efficiency": 0.5, "latency_us": 10}}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"gpus_per_nod": 2}, "unknown key 'gpus_per_nod'"),
+    ({"inter_node": {"bandwidth_Gbps": 8, "latency_us": 10, "jitter_us": 1}}, "unknown key 'jitter_us'"),
+    ({"inter_node": {"bandwidth_Gbps": 8, "bandwidth_GBps": 1, "latency_us": 10}}, "exactly one of"),
+    ({"inter_node": {"bandwidth_Gbps": -8, "latency_us": 10}}, "bandwidth_Gbps must be a positive number"),
+    ({"inter_node": {"bandwidth_Gbps": 8, "efficiency": 1.5, "latency_us": 10}}, "efficiency must be in (0, 1]"),
+    ({"intra_node": None}, "intra_node is required"),
+    ({"allreduce": "tree"}, "allreduce must be one of ring, hierarchical"),
+    ({"device": "TPU v9"}, "unknown device 'TPU v9'"),
+    ({"gpus_per_node": 0}, "gpus_per_node must be a positive integer"),
+])
+def test_a_bad_preset_is_refused_in_one_line(change, says):
+    data = {**GOOD, **change}
+    if "gpus_per_nod" in change:
+        del data["gpus_per_node"]
+    with pytest.raises(UsageError) as info:
+        parse_cluster(data, "mine.yaml")
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_cluster_file_by_path(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text(textwrap.dedent("""\
+        gpus_per_node: 4
+        device: V100 SXM2 16GB
+        allreduce: hierarchical
+        intra_node: {bandwidth_GBps: 100, latency_us: 2}
+        inter_node: {bandwidth_Gbps: 100, latency_us: 5}
+        """))
+    cluster = load_cluster(str(path))
+    assert cluster.name == "my" and cluster.allreduce == "hierarchical"
+    assert cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(12.5e9)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus_per_node: 4\nnics: 2\n")
+    with pytest.raises(UsageError, match="unknown key 'nics'"):
+        load_cluster(str(bad))
+    with pytest.raises(UsageError, match="unknown cluster 'p4d'"):
+        load_cluster("p4d")
+    with pytest.raises(UsageError, match="not found"):
+        load_cluster(str(tmp_path / "missing.yaml"))
+
+
+# ---------------------------------------------------------------------------- the alpha-beta fit
+
+
+def test_fit_alpha_beta_recovers_alpha_and_beta():
+    alpha, bandwidth, n = 25e-6, 2.5e9, 8
+    sizes = [2 ** k for k in range(10, 29)]  # 1 KiB .. 256 MiB
+    wobble = [1 + 0.01 * math.sin(3 * k) for k in range(len(sizes))]  # +-1%, deterministic
+    times = [ring_allreduce_s(s, n, alpha, bandwidth) * w for s, w in zip(sizes, wobble)]
+    fit = fit_alpha_beta(sizes, times, n)
+    assert fit.alpha_s == pytest.approx(alpha, rel=0.03)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=0.03)
+    assert fit.rms_relative_error < 0.02
+    exact = fit_alpha_beta(sizes, [ring_allreduce_s(s, n, alpha, bandwidth) for s in sizes], n)
+    assert exact.alpha_s == pytest.approx(alpha, rel=1e-6) and exact.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=1e-6)
+    with pytest.raises(UsageError):
+        fit_alpha_beta([1e6, 2e6], [1e-3, 1e-3], 1)
+    with pytest.raises(UsageError, match="do not grow"):
+        fit_alpha_beta([1e6, 2e6, 4e6], [3e-3, 2e-3, 1e-3], 4)
+
+
+def test_projection_from_fitted_alpha_beta():
+    df = project_cluster_from_alpha_beta(20e-6, 3e9, nodes=[1, 2, 4], gpus_per_node=1, model="resnet50",
+                                         per_gpu_batch=64, samples_per_s=400.0)
+    assert list(df["num_workers"]) == [1, 2, 4]
+    assert df["comm_overhead_pct"].iloc[0] == 0 and (df["comm_overhead_pct"].iloc[1:] > 0).all()
+
+
+# ---------------------------------------------------------------------------- run_projection
+
+
+def test_run_projection_table():
+    df = run_projection("resnet50", "p3.16xlarge", [1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32")
+    assert list(df.columns) == list(COLUMNS)
+    assert list(df["num_workers"]) == [1, 8, 16, 32, 64, 128]
+    assert list(df["num_nodes"]) == [1, 1, 2, 4, 8, 16]
+    base = df.iloc[0]
+    assert base["speedup_throughput"] == 1.0 and base["comm_overhead_pct"] == 0.0 and base["exposed_comm_s"] == 0.0
+    assert base["throughput_samples_per_s"] == pytest.approx(367.0)  # the published V100 fp32 number
+    assert df["step_s"].iloc[0] == pytest.approx(64 / 367)
+    # the phases add up, as in the lab's records
+    assert (df["data_s"] + df["forward_s"] + df["backward_s"] + df["optimizer_s"]).to_numpy() == pytest.approx(df["step_s"].to_numpy())
+    assert (df["backward_s"] - df["backward_compute_s"]).to_numpy() == pytest.approx(df["exposed_comm_s"].to_numpy())
+    # sanity: credible efficiency at 16 nodes, overhead rising with the nodes
+    assert 0.5 < df["efficiency_throughput"].iloc[-1] < 1.0
+    assert df["comm_overhead_pct"].iloc[1:].is_monotonic_increasing
+    assert (df["efficiency_throughput"] <= 1.0 + 1e-12).all()
+    # by hand: at 2 nodes the buckets before the last are done before backward ends, so the
+    # exposed time is the last bucket's ring all-reduce over 16 GPUs at the inter-node link:
+    # 2*15*30 us + 2*15/16 * 7,885,056 B / (25 Gbps * 0.8)
+    last = model_buckets("resnet50")[-1].bytes
+    assert last == 7_885_056
+    assert df["exposed_comm_s"].iloc[2] == pytest.approx(2 * 15 * 30e-6 + 2 * 15 / 16 * last / 2.5e9)
+    # time per epoch: floor(ImageNet / global batch) steps
+    assert df["steps_per_epoch"].iloc[0] == 1_281_167 // 64
+    assert df["time_per_epoch_s"].iloc[0] == pytest.approx(df["steps_per_epoch"].iloc[0] * df["step_s"].iloc[0])
+
+
+def test_hierarchical_beats_flat_ring_across_nodes():
+    ring = run_projection("resnet50", "p3.16xlarge", [2, 16], 64, "amp", allreduce="ring")
+    hier = run_projection("resnet50", "p3.16xlarge", [2, 16], 64, "amp", allreduce="hierarchical")
+    assert (hier["exposed_comm_s"].iloc[1:].to_numpy() < ring["exposed_comm_s"].iloc[1:].to_numpy()).all()
+
+
+def test_compressed_gradients_halve_the_bytes():
+    full = run_projection("resnet50", "p3.16xlarge", [2], 64, "fp32")
+    half = run_projection("resnet50", "p3.16xlarge", [2], 64, "fp32", grad_compression="fp16")
+    assert half["grad_bytes"].iloc[-1] * 2 == full["grad_bytes"].iloc[-1]
+    assert half["exposed_comm_s"].iloc[-1] < full["exposed_comm_s"].iloc[-1]
+
+
+def test_workers_within_a_node():
+    df = run_projection("resnet50", "p3.16xlarge", workers=[1, 2, 4, 8, 16], per_gpu_batch=64)
+    assert list(zip(df["num_nodes"], df["workers_per_node"])) == [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8)]
+    with pytest.raises(UsageError, match="whole nodes"):
+        run_projection("resnet50", "p3.16xlarge", workers=[12])
+
+
+def test_tta_projection_and_its_caveat():
+    table = {512: 30.0, 1024: 32.0}
+    assert epochs_at(table, 512) == (30.0, False)
+    assert epochs_at(table, 724) == (pytest.approx(31.0, rel=1e-3), False)  # halfway in log2
+    assert epochs_at(table, 2048) == (pytest.approx(34.0), True)  # the last slope, extrapolated
+    assert epochs_at(table, 64) == (30.0, True)  # never below the fewest measured
+    df = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", epochs_to_target="512:30,1024:32")
+    assert list(df["epochs_extrapolated"]) == [True, False, False]  # global batch 64, 512, 1024
+    assert df["tta_s"].iloc[1] == pytest.approx(30 * df["time_per_epoch_s"].iloc[1])
+    assert df["speedup_tta"].iloc[0] == 1.0
+    assert TTA_CAVEAT in df.attrs["caveats"]
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(model="vgg16", cluster="p3.16xlarge", nodes=[1]), "no layer table for model 'vgg16'"),
+    (dict(model="resnet50", cluster="p9.big", nodes=[1]), "unknown cluster 'p9.big'"),
+    (dict(model="resnet50", cluster="p3.16xlarge", nodes="1,two"), "comma-separated positive integers"),
+    (dict(model="resnet50", cluster="p3.16xlarge", nodes=[0, 1]), "positive integers"),
+    (dict(model="resnet50", cluster="p3.16xlarge", nodes=[2, 2]), "repeats"),
+    (dict(model="resnet50", cluster="h100x8", nodes=[1]), "no published resnet50"),
+    (dict(model="resnet50", cluster="p3.16xlarge", nodes=[1], precision="int4"), "unknown precision"),
+])
+def test_errors_are_one_line(kwargs, says):
+    with pytest.raises(UsageError) as info:
+        run_projection(**kwargs)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_parse_int_list():
+    assert parse_int_list("16, 1,2", "nodes") == [1, 2, 16]
+
+
+# ---------------------------------------------------------------------------- from a run directory
+
+
+def _fake_run(path, workers=1, buckets=None):
+    path.mkdir()
+    summary = {"model": "resnet50", "num_workers": workers, "per_worker_batch": 32, "global_batch": 32 * workers,
+               "precision": "fp16", "data_s": 0.002, "forward_s": 0.010, "backward_s": 0.020 + (0.004 if workers > 1 else 0),
+               "optimizer_s": 0.001, "exposed_comm_s": 0.004 if workers > 1 else 0.0, "epochs_to_target": 5,
+               "hardware": {"gpu_name": "NVIDIA H100 80GB HBM3"}}
+    (path / "summary.json").write_text(json.dumps(summary))
+    pd.DataFrame({"epoch": [1, 2], "samples": [12_800, 12_800], "train_s": [1.0, 1.0]}).to_parquet(path / "epochs.parquet")
+    (path / "config.yaml").write_text("instrument:\n  ddp_bucket_cap_mb: 25.0\n  grad_compression: none\n")
+    if buckets is not None:
+        buckets.to_parquet(path / "buckets.parquet")
+    return path
+
+
+def test_from_run(tmp_path):
+    run = _fake_run(tmp_path / "r50-w1")
+    df = run_projection("resnet50", "h100x8", [1, 2], from_run=run)  # H100 has no published number: the run's
+    base = df.iloc[0]
+    assert base["step_s"] == pytest.approx(0.033) and base["per_worker_batch"] == 32
+    assert base["throughput_samples_per_s"] == pytest.approx(32 / 0.033)
+    assert df.attrs["precision"] == "fp16"
+    assert df["steps_per_epoch"].iloc[0] == 12_800 // 32  # the run's epoch
+    assert df["num_buckets"].iloc[-1] == 4  # the run's explicit bucket_cap_mb: no 1 MiB first bucket
+    assert "estimated from layer FLOPs" in df.attrs["schedule"] and "no per-bucket records" in df.attrs["schedule"]
+    # another batch scales data, forward and backward, not the optimizer
+    doubled = run_projection("resnet50", "h100x8", [1], per_gpu_batch=64, from_run=run)
+    assert doubled["step_s"].iloc[0] == pytest.approx(2 * 0.032 + 0.001)
+    with pytest.raises(UsageError, match="trained resnet50, not resnet18"):
+        run_projection("resnet18", "h100x8", [1], from_run=run)
+    with pytest.raises(UsageError, match="ran at fp16"):
+        run_projection("resnet50", "h100x8", [1], precision="fp32", from_run=run)
+
+
+def test_from_a_multi_worker_run_and_a_measured_schedule(tmp_path):
+    buckets = pd.DataFrame({"rank": [0] * 4, "step": [5] * 4, "bucket": [0, 1, 2, 3],
+                            "bytes": [30_257_056, 27_291_648, 27_330_560, 17_348_864],
+                            "ready_s": [0.0, 0.005, 0.010, 0.020]})
+    run = _fake_run(tmp_path / "r50-w2", workers=2, buckets=buckets)
+    df = run_projection("resnet50", "h100x8", [1, 2], from_run=run)
+    assert df["backward_compute_s"].iloc[0] == pytest.approx(0.020)  # backward_s - exposed_comm_s
+    assert df.attrs["schedule"].startswith("measured")
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def test_main_prints_json_rows(capsys):
+    assert main(["--model", "resnet50", "--cluster", "p3.16xlarge", "--nodes", "1,2,4,8,16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["num_workers"] for r in rows] == [1, 8, 16, 32, 64, 128]
+    assert rows[0]["speedup_throughput"] == 1.0 and rows[0]["comm_overhead_pct"] == 0.0
+    assert set(COLUMNS) <= set(rows[0])
+
+
+def test_main_table_and_figure(tmp_path, capsys):
+    out = tmp_path / "fig" / "proj.png"
+    assert main(["--cluster", "p3.16xlarge", "--nodes", "1,2", "--precision", "amp", "--out", str(out),
+                 "--epochs-to-target", "256:30"]) == 0
+    text = capsys.readouterr().out
+    assert "p3.16xlarge" in text and "caveat" in text
+    assert (tmp_path / "fig" / "proj.png").stat().st_size > 0 and (tmp_path / "fig" / "proj.svg").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cluster", "nope"], "unknown cluster 'nope'"),
+    (["--cluster", "p3.16xlarge", "--nodes", "1,,2"], "comma-separated positive integers"),
+    (["--cluster", "p3.16xlarge", "--model", "vgg"], "no layer table"),
+    (["--nodes", "1"], "--cluster"),
+])
+def test_main_usage_errors(argv, says, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_no_torch_or_ray_on_import():
+    code = ("import sys, scaling.projection, scaling.projection.cli, scaling.projection.figure; "
+            "import scaling.projection.project; "
+            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cluster_object_directly():
+    cluster = Cluster(name="two", gpus_per_node=1, intra_node=None, inter_node=Link(1e9, 1e-5))
+    df = run_projection("small_cnn", cluster, [1, 2], per_gpu_batch=64, samples_per_s=1000.0)
+    # small_cnn: DDP defaults give 2 buckets; at 2 GPUs each costs 2*1*10us + S/1GB/s
+    buckets = model_buckets("small_cnn")
+    backward = df["backward_compute_s"].iloc[0]
+    ready = [b.ready_fraction * backward for b in buckets]
+    costs = [2e-5 + b.bytes / 1e9 for b in buckets]
+    expected = schedule_buckets(ready, costs, backward).exposed_s
+    assert df["exposed_comm_s"].iloc[1] == pytest.approx(expected)
+    assert df["optimizer_s"].iloc[0] == 0.0  # no device: the optimizer is not split out
+
+
+def test_overlay_on_a_measured_speedup_axes():
+    from matplotlib.figure import Figure
+
+    from scaling.projection.figure import overlay_projection
+
+    df = run_projection("resnet50", "p3.16xlarge", workers=[1, 2, 4], per_gpu_batch=64)
+    ax = Figure().subplots()
+    overlay_projection(ax, df, base_workers=2)
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [1, 2, 4]
+    assert line.get_ydata()[1] == pytest.approx(1.0)  # rebased on 2 workers
+    with pytest.raises(ValueError, match="no 3-worker row"):
+        overlay_projection(ax, df, base_workers=3)
