@@ -1,4 +1,6 @@
-"""All-reduce microbenchmark: torch.distributed gloo all_reduce (sum, float32) between 2 ranks on this host, one CPU thread each, message sizes 4 KiB to 256 MiB; median time, algorithm bandwidth and bus bandwidth per size.
+"""All-reduce microbenchmark: torch.distributed gloo all_reduce (sum, float32) between 2 ranks on
+this host, one CPU thread each, message sizes 4 KiB to 256 MiB; median time, algorithm bandwidth and
+bus bandwidth per size.
 
 Definitions are nccl-tests' (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
   algbw = S / t            S: message size in bytes, t: time of one all-reduce

@@ -1,4 +1,5 @@
-"""Analysis speed: wall time of `scaling report` over a large generated sweep (200 runs x 50 epochs, 1,000 training steps per rank and run); budget: within 10 s.
+"""Analysis speed: wall time of `scaling report` over a large generated sweep (200 runs x 50 epochs,
+1,000 training steps per rank and run); budget: within 10 s.
 
 The sweep is written in the on-disk format `scaling sweep` writes and `scaling report` reads
 (scaling/launch/sweep.py, docs/results.md): `sweep.yaml`, `runs.parquet` (one row per run, its
@@ -25,7 +26,7 @@ are kept in the JSON, and one more runs with its phases timed (reading the sweep
 figures, saving them, printing the tables, the rest), to show where the time goes.
 
     .venv/bin/python bench/analysis_speed.py            # 200 runs, 2 pairs
-    .venv/bin/python bench/analysis_speed.py --quick    # 200 runs, 1 pair
+    .venv/bin/python bench/analysis_speed.py --quick    # 200 runs, 1 pair, no cProfile
 """
 
 from __future__ import annotations
@@ -267,7 +268,7 @@ def report_files(sweep: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 pair (the sweep is the same 200 runs)")
+    parser.add_argument("--quick", action="store_true", help="1 pair, no cProfile run (the sweep is the same 200 runs)")
     parser.add_argument("--pairs", type=int, help="(cli, in-process) pairs (default 2; quick 1)")
     parser.add_argument("--repeats", type=int, default=25, help="repeats per (workers, batch): 25 gives 200 runs")
     parser.add_argument("--keep", type=Path, help="write the sweep here and keep it (default: a temporary folder)")
@@ -292,8 +293,9 @@ def main() -> None:
         files = report_files(sweep)
         phases = breakdown_in_process(sweep)
         print(f"[{NAME}] phases: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
-        profiled_s, profile_text = profile_in_process(sweep)
-        print(f"[{NAME}] under cProfile: {profiled_s:.2f} s", flush=True)
+        profiled_s, profile_text = (None, "") if args.quick else profile_in_process(sweep)
+        if profiled_s is not None:
+            print(f"[{NAME}] under cProfile: {profiled_s:.2f} s", flush=True)
 
     cli_s = bl.median(v for arm, v in sequence if arm == "cli")
     inproc_s = bl.median(v for arm, v in sequence if arm == "in-process")

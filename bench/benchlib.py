@@ -102,6 +102,56 @@ def load_average() -> list[float] | None:
         return None
 
 
+class RunQueue:
+    """Contention meter: samples the kernel's count of runnable tasks (`procs_running` in /proc/stat)
+    every `interval_s` while a benchmark run is going; `mean` is their average. A 2-worker run on
+    its own keeps it near 2-3 (its workers plus short-lived helper threads); clearly more means
+    something else wanted the CPUs at the same time.
+
+        with RunQueue() as rq:
+            run()
+        rq.mean
+    """
+
+    def __init__(self, interval_s: float = 0.25):
+        import threading
+
+        self.interval_s = interval_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for line in Path("/proc/stat").read_text().splitlines():
+                    if line.startswith("procs_running"):
+                        self.samples.append(int(line.split()[1]) - 1)  # minus this sampler itself
+                        break
+            except OSError:
+                return
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "RunQueue":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return round(sum(self.samples) / len(self.samples), 2) if self.samples else None
+
+
+def contention_note(runs: list[dict]) -> str:
+    values = [r["mean_runnable"] for r in runs if r.get("mean_runnable") is not None]
+    if not values:
+        return ""
+    return f"mean runnable tasks per run {min(values):.1f}-{max(values):.1f} (contention meter, see bench/benchlib.py)"
+
+
 def describe_machine(load_avg_start=None) -> dict:
     from scaling.instrument.machine import describe_hardware, describe_versions
 

@@ -1,4 +1,6 @@
-"""Instrumentation overhead: steady-state step time of the quickstart with the lab's full per-step instrumentation against the same run with none, plain launcher, 2 workers; budget: instrumented / plain <= 1.03.
+"""Instrumentation overhead: steady-state step time of the quickstart with the lab's full per-step
+instrumentation against the same run with none, plain launcher, 2 workers; budget: instrumented /
+plain <= 1.03.
 
 The switch is the config field `instrument.step_timing`:
   A "instrumented"  true:  a mark between the phases of every step, the comm-timing DDP hook
@@ -11,10 +13,12 @@ in both arms to save time) and `data.val_samples=512` (validation is outside `tr
 
 Measured: per run, the steady-state step time = median over the epochs after the first of
 `train_s / steps` (epochs.parquet; steps = samples / global batch). Runs alternate A B B A ...
-(`--pairs` pairs), each launched in-process with `scaling.launch.run.execute_run(cfg, dir,
-launcher="local")`, i.e. what `scaling run experiments/quickstart.yaml --launcher local --workers 2
---set ...` does. The headline ratio is the median over adjacent (A, B) pairs of A / B; the ratio of
-the two arms' medians is reported beside it.
+(`--pairs` pairs; quick: `data.train_samples=2048` too), each launched in-process with
+`scaling.launch.run.execute_run(cfg, dir, launcher="local")`, i.e. what `scaling run
+experiments/quickstart.yaml --launcher local --workers 2 --set ...` does. The headline ratio is
+the median over adjacent (A, B) pairs of A / B; the ratio of the two arms' medians is reported
+beside it. Each run also records the mean number of runnable tasks while it ran (bench/benchlib.py
+`RunQueue`), to show contention.
 
     .venv/bin/python bench/instrumentation_overhead.py            # 3 pairs x 3 epochs (about 3 min here)
     .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs
@@ -35,12 +39,13 @@ BUDGET = 1.03
 ARMS = {"instrumented": "instrument.step_timing=true", "plain": "instrument.step_timing=false"}
 
 
-def base_overrides(epochs: int) -> list[str]:
+def base_overrides(epochs: int, quick: bool) -> list[str]:
     return [
         f"train.max_epochs={epochs}",
         "train.target_accuracy=1.0",
         "instrument.calibration_pairs=0",
         "data.val_samples=512",
+        *(["data.train_samples=2048"] if quick else []),  # quick: shorter epochs (the step is the same)
     ]
 
 
@@ -75,7 +80,7 @@ def main() -> None:
     from scaling.launch.run import execute_run
 
     started, load_start = time.time(), bl.load_average()
-    overrides = base_overrides(epochs)
+    overrides = base_overrides(epochs, args.quick)
     config_path = bl.REPO / args.config
     sequence, runs = [], []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
@@ -83,14 +88,15 @@ def main() -> None:
             cfg = load_config(config_path, overrides=[*overrides, ARMS[arm]], num_workers=args.workers)
             run_dir = Path(tmp) / f"run{i:02d}-{arm}"
             print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
-            summary = execute_run(cfg, run_dir, launcher="local")
+            with bl.RunQueue() as rq:
+                summary = execute_run(cfg, run_dir, launcher="local")
             if summary["status"] == "failed":
                 raise RuntimeError(f"{arm} run failed: {summary['error']}")
             step_s, epoch_rows = steady_step_s(run_dir, cfg.global_batch)
             sequence.append((arm, step_s))
-            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "epochs": epoch_rows,
+            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean, "epochs": epoch_rows,
                          "summary_step_s": summary.get("step_s")})
-            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms", flush=True)
+            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms (runnable tasks {rq.mean})", flush=True)
 
     pair_values = bl.adjacent_pairs(sequence, "instrumented", "plain")
     pair_ratios = [a / b for a, b in pair_values]
@@ -103,7 +109,8 @@ def main() -> None:
         "median over adjacent ABBA pairs of instrumented / plain steady-state step time",
         BUDGET, "instrumented / plain <= 1.03 on CPU",
         note=f"quickstart, {args.workers} workers, local launcher, {pairs} pairs x {epochs} epochs; "
-             f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}",
+             f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
+             f"{bl.contention_note(runs)}",
     )]
     cli = f".venv/bin/scaling run {args.config} --launcher local --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)

@@ -1,10 +1,14 @@
-"""Ray Train's overhead: the same quickstart run (same loop, same config) launched with Ray Train against the plain torch.distributed launcher, 2 workers; steady-state step time (budget: ray / local <= 1.05) and start-up cost (command start -> first training step).
+"""Ray Train's overhead: the same quickstart run (same loop, same config) launched with Ray Train
+against the plain torch.distributed launcher, 2 workers; steady-state step time (budget: ray / local
+<= 1.05) and start-up cost (command start -> first training step).
 
 Arms (each run is the CLI, a fresh process, exactly as a user types it):
   A "ray"    scaling run experiments/quickstart.yaml --launcher ray   --workers 2 --set ... --out DIR
   B "local"  scaling run experiments/quickstart.yaml --launcher local --workers 2 --set ... --out DIR
 with `train.target_accuracy=1.0` (every run trains `--epochs` epochs), `instrument.calibration_pairs=0`
-and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A ... (`--pairs` pairs).
+and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A ... (`--pairs`
+pairs; quick: `data.train_samples=2048` too); each records the mean number of runnable tasks while
+it ran (bench/benchlib.py `RunQueue`), to show contention.
 
 - Steady-state step time: per run, the median over the epochs after the first of `train_s / steps`
   (epochs.parquet). Headline: median over adjacent (ray, local) pairs of ray / local.
@@ -182,7 +186,7 @@ def main() -> None:
     init_probes = [measure_ray_init() for _ in range(probes)]
 
     overrides = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "instrument.calibration_pairs=0",
-                 "data.val_samples=512"]
+                 "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
     head = PrivateRayHead(num_cpus=max(2, args.workers))
     sequence_step, sequence_start, runs = [], [], []
     tmp = tempfile.mkdtemp(prefix="bench-ray-")
@@ -196,7 +200,7 @@ def main() -> None:
                        *[x for o in overrides for x in ("--set", o)], "--out", str(run_dir)]
             print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
             log = Path(tmp) / f"run{i:02d}-{arm}.log"
-            with open(log, "w") as out:
+            with open(log, "w") as out, bl.RunQueue() as rq:
                 launch_unix = time.time()
                 proc = subprocess.run(command, cwd=bl.REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
                 end_unix = time.time()
@@ -208,9 +212,10 @@ def main() -> None:
             startup_s = first_step_unix - launch_unix
             sequence_step.append((arm, step_s))
             sequence_start.append((arm, startup_s))
-            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "startup_s": startup_s,
+            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "startup_s": startup_s, "mean_runnable": rq.mean,
                          "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
-            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s", flush=True)
+            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s "
+                  f"(runnable tasks {rq.mean})", flush=True)
     finally:
         head.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -230,7 +235,7 @@ def main() -> None:
             "median over adjacent ABBA pairs of ray / local steady-state step time", STEP_BUDGET,
             "ray / local <= 1.05",
             note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
-                 f"{', '.join(f'{r:.3f}' for r in step_pairs)}"),
+                 f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}"),
         bl.comparison(
             "start-up, warm cluster (command -> first step)", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", start_a, start_b, "s", bl.median(start_pairs),

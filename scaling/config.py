@@ -87,6 +87,12 @@ class InstrumentConfig:
 
 
 @dataclass
+class FailureConfig:
+    max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies (Ray launcher); 0 = fail at once
+    checkpoint_every_epochs: int = 1  # checkpoint (model, optimizer, schedule, counters, RNG, records) every N epochs; 0 = never
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "experiment"
     backend: str = "auto"  # process-group backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl
@@ -96,6 +102,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
 
     @property
     def global_batch(self) -> int:
@@ -257,6 +264,8 @@ def validate(cfg: ExperimentConfig) -> None:
         f"the training set ({source}: {num_train} samples) is smaller than the global batch "
         f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch",
     )
+    require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
+    require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
     require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")
     require(cfg.instrument.inject_comm_delay_s >= 0, f"instrument.inject_comm_delay_s must be >= 0, got {cfg.instrument.inject_comm_delay_s}")

@@ -21,6 +21,12 @@ Every figure in `summary.json` is defined here, once:
   time from the first step to the end of that epoch's validation (includes evaluation,
   calibration and reporting). None when the target was not reached. The accuracy is the
   one `train.target_metric` names (top-1 or top-5), recorded as `val_accuracy` per epoch.
+- `restarts`: how many times the worker group was restarted after a failure (attempts - 1).
+  `time_lost_s`: per restart, the wall time from the checkpoint it resumed from (or, with none,
+  from the first attempt's first step) to its own first step: the discarded training plus
+  failure detection, restart and restore; summed. `tta_s` includes `time_lost_s` (a figure
+  never hides a failure) and `tta_includes_restarts` flags it; `tta_wall_s` includes it by
+  construction (the run's clock starts at the first attempt's first step).
 - `train_flops_per_sample`: forward + backward FLOPs of one training sample, counted once per
   input size with PyTorch's FlopCounterMode (a multiply-add is 2 FLOPs; model FLOPs, so
   recomputation or padding would not count). From `compute_profile.json`.
@@ -87,12 +93,26 @@ def utilisation(throughput_samples_per_s: float | None, num_workers: int, profil
     }
 
 
+def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
+    """(restarts, time_lost_s) from the run's attempts (see the module docstring)."""
+    attempts = attempts or []
+    if len(attempts) < 2:
+        return 0, 0.0
+    first = attempts[0]["first_step_unix"]
+    lost = sum(a["first_step_unix"] - (a["resume_point_unix"] or first) for a in attempts[1:])
+    return len(attempts) - 1, float(lost)
+
+
 def summarize_run(
     steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
-    compute_profile: dict | None = None,
+    compute_profile: dict | None = None, attempts: list[dict] | None = None,
 ) -> dict:
     """The run's figures; fields absent from the records come back as None."""
     out: dict = {}
+    restarts, time_lost_s = restarts_and_time_lost(attempts)
+    out["restarts"] = restarts
+    out["time_lost_s"] = time_lost_s
+    out["tta_includes_restarts"] = restarts > 0
     steady = steady_state_steps(steps) if not steps.empty else steps
     if steady.empty and not steps.empty:
         steady = steps[steps["kind"] == "train"]  # a run shorter than its warm-up: use what there is
@@ -129,6 +149,6 @@ def summarize_run(
     else:
         first = reached.iloc[0]
         out["epochs_to_target"] = int(first["epoch"])
-        out["tta_s"] = float(epochs.loc[epochs["epoch"] <= first["epoch"], "train_s"].sum())
+        out["tta_s"] = float(epochs.loc[epochs["epoch"] <= first["epoch"], "train_s"].sum()) + time_lost_s
         out["tta_wall_s"] = float(first["elapsed_wall_s"])
     return out

@@ -36,6 +36,64 @@ class RunRecorder:
         self.telemetry_rows: list[dict] = []  # rank 0: every rank's telemetry samples so far
         self.flops_per_sample: float | None = None  # training FLOPs per sample, set by the loop
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the records: the epoch rows and telemetry written so far."""
+        return {"epoch_rows": list(self.epoch_rows), "telemetry_rows": list(self.telemetry_rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint: its epochs are kept, anything recorded after it is dropped."""
+        self.epoch_rows = list(state["epoch_rows"])
+        self.telemetry_rows = list(state["telemetry_rows"])
+        last_epoch = self.epoch_rows[-1]["epoch"] if self.epoch_rows else 0
+        if self.rank == 0 and self.run_dir is not None:
+            # Step files of epochs after the checkpoint (written before the failure) would be duplicates.
+            for part in (self.run_dir / "parts").glob("steps-epoch*.parquet"):
+                if int(part.stem.removeprefix("steps-epoch")) > last_epoch:
+                    part.unlink()
+            write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
+
+    def record_attempt(self, first_step_unix: float, resumed_from: dict | None) -> None:
+        """Every rank: its process id (run_dir/workers/rank<R>.json); rank 0: this attempt (attempts.json).
+
+        An attempt is one start of the worker group: the first, and one per restart after a
+        failure. `resume_point_unix` is when the checkpoint it resumed from was taken (None on
+        the first attempt); the summary derives the restart count and time lost from these.
+        """
+        if self.run_dir is None:
+            return
+        import json
+        import os
+        import socket
+
+        write_json_atomic(self.run_dir / "workers" / f"rank{self.rank}.json",
+                          {**self.identity, "pid": os.getpid(), "hostname": socket.gethostname(), "first_step_unix": first_step_unix})
+        if self.rank != 0:
+            return
+        path = self.run_dir / "attempts.json"
+        attempts = json.loads(path.read_text())["attempts"] if path.exists() else []
+        if attempts and resumed_from is None:
+            # A restart with no checkpoint to resume from starts the records afresh.
+            for part in (self.run_dir / "parts").glob("steps-epoch*.parquet"):
+                part.unlink()
+            (self.run_dir / "epochs.parquet").unlink(missing_ok=True)
+        attempts.append({
+            "attempt": len(attempts),
+            "first_step_unix": first_step_unix,
+            "resumed_from_epoch": resumed_from["epoch"] if resumed_from else None,
+            "resume_point_unix": resumed_from["saved_unix"] if resumed_from else None,
+        })
+        write_json_atomic(path, {"attempts": attempts})
+
+    def first_attempt_unix(self) -> float | None:
+        """Rank 0: the first attempt's first step, if this run was started before (a restart)."""
+        import json
+
+        path = self.run_dir / "attempts.json" if (self.run_dir is not None and self.rank == 0) else None
+        if path is None or not path.exists():
+            return None
+        attempts = json.loads(path.read_text())["attempts"]
+        return attempts[0]["first_step_unix"] if attempts else None
+
     def write_json(self, name: str, data: dict) -> None:
         """Rank 0 writes `name` into the run directory (atomically); other ranks do nothing."""
         if self.rank == 0 and self.run_dir is not None:

@@ -41,7 +41,7 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
     try:
         ctx = WorkerContext(rank=rank, world_size=world_size, local_rank=rank, node_rank=0, device=device)
         recorder = RunRecorder(clock_for(device), rank, world_size, 0, rank, Path(run_dir))
-        train_worker(cfg, ctx, recorder, report_epoch=lambda metrics: None)
+        train_worker(cfg, ctx, recorder)  # no checkpoints: the plain launcher does not restart workers
     finally:
         dist.destroy_process_group()
 

@@ -65,6 +65,43 @@ def check_capacity(cfg: ExperimentConfig) -> None:
             raise UsageError(f"{workers} workers need {workers} GPUs, but the Ray cluster has {gpus}; use --workers {gpus} or fewer")
 
 
+class RayCheckpoints:
+    """Checkpoints through Ray Train: reported with the epoch's metrics, restored after a restart.
+
+    Rank 0 saves the state (`torch.save`, one file) into a temporary directory that
+    `ray.train.report` copies into the run's storage (run_dir/ray_train/...); every rank
+    reports, as Ray Train V2 requires. After a worker died, Ray Train restarts the worker
+    group (failure.max_failures times at most) and `ray.train.get_checkpoint()` hands every
+    rank the latest checkpoint.
+    """
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def load(self) -> dict | None:
+        import ray.train
+        import torch
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as directory:
+            return torch.load(Path(directory) / "state.pt", weights_only=False, map_location="cpu")
+
+    def report(self, metrics: dict, state: dict | None) -> None:
+        import tempfile
+
+        import ray.train
+        import torch
+
+        if state is None:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="scaling-ckpt-") as directory:
+            torch.save(state, Path(directory) / "state.pt")
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
 def _worker_entry(loop_config: dict) -> dict:
     """Runs on every Ray Train worker."""
     import ray.train
@@ -91,12 +128,12 @@ def _worker_entry(loop_config: dict) -> dict:
     if ctx.rank == 0:
         write_json_atomic(run_dir / "machine.json", describe_hardware())
     recorder = RunRecorder(clock_for(device), ctx.rank, ctx.world_size, ctx.node_rank, ctx.local_rank, run_dir)
-    return train_worker(cfg, ctx, recorder, report_epoch=ray.train.report)
+    return train_worker(cfg, ctx, recorder, checkpoints=RayCheckpoints(ctx.rank))
 
 
 def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
     """Run `cfg` with TorchTrainer; raises whatever made training fail."""
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     trainer = TorchTrainer(
@@ -108,6 +145,10 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
             use_gpu=cfg.workers.use_gpu,
             resources_per_worker={"CPU": cfg.workers.cpus_per_worker, **({"GPU": 1} if cfg.workers.use_gpu else {})},
         ),
-        run_config=RunConfig(name="ray_train", storage_path=str(Path(run_dir).resolve())),
+        run_config=RunConfig(
+            name="ray_train", storage_path=str(Path(run_dir).resolve()),
+            failure_config=FailureConfig(max_failures=cfg.failure.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),  # the latest is all a restart needs
+        ),
     )
     trainer.fit()

@@ -108,7 +108,9 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, li
     epochs = read_epochs(run_dir)
     profile_path = run_dir / "compute_profile.json"
     profile = _read_json(profile_path) if profile_path.exists() else None
-    figures = summarize_run(steps, epochs, cfg.train.target_accuracy, cfg.workers.num_workers, profile)
+    attempts_path = run_dir / "attempts.json"
+    attempts = _read_json(attempts_path)["attempts"] if attempts_path.exists() else None
+    figures = summarize_run(steps, epochs, cfg.train.target_accuracy, cfg.workers.num_workers, profile, attempts)
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     machine_path = run_dir / "machine.json"

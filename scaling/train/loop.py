@@ -1,13 +1,14 @@
 """One worker's training loop: plain torch + DDP, launcher-agnostic.
 
-`train_worker(cfg, ctx, recorder, report_epoch)` runs identically under Ray Train
+`train_worker(cfg, ctx, recorder, checkpoints)` runs identically under Ray Train
 (scaling/launch/ray_train.py) and a plain torch.distributed launcher (scaling/launch/local.py):
 the process group must already be initialised. It times every step through marks handed to
 the recorder, runs the A/B calibration window after each epoch's training, validates on all
 ranks, and stops at the first epoch whose validation accuracy reaches the target.
 
 Per epoch: train (timed: `train_s`) | calibrate (`calibration_s`) | validate (`eval_s`) |
-record + report. TTA and time-per-epoch count `train_s` only.
+record + report (with a checkpoint every `failure.checkpoint_every_epochs`). TTA and
+time-per-epoch count `train_s` only (plus, for a restarted run, the time lost to restarts).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -193,13 +193,49 @@ def _profile_compute(cfg: ExperimentConfig, model: torch.nn.Module, ctx: WorkerC
     return profile
 
 
+class Checkpoints:
+    """Where a run's checkpoints go. This base class keeps none (the plain launcher has no restarts)."""
+
+    def load(self) -> dict | None:
+        return None
+
+    def report(self, metrics: dict, state: dict | None) -> None:
+        """End of an epoch: report metrics; `state` (rank 0's, or None) is saved as the latest checkpoint."""
+
+
+def _checkpoint_state(model, optimizer, scheduler, precision, recorder, epoch, global_step, elapsed_train_s, run_first_step_unix):
+    """Everything a restarted run needs to continue exactly where the checkpoint was taken."""
+    return {
+        "epoch": epoch,
+        "global_step": global_step,
+        "elapsed_train_s": elapsed_train_s,
+        "run_first_step_unix": run_first_step_unix,
+        "saved_unix": time.time(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": precision.scaler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "records": recorder.state_dict(),
+    }
+
+
 def train_worker(
     cfg: ExperimentConfig,
     ctx: WorkerContext,
     recorder: RunRecorder,
-    report_epoch: Callable[[dict], None],
+    checkpoints: Checkpoints | None = None,
 ) -> dict:
-    """Train until the target accuracy or max_epochs; returns rank 0's last epoch row."""
+    """Train until the target accuracy or max_epochs; returns rank 0's last epoch row.
+
+    With `checkpoints`, a checkpoint is taken every `failure.checkpoint_every_epochs` epochs
+    and, when the launcher restarted the workers after a failure, the run resumes from the
+    latest one: model, optimizer, LR schedule position, epoch and step counters, RNG state
+    and the records written so far. Data order and augmentation are seeded per (seed, epoch,
+    rank), so the resumed epochs see the same batches the uninterrupted run would have.
+    """
+    checkpoints = checkpoints or Checkpoints()
     from scaling.instrument.telemetry import start_telemetry, telemetry_available
 
     if ctx.device.type == "cpu":
@@ -246,11 +282,26 @@ def train_worker(
     model.train()
     global_step = 0
     elapsed_train_s = 0.0
-    run_start = time.perf_counter()
-    first_step_unix = time.time()  # when training began, for start-up cost (command -> first step)
+    first_epoch = 1
+    restored = checkpoints.load()
+    if restored is not None:
+        eval_model.load_state_dict(restored["model"])
+        optimizer.load_state_dict(restored["optimizer"])
+        scheduler.load_state_dict(restored["scheduler"])
+        precision.scaler.load_state_dict(restored["scaler"])
+        torch.set_rng_state(restored["torch_rng"])
+        random.setstate(restored["python_rng"])
+        recorder.load_state_dict(restored["records"])
+        global_step = restored["global_step"]
+        elapsed_train_s = restored["elapsed_train_s"]
+        first_epoch = restored["epoch"] + 1
+    first_step_unix = time.time()  # this attempt's first step, for start-up cost (command -> first step)
+    # The run's clock starts at its first attempt's first step, so wall figures include time lost to restarts.
+    run_first_step_unix = restored["run_first_step_unix"] if restored else (recorder.first_attempt_unix() or first_step_unix)
+    recorder.record_attempt(first_step_unix, resumed_from=restored)
     last_row: dict = {}
     try:
-        for epoch in range(1, cfg.train.max_epochs + 1):
+        for epoch in range(first_epoch, cfg.train.max_epochs + 1):
             batches = dataset.train_batches(ctx.rank, ctx.world_size, epoch, cfg.train.seed, cfg.train.per_worker_batch)
             loss_sum = torch.zeros((), device=ctx.device)
             if clock.cuda:
@@ -314,8 +365,8 @@ def train_worker(
                 "samples": samples,
                 "throughput_samples_per_s": samples / train_s,
                 "elapsed_train_s": elapsed_train_s,
-                # wall time from the first step to the end of this epoch's validation
-                "elapsed_wall_s": time.perf_counter() - run_start,
+                # wall time from the run's first step (first attempt) to the end of this epoch's validation
+                "elapsed_wall_s": time.time() - run_first_step_unix,
                 "lr": optimizer.param_groups[0]["lr"],
                 "first_step_unix": first_step_unix,
             }
@@ -326,8 +377,14 @@ def train_worker(
                     f"train {train_s:.2f}s  {samples / train_s:,.0f} samples/s",
                     flush=True,
                 )
-            report_epoch({k: v for k, v in last_row.items()})
-            if dataset.has_validation and val_accuracy >= cfg.train.target_accuracy:
+            reached = dataset.has_validation and val_accuracy >= cfg.train.target_accuracy
+            every = cfg.failure.checkpoint_every_epochs
+            state = None
+            if ctx.rank == 0 and every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs:
+                state = _checkpoint_state(eval_model, optimizer, scheduler, precision, recorder, epoch, global_step,
+                                          elapsed_train_s, run_first_step_unix)
+            checkpoints.report(dict(last_row), state)
+            if reached:
                 break
     finally:
         if telemetry is not None:
