@@ -44,3 +44,14 @@ bench: install
 
 bench-quick: install
 	$(BIN)/python bench/run_all.py --quick
+
+# Horovod 0.28.1 (issue 5), built from PyPI's source release against the venv's torch, with gloo,
+# without MPI/TensorFlow/MXNet (NCCL too where torch has CUDA, nvcc and NCCL are present). The wheel
+# is cached under ~/.cache/scaling/wheels, keyed by horovod, torch, python and cpu/cuda: the first
+# build takes about 6 minutes on 2 cores, a rebuild of the venv seconds.
+.PHONY: horovod
+horovod: $(VENV)/.horovod
+
+$(VENV)/.horovod: $(VENV)/.installed scripts/build_horovod.sh
+	scripts/build_horovod.sh $(VENV)
+	touch $@

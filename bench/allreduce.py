@@ -17,7 +17,8 @@ descending alternately (the benchmark's A B B A), so that a drift of the machine
 the iterations per size and round aim at about `--target-s` seconds (3 to 50). nccl-tests instead
 reports the mean over iterations of a rank-averaged time; the median is kept here because this
 2-core machine is shared. NCCL and Horovod are not measured: the torch here is the CPU wheel (no
-NCCL, no GPU) and Horovod is not installed; the JSON records which backends were present.
+NCCL, no GPU) and Horovod was not installed when this was written; the JSON records which
+backends were present (`backends_present`).
 
 Writes bench/results/allreduce.json and bench/results/allreduce.png (log-log: time and bandwidth
 against message size).
@@ -126,14 +127,18 @@ def backends_present() -> dict:
     import torch
     import torch.distributed as dist
 
-    return {
+    present = {
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
         "mpi": dist.is_mpi_available(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "horovod": importlib.util.find_spec("horovod") is not None,
-        "note": "only gloo is measured: this torch is the CPU wheel (no NCCL, no GPU) and Horovod is not installed",
     }
+    why = [f"torch {torch.__version__} has no NCCL" if not present["nccl"] else "",
+           "no GPU" if not present["cuda_devices"] else "",
+           "Horovod is not installed" if not present["horovod"] else "Horovod is installed but not measured here"]
+    present["note"] = "only torch.distributed gloo is measured: " + ", ".join(w for w in why if w)
+    return present
 
 
 def figure(rows: list[dict]):

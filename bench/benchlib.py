@@ -165,7 +165,15 @@ def what(doc: str) -> str:
 
 
 def results_dir(quick: bool) -> Path:
-    return RESULTS / "quick" if quick else RESULTS
+    """bench/results/ (committed), or bench/results/quick/ (a check that the benchmarks run; ignored by git)."""
+    if not quick:
+        return RESULTS
+    folder = RESULTS / "quick"
+    folder.mkdir(parents=True, exist_ok=True)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# quick-mode results: not committed\n*\n")
+    return folder
 
 
 def write_result(name: str, doc: str, quick: bool, started: float, load_avg_start, comparisons: list[dict],

@@ -4,6 +4,7 @@
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG]
+    scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | down
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
@@ -58,6 +59,11 @@ def _build_parser() -> argparse.ArgumentParser:
     project = commands.add_parser("project", help="project step time, speedup and comm overhead onto a cluster (alpha-beta model)")
     add_projection_arguments(project)
 
+    cluster = commands.add_parser("cluster", help="cluster YAMLs for ray up")
+    cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=_OneLineParser)
+    check = cluster_commands.add_parser("check", help="validate cluster YAMLs offline (Ray's validator + the lab's checks)")
+    check.add_argument("paths", nargs="+", type=Path)
+
     mini = commands.add_parser("minicluster", help="a multi-node Ray cluster on this machine (network namespaces; root)")
     mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=_OneLineParser)
     mini_up = mini_commands.add_parser("up", help="build N namespaced nodes joined by a bridge, each a Ray node")
@@ -73,6 +79,21 @@ def _build_parser() -> argparse.ArgumentParser:
     mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: the head)")
     mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
+
+
+def _cmd_cluster(args) -> int:
+    from scaling.cluster_check import check_cluster_yaml
+
+    refused = []
+    for path in args.paths:
+        problems = check_cluster_yaml(path)
+        if problems:
+            refused.append(f"{path}: {'; '.join(problems)}")
+        else:
+            print(f"{path}: ok")
+    if refused:
+        raise UsageError(" | ".join(refused))
+    return 0
 
 
 def _cmd_project(args) -> int:
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report, "minicluster": _cmd_minicluster,
-                    "project": _cmd_project}
+                    "project": _cmd_project, "cluster": _cmd_cluster}
         return commands[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

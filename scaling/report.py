@@ -28,7 +28,7 @@ import pandas as pd
 
 from scaling.analysis import scaling_tables as st
 from scaling.errors import UsageError
-from scaling.results import write_text_atomic
+from scaling.results import READABLE_SCHEMA_VERSIONS, write_text_atomic
 
 REPORT_DIR = "report"
 # Columns of a run copied onto each of its epochs (the keys the accuracy curves may group by).
@@ -91,7 +91,12 @@ def _load(sweep_dir: Path) -> _Sweep:
         raise UsageError(f"{sweep_dir} is not a sweep directory: no runs.parquet and no runs/*/summary.json")
 
     warnings: list[str] = []
-    runs = pd.read_parquet(index_path) if index_path.exists() else pd.DataFrame()
+    runs = pd.DataFrame()
+    if index_path.exists():
+        try:
+            runs = pd.read_parquet(index_path)
+        except Exception as exc:  # pyarrow raises several types for a damaged file
+            warnings.append(f"runs.parquet is unreadable ({type(exc).__name__}); the run table was built from runs/*/summary.json")
     if runs.empty:
         runs = _runs_from_summaries(with_summary, sweep_dir, warnings)
         if index_path.exists() and not runs.empty:
@@ -107,6 +112,7 @@ def _load(sweep_dir: Path) -> _Sweep:
         runs["run_dir"] = "runs/" + runs["run_key"].astype(str)
     if "status" not in runs.columns:
         runs["status"] = "failed"
+    runs = _readable_versions(runs, warnings)
 
     listed = set(runs["run_key"].astype(str))
     incomplete = [p.name for p in run_dirs if not (p / "summary.json").is_file() and p.name not in listed]
@@ -120,8 +126,30 @@ def _load(sweep_dir: Path) -> _Sweep:
         named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
         warnings.append(f"failed runs, counted but left out of the figures: {named}")
 
-    epochs = _read_epochs(sweep_dir, runs, warnings)
+    epochs, corrupt = _read_epochs(sweep_dir, runs, warnings)
+    if corrupt:
+        runs = runs[~runs["run_key"].astype(str).isin(corrupt)]
+        if runs.empty:
+            raise UsageError(f"{sweep_dir}: every run's records are unreadable ({', '.join(corrupt)})")
     return _Sweep(runs.reset_index(drop=True), epochs, warnings, incomplete)
+
+
+def _readable_versions(runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    """Keep runs whose schema version this lab reads; name the others (results.READABLE_SCHEMA_VERSIONS)."""
+    if "schema_version" not in runs.columns:
+        warnings.append("runs without a schema_version: read as version 1")
+        return runs
+    version = pd.to_numeric(runs["schema_version"], errors="coerce")
+    unreadable = runs[~version.isin(READABLE_SCHEMA_VERSIONS)]
+    if unreadable.empty:
+        return runs
+    named = ", ".join(f"{row.run_key} (schema_version {row.schema_version})" for row in unreadable.itertuples())
+    readable = ", ".join(str(v) for v in READABLE_SCHEMA_VERSIONS)
+    if len(unreadable) == len(runs):
+        raise UsageError(f"no run here has a schema version this lab reads ({readable}): {named}; "
+                         "report them with the version of the lab that wrote them")
+    warnings.append(f"runs of a schema version this lab cannot read (reads {readable}), left out: {named}")
+    return runs[version.isin(READABLE_SCHEMA_VERSIONS)]
 
 
 def _short_error(row) -> str:
@@ -146,16 +174,22 @@ def _runs_from_summaries(run_dirs: list[Path], sweep_dir: Path, warnings: list[s
     return pd.DataFrame(rows)
 
 
-def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """Every run's epochs with its keys, and the runs whose epochs.parquet is unreadable (named in a warning)."""
     keys = [c for c in EPOCH_KEYS if c in runs.columns] + [c for c in runs.columns if c.startswith("sweep.")]
-    frames, missing = [], []
+    frames, missing, corrupt = [], [], []
     for _, run in runs.iterrows():
         path = sweep_dir / str(run["run_dir"]) / "epochs.parquet"
         if not path.is_file():
             if run["status"] != "failed":
                 missing.append(str(run["run_key"]))
             continue
-        frame = pd.read_parquet(path)
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # a damaged file: name the run and report the rest
+            corrupt.append(str(run["run_key"]))
+            warnings.append(f"run {run['run_key']}: unreadable {path.name} ({type(exc).__name__}), left out")
+            continue
         if frame.empty:
             continue
         run_id = run["run_id"] if "run_id" in runs.columns and isinstance(run["run_id"], str) else run["run_key"]
@@ -164,8 +198,8 @@ def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> pd
     if missing:
         warnings.append(f"runs without epochs.parquet (no accuracy curve): {', '.join(missing)}")
     if not frames:
-        return pd.DataFrame(columns=["run_id", *keys, "epoch", "val_accuracy"])
-    return pd.concat(frames, ignore_index=True)
+        return pd.DataFrame(columns=["run_id", *keys, "epoch", "val_accuracy"]), corrupt
+    return pd.concat(frames, ignore_index=True), corrupt
 
 
 # ---------------------------------------------------------------------------- tables

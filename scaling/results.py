@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+# Version 2 (this one) added per-epoch top-1/top-5 and first_step_unix, FLOPs/MFU, restarts
+# and link bandwidth to the summary; version 1 files are still read (missing figures are null).
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
+PARQUET_VERSION_KEY = b"scaling.schema_version"  # key in every Parquet file's metadata
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -46,7 +50,25 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
-    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    """Write `frame` with the schema version in the file's metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(tmp):
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = {**(table.schema.metadata or {}), PARQUET_VERSION_KEY: str(SCHEMA_VERSION).encode()}
+        pq.write_table(table.replace_schema_metadata(metadata), tmp)
+
+    _atomic_write(path, write)
+
+
+def parquet_schema_version(path: Path) -> int | None:
+    """The schema version a Parquet file was written with (None: written before versions were recorded)."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(path).metadata or {}
+    value = metadata.get(PARQUET_VERSION_KEY)
+    return int(value) if value is not None else None
 
 
 def _json_default(value):

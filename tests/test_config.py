@@ -74,6 +74,15 @@ def test_defaults_are_a_valid_config():
         (["--set", "optim.lr=-0.1"], "optim.lr"),
         (["--workers", "two"], "--workers"),
         (["--set", "nonsense"], "key=value"),
+        (["--set", "train.max_epochs=two"], "train.max_epochs"),  # wrong type
+        (["--workers", "0"], "workers"),
+        (["--set", "train.per_worker_batch=0"], "train.per_worker_batch"),
+        (["--set", "train.target_accuracy=1.5"], "train.target_accuracy"),
+        (["--set", "model.name=resnet9000"], "model.name"),
+        (["--set", "data.name=imagenet21k"], "data.name"),
+        (["--set", "data.name=cifar10", "--set", "data.path=/nonexistent/cifar"], "does not exist"),
+        (["--set", "data.name=imagenet", "--set", "data.path=/tmp"], "has no 'train' folder"),
+        (["--set", "workers.link_bandwidth=fast"], "tc rate"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, needle):
@@ -90,3 +99,11 @@ def test_cli_missing_config_file(tmp_path):
     result = run_cli("run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "not found" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_unwritable_output_directory(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    result = run_cli("run", str(QUICKSTART), "--out", str(blocker / "run"), "--launcher", "local")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "not writable" in result.stderr and "Traceback" not in result.stderr

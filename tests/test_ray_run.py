@@ -5,6 +5,8 @@ written), and a run that fails mid-way leaves summary.json with status `failed`.
 """
 
 import json
+import os
+import time
 
 import pandas as pd
 import pytest
@@ -81,7 +83,7 @@ def test_exports_dawnbench_and_mlperf(ray_run):
 
     run_dir, summary = ray_run
     tsv = pd.read_csv(run_dir / "dawnbench.tsv", sep="\t")
-    assert list(tsv.columns) == ["epoch", "hours", "top1Accuracy"] and len(tsv) == summary["epochs_run"]
+    assert list(tsv.columns) == ["epoch", "hours", "top1Accuracy", "top5Accuracy"] and len(tsv) == summary["epochs_run"]
     assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_s"], rel=1e-3)
     assert json.loads((run_dir / "dawnbench.json").read_text())["model"] == "small_cnn"
     events = read_mlperf_log((run_dir / "mlperf.log").read_text())
@@ -98,6 +100,25 @@ def test_too_many_workers_refused_at_once(ray_cluster, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "64 workers" in lines[0] and "2" in lines[0], result.stderr
     assert not out.exists()
+
+
+def test_gpus_the_cluster_lacks_refused_at_once(ray_cluster, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("run", str(QUICKSTART), "--workers", "1", "--set", "workers.use_gpu=true", "--out", str(out),
+                     env=ray_cluster["env"], timeout=120)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "GPUs" in result.stderr and "has 0" in result.stderr
+    assert not out.exists()
+
+
+def test_unreachable_ray_address_answered_in_bounded_time(tmp_path):
+    out = tmp_path / "run"
+    start = time.monotonic()
+    # a port nothing listens on: refused at once; ray.init alone would wait minutes for the GCS
+    result = run_cli("run", str(QUICKSTART), "--out", str(out), env={**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}, timeout=120)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "cannot reach the Ray cluster at RAY_ADDRESS=127.0.0.1:9" in result.stderr
+    assert time.monotonic() - start < 60 and not out.exists()
 
 
 def test_failed_run_leaves_failed_summary(ray_connected, tmp_path):

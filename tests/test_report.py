@@ -16,6 +16,7 @@ from rich.console import Console
 
 from scaling.errors import UsageError
 from scaling.report import load_sweep, resolve_sweep_dir, write_report
+from tests.conftest import run_cli
 from tests.fake_sweep import FAILED, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,3 +191,45 @@ def test_notebook_runs_against_a_sweep(sweep, name):
     assert len(images) >= 2
     printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
     assert FAILED in printed and INCOMPLETE in printed
+
+
+def _rewrite_summary(sweep, key, **changes):
+    path = sweep / "runs" / key / "summary.json"
+    summary = json.loads(path.read_text())
+    summary.update(changes)
+    path.write_text(json.dumps(summary))
+
+
+def test_unreadable_schema_versions_and_corrupt_parquet_are_named_and_skipped(tmp_path):
+    sweep = make_fake_sweep(tmp_path, with_index=False)  # the run table comes from the summaries
+    _rewrite_summary(sweep, "w2-r0", schema_version=99)  # a future lab's run
+    (sweep / "runs" / "w2-r1" / "epochs.parquet").write_bytes(b"PAR1 this is not parquet")
+    runs, _, warnings = load_sweep(sweep)
+    assert "w2-r0" not in set(runs["run_key"]) and "w2-r1" not in set(runs["run_key"])
+    assert any("w2-r0 (schema_version 99)" in w for w in warnings)
+    assert any("w2-r1" in w and "unreadable epochs.parquet" in w for w in warnings)
+    assert set(runs["schema_version"]) == {1}  # version 1 runs (the fake sweep's) are still read
+    assert (write_report(sweep, _console()).parent / "speedup.png").exists()  # the rest is reported
+
+
+def test_corrupt_index_falls_back_to_summaries(tmp_path):
+    sweep = make_fake_sweep(tmp_path)
+    (sweep / "runs.parquet").write_bytes(b"garbage")
+    runs, _, warnings = load_sweep(sweep)
+    assert len(runs) == len(WORKERS) * REPEATS and any("runs.parquet is unreadable" in w for w in warnings)
+
+
+def test_only_unreadable_versions_is_one_line(tmp_path):
+    sweep = make_fake_sweep(tmp_path, with_index=False)
+    for run_dir in (sweep / "runs").iterdir():
+        if (run_dir / "summary.json").exists():
+            _rewrite_summary(sweep, run_dir.name, schema_version=0)
+    result = run_cli("report", str(sweep))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "schema version" in result.stderr
+
+
+def test_results_files_carry_the_schema_version(tmp_path):
+    from scaling.results import SCHEMA_VERSION, parquet_schema_version, write_parquet_atomic
+
+    write_parquet_atomic(tmp_path / "x.parquet", pd.DataFrame({"a": [1]}))
+    assert parquet_schema_version(tmp_path / "x.parquet") == SCHEMA_VERSION

@@ -25,6 +25,34 @@ from scaling.results import write_json_atomic
 RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
 
 
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Refuse within `timeout_s` a RAY_ADDRESS nothing listens on (ray.init would wait for minutes).
+
+    Applies to host:port, ray://host:port and http(s)://host:port forms; None and "auto" are
+    Ray's own discovery of a local cluster and are left to ray.init.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address or address == "auto" or address.startswith("local"):
+        return
+    parsed = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parsed.hostname is None or parsed.port is None:
+        raise UsageError(f"RAY_ADDRESS={address} is not host:port (e.g. 10.0.0.5:6379)")
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
+        raise UsageError(
+            f"cannot reach the Ray cluster at RAY_ADDRESS={address} ({reason} within {timeout_s:g} s); "
+            "start it, fix the address, or unset RAY_ADDRESS to use a local cluster"
+        ) from None
+
+
 def connect(log_to_driver: bool = True) -> None:
     """Attach to (or start) the Ray cluster; one clear error when it cannot be reached."""
     import ray
@@ -33,6 +61,7 @@ def connect(log_to_driver: bool = True) -> None:
         return
     os.environ.update(RAY_ENV)
     address = os.environ.get("RAY_ADDRESS")
+    check_reachable(address)
     try:
         ray.init(
             address=address,

@@ -1,0 +1,317 @@
+"""Horovod as a second backend (issue 5): a 2-process Horovod job on gloo, placed by Ray Train
+V2's TorchTrainer, with Horovod's rendezvous set up by scaling.train.horovod_backend.
+
+One Ray job (module fixture) runs, on both workers: the same tiny model trained for a few
+steps with DDP and with Horovod from the same (deliberately rank-different) initialisation and
+the same per-rank data; a backward under `no_sync`; then shuts Horovod down so that rank 0's
+timeline is complete. The tests check what it returned.
+
+Needs Horovod (`make horovod`); the Horovod tests skip with the reason when it does not import.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from scaling.train import horovod_backend as hb
+
+HOROVOD_OK, HOROVOD_WHY = hb.available()
+needs_horovod = pytest.mark.skipif(not HOROVOD_OK, reason=HOROVOD_WHY or "horovod unavailable")
+
+STEPS = 6
+IN_FEATURES, HIDDEN, CLASSES, BATCH = 32, 64, 10, 16
+LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
+FUSION_BYTES, CYCLE_MS = 1 << 20, 2.5
+
+
+# --- what runs on each Ray worker --------------------------------------------------------------
+
+
+def _model(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    )
+
+
+def _batches(rank: int, count: int):
+    """Different data on each rank, the same for both backends."""
+    import torch
+
+    gen = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(BATCH, IN_FEATURES, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
+            for _ in range(count)]
+
+
+def _sgd(model):
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, nesterov=True, weight_decay=WEIGHT_DECAY)
+
+
+def _flat(tensors):
+    import torch
+
+    return torch.cat([t.detach().reshape(-1).clone() for t in tensors])
+
+
+def _job(config: dict):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import ray.train
+    from torch.nn.parallel import DistributedDataParallel
+
+    from scaling.instrument.timing import Clock, StepMarks
+    from scaling.train import horovod_backend as hb
+
+    torch.set_num_threads(1)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    batches = _batches(rank, STEPS + 1)
+    out: dict = {"rank": rank}
+
+    # DDP: every rank starts from its own init; DDP broadcasts rank 0's.
+    model = _model(1000 + rank)
+    ddp = DistributedDataParallel(model)
+    opt = _sgd(ddp)
+    ddp_losses = []
+    for x, y in batches[:STEPS]:
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ddp_losses.append(loss.item())
+    out["ddp_losses"] = ddp_losses
+    out["ddp_final"] = _flat(model.parameters())
+
+    # Horovod, rendezvous through this torch.distributed group.
+    ranks = hb.setup_horovod_env_and_init(
+        rank, world, ctx.get_local_rank(), ctx.get_local_world_size(), ctx.get_node_rank(), None,
+        tuning=hb.HorovodTuning(FUSION_BYTES, CYCLE_MS, config["timeline"]),
+    )
+    import horovod.torch as hvd
+
+    out["ranks"] = (ranks.as_tuple(), (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_rank()))
+    out["env"] = {k: v for k, v in __import__("os").environ.items() if k.startswith("HOROVOD_")}
+
+    model = _model(1000 + rank)
+    rank0_init = [_flat(model.parameters()) if rank == 0 else None]
+    dist.broadcast_object_list(rank0_init, src=0)
+    opt = _sgd(model)
+    try:
+        hb.wrap_optimizer(opt, model, fusion_threshold_bytes=FUSION_BYTES * 2)
+        out["mismatch_raised"] = False
+    except ValueError:
+        out["mismatch_raised"] = True
+    hopt = hb.wrap_optimizer(opt, model, fusion_threshold_bytes=FUSION_BYTES, cycle_time_ms=CYCLE_MS)
+    out["start_equals_rank0"] = bool(torch.equal(_flat(model.parameters()), rank0_init[0]))
+    out["optimizer_state_after_wrap"] = len(hopt.state_dict()["state"])
+
+    clock = Clock()
+    timer = hb.HorovodCommTimer(hopt, clock)
+    hvd_losses, records = [], []
+    for step, (x, y) in enumerate(batches[:STEPS]):
+        start = clock.mark()
+        loss = F.cross_entropy(model(x), y)
+        after_forward = clock.mark()
+        loss.backward()
+        timer.synchronize()  # the exposed wait is part of backward, as with DDP
+        after_backward = clock.mark()
+        with hopt.skip_synchronize():
+            hopt.step()
+        hopt.zero_grad()
+        records.append(StepMarks(1, step, "train", False, len(y), start, start, after_forward, after_backward,
+                                 clock.mark(), timer.take()).resolve(clock))
+        hvd_losses.append(loss.item())
+    out["hvd_losses"] = hvd_losses
+    out["hvd_final"] = _flat(model.parameters())
+    out["records"] = records
+    out["num_params"] = len(list(model.parameters()))
+
+    # no_sync: a backward that launches no all-reduce; gradients stay this rank's own.
+    x, y = batches[STEPS]
+    reference = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+    with hb.no_sync(hopt):
+        F.cross_entropy(model(x), y).backward()
+    out["nosync_launched"] = len(timer._pending)
+    out["nosync_grad"] = _flat(p.grad for p in model.parameters())
+    out["nosync_equals_local"] = bool(torch.equal(out["nosync_grad"], _flat(reference)))
+    hopt.zero_grad()  # refused by Horovod if placeholders of the no_sync pass were left behind
+    # and the hooks are live again: the next backward is averaged
+    F.cross_entropy(model(x), y).backward()
+    timer.synchronize()
+    out["sync_grad"] = _flat(p.grad for p in model.parameters())
+    out["local_grad"] = _flat(reference)
+    hopt.zero_grad()
+
+    hb.shutdown()  # closes rank 0's timeline
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, out)
+    return gathered
+
+
+@pytest.fixture(scope="module")
+def hvd_job(ray_connected, tmp_path_factory):
+    if not HOROVOD_OK:
+        pytest.skip(HOROVOD_WHY)
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
+    tmp = tmp_path_factory.mktemp("horovod")
+    timeline = tmp / "timeline.json"
+    trainer = TorchTrainer(
+        train_loop_per_worker=_job,
+        train_loop_config={"timeline": str(timeline)},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name="horovod_test", storage_path=str(tmp / "ray")),
+    )
+    result = trainer.fit()
+    return result.return_value, timeline
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+
+@needs_horovod
+def test_rendezvous_through_ray_gives_the_torch_ranks(hvd_job):
+    outs, _ = hvd_job
+    assert [o["rank"] for o in outs] == [0, 1]
+    for o in outs:
+        ours, horovods = o["ranks"]
+        assert ours == horovods == (o["rank"], 2, o["rank"], 0)  # one node: local rank = rank, cross rank 0
+        env = o["env"]
+        assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+        assert env["HOROVOD_GLOO_IFACE"] == "lo" and env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1"
+        # tuning reached the environment that hvd.init() read
+        assert env["HOROVOD_FUSION_THRESHOLD"] == str(FUSION_BYTES) and float(env["HOROVOD_CYCLE_TIME"]) == CYCLE_MS
+        assert o["mismatch_raised"], "a fusion threshold that init did not apply must be refused"
+
+
+@needs_horovod
+def test_wrap_optimizer_starts_every_rank_at_rank0s_parameters_and_ends_identical(hvd_job):
+    outs, _ = hvd_job
+    import torch
+
+    for o in outs:
+        assert o["start_equals_rank0"], "broadcast_parameters must give rank 0's init, unmoved by any optimizer step"
+        assert o["optimizer_state_after_wrap"] == 0
+    assert torch.equal(outs[0]["hvd_final"], outs[1]["hvd_final"])
+    assert outs[0]["hvd_losses"] != outs[1]["hvd_losses"]  # the ranks did see different data
+
+
+@needs_horovod
+def test_no_sync_keeps_gradients_rank_local(hvd_job):
+    outs, _ = hvd_job
+    import torch
+
+    for o in outs:
+        assert o["nosync_launched"] == 0  # no all-reduce was handed to Horovod
+        assert o["nosync_equals_local"]  # the gradient is this rank's own, bit for bit
+    assert not torch.allclose(outs[0]["nosync_grad"], outs[1]["nosync_grad"])
+    # after the block the hooks work again: the next backward is averaged across ranks
+    assert torch.equal(outs[0]["sync_grad"], outs[1]["sync_grad"])
+    mean_local = (outs[0]["local_grad"] + outs[1]["local_grad"]) / 2
+    assert torch.allclose(outs[0]["sync_grad"], mean_local, rtol=1e-5, atol=1e-7)
+
+
+@needs_horovod
+def test_step_records_time_horovod_communication(hvd_job):
+    outs, _ = hvd_job
+    for o in outs:
+        for record in o["records"]:
+            assert record["num_buckets"] == o["num_params"]  # one mark per parameter tensor
+            assert 0 <= record["exposed_comm_s"] <= record["backward_s"]
+            assert record["allreduce_s"] > 0
+
+
+@needs_horovod
+def test_timeline_parses_into_allreduce_intervals(hvd_job):
+    outs, timeline = hvd_job
+    assert timeline.is_file(), "rank 0 writes the timeline"
+    df = hb.parse_timeline(timeline)
+    assert list(df.columns) == ["tensor", "phase", "start_s", "end_s", "duration_s"]
+    assert len(df) > 0 and (df["phase"] == "ALLREDUCE").all()
+    assert (df["duration_s"] >= 0).all() and (df["end_s"] >= df["start_s"]).all()
+    # every parameter's gradient was all-reduced at least once per step
+    per_tensor = df.groupby("tensor").size()
+    assert len(per_tensor) >= outs[0]["num_params"]
+    assert per_tensor.max() >= STEPS
+    everything = hb.parse_timeline(timeline, phase=None)
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= set(everything["phase"])
+
+
+@needs_horovod
+def test_ddp_and_horovod_follow_the_same_loss_trajectory(hvd_job):
+    """Both average gradients over the ranks: the same math, so the same losses step by step."""
+    outs, _ = hvd_job
+    import torch
+
+    for o in outs:
+        ddp, hvd = torch.tensor(o["ddp_losses"]), torch.tensor(o["hvd_losses"])
+        assert len(ddp) == len(hvd) == STEPS
+        assert torch.allclose(hvd, ddp, rtol=1e-4, atol=0), (o["rank"], o["ddp_losses"], o["hvd_losses"])
+        assert torch.allclose(o["hvd_final"], o["ddp_final"], rtol=1e-4, atol=1e-6)
+    assert outs[0]["ddp_losses"][-1] < outs[0]["ddp_losses"][0]  # it did train
+
+
+# --- without horovod ---------------------------------------------------------------------------
+
+
+def test_compute_ranks_matches_horovods_coordinator():
+    # two nodes with two processes each, ranks interleaved across nodes
+    ranks = hb.compute_ranks([(0, 0), (1, 0), (0, 1), (1, 1)])
+    assert [(r.rank, r.local_rank, r.local_size, r.cross_rank, r.cross_size) for r in ranks] == [
+        (0, 0, 2, 0, 2), (1, 0, 2, 1, 2), (2, 1, 2, 0, 2), (3, 1, 2, 1, 2)]
+    # uneven nodes: local rank 1 exists on node 0 only
+    ranks = hb.compute_ranks([(0, 0), (0, 1), (1, 0)])
+    assert [(r.local_size, r.cross_rank, r.cross_size) for r in ranks] == [(2, 0, 2), (2, 0, 1), (1, 1, 2)]
+
+
+def test_tuning_env_and_validation(tmp_path):
+    tuning = hb.HorovodTuning.from_mb(4, 3.5, str(tmp_path / "t.json"))
+    assert tuning.env() == {"HOROVOD_FUSION_THRESHOLD": str(4 << 20), "HOROVOD_CYCLE_TIME": "3.5",
+                            "HOROVOD_TIMELINE": str(tmp_path / "t.json")}
+    assert hb.HorovodTuning().env() == {}
+    assert hb.HorovodTuning().effective()["fusion_threshold_bytes"] == 128 << 20
+    with pytest.raises(ValueError, match="absolute"):
+        hb.HorovodTuning(timeline_path="relative.json").env()
+
+
+def test_parse_timeline_reads_a_trace_cut_mid_event(tmp_path):
+    """Horovod's format: metadata lines, then events appended as `,{...}]` on one line; a file
+    read while Horovod writes can end inside an event, which is left out."""
+    path = tmp_path / "t.json"
+    head = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1700000000000000}},
+        {"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": 0}},
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "fc.weight"}},
+    ]
+    events = [
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 1000, "pid": 1},
+        {"ph": "E", "ts": 1500, "pid": 1},
+        {"ph": "B", "name": "ALLREDUCE", "ts": 1500, "pid": 1},
+        {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": 1600, "pid": 1},
+        {"ph": "E", "ts": 2600, "pid": 1},
+        {"ph": "E", "ts": 3000, "pid": 1},
+    ]
+    text = "[\n" + "".join(json.dumps(e) + ",\n" for e in head) + ",".join(json.dumps(e) for e in events)
+    path.write_text(text + "]")
+    complete = hb.parse_timeline(path)
+    assert complete.to_dict("records") == [pytest.approx(
+        {"tensor": "fc.weight", "phase": "ALLREDUCE", "start_s": 0.0015, "end_s": 0.003, "duration_s": 0.0015})]
+    assert complete.attrs["start_unix_s"] == 1700000000.0
+    path.write_text(text + ',{"ph": "B", "ts": 40')
+    assert hb.parse_timeline(path).to_dict("records") == complete.to_dict("records")
+    everything = hb.parse_timeline(path, phase=None)
+    assert set(everything["phase"]) == {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE"}
+    assert everything.set_index("phase").loc["GLOO_ALLREDUCE", "depth"] == 1
