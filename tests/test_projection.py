@@ -15,7 +15,7 @@ import pytest
 
 from scaling.errors import UsageError
 from scaling.projection import (
-    Cluster, Link, allreduce_s, fit_alpha_beta, load_cluster, main, preset_names, project_cluster_from_alpha_beta,
+    Cluster, cluster_from_alpha_beta, Link, allreduce_s, fit_alpha_beta, load_cluster, main, preset_names, project_cluster_from_alpha_beta,
     ring_allreduce_s, run_projection, schedule_buckets,
 )
 from scaling.projection.cluster import device_throughput, parse_cluster
@@ -329,6 +329,68 @@ def test_from_a_multi_worker_run_and_a_measured_schedule(tmp_path):
     df = run_projection("resnet50", "h100x8", [1, 2], from_run=run)
     assert df["backward_compute_s"].iloc[0] == pytest.approx(0.020)  # backward_s - exposed_comm_s
     assert df.attrs["schedule"].startswith("measured")
+
+
+def test_straggler_wait_by_hand():
+    from scaling.projection.compute import straggler_wait_s
+
+    # a persistent difference: rank b always 20 ms slower; the mean rank waits half of it
+    assert straggler_wait_s([[0.10, 0.10], [0.12, 0.12]]) == pytest.approx(0.01)
+    # equal ranks with jitter: E[max] over the 4 pairs of {0.1, 0.2} = (0.1 + 0.2 + 0.2 + 0.2) / 4 = 0.175
+    assert straggler_wait_s([[0.1, 0.2], [0.1, 0.2]]) == pytest.approx(0.025)
+    assert straggler_wait_s([[0.1, 0.2]]) == 0.0
+    # more runs: sampled, same expectation for identical constant runs
+    assert straggler_wait_s([[0.1]] * 3 + [[0.13]]) == pytest.approx(0.13 - (0.3 + 0.13) / 4)
+
+
+def _fake_concurrent_run(path, compute_s, start_unix, epochs=3, steps=10):
+    """A 1-worker small_cnn run whose steady-state steps take `compute_s` (data + forward + backward) + 5 ms optimizer."""
+    path.mkdir()
+    summary = {"model": "small_cnn", "num_workers": 1, "per_worker_batch": 64, "global_batch": 64, "precision": "fp32",
+               "data_s": 0.001, "forward_s": compute_s / 2, "backward_s": compute_s / 2 - 0.001, "optimizer_s": 0.005,
+               "hardware": {"cpu_model": "test CPU"}}
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "config.yaml").write_text("instrument:\n  ddp_bucket_cap_mb: 25.0\n  grad_compression: none\n")
+    rows = [{"epoch": e, "step": (e - 1) * steps + i, "kind": "train", "warmup": e == 1 and i < 2, "data_s": 0.001,
+             "forward_s": compute_s / 2, "backward_s": compute_s / 2 - 0.001, "optimizer_s": 0.005}
+            for e in range(1, epochs + 1) for i in range(steps)]
+    pd.DataFrame(rows).to_parquet(path / "steps.parquet")
+    train_s = steps * (compute_s + 0.005)
+    pd.DataFrame({"epoch": list(range(1, epochs + 1)), "samples": [640] * epochs, "train_s": [train_s] * epochs,
+                  "eval_s": [0.0] * epochs, "calibration_s": [0.0] * epochs,
+                  "elapsed_wall_s": [train_s * e for e in range(1, epochs + 1)],
+                  "first_step_unix": [start_unix] * epochs}).to_parquet(path / "epochs.parquet")
+    return path
+
+
+def test_from_concurrent_runs_adds_the_straggler_wait(tmp_path):
+    # two runs at once, 80 and 100 ms of compute before the all-reduce: the 2-worker step waits for the slower
+    a = _fake_concurrent_run(tmp_path / "a", 0.080, start_unix=1000.0)
+    b = _fake_concurrent_run(tmp_path / "b", 0.100, start_unix=1000.0)
+    df = run_projection("small_cnn", cluster_from_alpha_beta(0.0, 1e7), [1, 2], from_run=[a, b])
+    base, two = df.iloc[0], df.iloc[1]
+    assert base["step_s"] == pytest.approx(0.090 + 0.005) and base["straggler_s"] == 0.0
+    assert two["straggler_s"] == pytest.approx(0.010)  # max 100 ms - mean 90 ms
+    assert two["exposed_comm_s"] == pytest.approx(0.010 + 1_154_664 / 1e7)  # one bucket, ready at the end of backward
+    assert two["step_s"] == pytest.approx(0.095 + two["exposed_comm_s"])
+    assert any("straggler" in note for note in df.attrs["notes"])
+    # given explicitly, it replaces the measured one
+    none = run_projection("small_cnn", cluster_from_alpha_beta(0.0, 1e7), [1, 2], from_run=[a, b], straggler_s=0.0)
+    assert none["exposed_comm_s"].iloc[1] == pytest.approx(1_154_664 / 1e7)
+
+
+def test_concurrent_runs_must_overlap(tmp_path):
+    from scaling.projection.compute import compute_from_concurrent_runs
+
+    a = _fake_concurrent_run(tmp_path / "a", 0.080, start_unix=1000.0)  # 3 epochs of 0.85 s
+    late = _fake_concurrent_run(tmp_path / "late", 0.080, start_unix=1000.9)  # starts during a's epoch 2
+    compute = compute_from_concurrent_runs([a, late])
+    assert "epochs 2,3; 1,2" in compute.source  # only epochs that ran while both trained
+    never = _fake_concurrent_run(tmp_path / "never", 0.080, start_unix=2000.0)
+    with pytest.raises(UsageError, match="did not train at the same time"):
+        compute_from_concurrent_runs([a, never])
+    with pytest.raises(UsageError, match="at least two"):
+        compute_from_concurrent_runs([a])
 
 
 # ---------------------------------------------------------------------------- command line

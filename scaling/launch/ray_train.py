@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 
 from scaling.config import ExperimentConfig, from_dict
@@ -180,4 +181,34 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
             checkpoint_config=CheckpointConfig(num_to_keep=2),  # the latest is all a restart needs
         ),
     )
-    trainer.fit()
+    interrupted = []
+
+    def register_sigint(controller) -> None:
+        # Ray Train V2 installs a SIGINT handler in fit() that aborts the run and then exits the
+        # process (sys.exit), which would skip the run's summary and the sweep's bookkeeping. The
+        # lab's handler aborts the run the same graceful way, then fit() returns and the run
+        # ends as an interruption (KeyboardInterrupt), so it is marked and the sweep can resume.
+        import ray
+
+        def on_sigint(signum, frame):
+            interrupted.append(signum)
+            if len(interrupted) > 1:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the graceful abort
+            try:
+                ray.get(controller.abort.remote(), timeout=60)
+            except Exception:  # the controller is already gone: nothing left to abort
+                pass
+
+        signal.signal(signal.SIGINT, on_sigint)
+
+    trainer._register_sigint_handler = register_sigint  # Ray's hook point for this (data_parallel_trainer.py)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit()
+    except Exception:
+        if not interrupted:
+            raise
+    finally:
+        signal.signal(signal.SIGINT, previous)  # Ray leaves its handler installed after fit()
+    if interrupted:
+        raise KeyboardInterrupt

@@ -42,8 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs)")
     parser.add_argument("--per-gpu-batch", type=int, default=None, help="samples per GPU per step (default: the run's, else 64)")
     parser.add_argument("--precision", default=None, help="fp32 | amp (= fp16) | fp16 | bf16 (default: the run's, else fp32)")
-    parser.add_argument("--from-run", type=Path, default=None,
-                        help="run directory whose step times are the compute (a 1-worker run is best)")
+    parser.add_argument("--from-run", type=Path, nargs="+", default=None, metavar="RUN_DIR",
+                        help="run directory whose step times are the compute (a 1-worker run is best); several "
+                             "1-worker runs made at the same time, one per future rank, also measure the straggler wait")
+    parser.add_argument("--straggler-ms", type=float, default=None,
+                        help="wait for the slowest rank per synchronous step, added to exposed communication "
+                             "(default: what concurrent --from-run runs measured, else 0)")
     parser.add_argument("--samples-per-s", type=float, default=None,
                         help="one GPU's training throughput, instead of the device table or a run")
     parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
@@ -131,14 +135,19 @@ def run_from_args(args: argparse.Namespace, console=None) -> int:
     from scaling.projection.project import run_projection
 
     model = args.model
+    from_run = args.from_run
+    if isinstance(from_run, list) and len(from_run) == 1:
+        from_run = from_run[0]
     if model is None:
-        model = (run_model(args.from_run) if args.from_run is not None else None) or "resnet50"
+        first = from_run[0] if isinstance(from_run, list) else from_run
+        model = (run_model(first) if first is not None else None) or "resnet50"
     nodes = args.nodes if (args.nodes is not None or args.workers is not None) else "1,2,4,8,16"
     df = run_projection(
-        model, args.cluster, nodes, args.per_gpu_batch, args.precision, args.from_run,
+        model, args.cluster, nodes, args.per_gpu_batch, args.precision, from_run,
         workers=args.workers, samples_per_s=args.samples_per_s, dataset_size=args.dataset_size,
         epochs_to_target=args.epochs_to_target, allreduce=args.allreduce, grad_compression=args.grad_compression,
         bucket_cap_mb=args.bucket_cap_mb,
+        straggler_s=None if getattr(args, "straggler_ms", None) is None else args.straggler_ms / 1e3,
     )
     written = []
     if args.out is not None:

@@ -20,6 +20,23 @@ the projected compute is optimistic there). It is split as:
 - forward : backward in the ratio of their FLOPs in the model's layer table (ResNet-50:
   8.18 : 16.12 GFLOP per sample, about 1 : 2 -- backward computes the gradients w.r.t. inputs
   and weights, twice the forward's work, less the first layer's input gradient).
+
+From concurrent runs (`compute_from_concurrent_runs`): K one-worker runs started together, one
+where each rank of the synchronous run will be (e.g. one per node of a minicluster), so that
+every worker computes under the contention the K-rank run will see (shared cores, memory
+bandwidth, the node's other processes). Only the steps of epochs that ran while every run was
+training count (the runs' epoch records give each epoch's wall-clock interval). Each phase is
+the mean over runs of the run's steady-state mean (the lab's step_s is a mean over ranks).
+A synchronous step waits for its slowest rank at the all-reduce, so the runs also give
+
+    straggler_s = E[max over ranks of (data + forward + backward)] - mean over ranks of it,
+
+the expectation taken over one steady-state step drawn independently from each run (exact
+over all pairs for K = 2, 20,000 seeded draws otherwise). It holds a persistent difference
+between the workers (e.g. a node running more daemons) and per-step jitter alike. The lab
+counts that wait as communication (a fast rank's bucket all-reduce starts at its hand-over
+and ends with the slow rank's), so the projection adds it to the exposed communication of
+every multi-worker row; it is measured at K ranks and applied as-is at other counts.
 """
 
 from __future__ import annotations
@@ -57,6 +74,8 @@ class StepCompute:
     global_batch: int | None = None
     bucket_cap_mb: float | None = None  # a run's instrument.ddp_bucket_cap_mb (given explicitly to DDP)
     grad_compression: str | None = None  # a run's instrument.grad_compression
+    straggler_s: float = 0.0  # wait for the slowest rank per synchronous step (concurrent runs; 0 otherwise)
+    straggler_ranks: int | None = None  # how many concurrent runs measured straggler_s
 
     @property
     def step_s(self) -> float:
@@ -70,7 +89,7 @@ class StepCompute:
             raise UsageError(f"per-GPU batch must be a positive integer, got {per_worker_batch!r}")
         f = per_worker_batch / self.per_worker_batch
         return replace(self, data_s=self.data_s * f, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       per_worker_batch=per_worker_batch,
+                       straggler_s=self.straggler_s * f, per_worker_batch=per_worker_batch,
                        source=self.source + f"; scaled from batch {self.per_worker_batch} to {per_worker_batch} per GPU")
 
 
@@ -217,3 +236,96 @@ def run_model(run_dir: str | Path) -> str | None:
         return json.loads((Path(run_dir) / "summary.json").read_text()).get("model")
     except (OSError, json.JSONDecodeError):
         return None
+
+
+STRAGGLER_DRAWS = 20_000
+OVERLAP_FRACTION = 0.8  # an epoch counts when this much of its training ran while every run was training
+
+
+def _epoch_intervals(epochs) -> list[tuple[int, float, float]]:
+    """(epoch, start, end) of each epoch's training in unix seconds, from epochs.parquet.
+
+    elapsed_wall_s runs from the run's first step to the end of the epoch's validation, so the
+    training ended eval_s + calibration_s earlier and began train_s before that.
+    """
+    origin = float(epochs["first_step_unix"].min())
+    out = []
+    for row in epochs.itertuples(index=False):
+        end = origin + float(row.elapsed_wall_s) - float(getattr(row, "eval_s", 0.0) or 0.0) \
+            - float(getattr(row, "calibration_s", 0.0) or 0.0)
+        out.append((int(row.epoch), end - float(row.train_s), end))
+    return out
+
+
+def straggler_wait_s(per_run_samples, draws: int = STRAGGLER_DRAWS, seed: int = 0) -> float:
+    """E[max over runs of one step's time] - mean over runs of the mean step time.
+
+    One sample array per run (per-step seconds), drawn independently: exactly over every pair
+    for two runs, by `draws` seeded random draws for more. 0 for a single run.
+    """
+    import numpy as np
+
+    arrays = [np.asarray(a, dtype=float) for a in per_run_samples]
+    if any(a.size == 0 for a in arrays):
+        raise UsageError("straggler_wait_s: every run needs at least one step")
+    mean = float(np.mean([a.mean() for a in arrays]))
+    if len(arrays) == 1:
+        return 0.0
+    if len(arrays) == 2 and arrays[0].size * arrays[1].size <= 4_000_000:
+        expected_max = float(np.maximum.outer(arrays[0], arrays[1]).mean())
+    else:
+        rng = np.random.default_rng(seed)
+        picks = np.stack([rng.choice(a, size=draws) for a in arrays])
+        expected_max = float(picks.max(axis=0).mean())
+    return max(0.0, expected_max - mean)
+
+
+def compute_from_concurrent_runs(run_dirs) -> StepCompute:
+    """One worker's step, and the straggler wait, from K one-worker runs made at the same time.
+
+    Definitions in the module docstring. UsageError for fewer than two runs, a run that is not
+    a one-worker run, different models or batches, or runs without step records.
+    """
+    import pandas as pd
+
+    dirs = [Path(d) for d in run_dirs]
+    if len(dirs) < 2:
+        raise UsageError("concurrent runs: give at least two one-worker run directories")
+    singles = [compute_from_run(d) for d in dirs]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    for d, summary in zip(dirs, summaries):
+        if int(summary["num_workers"]) != 1:
+            raise UsageError(f"concurrent runs: {d} ran {summary['num_workers']} workers; each must be a one-worker run")
+    if len({s["model"] for s in summaries}) > 1 or len({c.per_worker_batch for c in singles}) > 1 \
+            or len({c.precision for c in singles}) > 1:
+        raise UsageError("concurrent runs: the runs differ in model, batch or precision")
+    steps, intervals = [], []
+    for d in dirs:
+        if not (d / "steps.parquet").is_file() or not (d / "epochs.parquet").is_file():
+            raise UsageError(f"concurrent runs: {d} has no steps.parquet or epochs.parquet (step timing off?)")
+        frame = pd.read_parquet(d / "steps.parquet")
+        steps.append(frame[(frame["kind"] == "train") & (~frame["warmup"].astype(bool))])
+        intervals.append(_epoch_intervals(pd.read_parquet(d / "epochs.parquet")))
+    window_start = max(iv[0][1] for iv in intervals)
+    window_end = min(iv[-1][2] for iv in intervals)
+    kept_steps, kept_epochs = [], []
+    for frame, iv in zip(steps, intervals):
+        keep = [e for e, start, end in iv
+                if end > start and (min(end, window_end) - max(start, window_start)) >= OVERLAP_FRACTION * (end - start)]
+        chosen = frame[frame["epoch"].isin(keep)]
+        if chosen.empty:
+            raise UsageError("concurrent runs: the runs did not train at the same time (no epoch overlaps the others)")
+        kept_steps.append(chosen)
+        kept_epochs.append(keep)
+    means = {k: float(sum(f[k].mean() for f in kept_steps) / len(kept_steps))
+             for k in ("data_s", "forward_s", "backward_s", "optimizer_s")}
+    before_allreduce = [(f["data_s"] + f["forward_s"] + f["backward_s"]).to_numpy() for f in kept_steps]
+    straggler = straggler_wait_s(before_allreduce)
+    per_run = ", ".join(f"{1e3 * float((f['data_s'] + f['forward_s'] + f['backward_s'] + f['optimizer_s']).mean()):.1f}"
+                        for f in kept_steps)
+    first = singles[0]
+    source = (f"{len(dirs)} concurrent 1-worker runs ({', '.join(d.name for d in dirs)}): {first.device}, batch "
+              f"{first.per_worker_batch}; step {per_run} ms each (epochs {'; '.join(','.join(map(str, k)) for k in kept_epochs)}, "
+              f"those run while every run trained), phases averaged; straggler wait {1e3 * straggler:.1f} ms")
+    return replace(first, source=source, measured_num_buckets=None, straggler_s=straggler, straggler_ranks=len(dirs),
+                   measured_ready_fractions=None, measured_bucket_bytes=None, **means)

@@ -13,13 +13,17 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   and are all-reduced in order, one at a time, each at max(its ready time, the previous
   bucket's finish), costed with the alpha-beta model of the cluster's algorithm
   (scaling/projection/cost.py); exposed = finish of the last bucket - end of backward compute,
-  >= 0. At one worker there is no all-reduce: exposed = 0.
+  >= 0, plus straggler_s. At one worker there is no all-reduce: exposed = 0.
+- straggler_s: the wait for the slowest rank per synchronous step, mean over ranks: 0 unless
+  measured (compute from concurrent one-worker runs, scaling/projection/compute.py) or given.
+  The lab's per-rank exposed communication and A/B difference both contain it (a fast rank's
+  all-reduce ends with the slow rank's), so it is part of exposed_comm_s here.
 - comm_overhead_pct = 100 x exposed_comm_s / step_s. The lab measures (t_sync - t_no_sync) /
   t_sync (scaling/analysis/run_metrics.py); in this model t_sync - t_no_sync is the exposed
   communication (hidden communication costs nothing), so the two coincide: exposed_comm_pct
   and comm_overhead_pct are the same number here.
 - allreduce_s: time with an all-reduce in flight (the sum of the bucket costs: they run one at
-  a time), the lab's `allreduce_s`.
+  a time, plus straggler_s, which a fast rank spends inside its all-reduce), the lab's `allreduce_s`.
 - throughput_samples_per_s = num_workers x per-GPU batch / step_s;
   speedup_throughput = throughput(N) / throughput(1 GPU); efficiency_throughput = speedup / N.
 - steps_per_epoch = floor(samples per epoch / global batch) (DistributedSampler with
@@ -47,7 +51,9 @@ import pandas as pd
 
 from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, describe_link, load_cluster, normalize_precision
-from scaling.projection.compute import StepCompute, compute_from_device, compute_from_run, run_model
+from scaling.projection.compute import (
+    StepCompute, compute_from_concurrent_runs, compute_from_device, compute_from_run, run_model,
+)
 from scaling.projection.cost import allreduce_s, simulate
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, load_layer_table, model_buckets,
@@ -59,7 +65,7 @@ TTA_CAVEAT = ("TTA beyond the measured global batches extrapolates epochs-to-tar
 COLUMNS = (
     "num_nodes", "workers_per_node", "num_workers", "per_worker_batch", "global_batch",
     "data_s", "forward_s", "backward_compute_s", "backward_s", "optimizer_s", "step_s",
-    "allreduce_s", "exposed_comm_s", "exposed_comm_pct", "comm_overhead_pct",
+    "allreduce_s", "straggler_s", "exposed_comm_s", "exposed_comm_pct", "comm_overhead_pct",
     "throughput_samples_per_s", "speedup_throughput", "efficiency_throughput",
     "steps_per_epoch", "time_per_epoch_s", "speedup_time_per_epoch",
     "num_buckets", "grad_bytes", "allreduce_algorithm",
@@ -150,11 +156,15 @@ def placements(nodes: Sequence[int] | None, workers: Sequence[int] | None, gpus_
 def _resolve_compute(model: str, cluster: Cluster, per_gpu_batch: int | None, precision: str | None,
                      from_run, samples_per_s: float | None) -> tuple[StepCompute, list[str]]:
     notes = []
+    runs = list(from_run) if isinstance(from_run, (list, tuple)) else None
+    if runs is not None and len(runs) == 1:
+        from_run, runs = runs[0], None
     if from_run is not None:
-        trained = run_model(from_run)
-        if trained is not None and trained != model:
-            raise UsageError(f"--from-run {from_run} trained {trained}, not {model}; drop --model or give a {model} run")
-        compute = compute_from_run(from_run)
+        for run in runs or [from_run]:
+            trained = run_model(run)
+            if trained is not None and trained != model:
+                raise UsageError(f"--from-run {run} trained {trained}, not {model}; drop --model or give a {model} run")
+        compute = compute_from_concurrent_runs(runs) if runs else compute_from_run(from_run)
         if precision is not None and normalize_precision(precision) != compute.precision:
             raise UsageError(f"--from-run {from_run} ran at {compute.precision}; --precision {precision} "
                              f"would need another run")
@@ -181,6 +191,7 @@ def run_projection(
     allreduce: str | None = None,
     grad_compression: str | None = None,
     bucket_cap_mb: float | None = None,
+    straggler_s: float | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -189,8 +200,10 @@ def run_projection(
     nodes: node counts (all GPUs of each node used); workers: worker counts instead (a count
     up to a node's GPUs stays in one node). per_gpu_batch: default the run's, else 64.
     precision: fp32 | amp (= fp16) | fp16 | bf16 (default the run's, else fp32).
-    from_run: a run directory whose one-worker step times are the compute (else the cluster
-    device's published throughput, or `samples_per_s`). dataset_size: samples per epoch
+    from_run: a run directory whose one-worker step times are the compute, or a list of
+    one-worker runs made at the same time, one per future rank, which also give straggler_s
+    (compute.compute_from_concurrent_runs); else the cluster device's published throughput,
+    or `samples_per_s`. dataset_size: samples per epoch
     (default the run's, else the model's usual dataset). epochs_to_target: {global batch:
     epochs} measured at smaller scale, for TTA. allreduce: ring | hierarchical (default the
     cluster's). grad_compression: none | fp16 | bf16 (DDP's compression hooks: 2 bytes per
@@ -198,6 +211,8 @@ def run_projection(
     explicitly (first bucket = the same cap), default the run's `instrument.ddp_bucket_cap_mb`,
     else DDP's own default (no argument: 25 MiB, first bucket 1 MiB). The lab always passes it
     (25.0 by default), so projections from its runs have no 1 MiB first bucket.
+    straggler_s: seconds per synchronous step spent waiting for the slowest rank (default: what
+    concurrent runs measured, else 0), added to every multi-worker row's exposed communication.
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
     links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
@@ -213,6 +228,15 @@ def run_projection(
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
     compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s)
     b = compute.per_worker_batch
+    if straggler_s is None:
+        straggler_s = compute.straggler_s
+    elif not (isinstance(straggler_s, (int, float)) and math.isfinite(straggler_s) and straggler_s >= 0):
+        raise UsageError(f"straggler_s must be a number >= 0, got {straggler_s!r}")
+    if straggler_s:
+        measured = (f"measured by {compute.straggler_ranks} concurrent 1-worker runs"
+                    if compute.straggler_ranks and straggler_s == compute.straggler_s else "given")
+        notes.append(f"straggler: {1e3 * straggler_s:.1f} ms per step at every worker count > 1 ({measured}): "
+                     f"the wait for the slowest rank, counted as exposed communication, as the lab measures it")
     if grad_compression is None:
         grad_compression = compute.grad_compression or "none"
     cap_from_run = bucket_cap_mb is None and compute.bucket_cap_mb is not None
@@ -264,8 +288,9 @@ def run_projection(
 
         ready = [f * compute.backward_s for f in fractions]
         sched = simulate(wire_bytes, ready, compute.backward_s, cost) if n > 1 else None
-        exposed = sched.exposed_s if sched else 0.0
-        busy = sched.busy_s if sched else 0.0
+        wait = straggler_s if sched else 0.0
+        exposed = sched.exposed_s + wait if sched else 0.0
+        busy = sched.busy_s + wait if sched else 0.0
         step = compute.step_s + exposed
         throughput = n * b / step
         steps_per_epoch = samples_per_epoch // (n * b)
@@ -273,7 +298,8 @@ def run_projection(
             "num_nodes": n_nodes, "workers_per_node": per_node, "num_workers": n, "per_worker_batch": b,
             "global_batch": n * b, "data_s": compute.data_s, "forward_s": compute.forward_s,
             "backward_compute_s": compute.backward_s, "backward_s": compute.backward_s + exposed,
-            "optimizer_s": compute.optimizer_s, "step_s": step, "allreduce_s": busy, "exposed_comm_s": exposed,
+            "optimizer_s": compute.optimizer_s, "step_s": step, "allreduce_s": busy, "straggler_s": wait,
+            "exposed_comm_s": exposed,
             "exposed_comm_pct": 100 * exposed / step, "comm_overhead_pct": 100 * exposed / step,
             "throughput_samples_per_s": throughput, "steps_per_epoch": steps_per_epoch,
             "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,

@@ -1,0 +1,512 @@
+"""Benchmark: the scaling projection, calibrated on this machine, against measured 2-node minicluster runs at several link caps (root).
+
+    .venv/bin/python bench/projection_vs_minicluster.py
+
+Brings up a 2-node minicluster (network namespaces "proj", 10.216.0.0/24, one CPU and one Ray
+node each), and in this order:
+1. at every cap of experiments/projection-minicluster.yaml (each node's egress capped by tc
+   tbf), times gloo all-reduces of 64 KB .. 16 MB between the two nodes (one process group
+   kept across caps: bench/allreduce_sizes_probe.py), fits the ring's alpha and beta per cap
+   (`fit_alpha_beta`), and times the model's own gradient size with the lab's probe
+   (`minicluster.allreduce_seconds`) as a check of the fit;
+2. measures the one-worker compute of the workload (the quickstart CNN, batch 64 per worker,
+   one 25 MB DDP bucket holding all 1.15 MB of gradients): one 1-worker run alone, then two
+   1-worker runs at once, one per node, which compute under the contention of the 2-worker run
+   (both cores busy, each node's own Ray processes);
+3. predicts each 2-worker run's step time and comm overhead with scaling.projection
+   (`project_cluster_from_alpha_beta`, flat ring over the cap's fitted alpha and beta,
+   bucket_cap_mb = 25 as the lab passes it): the headline model takes the compute from the two
+   concurrent runs and adds the wait for the slower rank they measure (straggler_s); two
+   simpler variants are recorded beside it (no straggler term; the solo run) -- and writes
+   the predictions to the results file before any 2-worker run starts;
+4. runs the 2-worker sweep (the caps are its `workers.link_bandwidth` axis), reads step_s and
+   comm_overhead_pct from runs.parquet, decomposes each run's step into compute, the in-run
+   all-reduce and the wait for the slower rank (steps.parquet), and repeats the two
+   concurrent 1-worker runs after the sweep to measure how far the machine drifted;
+5. takes the cluster down (always), writes bench/results/projection_vs_minicluster.json and
+   bench/results/projection_vs_minicluster.png.
+
+Goal: predicted step time within 10% of measured, and comm overhead within 5 percentage
+points, at every cap. The machine is shared (2 cores; other jobs run at the same time): the
+load average is sampled every 2 s and reported per phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from benchlib import command_line, load_average  # noqa: E402
+
+from scaling.launch import minicluster as mc  # noqa: E402
+from scaling.projection import fit_alpha_beta, project_cluster_from_alpha_beta  # noqa: E402
+from scaling.projection.compute import compute_from_concurrent_runs, compute_from_run  # noqa: E402
+
+NAME = "proj"
+SUBNET = "10.216.0.0/24"
+CONFIG = "experiments/projection-minicluster.yaml"
+MODEL = "small_cnn"
+GRADIENT_BYTES = 288_666 * 4  # small_cnn's fp32 gradients: one bucket at bucket_cap_mb = 25
+BUCKET_CAP_MB = 25.0
+SIZES = (65_536, 262_144, 1_048_576, 4_194_304, 16_777_216)
+PROBE_ITERS = 5
+BASELINE_EPOCHS = 6  # 1-worker runs: 64 steps per epoch; more epochs than the sweep, so the concurrent pair overlaps
+GOAL_STEP_REL = 0.10
+GOAL_OVERHEAD_PP = 5.0
+N = 2
+OUT_JSON = REPO / "bench" / "results" / "projection_vs_minicluster.json"
+OUT_PNG = REPO / "bench" / "results" / "projection_vs_minicluster.png"
+SCALING = str(Path(sys.executable).parent / "scaling")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class LoadSampler:
+    """/proc/loadavg's 1-minute figure every `period` s, tagged with the phase running."""
+
+    def __init__(self, period: float = 2.0):
+        self.period, self.phase, self.samples = period, "start", []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            load = load_average()
+            if load:
+                self.samples.append((time.time(), self.phase, load[0]))
+            self._stop.wait(self.period)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def by_phase(self) -> dict:
+        out = {}
+        for phase in dict.fromkeys(p for _, p, _ in self.samples):
+            values = [v for _, p, v in self.samples if p == phase]
+            out[phase] = {"mean_load1": round(sum(values) / len(values), 2), "max_load1": max(values), "samples": len(values)}
+        return out
+
+
+def sweep_caps() -> list[str]:
+    import yaml
+
+    data = yaml.safe_load((REPO / CONFIG).read_text())
+    return list(data["sweep"]["axes"]["workers.link_bandwidth"])
+
+
+# ---------------------------------------------------------------------------- 1. all-reduce fits
+
+
+class SizesProbe:
+    """Two ranks of bench/allreduce_sizes_probe.py, one per node, alive across cap changes."""
+
+    def __init__(self, cluster: mc.MiniCluster):
+        env = cluster.env()
+        self.processes = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", node.namespace, sys.executable, str(REPO / "bench" / "allreduce_sizes_probe.py"),
+                 f"--rank={node.index}", f"--world={N}", f"--master={cluster.head.ip}"],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True,
+            )
+            for node in cluster.nodes[:N]
+        ]
+        ready = self.processes[0].stdout.readline()
+        if not ready.strip():
+            raise RuntimeError(f"all-reduce probe did not start: {self.processes[0].stderr.read()[-400:]}")
+
+    def measure(self, sizes, iters: int) -> list[dict]:
+        line = json.dumps({"sizes": list(sizes), "iters": iters}) + "\n"
+        for p in self.processes:
+            p.stdin.write(line)
+            p.stdin.flush()
+        answer = self.processes[0].stdout.readline()
+        if not answer.strip():
+            raise RuntimeError(f"all-reduce probe failed: {self.processes[0].stderr.read()[-400:]}")
+        return json.loads(answer)["results"]
+
+    def close(self):
+        for p in self.processes:
+            try:
+                p.stdin.write("\n")
+                p.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+        for p in self.processes:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def fit_caps(caps: list[str]) -> dict:
+    cluster = mc.load(NAME)
+    probe = SizesProbe(cluster)
+    fits = {}
+    try:
+        for cap in caps:
+            mc.set_bandwidth(cap, NAME)
+            results = probe.measure(SIZES, PROBE_ITERS)
+            sizes = [r["bytes"] for r in results]
+            medians = [r["median_s"] for r in results]
+            fit = fit_alpha_beta(sizes, medians, N)
+            line_rate = mc.rate_bits_per_s(cap) / 8 if cap != "uncapped" else None
+            check = mc.allreduce_seconds(GRADIENT_BYTES, NAME, iters=PROBE_ITERS, nodes=N)
+            fits[cap] = {
+                "cap": cap,
+                "line_rate_bytes_per_s": line_rate,
+                "sizes_bytes": sizes,
+                "median_s": medians,
+                "seconds": [r["seconds"] for r in results],
+                # nccl-tests: algbw = S / t, busbw = algbw x 2(n-1)/n (= algbw at n = 2)
+                "busbw_bytes_per_s": [s / t * 2 * (N - 1) / N for s, t in zip(sizes, medians)],
+                "alpha_s": fit.alpha_s,
+                "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+                "beta_s_per_byte": fit.beta_s_per_byte,
+                "fit_rms_relative_error": fit.rms_relative_error,
+                "bandwidth_over_line_rate": fit.bandwidth_bytes_per_s / line_rate if line_rate else None,
+                "gradient_allreduce_fitted_s": fit.predict_s(GRADIENT_BYTES),
+                "gradient_allreduce_probe_s": check["median_s"],
+                "gradient_allreduce_probe_seconds": check["seconds"],
+            }
+            log(f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
+                f"(rms {100 * fit.rms_relative_error:.1f}%); {GRADIENT_BYTES / 1e6:.2f} MB: fitted "
+                f"{1e3 * fit.predict_s(GRADIENT_BYTES):.1f} ms, lab probe {1e3 * check['median_s']:.1f} ms")
+    finally:
+        probe.close()
+    return fits
+
+
+# ---------------------------------------------------------------------------- runs inside the cluster
+
+
+def exec_command(args: list[str], node: int, log_path: Path) -> subprocess.Popen:
+    log_file = open(log_path, "w")
+    return subprocess.Popen([SCALING, "minicluster", "exec", "--name", NAME, "--node", str(node), "--", SCALING, *args],
+                            cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def one_worker_runs(out_dirs: list[Path], logs: Path) -> None:
+    """1-worker runs of CONFIG, all at once, the i-th driver in node i's namespace."""
+    processes = [
+        exec_command(["run", CONFIG, "--workers", "1", "--out", str(d), "--set", f"train.max_epochs={BASELINE_EPOCHS}"],
+                     i % N, logs / f"{d.name}.log")
+        for i, d in enumerate(out_dirs)
+    ]
+    for d, p in zip(out_dirs, processes):
+        if p.wait() != 0 or not (d / "summary.json").is_file():
+            raise RuntimeError(f"1-worker run {d} failed (log: {logs / (d.name + '.log')})")
+
+
+def run_figures(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    keys = ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")
+    return {"run_dir": str(run_dir), **{k: summary.get(k) for k in keys}}
+
+
+def concurrent_compute(dirs: list[Path]) -> dict:
+    compute = compute_from_concurrent_runs(dirs)
+    singles = [run_figures(d) for d in dirs]
+    return {
+        "runs": singles,
+        "source": compute.source,
+        "data_s": compute.data_s, "forward_s": compute.forward_s, "backward_s": compute.backward_s,
+        "optimizer_s": compute.optimizer_s, "step_s": compute.step_s, "straggler_s": compute.straggler_s,
+    }
+
+
+# ---------------------------------------------------------------------------- predictions
+
+
+PREDICTED = ("step_s", "comm_overhead_pct", "exposed_comm_s", "straggler_s", "allreduce_s", "data_s", "forward_s",
+             "backward_compute_s", "optimizer_s", "num_buckets", "grad_bytes")
+
+
+def predict(fit: dict, from_run, straggler_s: float | None = None) -> dict:
+    df = project_cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], [1, N], gpus_per_node=1,
+                                         model=MODEL, from_run=from_run, bucket_cap_mb=BUCKET_CAP_MB,
+                                         straggler_s=straggler_s)
+    row = df[df["num_workers"] == N].iloc[0]
+    out = {k: float(row[k]) for k in PREDICTED}
+    out["notes"] = list(df.attrs.get("notes", []))
+    return out
+
+
+MODELS = {
+    "concurrent+straggler": "headline: compute from the two concurrent 1-worker runs, plus the wait for the slower rank they measure",
+    "concurrent": "compute from the two concurrent 1-worker runs, no straggler term",
+    "solo": "compute from the 1-worker run alone (the projection's plain --from-run)",
+}
+
+
+def predictions(fits: dict, solo: Path, pair: list[Path]) -> dict:
+    out = {}
+    for cap, fit in fits.items():
+        out[cap] = {
+            "concurrent+straggler": predict(fit, [str(p) for p in pair]),
+            "concurrent": predict(fit, [str(p) for p in pair], straggler_s=0.0),
+            "solo": predict(fit, str(solo)),
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------- measurements
+
+
+def measured(sweep_dir: Path) -> dict:
+    import pandas as pd
+
+    runs = pd.read_parquet(sweep_dir / "runs.parquet")
+    out = {}
+    for _, run in runs.iterrows():
+        cap = run["link_bandwidth"]
+        run_dir = Path(run["run_dir"])
+        if not run_dir.is_absolute():
+            run_dir = sweep_dir / run_dir
+        row = {k: (None if pd.isna(run.get(k)) else float(run[k])) for k in (
+            "step_s", "comm_overhead_pct", "comm_delta_s", "exposed_comm_s", "exposed_comm_pct", "allreduce_s",
+            "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")}
+        row.update(status=run["status"], run_dir=str(run_dir), diagnosis=decompose(run_dir))
+        out[cap] = row
+    return out
+
+
+def decompose(run_dir: Path) -> dict:
+    """Each steady-state step of a 2-worker run cut into compute, the all-reduce and the wait.
+
+    Per step, the slower rank hands its bucket over last and its exposed time is the all-reduce
+    itself (min over ranks of exposed_comm_s); the faster rank's exposed time also holds its
+    wait for the slower one. Means over steps and ranks, as the lab's step_s.
+    """
+    import pandas as pd
+
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    train = steps[(steps["kind"] == "train") & (~steps["warmup"].astype(bool))].copy()
+    train["own_compute_s"] = train["step_s"] - train["exposed_comm_s"]
+    exposed = train.pivot_table(index="step", columns="rank", values="exposed_comm_s").dropna()
+    transfer = exposed.min(axis=1)
+    wait = exposed.sub(transfer, axis=0).mean(axis=1)
+    per_rank = train.groupby("rank")["own_compute_s"].mean()
+    calib = steps[steps["kind"] == "calib_nosync"].groupby("rank")["step_s"].median()
+    return {
+        "compute_s": float(per_rank.mean()),
+        "compute_s_per_rank": [float(v) for v in per_rank],
+        "allreduce_in_run_s": float(transfer.mean()),
+        "allreduce_in_run_median_s": float(transfer.median()),
+        "straggler_wait_s": float(wait.mean()),
+        "calib_nosync_fwd_bwd_s_per_rank": [float(v) for v in calib],
+    }
+
+
+# ---------------------------------------------------------------------------- comparison, figure
+
+
+def compare(preds: dict, meas: dict, fits: dict, headline: str = "concurrent+straggler") -> list[dict]:
+    rows = []
+    for cap in preds:
+        m = meas.get(cap)
+        row = {"cap": cap, "line_rate_bits_per_s": mc.rate_bits_per_s(cap) if cap != "uncapped" else None}
+        for model, p in preds[cap].items():
+            row[f"predicted_step_s[{model}]"] = p["step_s"]
+            row[f"predicted_comm_overhead_pct[{model}]"] = p["comm_overhead_pct"]
+        if m and m["step_s"] and m["comm_overhead_pct"] is not None:
+            row["measured_step_s"] = m["step_s"]
+            row["measured_comm_overhead_pct"] = m["comm_overhead_pct"]
+            for model, p in preds[cap].items():
+                row[f"step_error_pct[{model}]"] = 100 * (p["step_s"] - m["step_s"]) / m["step_s"]
+                row[f"overhead_error_pp[{model}]"] = p["comm_overhead_pct"] - m["comm_overhead_pct"]
+            row["step_pass"] = abs(row[f"step_error_pct[{headline}]"]) <= 100 * GOAL_STEP_REL
+            row["overhead_pass"] = abs(row[f"overhead_error_pp[{headline}]"]) <= GOAL_OVERHEAD_PP
+            p, d = preds[cap][headline], m["diagnosis"]
+            # where the step-time error sits (predicted - measured, ms), by term
+            row["error_by_term_ms"] = {
+                "compute": 1e3 * (p["step_s"] - p["exposed_comm_s"] - d["compute_s"]),
+                "allreduce": 1e3 * (fits[cap]["gradient_allreduce_fitted_s"] - d["allreduce_in_run_s"]),
+                "straggler": 1e3 * (p["straggler_s"] - d["straggler_wait_s"]),
+            }
+        else:
+            row.update(measured_step_s=None, measured_comm_overhead_pct=None, step_pass=False, overhead_pass=False)
+        rows.append(row)
+    return rows
+
+
+def figure(rows: list[dict], fits: dict, meas: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    caps = [r["cap"] for r in rows]
+    x = [r["line_rate_bits_per_s"] / 1e6 for r in rows]
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_step, ax_ovh, ax_ar = fig.subplots(1, 3)
+    styles = {"concurrent+straggler": dict(color="C0", lw=2, marker="o", label="predicted (concurrent + straggler)"),
+              "concurrent": dict(color="C0", lw=1, ls="--", marker=".", label="predicted, no straggler term"),
+              "solo": dict(color="C2", lw=1, ls=":", marker=".", label="predicted from the solo 1-worker run")}
+    for model, style in styles.items():
+        ax_step.plot(x, [1e3 * r[f"predicted_step_s[{model}]"] for r in rows], **style)
+        ax_ovh.plot(x, [r[f"predicted_comm_overhead_pct[{model}]"] for r in rows], **style)
+    head = [1e3 * r["predicted_step_s[concurrent+straggler]"] for r in rows]
+    ax_step.fill_between(x, [0.9 * h for h in head], [1.1 * h for h in head], color="C0", alpha=0.12, label="goal: ±10%")
+    ovh = [r["predicted_comm_overhead_pct[concurrent+straggler]"] for r in rows]
+    ax_ovh.fill_between(x, [o - 5 for o in ovh], [o + 5 for o in ovh], color="C0", alpha=0.12, label="goal: ±5 pp")
+    mx = [xi for xi, r in zip(x, rows) if r.get("measured_step_s")]
+    ax_step.plot(mx, [1e3 * r["measured_step_s"] for r in rows if r.get("measured_step_s")], "ks", ms=7, label="measured (2 workers, 2 nodes)")
+    ax_ovh.plot(mx, [r["measured_comm_overhead_pct"] for r in rows if r.get("measured_step_s")], "ks", ms=7, label="measured (A/B)")
+    ax_ar.plot(x, [1e3 * fits[c]["gradient_allreduce_fitted_s"] for c in caps], "C0o-", label="alpha-beta fit")
+    ax_ar.plot(x, [1e3 * fits[c]["gradient_allreduce_probe_s"] for c in caps], "C1^", ms=8, label="idle probe (lab's allreduce_seconds)")
+    ax_ar.plot([xi for xi, c in zip(x, caps) if c in meas], [1e3 * meas[c]["diagnosis"]["allreduce_in_run_s"] for c in caps if c in meas],
+               "ks", ms=7, label="in the 2-worker run (slower rank's exposed)")
+    ax_ar.plot(x, [GRADIENT_BYTES * 8 / (xi * 1e6) * 1e3 for xi in x], color="0.5", lw=1, ls="--", label="S / line rate")
+    for ax, title, ylabel in ((ax_step, "step time", "ms per step"), (ax_ovh, "communication overhead", "% of step"),
+                              (ax_ar, f"all-reduce of the {GRADIENT_BYTES / 1e6:.2f} MB gradient bucket", "ms")):
+        ax.set_xscale("log")
+        ax.set_xticks(x, [c.replace("mbit", " Mbit/s") for c in caps])
+        ax.minorticks_off()
+        ax.set_xlabel("link cap per node (tc tbf)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_ar.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    ax_ar.yaxis.set_major_formatter(ScalarFormatter())
+    fig.suptitle("small_cnn, batch 64 per worker, 2 workers on 2 minicluster nodes: projection (predicted before the runs) vs measured",
+                 fontsize=10)
+    fig.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def write(record: dict) -> None:
+    OUT_JSON.parent.mkdir(parents=True, exist_ok=True)
+    tmp = OUT_JSON.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n")
+    os.chmod(tmp, 0o644)
+    tmp.replace(OUT_JSON)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=None,
+                        help="where the runs go (default results/projection-vs-minicluster/<time>)")
+    args = parser.parse_args()
+    started = time.time()
+    from benchlib import describe_machine
+
+    load_start = load_average()
+    caps = sweep_caps()
+    work = (args.work or REPO / "results" / "projection-vs-minicluster" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": "projection_vs_minicluster",
+        "what": " ".join(__doc__.split("\n\n")[0].split()),
+        "command": command_line(),
+        "config": CONFIG,
+        "model": MODEL,
+        "gradient_bytes": GRADIENT_BYTES,
+        "bucket_cap_mb": BUCKET_CAP_MB,
+        "caps": caps,
+        "goal": {"step_time_relative": GOAL_STEP_REL, "comm_overhead_pp": GOAL_OVERHEAD_PP,
+                 "judged_on": "concurrent+straggler"},
+        "models": MODELS,
+        "work_dir": str(work),
+        "status": "started",
+    }
+    sampler = LoadSampler().start()
+    meas, drift = {}, None
+    log(f"minicluster {NAME!r} up (2 nodes, 1 CPU each, {SUBNET}); runs under {work}")
+    sampler.phase = "up"
+    mc.up(N, None, 1, NAME, SUBNET, log=lambda m: None)
+    try:
+        sampler.phase = "allreduce_fits"
+        fits = fit_caps(caps)
+        record["fits"] = fits
+        mc.set_bandwidth(None, NAME)  # 1-worker runs do not communicate; no cap
+        sampler.phase = "baseline_solo"
+        solo = work / "w1-solo"
+        log("1-worker run alone")
+        one_worker_runs([solo], logs)
+        sampler.phase = "baseline_concurrent"
+        pair = [work / "w1-concurrent-a", work / "w1-concurrent-b"]
+        log("two 1-worker runs at once, one per node")
+        one_worker_runs(pair, logs)
+        record["baseline"] = {"solo": run_figures(solo), "concurrent": concurrent_compute(pair)}
+        record["predictions"] = predictions(fits, solo, pair)
+        record["status"] = "predicted"
+        record["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        write(record)  # the predictions are on disk before any 2-worker run starts
+        for cap in caps:
+            p = record["predictions"][cap]["concurrent+straggler"]
+            log(f"predicted at {cap}: step {1e3 * p['step_s']:.1f} ms, comm overhead {p['comm_overhead_pct']:.1f}%")
+        sampler.phase = "sweep"
+        sweep_dir = work / "sweep"
+        log(f"2-worker sweep over {', '.join(caps)}")
+        sweep = exec_command(["sweep", CONFIG, "--out", str(sweep_dir)], 0, logs / "sweep.log")
+        sweep.wait()
+        meas = measured(sweep_dir) if (sweep_dir / "runs.parquet").is_file() else {}
+        sampler.phase = "drift_check"
+        mc.set_bandwidth(None, NAME)
+        after = [work / "w1-concurrent-after-a", work / "w1-concurrent-after-b"]
+        log("drift check: two 1-worker runs at once again")
+        try:
+            one_worker_runs(after, logs)
+            drift = concurrent_compute(after)
+        except Exception as exc:  # noqa: BLE001 -- a failed check is reported, not fatal
+            drift = {"error": str(exc)}
+    finally:
+        sampler.phase = "down"
+        mc.down(NAME, log=lambda m: None)
+        sampler.stop()
+    rows = compare(record["predictions"], meas, record["fits"])
+    record.update(
+        status="done",
+        measured=meas,
+        comparison=rows,
+        drift_check=drift,
+        goal_met=bool(rows) and all(r["step_pass"] and r["overhead_pass"] for r in rows),
+        load_by_phase=sampler.by_phase(),
+        date=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        wall_s=round(time.time() - started, 1),
+        machine=describe_machine(load_start),
+    )
+    figure(rows, record["fits"], meas, OUT_PNG)
+    write(record)
+    print()
+    print(f"{'cap':>9} {'pred step':>10} {'meas step':>10} {'err':>7} {'pred ovh':>9} {'meas ovh':>9} {'diff':>7}")
+    for r in rows:
+        if r.get("measured_step_s") is None:
+            print(f"{r['cap']:>9}  no measurement")
+            continue
+        h = "concurrent+straggler"
+        print(f"{r['cap']:>9} {1e3 * r[f'predicted_step_s[{h}]']:8.1f}ms {1e3 * r['measured_step_s']:8.1f}ms "
+              f"{r[f'step_error_pct[{h}]']:+6.1f}% {r[f'predicted_comm_overhead_pct[{h}]']:8.1f}% "
+              f"{r['measured_comm_overhead_pct']:8.1f}% {r[f'overhead_error_pp[{h}]']:+6.1f}pp "
+              f"{'PASS' if r['step_pass'] and r['overhead_pass'] else 'MISS'}")
+    print(f"goal met: {record['goal_met']}; wall {record['wall_s']:.0f} s; {OUT_JSON.relative_to(REPO)}, {OUT_PNG.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
