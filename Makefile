@@ -29,7 +29,7 @@ demo: install
 	$(BIN)/scaling sweep experiments/quickstart.yaml --out results/demo
 	$(BIN)/scaling report results/demo
 
-test: install-test
+test: install-test horovod
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -1,29 +1,34 @@
-"""All-reduce microbenchmark: torch.distributed gloo all_reduce (sum, float32) between 2 ranks on
-this host, one CPU thread each, message sizes 4 KiB to 256 MiB; median time, algorithm bandwidth and
-bus bandwidth per size.
+"""All-reduce microbenchmark: sum all-reduce of float32 tensors between 2 ranks on this host, one CPU
+thread each, message sizes 4 KiB to 256 MiB, with torch.distributed gloo (A) and, where it imports,
+Horovod on gloo (B); median time, algorithm bandwidth and bus bandwidth per size.
 
 Definitions are nccl-tests' (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
   algbw = S / t            S: message size in bytes, t: time of one all-reduce
   busbw = algbw * 2(n-1)/n n: ranks; for all-reduce, the bandwidth a link must carry (each rank
                            sends and receives 2(n-1)/n * S in a ring), comparable across n.
+                           At n = 2 the factor is 1: busbw = algbw.
 Bandwidths are in GB/s = 1e9 bytes/s, as nccl-tests prints them; sizes are powers of 4 in KiB/MiB.
 
 How: 2 processes (torch.multiprocessing spawn), each with torch.set_num_threads(1), a gloo process
-group over 127.0.0.1 TCP. Per size: one all-reduce checked for the right sum, `--warmup` untimed
-iterations, then timed iterations, each preceded by a barrier so that both ranks start together;
-an iteration's time is the slower rank's (the collective is done when the last rank is done), and
-the figure is the median over iterations. The sizes are visited in `--rounds` rounds, ascending and
-descending alternately (the benchmark's A B B A), so that a drift of the machine touches every size;
-the iterations per size and round aim at about `--target-s` seconds (3 to 50). nccl-tests instead
-reports the mean over iterations of a rank-averaged time; the median is kept here because this
-2-core machine is shared. NCCL and Horovod are not measured: the torch here is the CPU wheel (no
-NCCL, no GPU) and Horovod was not installed when this was written; the JSON records which
-backends were present (`backends_present`).
+group over 127.0.0.1 TCP. Horovod (B) is set up on the same processes the way the lab runs it
+(`scaling.train.horovod_backend.setup_horovod_env_and_init`: rank 0's rendezvous server, gloo
+controller and CPU operations, Horovod's default fusion threshold and 1 ms cycle time) and called
+as `hvd.allreduce_(tensor, op=hvd.Sum)`, which returns when the reduction is done. A is
+`dist.all_reduce(tensor)`. Per size and backend: one all-reduce checked for the right sum,
+`--warmup` untimed iterations, then timed iterations, each preceded by a torch barrier so that
+both ranks start together; an iteration's time is the slower rank's (the collective is done when
+the last rank is done); the figure is the median over iterations. The sizes are visited in
+`--rounds` rounds, ascending and descending alternately, and within a size the backends go A B in
+even rounds and B A in odd ones (A B B A), so that a drift of the machine touches every size and
+both backends; the iterations per size, backend and round aim at about `--target-s` seconds (3 to
+50). nccl-tests instead reports the mean over iterations of a rank-averaged time; the median is
+kept here because this 2-core machine is shared. NCCL is not measured: the torch here is the CPU
+wheel (no NCCL, no GPU); the JSON records which backends were present (`backends_present`).
 
-Writes bench/results/allreduce.json and bench/results/allreduce.png (log-log: time and bandwidth
-against message size).
+Writes bench/results/allreduce.json and bench/results/allreduce.png (+ .svg; log-log: time and
+bandwidth against message size).
 
-    .venv/bin/python bench/allreduce.py            # 4 KiB .. 256 MiB, 3 rounds (about 1 min here)
+    .venv/bin/python bench/allreduce.py            # 4 KiB .. 256 MiB, 3 rounds (about 2 min here)
     .venv/bin/python bench/allreduce.py --quick    # 4 KiB .. 16 MiB, 2 rounds
 """
 
@@ -32,7 +37,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import socket
 import tempfile
 import time
@@ -43,6 +47,9 @@ import benchlib as bl
 NAME = "allreduce"
 KIB, MIB = 1024, 1024 * 1024
 WORLD = 2
+LABEL = {"torch_gloo": "torch.distributed gloo", "horovod_gloo": "Horovod (gloo)"}
+COLOUR = {"torch_gloo": "#0072B2", "horovod_gloo": "#D55E00"}
+MARKER = {"torch_gloo": "o", "horovod_gloo": "s"}
 
 
 def sizes_bytes(max_bytes: int) -> list[int]:
@@ -73,98 +80,148 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, sizes: list[int], rounds: int, warmup: int, target_s: float, out_path: str) -> None:
+def horovod_importable() -> tuple[bool, str]:
+    """(True, '') when the lab's Horovod backend can run here; else (False, why not)."""
+    try:
+        from scaling.train import horovod_backend
+    except ImportError as exc:
+        return False, f"scaling.train.horovod_backend does not import ({exc})"
+    return horovod_backend.available()
+
+
+def _rank(rank: int, port: int, sizes: list[int], backends: list[str], rounds: int, warmup: int, target_s: float,
+          out_path: str) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    times: dict[int, list[float]] = {size: [] for size in sizes}
+    reduce = {"torch_gloo": lambda t: dist.all_reduce(t)}
+    horovod_error = None
+    if "horovod_gloo" in backends:
+        try:
+            import horovod.torch as hvd
+
+            from scaling.train import horovod_backend as hb
+
+            hb.setup_horovod_env_and_init(rank, WORLD, rank, WORLD, 0)
+            reduce["horovod_gloo"] = lambda t: hvd.allreduce_(t, op=hvd.Sum)
+        except Exception as exc:  # measured without it; the reason goes into the JSON
+            horovod_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    ok = torch.tensor([0 if horovod_error else 1])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # both ranks measure the same backends
+    active = [b for b in backends if b == "torch_gloo" or int(ok) == 1]
+    times: dict[str, dict[int, list[float]]] = {b: {size: [] for size in sizes} for b in active}
     try:
         for r in range(rounds):
             for size in (sizes if r % 2 == 0 else list(reversed(sizes))):
                 tensor = torch.ones(size // 4, dtype=torch.float32)
-                dist.all_reduce(tensor)
-                if not bool((tensor == WORLD).all()):
-                    raise RuntimeError(f"all_reduce of {size} bytes gave a wrong sum")
-                warm = []
-                for _ in range(warmup):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    dist.all_reduce(tensor)
-                    warm.append(time.perf_counter() - t0)
-                estimate = torch.tensor([min(warm) if warm else 1e-3], dtype=torch.float64)
-                dist.all_reduce(estimate, op=dist.ReduceOp.MAX)  # both ranks agree on the iteration count
-                iters = int(min(50, max(3, target_s / max(float(estimate), 1e-6))))
-                elapsed = torch.zeros(iters, dtype=torch.float64)
-                for i in range(iters):
-                    tensor.fill_(1.0)  # keep values finite over the iterations
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    dist.all_reduce(tensor)
-                    elapsed[i] = time.perf_counter() - t0
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an iteration ends when its slower rank ends
-                times[size] += elapsed.tolist()
+                for backend in (active if r % 2 == 0 else list(reversed(active))):
+                    run = reduce[backend]
+                    tensor.fill_(1.0)
+                    run(tensor)
+                    if not bool((tensor == WORLD).all()):
+                        raise RuntimeError(f"{backend}: all-reduce of {size} bytes gave a wrong sum")
+                    warm = []
+                    for _ in range(warmup):
+                        tensor.fill_(1.0)
+                        dist.barrier()
+                        t0 = time.perf_counter()
+                        run(tensor)
+                        warm.append(time.perf_counter() - t0)
+                    estimate = torch.tensor([min(warm) if warm else 1e-3], dtype=torch.float64)
+                    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)  # both ranks agree on the iteration count
+                    iters = int(min(50, max(3, target_s / max(float(estimate), 1e-6))))
+                    elapsed = torch.zeros(iters, dtype=torch.float64)
+                    for i in range(iters):
+                        tensor.fill_(1.0)  # keep values finite over the iterations
+                        dist.barrier()
+                        t0 = time.perf_counter()
+                        run(tensor)
+                        elapsed[i] = time.perf_counter() - t0
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an iteration ends when its slower rank ends
+                    times[backend][size] += elapsed.tolist()
                 del tensor
         if rank == 0:
-            Path(out_path).write_text(json.dumps({str(k): v for k, v in times.items()}))
+            Path(out_path).write_text(json.dumps({
+                "times": {b: {str(k): v for k, v in per.items()} for b, per in times.items()},
+                "horovod_error": horovod_error,
+            }))
     finally:
+        if "horovod_gloo" in reduce:
+            from scaling.train import horovod_backend as hb
+
+            hb.shutdown()
         dist.destroy_process_group()
 
 
-def measure(sizes: list[int], rounds: int, warmup: int, target_s: float) -> dict[int, list[float]]:
+def measure(sizes: list[int], backends: list[str], rounds: int, warmup: int, target_s: float) -> tuple[dict, str | None]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="bench-ar-") as tmp:
         out = Path(tmp) / "times.json"
-        mp.start_processes(_rank, args=(free_port(), sizes, rounds, warmup, target_s, str(out)), nprocs=WORLD,
-                           join=True, start_method="spawn")
-        return {int(k): v for k, v in json.loads(out.read_text()).items()}
+        mp.start_processes(_rank, args=(free_port(), sizes, backends, rounds, warmup, target_s, str(out)),
+                           nprocs=WORLD, join=True, start_method="spawn")
+        data = json.loads(out.read_text())
+    times = {b: {int(k): v for k, v in per.items()} for b, per in data["times"].items()}
+    return times, data["horovod_error"]
 
 
-def backends_present() -> dict:
+def backends_present(horovod_ok: bool, horovod_why: str) -> dict:
     import torch
     import torch.distributed as dist
 
     present = {
-        "gloo": dist.is_gloo_available(),
-        "nccl": dist.is_nccl_available(),
-        "mpi": dist.is_mpi_available(),
+        "torch_gloo": dist.is_gloo_available(),
+        "torch_nccl": dist.is_nccl_available(),
+        "torch_mpi": dist.is_mpi_available(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "horovod": importlib.util.find_spec("horovod") is not None,
+        "horovod_installed": importlib.util.find_spec("horovod") is not None,
+        "horovod_usable": horovod_ok,
     }
-    why = [f"torch {torch.__version__} has no NCCL" if not present["nccl"] else "",
-           "no GPU" if not present["cuda_devices"] else "",
-           "Horovod is not installed" if not present["horovod"] else "Horovod is installed but not measured here"]
-    present["note"] = "only torch.distributed gloo is measured: " + ", ".join(w for w in why if w)
+    not_measured = []
+    if not present["torch_nccl"] or not present["cuda_devices"]:
+        not_measured.append(f"NCCL (torch {torch.__version__}: nccl {'built' if present['torch_nccl'] else 'not built'}, "
+                            f"{present['cuda_devices']} GPUs)")
+    if not horovod_ok:
+        not_measured.append(f"Horovod ({horovod_why})")
+    present["not_measured"] = "; ".join(not_measured) or "nothing left out"
     return present
 
 
-def figure(rows: list[dict]):
-    """Two log-log panels against message size: median time (interquartile band), algbw and busbw."""
+def minor_label(y: float, _=None) -> str:
+    """Minor ticks of a log axis: label 2 and 5 of each decade, so that a short axis still reads."""
+    import math
+
+    mantissa = y / 10 ** math.floor(math.log10(y)) if y > 0 else 0
+    return f"{y:g}" if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+
+
+def figure(rows: dict[str, list[dict]]):
+    """Two log-log panels against message size: median time (interquartile band) and busbw, per backend."""
     import matplotlib as mpl
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     from scaling.plots.figures import GRID, STYLE
 
-    sizes = [r["bytes"] for r in rows]
     with mpl.rc_context(STYLE):
-        fig = Figure(figsize=(8.0, 3.6), layout="constrained")
+        fig = Figure(figsize=(8.0, 3.8), layout="constrained")
         ax_time, ax_bw = fig.subplots(1, 2)
-        ax_time.fill_between(sizes, [r["p25_s"] * 1e3 for r in rows], [r["p75_s"] * 1e3 for r in rows],
-                             color="#0072B2", alpha=0.2, linewidth=0, label="25th–75th percentile")
-        ax_time.plot(sizes, [r["median_s"] * 1e3 for r in rows], color="#0072B2", marker="o", label="median")
+        for backend, series in rows.items():
+            sizes = [r["bytes"] for r in series]
+            colour, marker = COLOUR[backend], MARKER[backend]
+            ax_time.fill_between(sizes, [r["p25_s"] * 1e3 for r in series], [r["p75_s"] * 1e3 for r in series],
+                                 color=colour, alpha=0.15, linewidth=0)
+            ax_time.plot(sizes, [r["median_s"] * 1e3 for r in series], color=colour, marker=marker,
+                         label=LABEL[backend])
+            ax_bw.plot(sizes, [r["busbw_GBps"] for r in series], color=colour, marker=marker, label=LABEL[backend])
         ax_time.set_ylabel("time per all-reduce (ms)")
-        ax_time.set_title("Time")
-        ax_bw.plot(sizes, [r["busbw_GBps"] for r in rows], color="#D55E00", marker="s", markersize=5,
-                   label="busbw = algbw × 2(n−1)/n")
-        ax_bw.plot(sizes, [r["algbw_GBps"] for r in rows], color="#009E73", marker="o", markersize=9,
-                   markerfacecolor="none", markeredgewidth=1.3, linestyle="--", linewidth=1.2,
-                   label="algbw = size / time" + (" (= busbw at n = 2)" if WORLD == 2 else ""))
-        ax_bw.set_ylabel("bandwidth (GB/s, 10⁹ B/s)")
-        ax_bw.set_title("Bandwidth")
+        ax_time.set_title("Time (median; band: 25th–75th percentile)")
+        ax_bw.set_ylabel("busbw (GB/s, 10⁹ B/s)")
+        ax_bw.set_title(f"Bus bandwidth (= algbw at n = {WORLD})" if WORLD == 2 else "Bus bandwidth")
+        sizes = [r["bytes"] for r in next(iter(rows.values()))]
         for ax in (ax_time, ax_bw):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -173,10 +230,12 @@ def figure(rows: list[dict]):
             ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: size_label(x)))
             ax.tick_params(axis="x", labelrotation=45)
             ax.set_xlabel("message size (bytes, float32)")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(minor_label))
             ax.grid(True, which="major", **GRID)
         ax_time.legend(loc="upper left")
         ax_bw.legend(loc="lower right")
-        fig.suptitle(f"gloo all-reduce, {WORLD} ranks on one host, 1 CPU thread each")
+        fig.suptitle(f"Sum all-reduce, {WORLD} ranks on one host, 1 CPU thread each")
     return fig
 
 
@@ -185,53 +244,80 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 KiB .. 16 MiB, 2 rounds")
     parser.add_argument("--max-mib", type=int, help="largest message in MiB (default 256; quick 16)")
     parser.add_argument("--rounds", type=int, help="rounds over the sizes, ascending/descending (default 3; quick 2)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per size and round")
-    parser.add_argument("--target-s", type=float, help="timed seconds per size and round (default 1.0; quick 0.3)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per size, backend and round")
+    parser.add_argument("--target-s", type=float, help="timed seconds per size, backend and round (default 0.6; quick 0.2)")
+    parser.add_argument("--no-horovod", action="store_true", help="torch.distributed gloo only")
     args = parser.parse_args()
     max_bytes = (args.max_mib or (16 if args.quick else 256)) * MIB
     rounds = args.rounds or (2 if args.quick else 3)
-    target_s = args.target_s or (0.3 if args.quick else 1.0)
+    target_s = args.target_s or (0.2 if args.quick else 0.6)
     started, load_start = time.time(), bl.load_average()
 
+    horovod_ok, horovod_why = (False, "left out (--no-horovod)") if args.no_horovod else horovod_importable()
+    backends = ["torch_gloo"] + (["horovod_gloo"] if horovod_ok else [])
     sizes = sizes_bytes(max_bytes)
-    print(f"[{NAME}] gloo, {WORLD} ranks, {len(sizes)} sizes {size_label(sizes[0])}..{size_label(sizes[-1])}, "
-          f"{rounds} rounds", flush=True)
-    times = measure(sizes, rounds, args.warmup, target_s)
+    print(f"[{NAME}] {', '.join(LABEL[b] for b in backends)}; {WORLD} ranks, {len(sizes)} sizes "
+          f"{size_label(sizes[0])}..{size_label(sizes[-1])}, {rounds} rounds", flush=True)
+    with bl.RunQueue() as rq:
+        times, horovod_error = measure(sizes, backends, rounds, args.warmup, target_s)
+    if horovod_error:
+        horovod_ok, horovod_why = False, f"set-up failed: {horovod_error}"
+        print(f"[{NAME}] Horovod left out: {horovod_error}", flush=True)
     factor = 2 * (WORLD - 1) / WORLD
-    rows = []
-    for size in sizes:
-        t = bl.median(times[size])
-        algbw = size / t / 1e9
-        rows.append({"bytes": size, "size": size_label(size), "iterations": len(times[size]), "median_s": t,
-                     "min_s": min(times[size]), "p25_s": quantile(times[size], 0.25),
-                     "p75_s": quantile(times[size], 0.75), "max_s": max(times[size]), "algbw_GBps": algbw,
-                     "busbw_GBps": algbw * factor})
-        print(f"[{NAME}] {size_label(size):>8}  {t * 1e3:9.3f} ms  algbw {algbw:7.3f} GB/s  busbw {algbw * factor:7.3f} GB/s"
-              f"  ({len(times[size])} it.)", flush=True)
+    rows: dict[str, list[dict]] = {}
+    for backend, per_size in times.items():
+        rows[backend] = []
+        for size in sizes:
+            values = per_size[size]
+            t = bl.median(values)
+            algbw = size / t / 1e9
+            rows[backend].append({
+                "bytes": size, "size": size_label(size), "iterations": len(values), "median_s": t,
+                "min_s": min(values), "p25_s": quantile(values, 0.25), "p75_s": quantile(values, 0.75),
+                "max_s": max(values), "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+            })
+    for i, size in enumerate(sizes):
+        print(f"[{NAME}] {size_label(size):>8}  " + "  ".join(
+            f"{LABEL[b]}: {rows[b][i]['median_s'] * 1e3:9.3f} ms, busbw {rows[b][i]['busbw_GBps']:6.3f} GB/s"
+            for b in rows), flush=True)
 
     from scaling.plots.figures import save
 
-    out_dir = bl.results_dir(args.quick)
-    figure_paths = save(figure(rows), out_dir / NAME)
-    small, large = rows[0], rows[-1]
-    peak = max(rows, key=lambda r: r["busbw_GBps"])
+    figure_paths = save(figure(rows), bl.results_dir(args.quick) / NAME)
+    torch_rows = rows["torch_gloo"]
+    small, large = torch_rows[0], torch_rows[-1]
+    peak = max(torch_rows, key=lambda r: r["busbw_GBps"])
+    hvd_rows = rows.get("horovod_gloo")
+    a = f"torch.distributed gloo, {WORLD} ranks × 1 thread"
+    b = "Horovod (gloo)" if hvd_rows else ""
+    why_no_b = "" if hvd_rows else f"; Horovod not measured: {horovod_why}"
     comparisons = [
-        bl.comparison(f"gloo all-reduce latency, {small['size']}", f"{WORLD} ranks, 1 thread each", "",
-                      small["median_s"] * 1e3, None, "ms", None, "", note="median time of one all-reduce"),
-        bl.comparison(f"gloo all-reduce busbw, {large['size']}", f"{WORLD} ranks, 1 thread each", "",
-                      large["busbw_GBps"], None, "GB/s", None, "",
-                      note=f"busbw = size / time × 2(n−1)/n (nccl-tests); peak {peak['busbw_GBps']:.3f} GB/s at {peak['size']}"),
+        bl.comparison(
+            f"all-reduce latency, {small['size']}", a, b, small["median_s"] * 1e3,
+            hvd_rows[0]["median_s"] * 1e3 if hvd_rows else None, "ms",
+            bl.ratio(hvd_rows[0]["median_s"], small["median_s"]) if hvd_rows else None,
+            "Horovod / torch time of one all-reduce (medians)" if hvd_rows else "",
+            note="median time of one all-reduce, the slower rank's" + why_no_b),
+        bl.comparison(
+            f"all-reduce busbw, {large['size']}", a, b, large["busbw_GBps"],
+            hvd_rows[-1]["busbw_GBps"] if hvd_rows else None, "GB/s",
+            bl.ratio(hvd_rows[-1]["busbw_GBps"], large["busbw_GBps"]) if hvd_rows else None,
+            "Horovod / torch bus bandwidth" if hvd_rows else "",
+            note=f"busbw = size / time × 2(n−1)/n (nccl-tests); torch's peak {peak['busbw_GBps']:.3f} GB/s at "
+                 f"{peak['size']}" + why_no_b),
     ]
     path = bl.write_result(
         NAME, __doc__, args.quick, started, load_start, comparisons,
-        world_size=WORLD, threads_per_rank=1, backend="gloo", dtype="float32", op="sum", rounds=rounds,
-        warmup_iterations=args.warmup, target_s_per_size_and_round=target_s,
-        definitions={"time": "median over iterations of the slower rank's time of one all_reduce (barrier before each)",
+        world_size=WORLD, threads_per_rank=1, dtype="float32", op="sum", rounds=rounds,
+        warmup_iterations=args.warmup, target_s_per_size_backend_and_round=target_s,
+        definitions={"time": "median over iterations of the slower rank's time of one all-reduce (barrier before each)",
                      "algbw": "bytes / time, GB/s = 1e9 B/s", "busbw": "algbw * 2(n-1)/n",
                      "source": "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md"},
-        backends_present=backends_present(), sizes=rows,
-        figure=[str(p.relative_to(bl.REPO)) for p in figure_paths],
-        iteration_times_s={str(k): v for k, v in times.items()},
+        backends_measured=list(rows), backends_present=backends_present(horovod_ok, horovod_why),
+        horovod_settings="scaling.train.horovod_backend.setup_horovod_env_and_init defaults: gloo controller and CPU "
+                         "operations, fusion threshold 128 MiB, cycle time 1 ms" if hvd_rows else None,
+        mean_runnable=rq.mean, sizes=rows, figure=[str(p.relative_to(bl.REPO)) for p in figure_paths],
+        iteration_times_s={b: {str(k): v for k, v in per.items()} for b, per in times.items()},
     )
     bl.print_comparisons(comparisons)
     print(f"[{NAME}] wrote {path.relative_to(bl.REPO)} and {', '.join(p.name for p in figure_paths)}", flush=True)

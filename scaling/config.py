@@ -83,6 +83,9 @@ class InstrumentConfig:
     step_timing: bool = True  # per-step records and the A/B window; false = epoch timing only (to measure the lab's own cost)
     grad_compression: str = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
     telemetry_interval_s: float = 1.0  # GPU telemetry sampling period (NVML); 0 = off
+    horovod_fusion_threshold_mb: float = 128.0  # backend horovod: tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB; 0 = no fusion; 128 is Horovod's default
+    horovod_cycle_time_ms: float = 1.0  # backend horovod: how often Horovod's background thread negotiates and launches (HOROVOD_CYCLE_TIME), ms; 1 is Horovod's default
+    horovod_timeline: bool = False  # backend horovod: rank 0 writes horovod_timeline.json (Chrome trace) into the run directory
     fail_at_step: int = -1  # fault injection: rank 0 raises at this global step (tests of failure handling); -1 = never
 
 
@@ -95,7 +98,7 @@ class FailureConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
-    backend: str = "auto"  # process-group backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    backend: str = "auto"  # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's DistributedOptimizer; gloo, NCCL on GPU)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -110,7 +113,9 @@ class ExperimentConfig:
 
     @property
     def resolved_backend(self) -> str:
-        if self.backend != "auto":
+        """The torch.distributed process-group backend (with horovod: the group Ray sets up, used
+        for Horovod's rendezvous and for validation)."""
+        if self.backend not in ("auto", "horovod"):
             return self.backend
         return "nccl" if self.workers.use_gpu else "gloo"
 
@@ -222,7 +227,16 @@ def validate(cfg: ExperimentConfig) -> None:
 
     require(cfg.model.name in model_names(), f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())}")
     require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())}")
-    require(cfg.backend in ("auto", "gloo", "nccl"), f"backend must be auto, gloo or nccl, got {cfg.backend!r}")
+    require(cfg.backend in ("auto", "gloo", "nccl", "horovod"), f"backend must be auto, gloo, nccl or horovod, got {cfg.backend!r}")
+    if cfg.backend == "horovod":
+        from scaling.train.horovod_backend import COMPRESSIONS, available
+
+        ok, why_not = available()
+        require(ok, f"backend horovod: {why_not}")
+        require(cfg.instrument.grad_compression in COMPRESSIONS,
+                f"backend horovod compresses gradients as none or fp16, got instrument.grad_compression={cfg.instrument.grad_compression!r}")
+        require(cfg.instrument.horovod_fusion_threshold_mb >= 0, f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}")
+        require(cfg.instrument.horovod_cycle_time_ms > 0, f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
     require(not (cfg.resolved_backend == "nccl" and not cfg.workers.use_gpu), "backend nccl needs workers.use_gpu: true")
     require(cfg.workers.num_workers >= 1, f"workers must be >= 1, got {cfg.workers.num_workers}")
     require(cfg.workers.cpus_per_worker >= 1, f"workers.cpus_per_worker must be >= 1, got {cfg.workers.cpus_per_worker}")

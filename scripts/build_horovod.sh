@@ -11,16 +11,24 @@
 # - C++17: torch >= 2.1's headers need it, but Horovod 0.28.1's CMake sets CXX_STANDARD 14
 #   (fixed upstream after 0.28.1, unreleased).  A compiler wrapper appends -std=c++17 after
 #   every other flag, so the last -std wins.
+# - One source patch (PATCH_LEVEL 1): Horovod 0.28.1 creates the gloo device of every process
+#   set (the global one included, which carries all collectives) with an empty interface name
+#   instead of HOROVOD_GLOO_IFACE (GlooContext::InitializeForProcessSet never copies
+#   gloo_iface_ from the global context), so gloo falls back to resolving the hostname: on hosts
+#   where it resolves to 127.0.x.x (Debian's default, and every node of the lab's minicluster)
+#   each rank advertises loopback and a multi-node job dies in `connect [127.0.0.1]`. The patch
+#   copies the interface over.
 # - Cache: ${SCALING_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scaling/wheels}/<key>/, the
-#   key being horovod version + torch version + CPython tag + cpu/cuda variant, so another
-#   torch (or python, or a GPU machine) builds its own wheel.  With the wheel cached this
-#   takes seconds.  HOROVOD_REBUILD=1 ignores the cache.
+#   key being horovod version + patch level + torch version + CPython tag + cpu/cuda variant,
+#   so another torch (or python, or a GPU machine) builds its own wheel.  With the wheel cached
+#   this takes seconds.  HOROVOD_REBUILD=1 ignores the cache.
 # - Build tools: cmake from PyPI, pinned below (<4: CMake 4 refuses gloo's old
 #   cmake_minimum_required), installed into the venv only when a build is needed; a C++
 #   compiler (g++ >= 9 for C++17) must be on PATH.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
+PATCH_LEVEL=1  # bump whenever the source patch below changes: it is part of the cache key
 CMAKE_PIN=3.31.10
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,7 +62,7 @@ print(list(spec.submodule_search_locations)[0] if spec and spec.submodule_search
     fi
 fi
 
-KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_${PY_TAG}_${VARIANT}"
+KEY="horovod-${HOROVOD_VERSION}-p${PATCH_LEVEL}_torch-${TORCH_VERSION}_${PY_TAG}_${VARIANT}"
 KEY="${KEY//+/-}"
 CACHE_DIR="$CACHE_ROOT/$KEY"
 WHEEL="$(ls "$CACHE_DIR"/horovod-"${HOROVOD_VERSION}"-*.whl 2>/dev/null | head -n1 || true)"
@@ -62,7 +70,7 @@ WHEEL="$(ls "$CACHE_DIR"/horovod-"${HOROVOD_VERSION}"-*.whl 2>/dev/null | head -
 if [ -n "$WHEEL" ] && [ "${HOROVOD_REBUILD:-0}" != "1" ]; then
     log "cached wheel: $WHEEL"
 else
-    log "building horovod $HOROVOD_VERSION against torch $TORCH_VERSION ($PY_TAG, $VARIANT) with $JOBS jobs; about 6 minutes on 2 cores"
+    log "building horovod $HOROVOD_VERSION against torch $TORCH_VERSION ($PY_TAG, $VARIANT) with $JOBS jobs (5-8 CPU-minutes: 4.5 to 20 minutes on 2 cores, depending on load)"
     start=$(date +%s)
     "$PY" -m pip install --quiet "cmake==$CMAKE_PIN"
     work="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
@@ -95,12 +103,31 @@ EOF
         fi
     fi
 
-    # PyPI has 0.28.1 as a source release only; --no-binary makes that explicit, and no pip
-    # cache, so a wheel pip built earlier against another torch is never reused.
-    nice -n 10 "$PY" -m pip wheel --no-deps --no-build-isolation --no-cache-dir \
-        --no-binary horovod "horovod==$HOROVOD_VERSION" -w "$work/wheel" >"$work/build.log" 2>&1 || {
+    # PyPI has 0.28.1 as a source release only. Built from our patched copy of it, with no pip
+    # cache, so a wheel pip built earlier (against another torch) is never reused.
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir "horovod==$HOROVOD_VERSION" -d "$work/sdist"
+    tar xzf "$work/sdist/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    "$PY" - "$src/horovod/common/gloo/gloo_context.cc" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+anchor = """  assert(global_context.IsEnabled());
+"""
+fix = anchor + """
+  // scaling lab patch 1: use the global context's interface (HOROVOD_GLOO_IFACE), not an empty one
+  gloo_iface_ = global_context.gloo_iface_;
+"""
+if text.count(anchor) != 1 or "InitializeForProcessSet" not in text:
+    sys.exit("build_horovod: the gloo_iface patch does not apply to this source")
+open(path, "w").write(text.replace(anchor, fix))
+PATCH
+    nice -n 10 "$PY" -m pip wheel --no-deps --no-build-isolation --no-cache-dir "$src" -w "$work/wheel" \
+        >"$work/build.log" 2>&1 || {
+        mkdir -p "$CACHE_ROOT"
+        cp "$work/build.log" "$CACHE_ROOT/$KEY.build.log"
         tail -n 60 "$work/build.log" >&2
-        log "build failed (full log above was $work/build.log)"
+        log "build failed; full log: $CACHE_ROOT/$KEY.build.log"
         exit 1
     }
     built="$(ls "$work"/wheel/horovod-*.whl)"

@@ -12,8 +12,11 @@ Needs Horovod (`make horovod`); the Horovod tests skip with the reason when it d
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 
+import numpy as np
 import pytest
 
 from scaling.train import horovod_backend as hb
@@ -99,7 +102,8 @@ def _job(config: dict):
     import horovod.torch as hvd
 
     out["ranks"] = (ranks.as_tuple(), (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_rank()))
-    out["env"] = {k: v for k, v in __import__("os").environ.items() if k.startswith("HOROVOD_")}
+    out["node_rank"] = ctx.get_node_rank()
+    out["env"] = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
 
     model = _model(1000 + rank)
     rank0_init = [_flat(model.parameters()) if rank == 0 else None]
@@ -140,7 +144,7 @@ def _job(config: dict):
     reference = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
     with hb.no_sync(hopt):
         F.cross_entropy(model(x), y).backward()
-    out["nosync_launched"] = len(timer._pending)
+    out["nosync_launched"] = timer.handed_over()
     out["nosync_grad"] = _flat(p.grad for p in model.parameters())
     out["nosync_equals_local"] = bool(torch.equal(out["nosync_grad"], _flat(reference)))
     hopt.zero_grad()  # refused by Horovod if placeholders of the no_sync pass were left behind
@@ -152,31 +156,37 @@ def _job(config: dict):
     hopt.zero_grad()
 
     hb.shutdown()  # closes rank 0's timeline
+    # Ray refuses torch tensors in a return value: numpy arrays instead
+    out = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, out)
     return gathered
+
+
+def _fit(timeline: str, storage: str) -> list[dict]:
+    """Run `_job` on 2 Ray Train workers of the connected cluster; every rank's results."""
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
+    trainer = TorchTrainer(
+        train_loop_per_worker=_job,
+        train_loop_config={"timeline": timeline},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name="horovod_test", storage_path=storage),
+    )
+    return trainer.fit().return_value
 
 
 @pytest.fixture(scope="module")
 def hvd_job(ray_connected, tmp_path_factory):
     if not HOROVOD_OK:
         pytest.skip(HOROVOD_WHY)
-    import ray.cloudpickle
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
     tmp = tmp_path_factory.mktemp("horovod")
     timeline = tmp / "timeline.json"
-    trainer = TorchTrainer(
-        train_loop_per_worker=_job,
-        train_loop_config={"timeline": str(timeline)},
-        torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name="horovod_test", storage_path=str(tmp / "ray")),
-    )
-    result = trainer.fit()
-    return result.return_value, timeline
+    return _fit(str(timeline), str(tmp / "ray")), timeline
 
 
 # --- tests -----------------------------------------------------------------------------------
@@ -200,28 +210,24 @@ def test_rendezvous_through_ray_gives_the_torch_ranks(hvd_job):
 @needs_horovod
 def test_wrap_optimizer_starts_every_rank_at_rank0s_parameters_and_ends_identical(hvd_job):
     outs, _ = hvd_job
-    import torch
-
     for o in outs:
         assert o["start_equals_rank0"], "broadcast_parameters must give rank 0's init, unmoved by any optimizer step"
         assert o["optimizer_state_after_wrap"] == 0
-    assert torch.equal(outs[0]["hvd_final"], outs[1]["hvd_final"])
+    assert np.array_equal(outs[0]["hvd_final"], outs[1]["hvd_final"])
     assert outs[0]["hvd_losses"] != outs[1]["hvd_losses"]  # the ranks did see different data
 
 
 @needs_horovod
 def test_no_sync_keeps_gradients_rank_local(hvd_job):
     outs, _ = hvd_job
-    import torch
-
     for o in outs:
         assert o["nosync_launched"] == 0  # no all-reduce was handed to Horovod
         assert o["nosync_equals_local"]  # the gradient is this rank's own, bit for bit
-    assert not torch.allclose(outs[0]["nosync_grad"], outs[1]["nosync_grad"])
+    assert not np.allclose(outs[0]["nosync_grad"], outs[1]["nosync_grad"])
     # after the block the hooks work again: the next backward is averaged across ranks
-    assert torch.equal(outs[0]["sync_grad"], outs[1]["sync_grad"])
+    assert np.array_equal(outs[0]["sync_grad"], outs[1]["sync_grad"])
     mean_local = (outs[0]["local_grad"] + outs[1]["local_grad"]) / 2
-    assert torch.allclose(outs[0]["sync_grad"], mean_local, rtol=1e-5, atol=1e-7)
+    assert np.allclose(outs[0]["sync_grad"], mean_local, rtol=1e-5, atol=1e-7)
 
 
 @needs_horovod
@@ -254,14 +260,49 @@ def test_timeline_parses_into_allreduce_intervals(hvd_job):
 def test_ddp_and_horovod_follow_the_same_loss_trajectory(hvd_job):
     """Both average gradients over the ranks: the same math, so the same losses step by step."""
     outs, _ = hvd_job
-    import torch
-
     for o in outs:
-        ddp, hvd = torch.tensor(o["ddp_losses"]), torch.tensor(o["hvd_losses"])
+        ddp, hvd = np.array(o["ddp_losses"]), np.array(o["hvd_losses"])
         assert len(ddp) == len(hvd) == STEPS
-        assert torch.allclose(hvd, ddp, rtol=1e-4, atol=0), (o["rank"], o["ddp_losses"], o["hvd_losses"])
-        assert torch.allclose(o["hvd_final"], o["ddp_final"], rtol=1e-4, atol=1e-6)
+        assert np.allclose(hvd, ddp, rtol=1e-4, atol=0), (o["rank"], o["ddp_losses"], o["hvd_losses"])
+        assert np.allclose(o["hvd_final"], o["ddp_final"], rtol=1e-4, atol=1e-6)
     assert outs[0]["ddp_losses"][-1] < outs[0]["ddp_losses"][0]  # it did train
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="the minicluster needs root and iproute2",
+)
+
+
+@needs_horovod
+@needs_root
+def test_two_nodes_of_the_minicluster(tmp_path):
+    """One worker on each of two network-namespace nodes whose hostname resolves to 127.0.0.1:
+    Horovod 0.28.1 as released binds its collectives' gloo device by hostname there and fails
+    (`connect [127.0.0.1]`); the build's patch makes it use HOROVOD_GLOO_IFACE (lab0 here)."""
+    from tests.conftest import REPO, run_cli
+
+    name = "hvd"
+    up = run_cli("minicluster", "up", "--nodes", "2", "--name", name, "--subnet", "10.215.0.0/24")
+    assert up.returncode == 0, up.stderr
+    try:
+        out = tmp_path / "outs.json"
+        run = run_cli("minicluster", "exec", "--name", name, "--", sys.executable, str(REPO / "tests" / "test_horovod.py"),
+                      str(out), str(tmp_path))
+        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    finally:
+        down = run_cli("minicluster", "down", "--name", name)
+        assert down.returncode == 0, down.stderr
+    outs = json.loads(out.read_text())
+    assert sorted(o["node_rank"] for o in outs) == [0, 1]
+    for o in outs:
+        (rank, size, local_rank, cross_rank), horovods = o["ranks"]
+        assert (rank, size, local_rank) == (o["rank"], 2, 0) and cross_rank == o["node_rank"]
+        assert list(horovods) == [rank, size, local_rank, cross_rank]
+        assert o["env"]["HOROVOD_GLOO_IFACE"] == "lab0" and o["env"]["HOROVOD_HOSTNAME"] == f"node{o['node_rank']}"
+        assert o["env"]["HOROVOD_GLOO_RENDEZVOUS_ADDR"].startswith("10.215.0.")
+        assert np.allclose(o["hvd_losses"], o["ddp_losses"], rtol=1e-4, atol=0)
+    assert outs[0]["hvd_final"] == outs[1]["hvd_final"]
 
 
 # --- without horovod ---------------------------------------------------------------------------
@@ -315,3 +356,15 @@ def test_parse_timeline_reads_a_trace_cut_mid_event(tmp_path):
     everything = hb.parse_timeline(path, phase=None)
     assert set(everything["phase"]) == {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE"}
     assert everything.set_index("phase").loc["GLOO_ALLREDUCE", "depth"] == 1
+
+
+if __name__ == "__main__":
+    # `python tests/test_horovod.py OUT_JSON TMP_DIR`: the job on the Ray cluster at RAY_ADDRESS
+    # (run inside a minicluster node by test_two_nodes_of_the_minicluster).
+    from scaling.launch.ray_train import connect
+
+    connect(log_to_driver=False)
+    results = _fit(os.path.join(sys.argv[2], "timeline.json"), os.path.join(sys.argv[2], "ray"))
+    plain = [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in o.items() if k != "records"} for o in results]
+    with open(sys.argv[1], "w") as f:
+        json.dump(plain, f)

@@ -404,17 +404,22 @@ def no_sync(optimizer):
 
 
 class HorovodCommTimer:
-    """Per-step communication marks of a DistributedOptimizer, as the DDP hook gives them.
+    """Per-step communication marks of a DistributedOptimizer, in the form DDP's hook gives them.
 
-    Installs itself on the optimizer (it wraps the instance's `_allreduce_grad_async`, which
-    the backward hooks call) and marks each parameter's hand-over. `synchronize()` replaces
-    `optimizer.synchronize()` in the loop: it marks when backward had returned, waits, and
-    marks the end; parameters whose all-reduce had already finished by then complete at the
-    first mark, the others at the second (the wait is when the rest was observed to finish).
-    `take()` returns `BucketMarks` (one per parameter tensor) for `StepMarks`:
-    `exposed_comm_s` = last completion - last hand-over, which is the wait in synchronize()
-    plus the moment between the last hook and backward's return; `allreduce_s` is an upper
-    bound (completion is observed at those two marks only). `last_wait_s` is the bare wait.
+    Installs itself on the optimizer: it wraps the instance's `_allreduce_grad_async`, which the
+    backward hooks call, and marks each parameter's hand-over. Horovod reports no completion
+    time, so completion is *observed*: at every hand-over the oldest all-reduces still open are
+    polled (`hvd.poll`, oldest first, stopping at the first still running: amortised one poll
+    per tensor), and a finished one gets that moment's mark; `synchronize()` (which replaces
+    `optimizer.synchronize()` in the loop) polls once more when backward has returned, waits,
+    and gives what was still open the end of the wait. A completion mark is therefore an upper
+    bound, late by at most the gap between two hooks during backward.
+
+    `take()` returns `BucketMarks` (one per parameter tensor) for `StepMarks`, so the
+    definitions are DDP's: `exposed_comm_s` = last completion - last hand-over (the wait in
+    synchronize() plus the moment between the last hook and backward's return); `allreduce_s`
+    = union of the [hand-over, completion] intervals (a tensor waiting in Horovod's queue for
+    the next cycle counts as in flight). `last_wait_s` is the bare wait of the last synchronize().
 
     `inject_delay_s` (ground truth, CPU only) sleeps inside the timed wait after the
     all-reduces completed: a known exposed cost per synchronised step. Unlike DDP's it is not
@@ -426,49 +431,62 @@ class HorovodCommTimer:
 
         if inject_delay_s and clock.cuda:
             raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
-        self._bucket_cls = BucketMarks
+        self._hvd = _hvd()
         self.optimizer = optimizer
         self.clock = clock
         self.inject_delay_s = inject_delay_s
-        self._pending: list = []  # (BucketMarks, param)
-        self._done: list = []
+        self._open: list = []  # [BucketMarks, handle] handed over, completion not yet seen; oldest first
+        self._done: list = []  # BucketMarks complete, not yet taken
+        self._count = 0
         self.last_wait_s = 0.0
         inner = optimizer._allreduce_grad_async  # bound method of the class
 
         def timed_allreduce_grad_async(p):
-            marks = BucketMarks(index=len(self._pending), handed_over=self.clock.mark())
-            result = inner(p)
-            self._pending.append((marks, p))
-            return result
+            mark = self.clock.mark()
+            self._observe(mark)
+            marks = BucketMarks(index=self._count, handed_over=mark)
+            self._count += 1
+            handle, ctx = inner(p)
+            self._open.append((marks, handle))
+            return handle, ctx
 
         optimizer._allreduce_grad_async = timed_allreduce_grad_async
 
+    def _observe(self, mark) -> None:
+        """Give `mark` to the oldest open all-reduces that have finished, up to the first that has not."""
+        finished = 0
+        for marks, handle in self._open:
+            if not self._hvd.poll(handle):
+                break
+            marks.completed = mark
+            finished += 1
+        if finished:
+            self._done.extend(m for m, _ in self._open[:finished])
+            del self._open[:finished]
+
     def synchronize(self) -> None:
-        hvd = _hvd()
-        returned_mark = self.clock.mark()
+        """optimizer.synchronize(), timed: call it where the loop would, right after backward."""
+        returned = self.clock.mark()
         started = time.perf_counter()
-        handles = self.optimizer._handles
-        finished = []
-        for marks, p in self._pending:
-            entry = handles.get(p)
-            handle = entry[0] if entry else None
-            finished.append(handle is not None and not callable(handle) and hvd.poll(handle))
-        self.optimizer.synchronize()
+        self._observe(returned)
+        self.optimizer.synchronize()  # may hand over parameters no hook fired for: they are in _open too
         if self.inject_delay_s:
             time.sleep(self.inject_delay_s)
-        end_mark = self.clock.mark()
+        end = self.clock.mark()
         self.last_wait_s = time.perf_counter() - started
-        for (marks, _), done in zip(self._pending, finished):
-            marks.completed = returned_mark if done else end_mark
-        # parameters handed over inside synchronize() (no hook fired for them) were appended after the poll
-        for marks, _ in self._pending[len(finished):]:
-            marks.completed = end_mark
-        self._done.extend(m for m, _ in self._pending)
-        self._pending = []
+        for marks, _ in self._open:
+            marks.completed = end
+        self._done.extend(m for m, _ in self._open)
+        self._open = []
+        self._count = 0
+
+    def handed_over(self) -> int:
+        """Parameters handed to Horovod since the last synchronize()."""
+        return self._count
 
     def take(self) -> list:
         taken, self._done = self._done, []
-        return taken
+        return sorted(taken, key=lambda m: m.index)
 
 
 # --- timeline ----------------------------------------------------------------------------------

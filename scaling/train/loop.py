@@ -102,7 +102,8 @@ def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Pr
     return {"top1": float(totals[0]) / samples, "top5": float(totals[1]) / samples}
 
 
-def _calibrate(model, forward, loss_fn, precision, hook, batches, clock, recorder, epoch: int, step: int, pairs: int) -> None:
+def _calibrate(model, forward, loss_fn, precision, hook, batches, clock, recorder, epoch: int, step: int, pairs: int,
+               hvd_optimizer=None) -> None:
     """A/B window: forward+backward with gradient sync off (`no_sync`) and on, alternating.
 
     The same batch serves both halves of a pair, and the order flips every pair (ABBA) so that
@@ -119,14 +120,23 @@ def _calibrate(model, forward, loss_fn, precision, hook, batches, clock, recorde
         order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
         for kind in order:
             # DDP decides in forward whether the coming backward synchronises, so the whole
-            # forward+backward sits inside no_sync().
-            with model.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
+            # forward+backward sits inside no_sync(). Horovod: its hooks launch nothing inside
+            # horovod_backend.no_sync(); the synchronised half waits for its all-reduces.
+            if hvd_optimizer is not None:
+                from scaling.train import horovod_backend
+
+                no_sync = horovod_backend.no_sync(hvd_optimizer)
+            else:
+                no_sync = model.no_sync()
+            with no_sync if kind == "calib_nosync" else contextlib.nullcontext():
                 start = clock.mark()
                 after_data = start  # the batch is already here: calibration times compute and sync only
                 with precision.autocast():
                     loss = loss_fn(forward(inputs), targets)
                 after_forward = clock.mark()
                 precision.backward(loss)
+                if hvd_optimizer is not None and kind == "calib_sync":
+                    hook.synchronize()
                 after_backward = clock.mark()
             model.zero_grad(set_to_none=True)
             recorder.step(
@@ -248,10 +258,21 @@ def train_worker(
     _profile_compute(cfg, model, ctx, recorder)
     timing = cfg.instrument.step_timing
 
-    hook = None
-    if ctx.world_size > 1:
+    hook = None  # what times communication: CommTimingHook (DDP) or HorovodCommTimer; both have take()
+    use_horovod = cfg.backend == "horovod" and ctx.world_size > 1
+    if use_horovod:
+        from scaling.train import horovod_backend
+
+        timeline = str(recorder.run_dir.resolve() / "horovod_timeline.json") if cfg.instrument.horovod_timeline and recorder.run_dir else None
+        # Fusion threshold, cycle time and timeline are read by Horovod at init only.
+        horovod_backend.setup_horovod_env_and_init(
+            ctx.rank, ctx.world_size, ctx.local_rank, None, ctx.node_rank, None,
+            tuning=horovod_backend.HorovodTuning.from_mb(
+                cfg.instrument.horovod_fusion_threshold_mb, cfg.instrument.horovod_cycle_time_ms, timeline),
+        )
+    elif ctx.world_size > 1:
         model, hook = _wrap_ddp(model, cfg, ctx, clock)
-    eval_model = model.module if ctx.world_size > 1 else model
+    eval_model = model.module if ctx.world_size > 1 and not use_horovod else model
     # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP.
     forward = torch.compile(model) if cfg.train.compile else model
 
@@ -263,6 +284,11 @@ def train_worker(
         model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
         nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
     )
+    if use_horovod:
+        # rank 0's parameters and buffers everywhere (as DDP's constructor does), then Horovod's optimizer
+        optimizer = horovod_backend.wrap_optimizer(optimizer, model, compression=cfg.instrument.grad_compression)
+        if timing:
+            hook = horovod_backend.HorovodCommTimer(optimizer, clock, inject_delay_s=cfg.instrument.inject_comm_delay_s)
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))
 
@@ -318,9 +344,17 @@ def train_worker(
                     loss = loss_fn(forward(inputs), targets)
                 after_forward = clock.mark() if timing else None
                 precision.backward(loss)
+                if use_horovod:
+                    # wait for the all-reduces the backward hooks launched: the exposed part, in backward_s as with DDP
+                    hook.synchronize() if hook is not None else optimizer.synchronize()
                 after_backward = clock.mark() if timing else None
-                precision.step(optimizer)
-                optimizer.zero_grad(set_to_none=True)
+                if use_horovod:
+                    with optimizer.skip_synchronize():
+                        precision.step(optimizer)
+                    optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (it sets to None)
+                else:
+                    precision.step(optimizer)
+                    optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
                 if timing:
@@ -340,7 +374,8 @@ def train_worker(
             if hook is not None and cfg.instrument.calibration_pairs > 0:
                 calib_batches = dataset.train_batches(ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed, cfg.train.per_worker_batch)
                 _calibrate(model, forward, loss_fn, precision, hook, calib_batches, clock, recorder, epoch,
-                           global_step - 1, cfg.instrument.calibration_pairs)
+                           global_step - 1, cfg.instrument.calibration_pairs,
+                           hvd_optimizer=optimizer if use_horovod else None)
                 if clock.cuda:
                     torch.cuda.synchronize()
             calibration_s = time.perf_counter() - calibration_start
@@ -389,4 +424,7 @@ def train_worker(
     finally:
         if telemetry is not None:
             telemetry.stop()
+    if use_horovod:
+        # after a normal end only: every rank gets here together; rank 0 closes the timeline
+        horovod_backend.shutdown()
     return last_row
