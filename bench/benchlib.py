@@ -33,6 +33,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -152,6 +153,156 @@ def contention_note(runs: list[dict]) -> str:
     return f"mean runnable tasks per run {min(values):.1f}-{max(values):.1f} (contention meter, see bench/benchlib.py)"
 
 
+class TreeCpu:
+    """CPU time of process trees, from /proc, split into the training workers (Ray's
+    `ray::RayTrainWorker` actors; the plain launcher's spawned processes) and everything else
+    under the roots (the driver; a Ray head's GCS, raylet, dashboard, Train controller and helper
+    actors), plus the whole machine's busy CPU (/proc/stat).
+
+    Every `interval_s` the cumulative CPU seconds of each known process are read (and the tree is
+    walked for new processes every `discover_every` samples, through /proc/PID/task/*/children);
+    `cpu_s(kind, start, end)` interpolates linearly between samples, so a window's CPU is exact to
+    within the change of rate inside one interval. CPU time, unlike wall time, hardly moves when
+    other jobs take the cores: a robust second view of an overhead on a shared machine.
+
+        with TreeCpu([os.getpid()]) as tree:
+            run()
+        tree.cpu_s("train_workers", t0, t1); tree.cores(t0, t1)
+    """
+
+    TICK = os.sysconf("SC_CLK_TCK")
+    KINDS = ("train_workers", "other")
+
+    def __init__(self, roots: list[int], interval_s: float = 0.2, discover_every: int = 10):
+        import threading
+
+        self.roots = list(roots)
+        self.interval_s = interval_s
+        self.discover_every = discover_every
+        self.kinds: dict[int, str] = {}
+        self.series: dict[int, list[tuple[float, float]]] = {}  # pid -> [(unix time, cpu seconds)]
+        self.sample_times: list[float] = []
+        self.machine: list[tuple[float, float]] = []  # (unix time, busy cpu seconds of the whole machine)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @classmethod
+    def _machine_busy_s(cls) -> float:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+        return (sum(fields) - fields[3] - fields[4]) / cls.TICK  # all but idle and iowait
+
+    @classmethod
+    def _cpu_s(cls, pid: int) -> float | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        rest = stat[stat.rindex(")") + 2:].split()
+        return (int(rest[11]) + int(rest[12])) / cls.TICK  # utime + stime
+
+    @staticmethod
+    def kind(cmd: str) -> str:
+        return "train_workers" if cmd.startswith("ray::RayTrainWorker") or "spawn_main" in cmd else "other"
+
+    def _discover(self) -> None:
+        todo, seen = list(self.roots), set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                for task in os.scandir(f"/proc/{pid}/task"):
+                    todo += [int(c) for c in Path(f"{task.path}/children").read_text().split()]
+            except OSError:
+                continue
+            if pid not in self.kinds or self.kinds[pid] == "other":  # the title of a Ray actor is set after start
+                self.kinds[pid] = self.kind(cmd)
+
+    def _run(self) -> None:
+        count = 0
+        while not self._stop.is_set():
+            if count % self.discover_every == 0:
+                self._discover()
+            now = time.time()
+            for pid in list(self.kinds):
+                cpu = self._cpu_s(pid)
+                if cpu is not None:
+                    self.series.setdefault(pid, []).append((now, cpu))
+            self.sample_times.append(now)
+            self.machine.append((now, self._machine_busy_s()))
+            count += 1
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "TreeCpu":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _at(points: list[tuple[float, float]], t: float, born: float | None) -> float:
+        """A cumulative counter at time t, linear between samples; 0 at `born` (before the first sample)."""
+        if born is not None and points[0][0] > born:
+            points = [(born, 0.0), *points]
+        if t <= points[0][0]:
+            return points[0][1]
+        for (t0, v0), (t1, v1) in zip(points, points[1:]):
+            if t <= t1:
+                return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
+        return points[-1][1]
+
+    def _born(self, first_seen: float) -> float | None:
+        """A process first seen at `first_seen` started after the sample before (its CPU counts from then)."""
+        earlier = [t for t in self.sample_times if t < first_seen]
+        return earlier[-1] if earlier else None
+
+    def cpu_s(self, kind: str, start: float, end: float) -> float:
+        total = 0.0
+        for pid, points in self.series.items():
+            if self.kinds.get(pid) == kind:
+                born = self._born(points[0][0])
+                total += self._at(points, end, born) - self._at(points, start, born)
+        return total
+
+    def cores(self, start: float, end: float) -> dict | None:
+        """Cores used on average in [start, end] by the training workers, by everything else under the
+        roots, and by the rest of the machine (busy CPU outside the trees: other jobs, this script)."""
+        if end <= start or len(self.machine) < 2:
+            return None
+        wall = end - start
+        used = {kind: self.cpu_s(kind, start, end) for kind in self.KINDS}
+        machine = self._at(self.machine, end, None) - self._at(self.machine, start, None)
+        return {"window_s": round(wall, 2), "train_workers_cores": round(used["train_workers"] / wall, 3),
+                "lab_and_ray_other_cores": round(used["other"] / wall, 3),
+                "rest_of_machine_cores": round((machine - sum(used.values())) / wall, 3)}
+
+
+def training_windows(epochs, first_step_unix: float) -> list[tuple[int, float, float]]:
+    """[(epoch, start, end)] in unix time of each epoch's training (epochs.parquet rows): it ends
+    where validation began, i.e. elapsed_wall_s - eval_s - calibration_s after the first step."""
+    windows = []
+    for row in epochs.itertuples():
+        end = first_step_unix + float(row.elapsed_wall_s) - float(row.eval_s) - float(row.calibration_s)
+        windows.append((int(row.epoch), end - float(row.train_s), end))
+    return windows
+
+
+def steady_cpu(tree: TreeCpu, epochs, global_batch: int) -> dict:
+    """A run's CPU in its steady state (the epochs after the first, training only): the training
+    workers' CPU seconds per step (all workers together) and the cores each kind used."""
+    first_step_unix = float(epochs["first_step_unix"].iloc[0])
+    windows = [w for w in training_windows(epochs, first_step_unix) if w[0] > 1]
+    steps = float((epochs[epochs["epoch"] > 1]["samples"] / global_batch).sum())
+    if not windows or not steps:
+        return {"worker_cpu_s_per_step": None, "cores": None}
+    worker_cpu = sum(tree.cpu_s("train_workers", start, end) for _, start, end in windows)
+    return {"worker_cpu_s_per_step": worker_cpu / steps, "cores": tree.cores(windows[0][1], windows[-1][2])}
+
+
 def describe_machine(load_avg_start=None) -> dict:
     from scaling.instrument.machine import describe_hardware, describe_versions
 
@@ -179,8 +330,6 @@ def results_dir(quick: bool) -> Path:
 def write_result(name: str, doc: str, quick: bool, started: float, load_avg_start, comparisons: list[dict],
                  **details) -> Path:
     """Write results/<name>.json (atomically) and return its path."""
-    import time
-
     out_dir = results_dir(quick)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {

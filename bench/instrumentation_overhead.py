@@ -18,7 +18,9 @@ Measured: per run, the steady-state step time = median over the epochs after the
 experiments/quickstart.yaml --launcher local --workers 2 --set ...` does. The headline ratio is
 the median over adjacent (A, B) pairs of A / B; the ratio of the two arms' medians is reported
 beside it. Each run also records the mean number of runnable tasks while it ran (bench/benchlib.py
-`RunQueue`), to show contention.
+`RunQueue`), to show contention, and the CPU time of its processes (`TreeCpu`, from /proc): the
+training workers' CPU seconds per steady-state step are a second view of the overhead, which other
+jobs on the machine hardly move (reported beside the wall-time ratio, with the same budget).
 
     .venv/bin/python bench/instrumentation_overhead.py            # 3 pairs x 3 epochs (about 3 min here)
     .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs
@@ -27,6 +29,7 @@ beside it. Each run also records the mean number of runnable tasks while it ran 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import tempfile
 import time
@@ -49,8 +52,8 @@ def base_overrides(epochs: int, quick: bool) -> list[str]:
     ]
 
 
-def steady_step_s(run_dir: Path, global_batch: int) -> tuple[float, list[dict]]:
-    """Median over epochs after the first of train_s / steps; and every epoch's figures."""
+def steady_step_s(run_dir: Path, global_batch: int):
+    """Median over epochs after the first of train_s / steps; every epoch's figures; the epochs table."""
     import pandas as pd
 
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
@@ -62,7 +65,7 @@ def steady_step_s(run_dir: Path, global_batch: int) -> tuple[float, list[dict]]:
     steady = [r["step_s"] for r in rows if r["epoch"] > 1]
     if not steady:
         raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
-    return bl.median(steady), rows
+    return bl.median(steady), rows, epochs
 
 
 def main() -> None:
@@ -82,27 +85,35 @@ def main() -> None:
     started, load_start = time.time(), bl.load_average()
     overrides = base_overrides(epochs, args.quick)
     config_path = bl.REPO / args.config
-    sequence, runs = [], []
+    sequence, sequence_cpu, runs = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
         for i, arm in enumerate(bl.abba(pairs, "instrumented", "plain")):
             cfg = load_config(config_path, overrides=[*overrides, ARMS[arm]], num_workers=args.workers)
             run_dir = Path(tmp) / f"run{i:02d}-{arm}"
             print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
-            with bl.RunQueue() as rq:
+            with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()]) as cpu:
                 summary = execute_run(cfg, run_dir, launcher="local")
             if summary["status"] == "failed":
                 raise RuntimeError(f"{arm} run failed: {summary['error']}")
-            step_s, epoch_rows = steady_step_s(run_dir, cfg.global_batch)
+            step_s, epoch_rows, epochs_table = steady_step_s(run_dir, cfg.global_batch)
+            steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
             sequence.append((arm, step_s))
-            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean, "epochs": epoch_rows,
-                         "summary_step_s": summary.get("step_s")})
-            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms (runnable tasks {rq.mean})", flush=True)
+            sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
+            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean, **steady,
+                         "epochs": epoch_rows, "summary_step_s": summary.get("step_s")})
+            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, worker CPU "
+                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (runnable tasks {rq.mean}; cores {steady['cores']})",
+                  flush=True)
 
     pair_values = bl.adjacent_pairs(sequence, "instrumented", "plain")
     pair_ratios = [a / b for a, b in pair_values]
     a_med = bl.median(v for arm, v in sequence if arm == "instrumented")
     b_med = bl.median(v for arm, v in sequence if arm == "plain")
     headline = bl.median(pair_ratios)
+    cpu_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_cpu, "instrumented", "plain") if a and b]
+    cpu_a = bl.median(v for arm, v in sequence_cpu if arm == "instrumented")
+    cpu_b = bl.median(v for arm, v in sequence_cpu if arm == "plain")
+    elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r["cores"]]
     comparisons = [bl.comparison(
         "instrumentation overhead (step time)", "instrumented (step_timing=true)", "plain (step_timing=false)",
         a_med, b_med, "s/step", headline,
@@ -111,6 +122,14 @@ def main() -> None:
         note=f"quickstart, {args.workers} workers, local launcher, {pairs} pairs x {epochs} epochs; "
              f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
              f"{bl.contention_note(runs)}",
+    ), bl.comparison(
+        "instrumentation overhead (workers' CPU per step)", "instrumented (step_timing=true)",
+        "plain (step_timing=false)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
+        "median over adjacent ABBA pairs of instrumented / plain CPU seconds of the training workers per steady-state "
+        "step", BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)",
+        note=f"/proc CPU time of the 2 worker processes while the epochs after the first trained; pair ratios "
+             f"{', '.join(f'{r:.3f}' for r in cpu_pairs)}" + (f"; the rest of the machine (other jobs) used "
+             f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else ""),
     )]
     cli = f".venv/bin/scaling run {args.config} --launcher local --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)

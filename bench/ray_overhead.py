@@ -21,12 +21,14 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
   --head`, loopback, free ports, private temp dir, 2 CPUs, RAY_AUTH_MODE=disabled), warm: started
   before the first run, stopped by its process id at the end. The head runs during the local runs
   too, so both arms see its background load.
-- CPU besides the training workers: while each run goes, the CPU time of the driver's and the Ray
-  head's process trees is sampled from /proc (`TreeCpu`); from the end of the first epoch to the end
-  of the last, the cores used by everything but the training workers (Ray: the GCS, raylet,
-  dashboard, Train controller and helper actors; both: the `scaling run` driver) are reported per
-  arm, with what the rest of the machine used meanwhile. On a 2-core machine whatever Ray runs
-  beside the 2 workers is taken from them.
+- CPU (bench/benchlib.py `TreeCpu`): while each run goes, the CPU time of the driver's and the
+  Ray head's process trees is sampled from /proc. Over the training of the epochs after the first
+  (windows from epochs.parquet): the training workers' CPU seconds per step, a view of the
+  overhead that other jobs on the machine hardly move (headline: median over pairs of ray /
+  local); and the cores used by everything but the training workers (Ray: the GCS, raylet,
+  dashboard, Train controller and helper actors; both: the `scaling run` driver), with what the
+  rest of the machine used meanwhile. On a 2-core machine whatever Ray runs beside the 2 workers
+  is taken from them.
 - Cold cluster: separately, in a fresh process each, the time of `ray.init(address="local")`
   starting a new local cluster (private temp dir, its own ports, dashboard included as in a plain
   `ray.init()`), and of `ray.shutdown()`; and, for the benchmark's head, the time of `ray start
@@ -161,110 +163,17 @@ def measure_ray_init() -> dict:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-class TreeCpu:
-    """CPU time of process trees, sampled every `interval_s` from /proc, split into the training
-    workers (Ray's `ray::RayTrainWorker` actors; the plain launcher's spawned processes) and
-    everything else under the roots (the `scaling run` driver, the Ray head's GCS, raylet,
-    dashboard, Train controller and helper actors), plus the whole machine's busy CPU
-    (/proc/stat), so that `cores(start, end)` says, for a window, how many cores each used."""
-
-    TICK = os.sysconf("SC_CLK_TCK")
-
-    def __init__(self, roots: list[int], interval_s: float = 0.5):
-        import threading
-
-        self.roots = list(roots)
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, dict, float]] = []  # (unix time, {pid: (kind, cpu_s)}, machine busy cpu_s)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @classmethod
-    def _machine_busy_s(cls) -> float:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal
-        return busy / cls.TICK
-
-    @classmethod
-    def _process(cls, pid: int) -> tuple[float, str, list[int]] | None:
-        """(cpu seconds, command line, child pids) of one process; None if it is gone."""
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            children = []
-            for task in os.scandir(f"/proc/{pid}/task"):
-                children += [int(c) for c in Path(f"{task.path}/children").read_text().split()]
-        except OSError:
-            return None
-        rest = stat[stat.rindex(")") + 2:].split()
-        return (int(rest[11]) + int(rest[12])) / cls.TICK, cmd, children
-
-    @staticmethod
-    def kind(cmd: str) -> str:
-        return "train_workers" if cmd.startswith("ray::RayTrainWorker") or "spawn_main" in cmd else "other"
-
-    def _snapshot(self) -> dict:
-        """{pid: (kind, cpu seconds)} of the roots and their descendants (/proc/PID/task/*/children)."""
-        found, todo = {}, list(self.roots)
-        while todo:
-            pid = todo.pop()
-            if pid in found:
-                continue
-            info = self._process(pid)
-            if info is None:
-                continue
-            cpu, cmd, children = info
-            found[pid] = (self.kind(cmd), cpu)
-            todo += children
-        return found
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), self._snapshot(), self._machine_busy_s()))
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> "TreeCpu":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def cores(self, start: float, end: float) -> dict | None:
-        """Cores used on average in [start, end] by the training workers, by everything else under the
-        roots, and by the rest of the machine (busy CPU not in the trees: other jobs)."""
-        inside = [s for s in self.samples if start <= s[0] <= end]
-        before = [s for s in self.samples if s[0] < start]
-        if len(inside) < 2:
-            return None
-        first = before[-1] if before else inside[0]
-        last = inside[-1]
-        wall = last[0] - first[0]
-        used = {"train_workers": 0.0, "other": 0.0}
-        seen: dict[int, tuple[str, float]] = {}
-        for _, snapshot, _ in [first, *inside]:
-            seen.update(snapshot)  # the last value seen of every process (one that ended keeps its last sample)
-        for pid, (kind, cpu) in seen.items():
-            used[kind] += cpu - first[1].get(pid, (kind, 0.0))[1]
-        machine = last[2] - first[2]
-        return {"window_s": round(wall, 2), "train_workers_cores": round(used["train_workers"] / wall, 3),
-                "lab_and_ray_other_cores": round(used["other"] / wall, 3),
-                "rest_of_machine_cores": round((machine - used["train_workers"] - used["other"]) / wall, 3)}
-
-
-def steady_step_s(run_dir: Path, global_batch: int) -> tuple[float, float, list[dict]]:
-    """(median over epochs after the first of train_s / steps, first_step_unix, every epoch's figures)."""
+def steady_step_s(run_dir: Path, global_batch: int):
+    """(median over epochs after the first of train_s / steps, every epoch's figures, the epochs table)."""
     import pandas as pd
 
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
-    rows = [{"epoch": int(r.epoch), "train_s": float(r.train_s), "step_s": float(r.train_s) / (r.samples / global_batch),
-             "wall_s": float(r.elapsed_wall_s)} for r in epochs.itertuples()]
+    rows = [{"epoch": int(r.epoch), "train_s": float(r.train_s), "step_s": float(r.train_s) / (r.samples / global_batch)}
+            for r in epochs.itertuples()]
     steady = [r["step_s"] for r in rows if r["epoch"] > 1]
     if not steady:
         raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
-    return bl.median(steady), float(epochs["first_step_unix"].iloc[0]), rows
+    return bl.median(steady), rows, epochs
 
 
 def main() -> None:
@@ -287,7 +196,7 @@ def main() -> None:
     overrides = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "instrument.calibration_pairs=0",
                  "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
     head = PrivateRayHead(num_cpus=max(2, args.workers))
-    sequence_step, sequence_start, runs = [], [], []
+    sequence_step, sequence_start, sequence_cpu, runs = [], [], [], []
     tmp = tempfile.mkdtemp(prefix="bench-ray-")
     try:
         head.start()
@@ -299,7 +208,7 @@ def main() -> None:
                        *[x for o in overrides for x in ("--set", o)], "--out", str(run_dir)]
             print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
             log = Path(tmp) / f"run{i:02d}-{arm}.log"
-            with open(log, "w") as out, bl.RunQueue() as rq, TreeCpu([head.process.pid]) as cpu:
+            with open(log, "w") as out, bl.RunQueue() as rq, bl.TreeCpu([head.process.pid]) as cpu:
                 launch_unix = time.time()
                 proc = subprocess.Popen(command, cwd=bl.REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
                 cpu.roots.append(proc.pid)
@@ -309,33 +218,34 @@ def main() -> None:
             summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
             if proc.returncode != 0 or summary.get("status") == "failed":
                 raise RuntimeError(f"{arm} run failed (exit {proc.returncode}):\n{log.read_text()[-2000:]}")
-            step_s, first_step_unix, epoch_rows = steady_step_s(run_dir, summary["global_batch"])
-            startup_s = first_step_unix - launch_unix
-            # CPU use from the end of the first epoch to the end of the last (steady state, with
-            # evaluation and the per-epoch report)
-            window = (first_step_unix + epoch_rows[0]["wall_s"], first_step_unix + epoch_rows[-1]["wall_s"])
-            cores = cpu.cores(*window)
+            step_s, epoch_rows, epochs_table = steady_step_s(run_dir, summary["global_batch"])
+            startup_s = float(epochs_table["first_step_unix"].iloc[0]) - launch_unix
+            steady = bl.steady_cpu(cpu, epochs_table, summary["global_batch"])
             sequence_step.append((arm, step_s))
             sequence_start.append((arm, startup_s))
+            sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
             runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "startup_s": startup_s, "mean_runnable": rq.mean,
-                         "cpu_cores_after_first_epoch": cores,
-                         "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
-            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s "
-                  f"(runnable tasks {rq.mean}; cores {cores})", flush=True)
+                         **steady, "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
+            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s, worker CPU "
+                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (runnable tasks {rq.mean}; cores {steady['cores']})",
+                  flush=True)
     finally:
         head.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     step_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_step, "ray", "local")]
+    cpu_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_cpu, "ray", "local") if a and b]
+    cpu_a = bl.median(v for arm, v in sequence_cpu if arm == "ray")
+    cpu_b = bl.median(v for arm, v in sequence_cpu if arm == "local")
     start_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_start, "ray", "local")]
     step_a = bl.median(v for arm, v in sequence_step if arm == "ray")
     step_b = bl.median(v for arm, v in sequence_step if arm == "local")
     start_a = bl.median(v for arm, v in sequence_start if arm == "ray")
     start_b = bl.median(v for arm, v in sequence_start if arm == "local")
     init_s = bl.median(p["ray_init_local_s"] for p in init_probes)
-    background = {arm: bl.median(r["cpu_cores_after_first_epoch"]["lab_and_ray_other_cores"] for r in runs
-                                 if r["arm"] == arm and r["cpu_cores_after_first_epoch"]) for arm in ("ray", "local")}
-    elsewhere = [r["cpu_cores_after_first_epoch"]["rest_of_machine_cores"] for r in runs if r["cpu_cores_after_first_epoch"]]
+    background = {arm: bl.median(r["cores"]["lab_and_ray_other_cores"] for r in runs if r["arm"] == arm and r["cores"])
+                  for arm in ("ray", "local")}
+    elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r["cores"]]
     where = f"quickstart, {args.workers} workers, {pairs} pairs x {epochs} epochs"
     comparisons = [
         bl.comparison(
@@ -346,11 +256,18 @@ def main() -> None:
             note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
                  f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}"),
         bl.comparison(
+            "Ray Train overhead (training workers' CPU per step)", "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
+            "median over adjacent ABBA pairs of ray / local CPU seconds of the training workers per steady-state step",
+            STEP_BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)",
+            note=f"{where}; /proc CPU time of the training worker processes in the epochs after the first, training "
+                 f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}"),
+        bl.comparison(
             "CPU besides the training workers, steady state", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", background["ray"], background["local"], "cores", None, "",
-            note=f"{where}; cores used, from the end of the first epoch to the end of the last, by the driver and the "
-                 f"Ray head's processes (GCS, raylet, dashboard, Train controller and helper actors; the head is up in "
-                 f"both arms), not counting the training workers; the rest of the machine (other jobs) used "
+            note=f"{where}; cores used while the epochs after the first trained by the driver and the Ray head's "
+                 f"processes (GCS, raylet, dashboard, Train controller and helper actors; the head is up in both arms), "
+                 f"not counting the training workers; the rest of the machine (other jobs) used "
                  f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else where),
         bl.comparison(
             "start-up, warm cluster (command -> first step)", "Ray Train (--launcher ray)",
