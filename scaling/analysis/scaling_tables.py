@@ -90,6 +90,8 @@ def default_group_by(runs: pd.DataFrame) -> tuple[str, ...]:
     for column in runs.columns:
         if (column.startswith("sweep.") or column == "backend") and runs[column].nunique(dropna=True) > 1:
             keys.append(column)
+    if "backend" in keys and "sweep.backend" in keys:
+        keys.remove("sweep.backend")  # the axis and the summary's resolved backend name the same split
     return tuple(keys)
 
 
