@@ -253,13 +253,13 @@ def check_cluster_yaml(path: str | Path) -> list[str]:
     """Every problem of one cluster YAML (Ray's validator first), as one-line strings; [] = fine."""
     path = Path(path)
     if not path.is_file():
-        return [f"{path}: no such file"]
+        return ["no such file"]
     try:
         raw = load(path)
     except yaml.YAMLError as exc:
-        return [f"{path}: not valid YAML ({str(exc).splitlines()[0]})"]
+        return [f"not valid YAML ({str(exc).splitlines()[0]})"]
     if not isinstance(raw, dict):
-        return [f"{path}: a cluster YAML is a mapping"]
+        return ["a cluster YAML is a mapping"]
     import contextlib
     import io
 
