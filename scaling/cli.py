@@ -2,7 +2,7 @@
 
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
-    scaling report SWEEP_DIR
+    scaling report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | down
@@ -51,8 +51,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="override a base config field for every run (repeatable)")
     sweep.add_argument("--launcher", choices=("ray", "local"), default="ray")
 
-    report = commands.add_parser("report", help="tables and figures of a sweep directory")
-    report.add_argument("sweep_dir", type=Path)
+    report = commands.add_parser("report", help="tables and figures of a sweep directory (or of several, merged)")
+    report.add_argument("sweep_dirs", type=Path, nargs="+", metavar="SWEEP_DIR",
+                        help="a sweep directory; several are merged into one report (needs --out)")
+    report.add_argument("--out", type=Path, help="report directory (default: SWEEP_DIR/report; required for several)")
 
     from scaling.projection.cli import add_arguments as add_projection_arguments
 
@@ -186,7 +188,7 @@ def _cmd_report(args) -> int:
 
     from scaling.report import write_report
 
-    path = write_report(args.sweep_dir, Console())
+    path = write_report(args.sweep_dirs, Console(), out=args.out)
     print(f"report: {path}")
     return 0
 

@@ -71,6 +71,7 @@ class WorkersConfig:
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
     node_price_per_hour: float = 0.0  # USD per node-hour, for cost-to-accuracy (DAWNBench); 0 = unknown
+    cluster: str = ""  # the cluster this runs on, for projection: a preset (p3.16xlarge, scaling/projection/presets) or a cluster YAML; `scaling report` then draws projected curves over the measured points; "" = none
     link_bandwidth: str = ""  # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
 
 
@@ -256,6 +257,10 @@ def validate(cfg: ExperimentConfig) -> None:
         from scaling.launch.minicluster import rate_bits_per_s
 
         rate_bits_per_s(cfg.workers.link_bandwidth)  # refuses anything tc would not take
+    if cfg.workers.cluster:
+        from scaling.projection.cluster import load_cluster
+
+        load_cluster(cfg.workers.cluster)  # an unknown preset or a bad cluster YAML: one line, before any worker starts
     require(cfg.workers.node_price_per_hour >= 0, f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}")
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")

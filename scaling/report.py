@@ -1,6 +1,7 @@
 """A sweep's report: read the sweep directory, print its tables, write report.md and the figures.
 
     scaling report results/qs        # -> results/qs/report/report.md, *.png, *.svg
+    scaling report results/ddp results/hvd --out results/ddp-vs-hvd   # several sweeps, one report
 
 The I/O side of the analysis: `load_sweep` reads `runs.parquet` (or, for an interrupted
 sweep without it, every `runs/*/summary.json`) and each run's `epochs.parquet`;
@@ -61,16 +62,26 @@ def resolve_sweep_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def load_sweep(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+def load_sweep(sweep_dir: str | os.PathLike | list) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """(runs, epochs, warnings): the run table, every run's epochs with its keys, what was left out.
+
+    sweep_dir: one sweep directory, or a list of them, merged (see `_merge`: run keys become
+    `<sweep>/<run key>` and a `sweep` column names the directory).
 
     runs: one row per run with a summary (runs.parquet, or built from runs/*/summary.json).
     epochs: epochs.parquet rows of those runs plus run_id, run_key, num_workers, seed,
     global_batch, repeat, status, backend, num_nodes and the sweep.* columns.
     Raises UsageError when the directory is missing, empty or not a sweep.
     """
-    sweep = _load(Path(sweep_dir))
+    sweep = _load_any(sweep_dir)
     return sweep.runs, sweep.epochs, sweep.warnings
+
+
+def _load_any(sweep_dirs) -> _Sweep:
+    if isinstance(sweep_dirs, (list, tuple)):
+        sweep_dirs = [Path(d) for d in sweep_dirs]
+        return _load(sweep_dirs[0]) if len(sweep_dirs) == 1 else _merge(sweep_dirs)
+    return _load(Path(sweep_dirs))
 
 
 def _load(sweep_dir: Path) -> _Sweep:
@@ -134,6 +145,46 @@ def _load(sweep_dir: Path) -> _Sweep:
     return _Sweep(runs.reset_index(drop=True), epochs, warnings, incomplete)
 
 
+def _merge(sweep_dirs: list[Path]) -> _Sweep:
+    """Several sweeps as one: runs and epochs concatenated, each run's key prefixed with its sweep.
+
+    The column `sweep` names the directory each run came from. It becomes a group key (its own
+    series in every table and figure) only where the other keys do not already tell the sweeps
+    apart: a DDP sweep and a `--set backend=horovod` sweep differ by `backend` already.
+    """
+    labels = [d.name or str(d) for d in sweep_dirs]
+    if len(set(labels)) < len(labels):
+        labels = [str(d) for d in sweep_dirs]
+    if len(set(labels)) < len(labels):
+        raise UsageError(f"the same sweep directory is given twice: {' '.join(map(str, sweep_dirs))}")
+    runs, epochs, warnings, incomplete = [], [], [], []
+    for label, sweep_dir in zip(labels, sweep_dirs):
+        sweep = _load(sweep_dir)
+        prefix = f"{label}/"
+        runs.append(sweep.runs.assign(run_key=prefix + sweep.runs["run_key"].astype(str),
+                                      run_dir=[str(sweep_dir / d) for d in sweep.runs["run_dir"].astype(str)],
+                                      sweep=label))
+        if not sweep.epochs.empty:
+            epochs.append(sweep.epochs.assign(run_key=prefix + sweep.epochs["run_key"].astype(str), sweep=label))
+        warnings += [f"{label}: {w}" for w in sweep.warnings]
+        incomplete += [prefix + name for name in sweep.incomplete]
+    merged = pd.concat(runs, ignore_index=True)
+    merged_epochs = pd.concat(epochs, ignore_index=True) if epochs else sweep.epochs
+    return _Sweep(merged, merged_epochs, warnings, incomplete)
+
+
+def group_keys(runs: pd.DataFrame) -> tuple[str, ...]:
+    """The report's group keys: scaling_tables.default_group_by, plus `sweep` (the source
+    directory of a merged report) where the other keys leave runs of different sweeps together."""
+    keys = st.default_group_by(runs)
+    if "sweep" in runs.columns and runs["sweep"].nunique() > 1:
+        others = [k for k in keys if k != "num_workers"]
+        mixed = runs.groupby(others, dropna=False)["sweep"].nunique().gt(1).any() if others else True
+        if mixed:
+            keys = (*keys, "sweep")
+    return keys
+
+
 def _readable_versions(runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
     """Keep runs whose schema version this lab reads; name the others (results.READABLE_SCHEMA_VERSIONS)."""
     if "schema_version" not in runs.columns:
@@ -175,31 +226,46 @@ def _runs_from_summaries(run_dirs: list[Path], sweep_dir: Path, warnings: list[s
 
 
 def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> tuple[pd.DataFrame, list[str]]:
-    """Every run's epochs with its keys, and the runs whose epochs.parquet is unreadable (named in a warning)."""
+    """Every run's epochs with its keys, and the runs whose epochs.parquet is unreadable (named in a warning).
+
+    Each file is read with pyarrow and the tables are joined once: a pandas read plus a column
+    assign per run took 1.5 s of a 200-run report (bench/analysis_speed.py).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     keys = [c for c in EPOCH_KEYS if c in runs.columns] + [c for c in runs.columns if c.startswith("sweep.")]
-    frames, missing, corrupt = [], [], []
-    for _, run in runs.iterrows():
-        path = sweep_dir / str(run["run_dir"]) / "epochs.parquet"
+    runs = runs.reset_index(drop=True)
+    tables, missing, corrupt = [], [], []
+    for position, (run_key, run_dir, status) in enumerate(zip(runs["run_key"].astype(str), runs["run_dir"].astype(str),
+                                                              runs["status"])):
+        path = sweep_dir / run_dir / "epochs.parquet"
         if not path.is_file():
-            if run["status"] != "failed":
-                missing.append(str(run["run_key"]))
+            if status != "failed":
+                missing.append(run_key)
             continue
         try:
-            frame = pd.read_parquet(path)
+            table = pq.ParquetFile(path).read()
         except Exception as exc:  # a damaged file: name the run and report the rest
-            corrupt.append(str(run["run_key"]))
-            warnings.append(f"run {run['run_key']}: unreadable {path.name} ({type(exc).__name__}), left out")
+            corrupt.append(run_key)
+            warnings.append(f"run {run_key}: unreadable {path.name} ({type(exc).__name__}), left out")
             continue
-        if frame.empty:
-            continue
-        run_id = run["run_id"] if "run_id" in runs.columns and isinstance(run["run_id"], str) else run["run_key"]
-        frame = frame.assign(run_id=run_id, **{k: run[k] for k in keys})
-        frames.append(frame)
+        if table.num_rows:
+            tables.append(table.append_column(_RUN_POSITION, pa.array([position] * table.num_rows, pa.int64())))
     if missing:
         warnings.append(f"runs without epochs.parquet (no accuracy curve): {', '.join(missing)}")
-    if not frames:
+    if not tables:
         return pd.DataFrame(columns=["run_id", *keys, "epoch", "val_accuracy"]), corrupt
-    return pd.concat(frames, ignore_index=True), corrupt
+    epochs = pa.concat_tables(tables, promote_options="default").to_pandas()
+    run_ids = runs["run_id"] if "run_id" in runs.columns else runs["run_key"]
+    run_ids = run_ids.where(run_ids.map(lambda v: isinstance(v, str)), runs["run_key"])
+    per_run = runs[keys].assign(run_id=run_ids)[["run_id", *keys]]
+    epochs = epochs.drop(columns=[c for c in per_run.columns if c in epochs.columns])
+    epochs = epochs.join(per_run, on=_RUN_POSITION).drop(columns=_RUN_POSITION)
+    return epochs, corrupt
+
+
+_RUN_POSITION = "__run_position"
 
 
 # ---------------------------------------------------------------------------- tables
@@ -276,6 +342,17 @@ def _utilisation_columns(keys) -> list[tuple]:
         ("mfu", "MFU", _num(".1%")),
         ("arithmetic_intensity", "intensity (FLOP/B, est.)", _num(".1f")),
         ("mem_bytes_per_s", "memory roof (GB/s)", _num(".1f", 1e-9)),
+    ]
+
+
+def _projection_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        ("step_s", "step measured (ms)", _num(".1f", 1e3)),
+        ("projected_step_s", "step projected (ms)", _num(".1f", 1e3)),
+        ("comm_overhead_pct", "comm overhead measured (%)", _num(".1f")),
+        ("projected_comm_overhead_pct", "comm overhead projected (%)", _num(".1f")),
+        ("speedup_throughput", "speedup measured", _num(".2f", suffix="×")),
+        ("projected_speedup_throughput", "speedup projected", _num(".2f", suffix="×")),
     ]
 
 
@@ -397,49 +474,72 @@ def _first(runs: pd.DataFrame, column: str) -> str | None:
     return str(values.mode().iloc[0]) if not values.empty else None
 
 
-def _header(sweep_dir: Path, runs: pd.DataFrame, incomplete: list[str], target: float | None) -> list[str]:
+def _header(dirs: list[Path], runs: pd.DataFrame, incomplete: list[str], target: float | None) -> list[str]:
     failed = int((runs["status"] == "failed").sum())
     reached = int((runs["status"] == "reached_target").sum())
+    def each(column: str) -> str | None:  # every value, most common first
+        if column not in runs.columns:
+            return None
+        values = runs[column].dropna().astype(str).value_counts().index.tolist()
+        return " / ".join(values) if values else None
+
     what = ", ".join(filter(None, [
-        _first(runs, "model") and f"model {_first(runs, 'model')}",
-        _first(runs, "dataset") and f"data {_first(runs, 'dataset')}",
-        _first(runs, "backend") and f"backend {_first(runs, 'backend')}",
-        _first(runs, "launcher") and f"launcher {_first(runs, 'launcher')}",
+        each("model") and f"model {each('model')}",
+        each("dataset") and f"data {each('dataset')}",
+        each("backend") and f"backend {each('backend')}",
+        each("launcher") and f"launcher {each('launcher')}",
+        each("cluster") and f"cluster {each('cluster')}",
     ]))
     machine = ", ".join(filter(None, [_first(runs, "hardware.cpu_model"),
                                       _first(runs, "hardware.gpu_name") and f"GPU {_first(runs, 'hardware.gpu_name')}"]))
     target_text = f"{target:.0%}" if target is not None else "?"
     return [
-        f"Sweep directory `{sweep_dir}`: {what}." if what else f"Sweep directory `{sweep_dir}`.",
+        (f"Sweep directory `{dirs[0]}`" if len(dirs) == 1 else
+         "Sweep directories " + ", ".join(f"`{d}`" for d in dirs)) + (f": {what}." if what else "."),
         f"{len(runs)} runs with a summary: {len(runs) - failed} finished ({reached} reached the target accuracy "
         f"{target_text}), {failed} failed; {len(incomplete)} incomplete." + (f" Machine (rank 0): {machine}." if machine else ""),
         "Every figure is defined once in `scaling/analysis/scaling_tables.py` (per run: `docs/results.md`).",
     ]
 
 
-def write_report(sweep_dir: str | os.PathLike, console=None) -> Path:
-    """Print the sweep's tables and write SWEEP/report/ (report.md and the figures); returns report.md's path."""
+TERMINAL_RUN_ROWS = 40  # the terminal's Runs table stops here (report.md lists every run)
+
+
+def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None) -> Path:
+    """Print the tables and write the report directory (report.md and the figures); returns report.md's path.
+
+    sweep_dirs: one sweep directory (the report goes to SWEEP/report/) or several, merged into
+    one report (`_merge`), which then needs `out`.
+    """
     from rich.console import Console
     from rich.markup import escape
 
     from scaling.plots.figures import save
+    from scaling.projection.overlay import add_projection, project_sweep
 
     console = console if console is not None else Console()
-    sweep_dir = Path(sweep_dir)
-    sweep = _load(sweep_dir)
+    dirs = [Path(d) for d in sweep_dirs] if isinstance(sweep_dirs, (list, tuple)) else [Path(sweep_dirs)]
+    if len(dirs) > 1 and out is None:
+        raise UsageError("several sweep directories make one report: say where it goes with --out DIR")
+    sweep = _load_any(dirs)
     runs, epochs = sweep.runs, sweep.epochs
-    for warning in sweep.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    warnings = list(sweep.warnings)
 
-    keys = st.default_group_by(runs)
+    keys = group_keys(runs)
     table = st.per_worker_count(runs, keys)
+    projected, projection_notes, projection_warnings = project_sweep(
+        st.prepare_runs(runs), keys, lambda run: dirs[0] / str(run["run_dir"]))
+    warnings += projection_warnings
+    table = add_projection(table, projected, keys)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     curve_keys = [k for k in keys if k in epochs.columns]
     curves = st.accuracy_curves(epochs, curve_keys)
     spread = st.tta_spread(runs, keys)
     tradeoff = st.batch_tradeoff(runs)
     target = st.target_accuracy(runs)
 
-    out = sweep_dir / REPORT_DIR
+    out = Path(out) if out is not None else dirs[0] / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     figures = _figures(table, curves, spread, target)
     listed = list(FIGURES)
@@ -458,21 +558,35 @@ def write_report(sweep_dir: str | os.PathLike, console=None) -> Path:
         ("Communication and step time", _comm_columns(keys), table),
         ("Hardware utilisation (model FLOPs)", _utilisation_columns(keys), table),
     ]
+    if not projected.empty:
+        sections.append(("Measured against projected (α–β model, scaling/projection)", _projection_columns(keys),
+                         table[table["projected_step_s"].notna()]))
     if not tradeoff.empty:
         sections.append(("Batch-size trade-off (global batch)", BATCH_COLUMNS, tradeoff))
     sections.append(("Runs", _run_columns(runs), runs.sort_values(["num_workers", "run_key"])))
 
-    name = _first(runs, "name") or sweep_dir.name
-    md = [f"# Sweep report: {name}", "", *_header(sweep_dir, runs, sweep.incomplete, target), ""]
-    if sweep.warnings:
-        md += ["## Warnings", "", *[f"- {w}" for w in sweep.warnings], ""]
+    name = _first(runs, "name") or dirs[0].name
+    title = f"# Sweep report: {name}" if len(dirs) == 1 else f"# Sweep report: {', '.join(d.name for d in dirs)}"
+    md = [title, "", *_header(dirs, runs, sweep.incomplete, target), ""]
+    if warnings:
+        md += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
     md += ["## Figures", "", "Each figure is also written as SVG beside the PNG.", ""]
+    if not projected.empty:
+        md += ["Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
+               "at the measured worker counts, from each series' smallest-worker run:", "",
+               *[f"- {note}" for note in projection_notes], ""]
     for stem, heading, definition in listed:
         md += [f"### {heading}", "", f"![{heading}]({stem}.png)", "", definition, ""]
     md += ["## Tables", ""]
     for title, columns, frame in sections:
         headers, rows = _cells(frame, columns)
-        console.print(_rich_table(title, headers, rows))
+        shown = rows
+        if title == "Runs" and len(rows) > TERMINAL_RUN_ROWS:
+            shown = rows[:TERMINAL_RUN_ROWS]
+            title_shown = f"{title} (first {TERMINAL_RUN_ROWS} of {len(rows)}; all in report.md)"
+        else:
+            title_shown = title
+        console.print(_rich_table(title_shown, headers, shown))
         md += [f"### {title}", "", _markdown_table(headers, rows), ""]
     md += [
         "Speedup and efficiency: over the smallest worker count of the same series; eff. = speedup / (N / N_base). "

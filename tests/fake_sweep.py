@@ -64,7 +64,7 @@ def _steps(num_workers: int) -> pd.DataFrame:
 
 
 def _summary(key: str, num_workers: int, repeat: int, epochs: pd.DataFrame, steps: pd.DataFrame, status=None,
-             error=None) -> dict:
+             error=None, backend: str = "gloo", cluster: str | None = None) -> dict:
     # small_cnn's counted FLOPs and this machine's measured 1-thread roofs (compute_profile.json)
     profile = {"train_flops": 17_513_472.0, "forward_flops": 6_132_736.0, "train_bytes_per_sample": 2_038_933.0,
                "peak_flops_per_s": 1.0e11, "peak_source": "measured", "mem_bytes_per_s": 1.0e10}
@@ -74,19 +74,20 @@ def _summary(key: str, num_workers: int, repeat: int, epochs: pd.DataFrame, step
     num_nodes = int(steps["node_rank"].nunique())
     return {
         "schema_version": 1, "run_id": key, "name": "quickstart", "model": "small_cnn", "dataset": "embedded",
-        "backend": "gloo", "launcher": "ray", "num_workers": num_workers, "num_nodes": num_nodes,
+        "backend": backend, "launcher": "ray", "num_workers": num_workers, "num_nodes": num_nodes,
         "workers_per_node": num_workers / num_nodes, "per_worker_batch": 64, "global_batch": 64 * num_workers,
         "seed": repeat, "status": status, "error": error, "target_accuracy": TARGET, **figures,
-        "inject_comm_delay_s": 0.0, "node_price_per_hour": 0.5, "started_at": "2025-01-01T00:00:00+00:00",
+        "inject_comm_delay_s": 0.0, "node_price_per_hour": 0.5, "cluster": cluster, "started_at": "2025-01-01T00:00:00+00:00",
         "run_wall_s": float(epochs["elapsed_wall_s"].iloc[-1]) + 5.0,
         "versions": {"python": "3.11", "torch": "2.13.0", "ray": "2.60.0"},
         "hardware": {"hostname": "test", "cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0},
     }
 
 
-def make_fake_sweep(root: Path, with_index: bool = True) -> Path:
-    """Write the fake sweep under root/qs and return its path."""
-    sweep = Path(root) / "qs"
+def make_fake_sweep(root: Path, with_index: bool = True, name: str = "qs", backend: str = "gloo",
+                    cluster: str | None = None) -> Path:
+    """Write the fake sweep under root/<name> and return its path (runs of `backend`, summaries naming `cluster`)."""
+    sweep = Path(root) / name
     (sweep / "runs").mkdir(parents=True)
     (sweep / "sweep.yaml").write_text("base: {name: quickstart}\nsweep: {workers: [1, 2, 4], repeats: 3, axes: {}}\n")
     rows = []
@@ -99,13 +100,13 @@ def make_fake_sweep(root: Path, with_index: bool = True) -> Path:
             if key == FAILED:
                 epochs = _epochs(num_workers, repeat, n_epochs=2)
                 summary = _summary(key, num_workers, repeat, epochs, steps, status="failed",
-                                   error="RuntimeError: worker 3 died (simulated)")
+                                   error="RuntimeError: worker 3 died (simulated)", backend=backend, cluster=cluster)
             elif key == NOT_REACHED:
                 epochs = _epochs(num_workers, repeat, n_epochs=MAX_EPOCHS, plateau=0.80)
-                summary = _summary(key, num_workers, repeat, epochs, steps)
+                summary = _summary(key, num_workers, repeat, epochs, steps, backend=backend, cluster=cluster)
             else:
                 epochs = _epochs(num_workers, repeat)
-                summary = _summary(key, num_workers, repeat, epochs, steps)
+                summary = _summary(key, num_workers, repeat, epochs, steps, backend=backend, cluster=cluster)
             (run_dir / "config.yaml").write_text(f"name: quickstart\nworkers: {{num_workers: {num_workers}}}\n")
             epochs.to_parquet(run_dir / "epochs.parquet", index=False)
             steps.to_parquet(run_dir / "steps.parquet", index=False)

@@ -233,3 +233,97 @@ def test_results_files_carry_the_schema_version(tmp_path):
 
     write_parquet_atomic(tmp_path / "x.parquet", pd.DataFrame({"a": [1]}))
     assert parquet_schema_version(tmp_path / "x.parquet") == SCHEMA_VERSION
+
+
+# ---------------------------------------------------------------------------- several sweeps, one report
+
+def _table_rows(report_md: str, title: str) -> list[str]:
+    section = report_md.split(f"### {title}", 1)[1].split("###", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+
+
+def test_two_sweeps_of_different_backends_make_one_report(tmp_path):
+    ddp = make_fake_sweep(tmp_path, name="ddp")
+    hvd = make_fake_sweep(tmp_path, name="hvd", backend="horovod")
+    console = _console()
+    path = write_report([ddp, hvd], console, out=tmp_path / "both")
+    assert path == tmp_path / "both" / "report.md"
+    runs, epochs, _ = load_sweep([ddp, hvd])
+    assert set(runs["run_key"]) >= {"ddp/w1-r0", "hvd/w1-r0"} and set(runs["sweep"]) == {"ddp", "hvd"}
+    assert set(epochs["run_key"]) >= {"ddp/w1-r0", "hvd/w4-r0"}
+    text = path.read_text()
+    assert f"`{ddp}`, `{hvd}`" in text
+    assert "backend gloo / horovod" in text or "backend horovod / gloo" in text
+    rows = _table_rows(text, "Scaling: time per epoch")
+    header = rows[0]
+    assert "backend" in header and "| sweep |" not in header  # backend already tells the sweeps apart
+    assert len(rows) - 1 == 2 * len(WORKERS)
+    backends = [row.split("|")[2].strip() for row in rows[1:]]
+    assert sorted(set(backends)) == ["gloo", "horovod"]
+    # each backend's speedup is over its own 1-worker runs
+    assert sum(row.split("|")[5].strip() == "1.00×" for row in rows[1:]) == 2
+    assert {p.name for p in path.parent.iterdir()} >= {"speedup.png", "comm_overhead.svg"}
+    assert not (ddp / "report").exists() and not (hvd / "report").exists()
+
+
+def test_two_sweeps_of_the_same_setup_are_told_apart_by_sweep(tmp_path):
+    from scaling.report import group_keys
+
+    first, second = make_fake_sweep(tmp_path, name="monday"), make_fake_sweep(tmp_path, name="tuesday")
+    runs, _, _ = load_sweep([first, second])
+    assert group_keys(runs) == ("num_workers", "sweep")
+    path = write_report([first, second], _console(), out=tmp_path / "both")
+    assert "| sweep |" in _table_rows(path.read_text(), "Scaling: time per epoch")[0]
+
+
+def test_several_sweeps_need_out_and_distinct_dirs(tmp_path, capsys):
+    from scaling.cli import main
+
+    ddp = make_fake_sweep(tmp_path, name="ddp")
+    hvd = make_fake_sweep(tmp_path, name="hvd", backend="horovod")
+    assert main(["report", str(ddp), str(hvd)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["report", str(ddp), str(ddp), "--out", str(tmp_path / "x")]) == 2
+    assert "twice" in capsys.readouterr().err
+    assert main(["report", str(ddp), str(hvd), "--out", str(tmp_path / "both")]) == 0
+    assert (tmp_path / "both" / "report.md").exists()
+
+
+# ---------------------------------------------------------------------------- projected curves over measured points
+
+CLUSTER_YAML = """
+name: two-hosts-100mbit
+description: one CPU worker per host, 100 Mbit/s between hosts (a test cluster)
+gpus_per_node: 1
+inter_node: {name: 100 Mbit/s, bandwidth_Gbps: 0.1, efficiency: 1.0, latency_us: 100}
+"""
+
+
+def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
+    from scaling.projection.project import run_projection
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER_YAML)
+    sweep = make_fake_sweep(tmp_path, cluster=str(cluster))
+    console = _console()
+    path = write_report(sweep, console)
+    text = path.read_text()
+    rows = _table_rows(text, "Measured against projected")
+    assert "step projected (ms)" in rows[0] and len(rows) - 1 == len(WORKERS)
+    assert "Dotted lines with crosses are projections" in text and "two-hosts-100mbit" in text
+    # the overlay is the projection from the 1-worker run with the median step, rebased to 1 worker
+    runs, _, _ = load_sweep(sweep)
+    base = runs[(runs["num_workers"] == 1)].sort_values("step_s").iloc[1]
+    direct = run_projection("small_cnn", str(cluster), workers=list(WORKERS), from_run=sweep / base["run_dir"])
+    direct = direct.set_index("num_workers")
+    cells = {int(r.split("|")[1]): [c.strip() for c in r.split("|")[2:-1]] for r in rows[1:]}
+    for n in WORKERS:
+        assert cells[n][1] == f"{direct.loc[n, 'step_s'] * 1e3:.1f}"
+        assert cells[n][3] == f"{direct.loc[n, 'comm_overhead_pct']:.1f}"
+    assert cells[1][5] == "1.00×" and float(cells[4][5].rstrip("×")) < 4
+    assert float(cells[4][3]) > 0  # 100 Mbit/s cannot hide small_cnn's gradients
+
+
+def test_a_sweep_without_a_cluster_has_no_projection(sweep, reported):
+    path, _ = reported
+    assert "Measured against projected" not in path.read_text()

@@ -64,7 +64,8 @@ import numpy as np
 import pandas as pd
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
-EXTRA_KEYS = ("backend", "global_batch", "num_nodes")
+# `sweep` is the source directory of a merged report of several sweeps (scaling.report.group_keys).
+EXTRA_KEYS = ("backend", "global_batch", "num_nodes", "sweep")
 STEP_PARTS = ("data_s", "forward_s", "backward_compute_s", "exposed_comm_s", "optimizer_s")
 SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
 _NUMERIC = (

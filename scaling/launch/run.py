@@ -147,6 +147,7 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, li
         "link_bandwidth": link_bandwidth,
         "link_bandwidth_bits_per_s": _bits_per_s(link_bandwidth),
         "node_price_per_hour": cfg.workers.node_price_per_hour,
+        "cluster": cfg.workers.cluster or None,  # a projection's cluster description (scaling/projection/overlay.py)
         "started_at": started_at.isoformat(timespec="seconds"),
         "run_wall_s": wall_s,
         "versions": describe_versions(),

@@ -63,6 +63,8 @@ PHASES = (  # column, legend label, colour: bottom of the stack first
     ("optimizer_s", "optimizer", "#F0E442"),
 )
 COMM_AB_COLOUR, COMM_EXPOSED_COLOUR = "#CC79A7", "#D55E00"
+# Projected curves (scaling/projection/overlay.py) over measured points: thin, dotted, grey-toned.
+PROJECTED_LINE = dict(linestyle=":", linewidth=1.4, marker="x", markersize=6, zorder=5)
 IDEAL = dict(color="black", linestyle="--", linewidth=1.0)
 
 
@@ -150,7 +152,10 @@ def _legend(fig: Figure, axes: list, **inside) -> None:
     if len(axes) == 1:
         axes[0].legend(**inside)
     else:
-        fig.legend([handles[label] for label in labels], labels, loc="outside lower center", ncols=min(len(labels), 4))
+        # As many columns as fit the figure's width (about 14 characters of 8 pt text per inch, 6 for the handle).
+        fits = int(fig.get_figwidth() * 14 // (max(len(label) for label in labels) + 6))
+        fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
+                   ncols=max(1, min(len(labels), 4, fits)))
 
 
 def _no_data(ax, text: str) -> None:
@@ -160,6 +165,18 @@ def _no_data(ax, text: str) -> None:
 def _base_label(part: pd.DataFrame) -> str:
     base = part["base_workers"].dropna()
     return _workers_label(base.iloc[0]) if not base.empty else "the smallest worker count"
+
+
+def _projected(ax, part: pd.DataFrame, column: str, label: str, colour: str) -> bool:
+    """Draw a projected column (scaling/projection/overlay.py) if the table has one; True if drawn."""
+    if column not in part.columns:
+        return False
+    values = part[column].to_numpy(dtype=float)
+    keep = np.isfinite(values)
+    if not keep.any():
+        return False
+    ax.plot(part["num_workers"].to_numpy(dtype=float)[keep], values[keep], color=colour, label=label, **PROJECTED_LINE)
+    return True
 
 
 # ---------------------------------------------------------------------------- figures
@@ -185,6 +202,8 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                     missing.append(METRIC_LABEL[metric])
                     continue
                 ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
+            _projected(ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)",
+                       METRIC_COLOUR["throughput"])
             if log:
                 ax.set_yscale("log", base=2)
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
@@ -220,14 +239,18 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
                 if keep.any():
                     ax.plot(counts[keep], values[keep], marker=marker, linestyle=style, color=colour, label=label)
                     drawn = True
+            drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead, projected (α–β model)",
+                               COMM_AB_COLOUR) or drawn
             if not drawn:
                 _no_data(ax, "no communication figures")
             _worker_axis(ax, counts, log)
-            values = part[["comm_overhead_pct", "exposed_comm_pct"]].to_numpy(dtype=float)
-            highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
-            ax.set_ylim(0, max(5.0, highest * 1.15))  # at least 0-5 %: an all-zero sweep still gets a readable axis
             ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
             ax.set_title(title, fontsize=9, fontweight="normal")
+        # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
+        values = table[[c for c in ("comm_overhead_pct", "exposed_comm_pct", "projected_comm_overhead_pct")
+                        if c in table.columns]].to_numpy(dtype=float)
+        highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
+        axes[0].set_ylim(0, max(5.0, highest * 1.15))
         _legend(fig, axes, loc="upper left")
         axes[0].set_ylabel("share of step time (%, median over repeats)")
         fig.suptitle("Communication overhead vs. number of workers", fontweight="bold", fontsize=10)
@@ -449,13 +472,15 @@ def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
         return fig
 
 
-def save(fig: Figure, path_without_suffix: Path | str) -> list[Path]:
-    """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename)."""
+def save(fig: Figure, path_without_suffix: Path | str, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename).
+
+    The figure's layout is fixed after the first format: save a figure once, or draw it anew."""
     stem = Path(path_without_suffix)
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
     with mpl.rc_context(STYLE):
-        for fmt in ("png", "svg"):
+        for fmt in formats:
             path = stem.with_name(stem.name + f".{fmt}")
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             os.close(fd)
@@ -463,6 +488,10 @@ def save(fig: Figure, path_without_suffix: Path | str) -> list[Path]:
                 metadata = {"Date": None} if fmt == "svg" else {"Software": None}
                 fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata, facecolor="white")
                 os.replace(tmp, path)
+                # The first save ran the constrained layout; keep its positions for the other formats
+                # rather than solve it again (half the time of a 7-figure report, bench/analysis_speed.py).
+                if fig.get_layout_engine() is not None:
+                    fig.set_layout_engine("none")
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise

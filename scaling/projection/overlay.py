@@ -1,0 +1,101 @@
+"""Projected figures for a measured sweep: what `scaling report` draws over the measured points.
+
+A sweep whose runs name a cluster description (`workers.cluster`: a preset such as
+`p3.16xlarge`, or a cluster YAML; recorded as `cluster` in each summary) gets, per series
+(the report's group keys other than `num_workers`), one projection (scaling/projection/project.py)
+at the series' measured worker counts:
+
+- compute: the series' run at its smallest worker count with the median step time (its
+  one-worker compute, `compute_from_run`: backward compute = backward_s - exposed_comm_s at
+  more than one worker), so the projection predicts only what communication adds;
+- model, per-worker batch, precision, gradient compression and bucket cap: the run's own;
+- cluster: the runs' `cluster` (the most common, if they differ).
+
+Columns added to the report's per-worker-count table, per (series, num_workers):
+`projected_step_s`, `projected_comm_overhead_pct` (the model's exposed / step: the lab's A/B
+figure), `projected_speedup_throughput` = projected throughput(N) / projected throughput(base),
+rebased to the series' base worker count as the measured speedup is, and
+`projected_efficiency_throughput` = that speedup / (N / base).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scaling.errors import UsageError
+
+PROJECTED = ("projected_step_s", "projected_comm_overhead_pct", "projected_speedup_throughput",
+             "projected_efficiency_throughput")
+
+
+def _mode(values: pd.Series):
+    values = values.dropna()
+    values = values[values.astype(str) != ""]
+    return values.mode().iloc[0] if not values.empty else None
+
+
+def _base_run(ok: pd.DataFrame) -> pd.Series:
+    """The run at the smallest worker count whose step time is the median of that count's runs."""
+    base = ok[ok["num_workers"] == ok["num_workers"].min()]
+    step = pd.to_numeric(base.get("step_s"), errors="coerce")
+    if step is None or step.isna().all():
+        return base.iloc[0]
+    return base.loc[(step - step.median()).abs().idxmin()]
+
+
+def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """(projected rows, notes, warnings) for a sweep's runs; empty rows when no run names a cluster.
+
+    keys: the report's group keys (with num_workers). run_dir_of(row) -> the run's directory.
+    Rows: the keys plus PROJECTED and `cluster`. A series whose projection cannot be made (a
+    model without a layer table, a failed base run, an unknown cluster) is named in a warning.
+    """
+    from scaling.projection.project import run_projection
+
+    columns = [*keys, "cluster", *PROJECTED]
+    if "cluster" not in runs.columns or _mode(runs["cluster"]) is None:
+        return pd.DataFrame(columns=columns), [], []
+    others = [k for k in keys if k != "num_workers"]
+    ok = runs[runs["status"] != "failed"]
+    series = ok.groupby(others, dropna=False, sort=True) if others else [((), ok)]
+    rows, notes, warnings = [], [], []
+    for values, part in series:
+        values = values if isinstance(values, tuple) else (values,)
+        label = ", ".join(f"{k.removeprefix('sweep.')} = {v}" for k, v in zip(others, values)) or "the sweep"
+        cluster = _mode(part["cluster"]) if "cluster" in part.columns else None
+        if cluster is None or part.empty:
+            continue
+        base = _base_run(part)
+        counts = sorted(int(n) for n in part["num_workers"].unique())
+        try:
+            df = run_projection(str(base["model"]), str(cluster), workers=counts, from_run=run_dir_of(base))
+        except (UsageError, ValueError, OSError, KeyError) as exc:
+            warnings.append(f"no projection for {label} on {cluster}: {exc}")
+            continue
+        df = df[df["num_workers"].isin(counts)].set_index("num_workers")
+        base_workers = counts[0]
+        speedup = df["throughput_samples_per_s"] / float(df.loc[base_workers, "throughput_samples_per_s"])
+        for n in counts:
+            rows.append({**dict(zip(others, values)), "num_workers": n, "cluster": str(cluster),
+                         "projected_step_s": float(df.loc[n, "step_s"]),
+                         "projected_comm_overhead_pct": float(df.loc[n, "comm_overhead_pct"]),
+                         "projected_speedup_throughput": float(speedup.loc[n]),
+                         "projected_efficiency_throughput": float(speedup.loc[n]) / (n / base_workers)})
+        notes.append(f"{label}: projected on {cluster} from run {Path(run_dir_of(base)).name} "
+                     f"({base_workers} worker{'s' if base_workers > 1 else ''}); "
+                     + "; ".join(df.attrs.get("notes", [])))
+    return pd.DataFrame(rows, columns=columns), notes, warnings
+
+
+def add_projection(table: pd.DataFrame, projected: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
+    """The report's per-worker-count table with the PROJECTED columns (NaN where nothing was projected)."""
+    if projected.empty:
+        return table
+    merged = table.merge(projected.drop(columns=["cluster"]), on=list(keys), how="left")
+    merged.attrs.update(table.attrs)
+    for column in PROJECTED:
+        merged[column] = merged[column].astype(float).replace({np.inf: np.nan})
+    return merged
