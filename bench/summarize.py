@@ -6,7 +6,8 @@
 One row per comparison of every result file that has them (the `comparisons` of bench/benchlib.py): benchmark,
 A and B with their medians, the median ratio, the budget, pass/miss, the date and the machine.
 Below the table: what each ratio is, each row's note, and the command that produced each file.
-The table is also printed, so that it can be pasted into the top-level README.
+The table is also printed, and (full runs only) written into the top-level README between the
+markers BEGIN and END below, so the README's table is always the committed results'.
 """
 
 from __future__ import annotations
@@ -66,6 +67,26 @@ def machine(record: dict) -> str:
 
 def escape(cell: str) -> str:
     return cell.replace("|", "\\|")
+
+
+def table(records: list[dict]) -> list[str]:
+    """The comparison table alone (what the top-level README shows)."""
+    return render(records).split("\n\n")[2].splitlines()
+
+
+README = bl.REPO / "README.md"
+BEGIN, END = "<!-- bench-table:begin (bench/summarize.py writes this) -->", "<!-- bench-table:end -->"
+
+
+def update_readme(records: list[dict]) -> bool:
+    """Replace the table between BEGIN and END in the top-level README; False if the markers are missing."""
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(head + BEGIN + "\n" + "\n".join(table(records)) + "\n" + END + tail)
+    return True
 
 
 def render(records: list[dict]) -> str:
@@ -130,6 +151,8 @@ def main() -> None:
     out.write_text(text)
     print(text)
     print(f"wrote {out.relative_to(bl.REPO)}")
+    if not args.quick and update_readme(records):
+        print(f"updated the table in {README.relative_to(bl.REPO)}")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ def test_defaults_are_a_valid_config():
         (["--set", "data.name=cifar10", "--set", "data.path=/nonexistent/cifar"], "does not exist"),
         (["--set", "data.name=imagenet", "--set", "data.path=/tmp"], "has no 'train' folder"),
         (["--set", "workers.link_bandwidth=fast"], "tc rate"),
+        (["--set", "workers.cluster=p9.huge"], "p9.huge"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, needle):

@@ -40,7 +40,7 @@ def _mode(values: pd.Series):
 def _base_run(ok: pd.DataFrame) -> pd.Series:
     """The run at the smallest worker count whose step time is the median of that count's runs."""
     base = ok[ok["num_workers"] == ok["num_workers"].min()]
-    step = pd.to_numeric(base.get("step_s"), errors="coerce")
+    step = pd.to_numeric(base["step_s"], errors="coerce") if "step_s" in base.columns else None
     if step is None or step.isna().all():
         return base.iloc[0]
     return base.loc[(step - step.median()).abs().idxmin()]
