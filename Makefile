@@ -36,13 +36,14 @@ clean:
 	rm -rf $(VENV) results .pytest_cache
 
 # Benchmarks of the lab's own cost (bench/, issue 8): each writes bench/results/<name>.json, then
-# bench/summarize.py writes the table bench/results/README.md. About 14 minutes on a 2-core CPU machine.
+# bench/summarize.py writes the table bench/results/README.md (and into README.md). About 15 minutes on a 2-core
+# CPU machine, plus the Horovod build the first time (the all-reduce benchmark compares it with gloo).
 # `make bench QUICK=1` (or `make bench-quick`) is the few-minute variant, written to bench/results/quick/.
 .PHONY: bench bench-quick
-bench: install
+bench: install horovod
 	$(BIN)/python bench/run_all.py $(if $(filter 1 yes true,$(QUICK)),--quick)
 
-bench-quick: install
+bench-quick: install horovod
 	$(BIN)/python bench/run_all.py --quick
 
 # Horovod 0.28.1 (issue 5), built from PyPI's source release against the venv's torch, with gloo,
