@@ -19,8 +19,9 @@ node each), and in this order:
    concurrent runs and adds the wait for the slower rank they measure (straggler_s); two
    simpler variants are recorded beside it (no straggler term; the solo run) -- and writes
    the predictions to the results file before any 2-worker run starts;
-4. runs the 2-worker sweep (the caps are its `workers.link_bandwidth` axis), reads step_s and
-   comm_overhead_pct from runs.parquet, decomposes each run's step into compute, the in-run
+4. runs the 2-worker sweep (the caps are its `workers.link_bandwidth` axis; `--repeats` runs per
+   cap, 3 by default), reads step_s and comm_overhead_pct from runs.parquet (per cap, the median
+   over its repeats), decomposes the median repeat's step into compute, the in-run
    all-reduce and the wait for the slower rank (steps.parquet), and repeats the two
    concurrent 1-worker runs after the sweep to measure how far the machine drifted;
 5. takes the cluster down (always), writes bench/results/projection_vs_minicluster.json and
@@ -65,7 +66,7 @@ PROBE_ITERS = 5
 FIT_MIN_BURSTS = 4  # fit alpha-beta to sizes whose traffic is at least 4 token-bucket bursts (see fit_caps)
 BASELINE_EPOCHS = 10  # 1-worker runs: 64 steps per epoch; long enough that the concurrent pair overlaps despite Ray start-up skew
 RUN_TIMEOUT_S = 360  # a 1-worker run (or pair) that has not finished by then is stopped (Ray can hang fetching an object)
-SWEEP_TIMEOUT_S = 1200
+SWEEP_TIMEOUT_S = 2400
 GOAL_STEP_REL = 0.10
 GOAL_OVERHEAD_PP = 5.0
 N = 2
@@ -315,20 +316,31 @@ def predictions(fits: dict, solo: Path, pair: list[Path]) -> dict:
 # ---------------------------------------------------------------------------- measurements
 
 
+MEASURED_FIELDS = ("step_s", "comm_overhead_pct", "comm_delta_s", "exposed_comm_s", "exposed_comm_pct", "allreduce_s",
+                   "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")
+
+
 def measured(sweep_dir: Path) -> dict:
+    """Per cap: the median over its finished repeats of each figure (the lab's medians over
+    repeats), the repeats' own step and comm overhead, and the decomposition of the repeat
+    whose step time is the median."""
     import pandas as pd
 
     runs = pd.read_parquet(sweep_dir / "runs.parquet")
+    runs = runs[runs["status"] != "failed"]
     out = {}
-    for _, run in runs.iterrows():
-        cap = run["link_bandwidth"]
-        run_dir = Path(run["run_dir"])
+    for cap, group in runs.groupby("link_bandwidth", sort=False):
+        row = {}
+        for k in MEASURED_FIELDS:
+            values = pd.to_numeric(group[k], errors="coerce").dropna() if k in group.columns else pd.Series(dtype=float)
+            row[k] = float(values.median()) if not values.empty else None
+        middle = group.loc[(group["step_s"] - group["step_s"].median()).abs().idxmin()]
+        run_dir = Path(middle["run_dir"])
         if not run_dir.is_absolute():
             run_dir = sweep_dir / run_dir
-        row = {k: (None if pd.isna(run.get(k)) else float(run[k])) for k in (
-            "step_s", "comm_overhead_pct", "comm_delta_s", "exposed_comm_s", "exposed_comm_pct", "allreduce_s",
-            "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")}
-        row.update(status=run["status"], run_dir=str(run_dir), diagnosis=decompose(run_dir))
+        row.update(status=middle["status"], run_dir=str(run_dir), diagnosis=decompose(run_dir), repeats=len(group),
+                   per_repeat=[{"step_s": float(r.step_s), "comm_overhead_pct": float(r.comm_overhead_pct)}
+                               for r in group.itertuples()])
         out[cap] = row
     return out
 
@@ -459,6 +471,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None,
                         help="where the runs go (default results/projection-vs-minicluster/<time>)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="2-worker runs per cap; the comparison takes their median (default 3: one run's "
+                             "compute moved by up to 20%% between caps on this 2-core machine)")
     args = parser.parse_args()
     started = time.time()
     from benchlib import describe_machine
@@ -477,6 +492,7 @@ def main() -> int:
         "gradient_bytes": GRADIENT_BYTES,
         "bucket_cap_mb": BUCKET_CAP_MB,
         "caps": caps,
+        "repeats_per_cap": args.repeats,
         "goal": {"step_time_relative": GOAL_STEP_REL, "comm_overhead_pp": GOAL_OVERHEAD_PP,
                  "judged_on": "concurrent+straggler"},
         "models": MODELS,
@@ -512,7 +528,8 @@ def main() -> int:
         sampler.phase = "sweep"
         sweep_dir = work / "sweep"
         log(f"2-worker sweep over {', '.join(caps)}")
-        sweep = exec_command(["sweep", CONFIG, "--out", str(sweep_dir)], logs / "sweep.log")
+        sweep = exec_command(["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)],
+                             logs / "sweep.log")
         if wait_or_stop(sweep, time.time() + SWEEP_TIMEOUT_S) is None:
             log(f"the sweep did not finish within {SWEEP_TIMEOUT_S} s and was stopped")
         meas = measured(sweep_dir) if (sweep_dir / "runs.parquet").is_file() else {}
