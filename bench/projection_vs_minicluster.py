@@ -424,8 +424,12 @@ def figure(rows: list[dict], fits: dict, meas: dict, path: Path, load: dict | No
     ovh = [r["predicted_comm_overhead_pct[concurrent+straggler]"] for r in rows]
     ax_ovh.fill_between(x, [o - 5 for o in ovh], [o + 5 for o in ovh], color="C0", alpha=0.12, label="goal: ±5 pp")
     mx = [xi for xi, r in zip(x, rows) if r.get("measured_step_s")]
-    ax_step.plot(mx, [1e3 * r["measured_step_s"] for r in rows if r.get("measured_step_s")], "ks", ms=7, label="measured (2 workers, 2 nodes)")
-    ax_ovh.plot(mx, [r["measured_comm_overhead_pct"] for r in rows if r.get("measured_step_s")], "ks", ms=7, label="measured (A/B)")
+    repeats = max((m.get("repeats", 1) for m in meas.values()), default=1)
+    of = f", median of {repeats}" if repeats > 1 else ""
+    ax_step.plot(mx, [1e3 * r["measured_step_s"] for r in rows if r.get("measured_step_s")], "ks", ms=7,
+                 label=f"measured (2 workers, 2 nodes{of})")
+    ax_ovh.plot(mx, [r["measured_comm_overhead_pct"] for r in rows if r.get("measured_step_s")], "ks", ms=7,
+                label=f"measured (A/B{of})")
     ax_ar.plot(x, [1e3 * fits[c]["gradient_allreduce_fitted_s"] for c in caps], "C0o-", label="alpha-beta fit")
     ax_ar.plot(x, [1e3 * fits[c]["gradient_allreduce_probe_s"] for c in caps], "C1^", ms=8, label="idle probe (lab's allreduce_seconds)")
     ax_ar.plot([xi for xi, c in zip(x, caps) if c in meas], [1e3 * meas[c]["diagnosis"]["allreduce_in_run_s"] for c in caps if c in meas],
