@@ -35,7 +35,8 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
   --head` until `ray status` and the dashboard answer. A run on a new cluster pays about this on
   top of the warm start-up.
 
-    .venv/bin/python bench/ray_overhead.py            # 2 pairs x 3 epochs (about 4 min here)
+    .venv/bin/python bench/ray_overhead.py            # 4 pairs x 3 epochs (about 6.5 min here)
+    .venv/bin/python bench/ray_overhead.py --workers 1 --pairs 3   # a core left to Ray: ray_overhead_w1.json
     .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs
 """
 
@@ -57,6 +58,8 @@ from pathlib import Path
 import benchlib as bl
 
 NAME = "ray_overhead"
+DEFAULT_WORKERS = 2
+DEFAULT_PAIRS = 4  # 2 pairs gave 0.873 once and 4 pairs 1.113 the same afternoon: the pair spread is about +-15%
 STEP_BUDGET = 1.05
 BIN = Path(sys.executable).parent
 SETTLE_S = 3.0  # after the head answers, before the first run: its start-up work (dashboard, agent) settles
@@ -179,13 +182,14 @@ def steady_step_s(run_dir: Path, global_batch: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs, one ray.init probe")
-    parser.add_argument("--pairs", type=int, help="A/B pairs (default 2; quick 1)")
+    parser.add_argument("--pairs", type=int, help=f"A/B pairs (default {DEFAULT_PAIRS}; quick 1)")
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help=f"training workers (default {DEFAULT_WORKERS}; another count writes ray_overhead_w<N>.json)")
     parser.add_argument("--config", default="experiments/quickstart.yaml")
     args = parser.parse_args()
-    pairs = args.pairs or (1 if args.quick else 2)
+    pairs = args.pairs or (1 if args.quick else DEFAULT_PAIRS)
     epochs = args.epochs or (2 if args.quick else 3)
     probes = args.init_probes if args.init_probes is not None else (1 if args.quick else 2)
     started, load_start = time.time(), bl.load_average()
@@ -247,30 +251,34 @@ def main() -> None:
                   for arm in ("ray", "local")}
     elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r["cores"]]
     where = f"quickstart, {args.workers} workers, {pairs} pairs x {epochs} epochs"
+    # Another worker count is another question (e.g. 1 worker: a core left to Ray's own processes):
+    # its own result file and row names, beside the default 2-worker ones.
+    name = NAME if args.workers == DEFAULT_WORKERS else f"{NAME}_w{args.workers}"
+    of = "" if args.workers == DEFAULT_WORKERS else f", {args.workers} worker{'s' if args.workers > 1 else ''}"
     comparisons = [
         bl.comparison(
-            "Ray Train overhead (step time)", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
+            f"Ray Train overhead (step time{of})", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
             step_a, step_b, "s/step", bl.median(step_pairs),
             "median over adjacent ABBA pairs of ray / local steady-state step time", STEP_BUDGET,
             "ray / local <= 1.05",
             note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
                  f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}"),
         bl.comparison(
-            "Ray Train overhead (training workers' CPU per step)", "Ray Train (--launcher ray)",
+            f"Ray Train overhead (training workers' CPU per step{of})", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
             "median over adjacent ABBA pairs of ray / local CPU seconds of the training workers per steady-state step",
             STEP_BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)",
             note=f"{where}; /proc CPU time of the training worker processes in the epochs after the first, training "
                  f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}"),
         bl.comparison(
-            "CPU besides the training workers, steady state", "Ray Train (--launcher ray)",
+            f"CPU besides the training workers, steady state{of}", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", background["ray"], background["local"], "cores", None, "",
             note=f"{where}; cores used while the epochs after the first trained by the driver and the Ray head's "
                  f"processes (GCS, raylet, dashboard, Train controller and helper actors; the head is up in both arms), "
                  f"not counting the training workers; the rest of the machine (other jobs) used "
                  f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else where),
         bl.comparison(
-            "start-up, warm cluster (command -> first step)", "Ray Train (--launcher ray)",
+            f"start-up, warm cluster (command -> first step{of})", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", start_a, start_b, "s", bl.median(start_pairs),
             "median over adjacent ABBA pairs of ray / local start-up", None, "",
             note=f"{where}; Ray's includes connecting to the running cluster and creating the Train controller "
@@ -284,7 +292,7 @@ def main() -> None:
     cli = f".venv/bin/scaling run {args.config} --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
+        name, __doc__, args.quick, started, load_start, comparisons,
         config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
         arms={"ray": f"RAY_ADDRESS=<private head> {cli} --launcher ray --out DIR",
               "local": f"{cli} --launcher local --out DIR"},
