@@ -36,7 +36,7 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
   top of the warm start-up.
 
     .venv/bin/python bench/ray_overhead.py            # 4 pairs x 3 epochs (about 6.5 min here)
-    .venv/bin/python bench/ray_overhead.py --workers 1 --pairs 3   # a core left to Ray: ray_overhead_w1.json
+    .venv/bin/python bench/ray_overhead.py --workers 1 --pairs 4   # a core left to Ray: ray_overhead_w1.json
     .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs
 """
 
