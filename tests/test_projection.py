@@ -444,18 +444,3 @@ def test_cluster_object_directly():
     expected = schedule_buckets(ready, costs, backward).exposed_s
     assert df["exposed_comm_s"].iloc[1] == pytest.approx(expected)
     assert df["optimizer_s"].iloc[0] == 0.0  # no device: the optimizer is not split out
-
-
-def test_overlay_on_a_measured_speedup_axes():
-    from matplotlib.figure import Figure
-
-    from scaling.projection.figure import overlay_projection
-
-    df = run_projection("resnet50", "p3.16xlarge", workers=[1, 2, 4], per_gpu_batch=64)
-    ax = Figure().subplots()
-    overlay_projection(ax, df, base_workers=2)
-    (line,) = ax.get_lines()
-    assert list(line.get_xdata()) == [1, 2, 4]
-    assert line.get_ydata()[1] == pytest.approx(1.0)  # rebased on 2 workers
-    with pytest.raises(ValueError, match="no 3-worker row"):
-        overlay_projection(ax, df, base_workers=3)

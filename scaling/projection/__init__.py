@@ -12,7 +12,8 @@ Pure Python: pandas, numpy, PyYAML (matplotlib for the figure); no torch or ray 
 - cluster.py  cluster presets (presets/*.yaml) and the per-device throughput table (devices.yaml)
 - compute.py  one worker's step (data, forward, backward, optimizer) from a run or a device
 - project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
-- figure.py   projection_figure, overlay_projection, save
+- figure.py   projection_figure, save
+- overlay.py  project_sweep, add_projection: projected columns for `scaling report` (a sweep with workers.cluster)
 - cli.py      main(argv) / add_arguments / run_from_args: `scaling project ...`
 - make_layer_tables.py  regenerates layers/*.json (needs torch; never imported by the package)
 """

@@ -3,9 +3,9 @@
     fig = projection_figure(df); save(fig, "proj")      # proj.png (200 dpi) + proj.svg
 
 Built with matplotlib's object API (no pyplot, no global backend), in the style of
-scaling/plots/figures.py (its `save`, rc STYLE, grid and ideal line). `overlay_projection`
-draws a projection onto an existing speedup axes (the report's measured speedup), rebased to
-that figure's baseline worker count.
+scaling/plots/figures.py (its `save`, rc STYLE, grid and ideal line). Projected curves over a
+sweep's measured points are drawn by the report (scaling/projection/overlay.py computes them,
+scaling/plots/figures.py draws them).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from scaling.plots.figures import save as _save
 THROUGHPUT = dict(color="#E69F00", linestyle="-", linewidth=2.0, marker="s", markersize=5)
 TTA = dict(color="#009E73", linestyle="-", linewidth=1.6, marker="^", markersize=6)
 COMM = dict(color="#D55E00", linestyle="-", linewidth=1.8, marker="o", markersize=5)
-OVERLAY = dict(color="#555555", linestyle=":", linewidth=1.6, marker="x", markersize=5)
-
 
 def _style(ax) -> None:
     ax.grid(True, **GRID)
@@ -93,17 +91,6 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         right.legend(loc="upper left")
         fig.suptitle(title or projection_title(df), fontweight="bold", fontsize=10)
     return fig
-
-
-def overlay_projection(ax, df: pd.DataFrame, base_workers: int = 1, metric: str = "throughput",
-                       label: str = "projected") -> None:
-    """Draw the projection's `speedup_<metric>` on `ax`, rebased to `base_workers` (must be a row)."""
-    column = f"speedup_{metric}"
-    base = df.loc[df["num_workers"] == base_workers, column]
-    if base.empty:
-        raise ValueError(f"the projection has no {base_workers}-worker row to rebase on")
-    df = df.sort_values("num_workers")
-    ax.plot(df["num_workers"], df[column] / float(base.iloc[0]), label=label, zorder=2, **OVERLAY)
 
 
 def save(fig: Figure, path: str | Path) -> list[Path]:
