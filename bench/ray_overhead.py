@@ -29,6 +29,15 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
   dashboard, Train controller and helper actors; both: the `scaling run` driver), with what the
   rest of the machine used meanwhile. On a 2-core machine whatever Ray runs beside the 2 workers
   is taken from them.
+- Training thread (scaling/instrument/thread_usage.py, columns of epochs.parquet): rank 0's
+  training thread's CPU seconds, involuntary context switches (preemptions) and minor page
+  faults per step in the epochs after the first, and the share of the training wall time it was
+  off its core. Under Ray the same loop needs the same CPU per step; what it loses is time
+  preempted by Ray's own processes on its core (README, "The lab's own cost").
+- `--pin`: the head (so every Ray process: GCS, raylet, dashboard, controller, helper actors,
+  and the workers' own Ray threads) and both arms' drivers run under `taskset -c <last CPU>`, and
+  the training threads are pinned to CPUs 0..workers-1 (`workers.pin_cpus`): the fix, where a
+  CPU can be spared for Ray. Writes <name>_pinned.json.
 - Cold cluster: separately, in a fresh process each, the time of `ray.init(address="local")`
   starting a new local cluster (private temp dir, its own ports, dashboard included as in a plain
   `ray.init()`), and of `ray.shutdown()`; and, for the benchmark's head, the time of `ray start
@@ -37,6 +46,7 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
 
     .venv/bin/python bench/ray_overhead.py            # 4 pairs x 3 epochs (about 6.5 min here)
     .venv/bin/python bench/ray_overhead.py --workers 1 --pairs 4   # a core left to Ray: ray_overhead_w1.json
+    .venv/bin/python bench/ray_overhead.py --workers 1 --pin       # Ray on its own CPU: ray_overhead_w1_pinned.json
     .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs
 """
 
@@ -89,12 +99,13 @@ def ray_env() -> dict:
 class PrivateRayHead:
     """`ray start --head --block` in its own session, private temp dir and ports; stopped by pid (never `ray stop`)."""
 
-    def __init__(self, num_cpus: int = 2):
+    def __init__(self, num_cpus: int = 2, taskset: list[str] | None = None):
         self.temp_dir = tempfile.mkdtemp(prefix="bray-", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port = free_port()
         self.dashboard_port = free_port()
         self.env = ray_env()
         self.num_cpus = num_cpus
+        self.taskset = taskset or []  # e.g. ["taskset", "-c", "1"]: the head and every Ray process it starts on CPU 1
         self.process = None
         self.start_s = None
 
@@ -103,7 +114,7 @@ class PrivateRayHead:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        command = [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
+        command = [*self.taskset, str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
                    "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                    f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
                    f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
@@ -179,6 +190,18 @@ def steady_step_s(run_dir: Path, global_batch: int):
     return bl.median(steady), rows, epochs
 
 
+def training_thread(epochs, global_batch: int) -> dict:
+    """Rank 0's training thread in the epochs after the first (epochs.parquet, scaling/instrument/
+    thread_usage.py): its CPU seconds, preemptions and minor page faults per step, and the share of
+    the training wall time it was off its core."""
+    steady = epochs[epochs["epoch"] > 1]
+    steps = float((steady["samples"] / global_batch).sum())
+    cpu, wall = float(steady["train_thread_cpu_s"].sum()), float(steady["train_s"].sum())
+    return {"thread_cpu_s_per_step": cpu / steps, "thread_preemptions_per_step": float(steady["train_preemptions"].sum()) / steps,
+            "thread_minor_faults_per_step": float(steady["train_minor_faults"].sum()) / steps,
+            "thread_off_core_share": 1.0 - cpu / wall}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs, one ray.init probe")
@@ -188,7 +211,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                         help=f"training workers (default {DEFAULT_WORKERS}; another count writes ray_overhead_w<N>.json)")
     parser.add_argument("--config", default="experiments/quickstart.yaml")
+    parser.add_argument("--pin", action="store_true",
+                        help="the Ray head (so every Ray process) and both arms' drivers on the last CPU, the training threads "
+                             "pinned to CPUs 0..workers-1 (workers.pin_cpus); needs a CPU to spare; writes <name>_pinned.json")
     args = parser.parse_args()
+    cpus = os.cpu_count() or 1
+    if args.pin and args.workers >= cpus:
+        parser.error(f"--pin leaves the last CPU to Ray: use --workers {cpus - 1} or fewer on this {cpus}-CPU machine")
     pairs = args.pairs or (1 if args.quick else DEFAULT_PAIRS)
     epochs = args.epochs or (2 if args.quick else 3)
     probes = args.init_probes if args.init_probes is not None else (1 if args.quick else 2)
@@ -199,8 +228,11 @@ def main() -> None:
 
     overrides = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "instrument.calibration_pairs=0",
                  "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
-    head = PrivateRayHead(num_cpus=max(2, args.workers))
-    sequence_step, sequence_start, sequence_cpu, runs = [], [], [], []
+    taskset = ["taskset", "-c", str(cpus - 1)] if args.pin else []
+    if args.pin:
+        overrides.append(f"workers.pin_cpus=0-{args.workers - 1}")
+    head = PrivateRayHead(num_cpus=max(2, args.workers), taskset=taskset)
+    sequence_step, sequence_start, sequence_cpu, sequence_thread, runs = [], [], [], [], []
     tmp = tempfile.mkdtemp(prefix="bench-ray-")
     try:
         head.start()
@@ -208,7 +240,7 @@ def main() -> None:
         env = {**head.env, "RAY_ADDRESS": head.address}
         for i, arm in enumerate(bl.abba(pairs, "ray", "local")):
             run_dir = Path(tmp) / f"run{i:02d}-{arm}"
-            command = [str(BIN / "scaling"), "run", args.config, "--launcher", arm, "--workers", str(args.workers),
+            command = [*taskset, str(BIN / "scaling"), "run", args.config, "--launcher", arm, "--workers", str(args.workers),
                        *[x for o in overrides for x in ("--set", o)], "--out", str(run_dir)]
             print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
             log = Path(tmp) / f"run{i:02d}-{arm}.log"
@@ -225,13 +257,17 @@ def main() -> None:
             step_s, epoch_rows, epochs_table = steady_step_s(run_dir, summary["global_batch"])
             startup_s = float(epochs_table["first_step_unix"].iloc[0]) - launch_unix
             steady = bl.steady_cpu(cpu, epochs_table, summary["global_batch"])
+            thread = training_thread(epochs_table, summary["global_batch"])
+            sequence_thread.append((arm, thread))
             sequence_step.append((arm, step_s))
             sequence_start.append((arm, startup_s))
             sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
             runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "startup_s": startup_s, "mean_runnable": rq.mean,
-                         **steady, "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
+                         **steady, **thread, "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
             print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s, worker CPU "
-                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (runnable tasks {rq.mean}; cores {steady['cores']})",
+                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step; rank 0's training thread {thread['thread_cpu_s_per_step'] * 1e3:.1f} "
+                  f"ms CPU, {thread['thread_preemptions_per_step']:.1f} preemptions, {thread['thread_minor_faults_per_step']:.0f} page "
+                  f"faults per step, off its core {thread['thread_off_core_share']:.1%} (runnable tasks {rq.mean}; cores {steady['cores']})",
                   flush=True)
     finally:
         head.stop()
@@ -253,8 +289,23 @@ def main() -> None:
     where = f"quickstart, {args.workers} workers, {pairs} pairs x {epochs} epochs"
     # Another worker count is another question (e.g. 1 worker: a core left to Ray's own processes):
     # its own result file and row names, beside the default 2-worker ones.
-    name = NAME if args.workers == DEFAULT_WORKERS else f"{NAME}_w{args.workers}"
+    name = (NAME if args.workers == DEFAULT_WORKERS else f"{NAME}_w{args.workers}") + ("_pinned" if args.pin else "")
     of = "" if args.workers == DEFAULT_WORKERS else f", {args.workers} worker{'s' if args.workers > 1 else ''}"
+    of += ", Ray on its own CPU, training threads pinned" if args.pin else ""
+    if args.pin:
+        where += f"; Ray head and drivers under `taskset -c {cpus - 1}`, --set workers.pin_cpus=0-{args.workers - 1}"
+
+    def thread_row(key: str, what: str, unit: str, scale: float = 1.0) -> dict:
+        a = bl.median(t[key] for arm, t in sequence_thread if arm == "ray")
+        b = bl.median(t[key] for arm, t in sequence_thread if arm == "local")
+        pairs = [x / y for x, y in bl.adjacent_pairs([(arm, t[key]) for arm, t in sequence_thread], "ray", "local") if y]
+        shares = {arm: bl.median(t["thread_off_core_share"] for a_, t in sequence_thread if a_ == arm) for arm in ("ray", "local")}
+        return bl.comparison(
+            f"rank 0's training thread: {what}{of}", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
+            a * scale, b * scale, unit, bl.median(pairs) if pairs else None,
+            "median over adjacent ABBA pairs of ray / local", None, "",
+            note=f"{where}; getrusage(RUSAGE_THREAD) over the epochs after the first (epochs.parquet); share of the "
+                 f"training wall time the thread was off its core: ray {shares['ray']:.1%}, local {shares['local']:.1%}")
     comparisons = [
         bl.comparison(
             f"Ray Train overhead (step time{of})", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
@@ -270,6 +321,8 @@ def main() -> None:
             STEP_BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)",
             note=f"{where}; /proc CPU time of the training worker processes in the epochs after the first, training "
                  f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}"),
+        thread_row("thread_cpu_s_per_step", "CPU per step", "CPU s/step"),
+        thread_row("thread_preemptions_per_step", "preemptions per step", "preemptions/step"),
         bl.comparison(
             f"CPU besides the training workers, steady state{of}", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", background["ray"], background["local"], "cores", None, "",
@@ -289,12 +342,13 @@ def main() -> None:
             note=f"fresh process, median of {probes}; a run on a new cluster pays this on top of the warm start-up; "
                  f"`ray start --head` until `ray status` and the dashboard answered took {head.start_s:.1f} s"),
     ]
-    cli = f".venv/bin/scaling run {args.config} --workers {args.workers} " + " ".join(
+    cli = " ".join(taskset + [""]) + f".venv/bin/scaling run {args.config} --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)
     path = bl.write_result(
         name, __doc__, args.quick, started, load_start, comparisons,
         config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
-        arms={"ray": f"RAY_ADDRESS=<private head> {cli} --launcher ray --out DIR",
+        pinned=args.pin,
+        arms={"ray": f"RAY_ADDRESS=<private head{' started under ' + ' '.join(taskset) if taskset else ''}> {cli} --launcher ray --out DIR",
               "local": f"{cli} --launcher local --out DIR"},
         startup_definition="first_step_unix (rank 0, epochs.parquet) - time.time() just before the command started; "
                            "for Ray it includes the driver's connection to the warm cluster, the Train controller and "

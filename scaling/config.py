@@ -72,6 +72,7 @@ class WorkersConfig:
     use_gpu: bool = False  # one GPU per worker
     node_price_per_hour: float = 0.0  # USD per node-hour, for cost-to-accuracy (DAWNBench); 0 = unknown
     cluster: str = ""  # the cluster this runs on, for projection: a preset (p3.16xlarge, scaling/projection/presets) or a cluster YAML; `scaling report` then draws projected curves over the measured points; "" = none
+    pin_cpus: str = ""  # CPU list (taskset syntax: "0-3,6") the training threads are pinned to, on each node: local rank r takes the r-th group of cpus_per_worker CPUs; keep the cluster's own processes off them (start Ray under `taskset -c`); "" = no pinning
     link_bandwidth: str = ""  # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
 
 
@@ -136,13 +137,16 @@ def _field_types(cls) -> dict[str, type]:
 
 
 def _coerce(value, expected: type, key: str):
-    """Check `value` against a field's type. ints are accepted for floats; nothing else is converted."""
+    """Check `value` against a field's type. ints are accepted for floats, and for strings as their
+    digits (`--set workers.pin_cpus=0` is the CPU list "0"); nothing else is converted."""
     if dataclasses.is_dataclass(expected):
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
         return _build(expected, value, key + ".")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if expected is str and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     if expected is int and isinstance(value, bool):
         raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
     if not isinstance(value, expected):
@@ -217,6 +221,19 @@ def load_config(path: str | Path, overrides: list[str] | None = None, num_worker
 # --- sense checks --------------------------------------------------------------------------
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """taskset's CPU list syntax ("0-3,6") -> [0, 1, 2, 3, 6], in the order written, no repeats."""
+    cpus: list[int] = []
+    for part in str(text).replace(" ", "").split(","):
+        low, sep, high = part.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()) or (sep and int(high) < int(low)):
+            raise ConfigError(f"workers.pin_cpus must be a CPU list like 0-3,6; got {text!r}")
+        for cpu in range(int(low), int(high if sep else low) + 1):
+            if cpu not in cpus:
+                cpus.append(cpu)
+    return cpus
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Refuse values that cannot give a meaningful run, naming the key and the fix."""
     from scaling.data import dataset_names
@@ -253,6 +270,10 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
     require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
     require(cfg.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {cfg.optim.schedule!r}")
+    if cfg.workers.pin_cpus:
+        cpus = parse_cpu_list(cfg.workers.pin_cpus)
+        require(len(cpus) >= cfg.workers.cpus_per_worker,
+                f"workers.pin_cpus={cfg.workers.pin_cpus!r} names {len(cpus)} CPU(s), fewer than workers.cpus_per_worker={cfg.workers.cpus_per_worker}")
     if cfg.workers.link_bandwidth not in ("", "uncapped"):
         from scaling.launch.minicluster import rate_bits_per_s
 

@@ -108,3 +108,42 @@ def test_cli_unwritable_output_directory(tmp_path):
     result = run_cli("run", str(QUICKSTART), "--out", str(blocker / "run"), "--launcher", "local")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "not writable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_pin_cpus_is_a_cpu_list():
+    from scaling.config import parse_cpu_list
+
+    assert parse_cpu_list("0-3,6") == [0, 1, 2, 3, 6] and parse_cpu_list("2,0,2") == [2, 0]
+    assert load_config(QUICKSTART, overrides=["workers.pin_cpus=0"]).workers.pin_cpus == "0"
+    for bad in ("a", "3-1", "0,,1", "-1"):
+        with pytest.raises(ConfigError, match="workers.pin_cpus"):
+            load_config(QUICKSTART, overrides=[f"workers.pin_cpus={bad}"])
+    with pytest.raises(ConfigError, match="cpus_per_worker"):
+        load_config(QUICKSTART, overrides=["workers.pin_cpus=0", "workers.cpus_per_worker=2"])
+
+
+def test_pinning_moves_only_the_calling_thread():
+    import os
+    import threading
+
+    from scaling.errors import UsageError
+    from scaling.train.loop import pin_training_thread
+
+    target = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    seen = {}
+
+    def worker():
+        seen["group"] = pin_training_thread(f"{target}", local_rank=0, cpus_per_worker=1)
+        seen["after"] = os.sched_getaffinity(0)
+        try:
+            pin_training_thread(f"{target}", local_rank=1, cpus_per_worker=1)  # no second CPU named
+        except UsageError as exc:
+            seen["error"] = str(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen["group"] == [target] and seen["after"] == {target}
+    assert "local rank 1" in seen["error"]
+    assert os.sched_getaffinity(0) == before  # the test's own thread is untouched

@@ -76,6 +76,10 @@ def test_records_are_complete_and_consistent(ray_run):
     assert set(calib["kind"]) == {"calib_sync", "calib_nosync"}
     assert (calib.loc[calib["kind"] == "calib_nosync", "allreduce_s"] == 0).all()
     assert summary["comm_overhead_pct"] is not None and summary["allreduce_s"] > 0
+    # the training thread's CPU time: some, and never more than the epoch's wall time
+    assert (epochs["train_thread_cpu_s"] > 0).all()
+    assert (epochs["train_thread_cpu_s"] <= epochs["train_s"] + 0.01).all()
+    assert (epochs[["train_preemptions", "train_minor_faults"]] >= 0).all().all()
 
 
 def test_exports_dawnbench_and_mlperf(ray_run):

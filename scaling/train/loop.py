@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from scaling.config import ExperimentConfig
+from scaling.errors import UsageError
 from scaling.data import load_dataset, steps_per_epoch
 from scaling.instrument.recorder import RunRecorder
+from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import CommTimingHook, StepMarks, clock_for
 from scaling.models import build_model
 from scaling.train.precision import Precision
@@ -57,6 +60,28 @@ def set_cpu_threads(cpus: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass  # already set in this process (e.g. a second run in the same worker)
+
+
+def pin_training_thread(cpu_list: str, local_rank: int, cpus_per_worker: int) -> list[int]:
+    """Pin the calling (training) thread to local rank's group of `cpus_per_worker` CPUs in `cpu_list`.
+
+    Only this thread: torch's intra-op threads, started later, inherit it, while the launcher's
+    own threads in the process (Ray's core worker) stay where they were. Why: under Ray the
+    training thread otherwise shares its core with Ray's processes, whose wake-ups preempt it
+    hundreds of times a second (the `train_preemptions` column shows it; README, the lab's cost).
+    """
+    from scaling.config import parse_cpu_list
+
+    cpus = parse_cpu_list(cpu_list)
+    group = cpus[local_rank * cpus_per_worker:(local_rank + 1) * cpus_per_worker]
+    if len(group) < cpus_per_worker:
+        raise UsageError(f"workers.pin_cpus={cpu_list!r} has no group of {cpus_per_worker} CPU(s) for local rank {local_rank}; "
+                         f"name at least {(local_rank + 1) * cpus_per_worker} CPUs")
+    try:
+        os.sched_setaffinity(0, group)  # 0: the calling thread
+    except OSError as exc:
+        raise UsageError(f"workers.pin_cpus: cannot pin to CPUs {group}: {exc.strerror}") from None
+    return group
 
 
 def seed_everything(seed: int) -> None:
@@ -248,6 +273,8 @@ def train_worker(
     checkpoints = checkpoints or Checkpoints()
     from scaling.instrument.telemetry import start_telemetry, telemetry_available
 
+    if cfg.workers.pin_cpus:
+        pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
     if ctx.device.type == "cpu":
         set_cpu_threads(cfg.workers.cpus_per_worker)
     seed_everything(cfg.train.seed)
@@ -333,6 +360,7 @@ def train_worker(
             if clock.cuda:
                 torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
             epoch_start = time.perf_counter()
+            thread_usage = ThreadUsage()
             for _ in range(steps_per_ep):
                 if global_step == cfg.instrument.fail_at_step and ctx.rank == 0:
                     raise InjectedFailure(f"injected failure at step {global_step} (instrument.fail_at_step)")
@@ -368,6 +396,7 @@ def train_worker(
             if clock.cuda:
                 torch.cuda.synchronize()
             train_s = time.perf_counter() - epoch_start
+            training_thread = thread_usage.stop()
             elapsed_train_s += train_s
 
             calibration_start = time.perf_counter()
@@ -404,6 +433,7 @@ def train_worker(
                 "elapsed_wall_s": time.time() - run_first_step_unix,
                 "lr": optimizer.param_groups[0]["lr"],
                 "first_step_unix": first_step_unix,
+                **training_thread,  # was the loop slow, or kept off its core? (scaling/instrument/thread_usage.py)
             }
             recorder.end_epoch(last_row, telemetry.drain() if telemetry else [])
             if ctx.rank == 0:

@@ -1,0 +1,39 @@
+"""The training thread's kernel counters (scaling/instrument/thread_usage.py) against known work:
+a sleep (no CPU), a busy loop (CPU, bounded by wall time) and pages written for the first time."""
+
+import mmap
+import sys
+import time
+
+import pytest
+
+from scaling.instrument.thread_usage import COLUMNS, ThreadUsage
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUSAGE_THREAD is Linux-only")
+
+
+def test_sleep_uses_no_cpu_and_busy_loop_no_more_than_wall_time():
+    usage = ThreadUsage()
+    time.sleep(0.3)
+    slept = usage.stop()
+    assert set(slept) == set(COLUMNS)
+    assert slept["train_thread_cpu_s"] < 0.05
+
+    usage, start = ThreadUsage(), time.perf_counter()
+    while time.perf_counter() - start < 0.3:
+        pass
+    busy, wall = usage.stop(), time.perf_counter() - start
+    assert 0.03 < busy["train_thread_cpu_s"] <= wall + 0.01  # a thread cannot use more CPU than wall time
+    assert busy["train_preemptions"] >= 0
+
+
+def test_minor_faults_count_pages_touched_for_the_first_time():
+    pages = 2048
+    region = mmap.mmap(-1, pages * mmap.PAGESIZE)  # anonymous: no page is mapped until written
+    usage = ThreadUsage()
+    for page in range(pages):
+        region[page * mmap.PAGESIZE] = 1
+    faults = usage.stop()["train_minor_faults"]
+    region.close()
+    # each page faults once (a transparent huge page can serve many at once, so allow far fewer)
+    assert 1 <= faults <= pages + 64
