@@ -27,8 +27,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from scaling.config import ExperimentConfig
-from scaling.errors import UsageError
 from scaling.data import load_dataset, steps_per_epoch
+from scaling.errors import UsageError
 from scaling.instrument.recorder import RunRecorder
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import CommTimingHook, StepMarks, clock_for
@@ -65,8 +65,9 @@ def set_cpu_threads(cpus: int) -> None:
 def pin_training_thread(cpu_list: str, local_rank: int, cpus_per_worker: int) -> list[int]:
     """Pin the calling (training) thread to local rank's group of `cpus_per_worker` CPUs in `cpu_list`.
 
-    Only this thread: torch's intra-op threads, started later, inherit it, while the launcher's
-    own threads in the process (Ray's core worker) stay where they were. Why: under Ray the
+    Only this thread, and the threads it starts afterwards (torch's intra-op pool, with
+    cpus_per_worker > 1, if not started before): the launcher's own threads in the process
+    (Ray's core worker) stay where they were. Why: under Ray the
     training thread otherwise shares its core with Ray's processes, whose wake-ups preempt it
     hundreds of times a second (the `train_preemptions` column shows it; README, the lab's cost).
     """
