@@ -9,8 +9,10 @@ ground-truth injection (no Ray start-up per run).
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -43,7 +45,16 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
         recorder = RunRecorder(clock_for(device), rank, world_size, 0, rank, Path(run_dir))
         train_worker(cfg, ctx, recorder)  # no checkpoints: the plain launcher does not restart workers
     finally:
+        gc.collect()  # DDP's reducer (in reference cycles) lets go of the process group while Python is fully alive
         dist.destroy_process_group()
+    # A clean exit without interpreter finalization: gloo's threads can still hold Python objects
+    # (the comm hook's futures) and dropping them during finalization aborts the process
+    # ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291 describes
+    # it), which turned a finished run into a failed one about one time in three here. Every
+    # record is on disk by now; only the streams need flushing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_local(cfg: ExperimentConfig, run_dir: Path) -> None:
