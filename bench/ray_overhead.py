@@ -295,14 +295,14 @@ def main() -> None:
     if args.pin:
         where += f"; Ray head and drivers under `taskset -c {cpus - 1}`, --set workers.pin_cpus=0-{args.workers - 1}"
 
-    def thread_row(key: str, what: str, unit: str, scale: float = 1.0) -> dict:
+    def thread_row(key: str, what: str, unit: str) -> dict:
         a = bl.median(t[key] for arm, t in sequence_thread if arm == "ray")
         b = bl.median(t[key] for arm, t in sequence_thread if arm == "local")
         pairs = [x / y for x, y in bl.adjacent_pairs([(arm, t[key]) for arm, t in sequence_thread], "ray", "local") if y]
         shares = {arm: bl.median(t["thread_off_core_share"] for a_, t in sequence_thread if a_ == arm) for arm in ("ray", "local")}
         return bl.comparison(
             f"rank 0's training thread: {what}{of}", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
-            a * scale, b * scale, unit, bl.median(pairs) if pairs else None,
+            a, b, unit, bl.median(pairs) if pairs else None,
             "median over adjacent ABBA pairs of ray / local", None, "",
             note=f"{where}; getrusage(RUSAGE_THREAD) over the epochs after the first (epochs.parquet); share of the "
                  f"training wall time the thread was off its core: ray {shares['ray']:.1%}, local {shares['local']:.1%}")
