@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from scaling.analysis.run_metrics import mfu, utilisation
 from scaling.instrument import flops, telemetry
 from scaling.instrument.flops import (
     device_mem_bandwidth,
     device_peak,
     measure_cpu_peak,
-    mfu,
     training_bytes_per_sample,
     training_flops_per_sample,
 )
@@ -161,8 +161,37 @@ def test_memory_bandwidths():
     assert device_mem_bandwidth("Tesla T4")[0] is None
 
 
-def test_mfu():
-    assert mfu(24.3e9 * 1000, 989.4e12) == pytest.approx(0.02456, rel=1e-3)
+def test_mfu_against_hand_computed_values_and_never_above_one():
+    # ResNet-50 at 1,000 images/s on an H100's bf16 peak: 24.3e12 / 989.4e12 = 0.02456
+    assert mfu(24.3e9 * 1000, 989.4e12) == (pytest.approx(0.02456, rel=1e-3), None)
+    # An achieved rate above the "peak" (an emulated-bf16 matmul rate on a CPU without native
+    # bf16: 0.93 GFLOP/s against 3.0 achieved) gives no MFU, with the reason, never 3.2.
+    ratio, why = mfu(3.0e9, 0.93e9)
+    assert ratio is None and "exceeds the peak" in why
+    assert mfu(None, 1e9)[0] is None and mfu(1e9, None)[0] is None
+    # utilisation(): achieved per worker = flops x samples/s / workers = 2e6 x 600 / 2 = 6e8 FLOP/s;
+    # against a 1.2e9 peak: MFU 0.5; against a 5e8 peak (below achieved): absent, with its note.
+    fields = utilisation(600.0, 2, {"train_flops": 2e6, "peak_flops_per_s": 1.2e9, "train_bytes_per_sample": 4e5})
+    assert fields["achieved_flops_per_s"] == pytest.approx(6e8)
+    assert fields["mfu"] == pytest.approx(0.5) and fields["mfu_note"] is None
+    assert fields["arithmetic_intensity"] == pytest.approx(5.0)  # 2e6 FLOPs / 4e5 bytes
+    fields = utilisation(600.0, 2, {"train_flops": 2e6, "peak_flops_per_s": 5e8})
+    assert fields["mfu"] is None and "exceeds the peak" in fields["mfu_note"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_peak_is_the_fastest_kernel_in_the_run_precision_or_more_exact(dtype):
+    peak = measure_cpu_peak(threads=1, seconds=0.2, dtype=dtype)
+    kernels = peak["kernel_flops_per_s"]
+    assert peak["peak_flops"] == max(kernels.values())
+    names = set(kernels)
+    assert {"float32 matmul", "float32 conv3x3"} <= names  # fp32 carries every precision's arithmetic
+    if dtype == torch.bfloat16:
+        assert {"bfloat16 matmul", "bfloat16 conv3x3"} <= names
+    else:
+        assert not any(name.startswith("bfloat16") for name in names)
+    for name, rate in kernels.items():
+        assert f"{name} {rate / 1e9:.3g}" in peak["method"]
 
 
 def test_measure_cpu_peak_is_quick_and_restores_threads():

@@ -54,7 +54,13 @@ def test_bf16_with_compressed_allreduce_is_timed_and_reports_mfu(tmp_path):
     assert summary["comm_overhead_pct"] is not None
     # FLOPs: small_cnn's training FLOPs per sample (counted, tests/test_flops_telemetry.py)
     assert summary["train_flops_per_sample"] == pytest.approx(17_513_472)
-    assert 0 < summary["mfu"] < 1 and summary["peak_flops_per_s"] > 0
+    # MFU is at most 1 on any CPU (run_metrics.mfu): given and in (0, 1], or absent with its reason
+    assert summary["peak_flops_per_s"] > 0 and summary["achieved_flops_per_s"] > 0
+    if summary["mfu"] is None:
+        assert summary["achieved_flops_per_s"] > summary["peak_flops_per_s"] and summary["mfu_note"]
+    else:
+        assert 0 < summary["mfu"] <= 1
+        assert summary["mfu"] == pytest.approx(summary["achieved_flops_per_s"] / summary["peak_flops_per_s"])
     assert (train["model_flops"] == train["samples"] * summary["train_flops_per_sample"]).all()
     profile = json.loads((run_dir / "compute_profile.json").read_text())
     assert profile["peak_precision"] == "bf16"
@@ -63,7 +69,7 @@ def test_bf16_with_compressed_allreduce_is_timed_and_reports_mfu(tmp_path):
 def test_step_timing_off_keeps_epoch_figures(tmp_path):
     summary, run_dir = _run(tmp_path, "untimed", ["instrument.step_timing=false"])
     assert summary["step_s"] is None and summary["comm_overhead_pct"] is None
-    assert summary["time_per_epoch_s"] > 0 and summary["mfu"] > 0
+    assert summary["time_per_epoch_s"] > 0 and summary["achieved_flops_per_s"] > 0
     assert pd.read_parquet(run_dir / "steps.parquet").empty
 
 
@@ -79,7 +85,8 @@ def test_full_scale_models_run_on_synthetic_data_and_report_mfu(tmp_path, model,
         "instrument.warmup_steps=1", "instrument.calibration_pairs=1",
     ])
     assert summary["epochs_run"] == 1 and summary["best_accuracy"] is None  # synthetic: no validation
-    assert summary["mfu"] is not None and 0 < summary["mfu"] < 1
+    assert summary["achieved_flops_per_s"] > 0
+    assert summary["mfu"] is None or 0 < summary["mfu"] <= 1
     if flops_per_sample:
         assert summary["train_flops_per_sample"] == pytest.approx(flops_per_sample, rel=0.05)
     steps = pd.read_parquet(run_dir / "steps.parquet")

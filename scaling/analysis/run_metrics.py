@@ -33,7 +33,10 @@ Every figure in `summary.json` is defined here, once:
 - `achieved_flops_per_s` (per worker) = train_flops_per_sample x throughput_samples_per_s /
   num_workers; `mfu` (model FLOPs utilisation, as in PaLM) = achieved_flops_per_s / the
   device's peak for the run's precision (`peak_flops_per_s`: a datasheet number for known
-  GPUs, the measured matmul rate of the worker's threads on CPU). None where either is unknown.
+  GPUs; on CPU the fastest of several kernels measured with the worker's threads, see
+  scaling/instrument/flops.py). At most 1 by construction: None where either is unknown, and
+  None where the achieved rate exceeds the peak (then the "peak" is no upper bound and any
+  ratio would be a guess); `mfu_note` says why it is absent.
 - `arithmetic_intensity` = train_flops_per_sample / estimated bytes moved per sample (see
   scaling/instrument/flops.py); with the device's memory roof it places the run on a roofline.
 """
@@ -74,6 +77,17 @@ def _finite_or_none(value) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def mfu(achieved_flops_per_s: float | None, peak_flops_per_s: float | None) -> tuple[float | None, str | None]:
+    """(MFU, None) or (None, why absent): achieved / peak, never above 1 (module docstring)."""
+    if not achieved_flops_per_s or not peak_flops_per_s:
+        return None, "no achieved rate or no peak for this device and precision"
+    ratio = achieved_flops_per_s / peak_flops_per_s
+    if ratio > 1.0:
+        return None, (f"achieved {achieved_flops_per_s / 1e9:.3g} GFLOP/s exceeds the peak taken "
+                      f"({peak_flops_per_s / 1e9:.3g} GFLOP/s): that peak is no upper bound, MFU not given")
+    return ratio, None
+
+
 def utilisation(throughput_samples_per_s: float | None, num_workers: int, profile: dict | None) -> dict:
     """Achieved FLOP/s per worker, MFU and arithmetic intensity (definitions: module docstring)."""
     profile = profile or {}
@@ -81,6 +95,7 @@ def utilisation(throughput_samples_per_s: float | None, num_workers: int, profil
     peak = profile.get("peak_flops_per_s")
     bytes_per_sample = profile.get("train_bytes_per_sample")
     achieved = flops * throughput_samples_per_s / num_workers if (flops and throughput_samples_per_s) else None
+    ratio, why_absent = mfu(achieved, peak)
     return {
         "train_flops_per_sample": flops,
         "forward_flops_per_sample": profile.get("forward_flops"),
@@ -88,7 +103,8 @@ def utilisation(throughput_samples_per_s: float | None, num_workers: int, profil
         "peak_source": profile.get("peak_source"),
         "mem_bytes_per_s": profile.get("mem_bytes_per_s"),
         "achieved_flops_per_s": achieved,
-        "mfu": achieved / peak if (achieved and peak) else None,
+        "mfu": ratio,
+        "mfu_note": why_absent,
         "arithmetic_intensity": flops / bytes_per_sample if (flops and bytes_per_sample) else None,
     }
 

@@ -14,7 +14,8 @@ Definitions (once, here):
   gradient.
 - achieved FLOP/s per worker = `train_flops` x trained samples per second of that worker.
 - MFU (model FLOPs utilisation, PaLM's definition, Chowdhery et al. 2022, appendix B) =
-  achieved FLOP/s / peak FLOP/s of the device. Model FLOPs, not hardware FLOPs: work the
+  achieved FLOP/s / peak FLOP/s of the device; computed in scaling/analysis/run_metrics.py
+  (`mfu`), which refuses a value above 1: a peak below the achieved rate is no peak. Model FLOPs, not hardware FLOPs: work the
   implementation adds (activation recomputation, padding) is not counted.
 - `bytes_per_sample` (`training_bytes_per_sample`): an *estimate* of the DRAM traffic of one
   training step, per sample, for unfused ops: each tensor an op touches crosses DRAM once
@@ -36,8 +37,9 @@ Definitions (once, here):
   roofline; attainable FLOP/s = min(peak FLOP/s, intensity x memory bandwidth).
 
 Peaks: `DEVICE_PEAKS` holds NVIDIA's datasheet numbers for the GPUs the lab runs on (dense,
-without 2:4 sparsity); `measure_cpu_peak` measures a CPU's (its matmul rate and copy bandwidth),
-since a CPU's datasheet peak is neither published uniformly nor reached by torch.
+without 2:4 sparsity); `measure_cpu_peak` measures a CPU's (the fastest of several matmul and
+convolution kernels in the run's precision and in fp32, and its copy bandwidth), since a CPU's
+datasheet peak is neither published uniformly nor reached by torch.
 """
 
 from __future__ import annotations
@@ -170,11 +172,6 @@ def attainable_flops_per_s(intensity: float, peak_flops_per_s: float, mem_bytes_
     return min(peak_flops_per_s, intensity * mem_bytes_per_s)
 
 
-def mfu(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
-    """Model FLOPs utilisation: achieved / peak FLOP/s (definitions in the module docstring)."""
-    return achieved_flops_per_s / peak_flops_per_s
-
-
 # --- device peaks ---------------------------------------------------------------------------
 
 # Dense peaks (no 2:4 sparsity; NVIDIA's datasheets print the sparse figure, twice these, for
@@ -263,6 +260,16 @@ def device_mem_bandwidth(device_name: str) -> tuple[float | None, str]:
 # --- CPU peak, measured ---------------------------------------------------------------------
 
 _MATMUL_N = 1024  # 2.1 GFLOP per matmul: long enough to time, short enough to repeat
+# A 3x3 convolution of 64 channels on 56x56 maps (a ResNet stage-1 layer) at batch 8: 0.93 GFLOP.
+_CONV_SHAPE = (8, 64, 56, 56)
+
+# Precisions at least as exact as each run precision: a kernel in any of them can carry the
+# run's arithmetic, so the fastest of them bounds what the hardware can do for it.
+_AT_LEAST_AS_EXACT = {
+    torch.float32: (torch.float32,),
+    torch.bfloat16: (torch.bfloat16, torch.float32),
+    torch.float16: (torch.float16, torch.float32),
+}
 
 
 def _l3_bytes() -> int | None:
@@ -289,24 +296,47 @@ def _best_rate(work, amount: float, budget_s: float, per_round: int, min_rounds:
     return best
 
 
-def measure_cpu_peak(threads: int, seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> dict:
-    """Measure this CPU's matmul rate (in `dtype`) and copy bandwidth with `threads` torch threads.
+def _kernel_rates(dtype: torch.dtype, budget_s: float) -> dict[str, float]:
+    """FLOP/s of a large matmul and of a ResNet-like convolution in `dtype` (best round each)."""
+    a = torch.randn(_MATMUL_N, _MATMUL_N).to(dtype)
+    b = torch.randn(_MATMUL_N, _MATMUL_N).to(dtype)
+    out = torch.empty(_MATMUL_N, _MATMUL_N, dtype=dtype)
+    name = str(dtype).removeprefix("torch.")
+    rates = {f"{name} matmul": _best_rate(lambda: torch.mm(a, b, out=out), 2 * _MATMUL_N**3, budget_s / 2, per_round=2)}
+    n, c, h, w = _CONV_SHAPE
+    x = torch.randn(*_CONV_SHAPE).to(dtype)
+    weight = torch.randn(c, c, 3, 3).to(dtype)
+    conv_flops = 2 * n * c * c * 9 * h * w
+    with torch.no_grad():
+        rates[f"{name} conv3x3"] = _best_rate(lambda: F.conv2d(x, weight, padding=1), conv_flops, budget_s / 2, per_round=1)
+    return rates
 
-    The matmul rate (best round of 1024x1024 fp32 matmuls) is the compute roof a CPU run's MFU
-    is taken against; the copy bandwidth (bytes read + written by copying a tensor several
-    times the size of the last-level cache) is the memory roof. Both are what this process's
-    threads get with the rest of the machine idle: workers sharing a socket will contend for
-    memory bandwidth in a real run. Takes about `seconds` plus set-up. torch's thread count is
-    restored afterwards.
+
+def measure_cpu_peak(threads: int, seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> dict:
+    """Measure this CPU's compute roof for `dtype` and its copy bandwidth with `threads` torch threads.
+
+    The compute roof is the fastest of several measured kernels: a 1024x1024 matmul and a
+    ResNet-like 3x3 convolution, each in `dtype` and in every precision at least as exact
+    (fp32 for bf16/fp16 runs). Why several: one kernel can be far from what the machine does
+    for a run. A CPU without native bf16 emulates bf16 matmuls (0.9 GFLOP/s seen on an AMD
+    EPYC, against 72 in fp32) while its convolutions reach 3 GFLOP/s, so a bf16-matmul "peak"
+    gave an MFU of 3.2. The hardware can always carry bf16 arithmetic at its fp32 rate, so the
+    fastest of these bounds the run's rate from above in practice; `run_metrics.mfu` still
+    refuses an MFU where the achieved rate exceeds the measured roof.
+
+    The memory roof is the copy bandwidth (bytes read + written by copying a tensor several
+    times the size of the last-level cache). Both are what this process's threads get with the
+    rest of the machine idle: workers sharing a socket will contend for memory bandwidth in a
+    real run. Takes about `seconds` per precision plus set-up. torch's thread count is restored.
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a = torch.randn(_MATMUL_N, _MATMUL_N, dtype=dtype)
-        b = torch.randn(_MATMUL_N, _MATMUL_N, dtype=dtype)
-        out = torch.empty(_MATMUL_N, _MATMUL_N, dtype=dtype)
-        peak = _best_rate(lambda: torch.mm(a, b, out=out), 2 * _MATMUL_N**3, seconds / 2, per_round=2)
-        del a, b, out
+        kernels: dict[str, float] = {}
+        precisions = _AT_LEAST_AS_EXACT[dtype]
+        for each in precisions:
+            kernels.update(_kernel_rates(each, seconds / len(precisions)))
+        best_kernel = max(kernels, key=kernels.get)
 
         # Source and destination together 4x the L3, so the copy streams from and to DRAM.
         l3 = _l3_bytes()
@@ -317,11 +347,13 @@ def measure_cpu_peak(threads: int, seconds: float = 0.5, dtype: torch.dtype = to
         del src, dst
     finally:
         torch.set_num_threads(previous)
+    rates = ", ".join(f"{name} {rate / 1e9:.3g}" for name, rate in kernels.items())
     return {
-        "peak_flops": peak,
+        "peak_flops": kernels[best_kernel],
+        "kernel_flops_per_s": kernels,
         "mem_bytes_per_s": bandwidth,
         "threads": threads,
-        "method": f"measured: best {str(dtype).removeprefix('torch.')} {_MATMUL_N}x{_MATMUL_N} matmul rate; "
+        "method": f"measured: fastest of {len(kernels)} kernels ({rates} GFLOP/s; best {best_kernel}); "
         f"copy of {nbytes >> 20} MiB, bytes read + written per second",
     }
 
@@ -333,9 +365,9 @@ def device_roofs(device: torch.device, precision: str, threads: int, measure: bo
     cores is taken against the TF32 peak when cuDNN may use TF32 (`torch.backends.cudnn.
     allow_tf32`, True by default), because a convolutional network's FLOPs are then TF32
     convolutions: the fp32 peak would make its MFU look several times too high.
-    CPU: the measured matmul rate (in the run's compute dtype: an autocast run's matmuls are
-    bf16 or fp16) and copy bandwidth of `threads` threads (only where `measure`: one rank
-    measures, the others would disturb it; they report None).
+    CPU: the measured compute roof for the run's precision (`measure_cpu_peak`: the fastest of
+    several kernels in that precision and in fp32) and copy bandwidth of `threads` threads
+    (only where `measure`: one rank measures, the others would disturb it; they report None).
     """
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
