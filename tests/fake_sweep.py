@@ -1,9 +1,15 @@
-"""A fake sweep directory on disk, laid out as `scaling sweep` writes it, with generated records.
+"""Fake sweep directories on disk, laid out as `scaling sweep` writes them.
 
-Worker counts 1, 2, 4 x 3 repeats; each run's summary is computed from generated epochs and
-steps by the real `summarize_run`. w4-r1 never reaches the target (max_epochs), w4-r2 failed
-after 2 epochs, and w8-r0 is still going (run directory without summary.json, absent from
-runs.parquet). A larger global batch needs more epochs, so TTA scales worse than throughput.
+`make_fake_sweep`: generated records. Worker counts 1, 2, 4 x 3 repeats; each run's summary
+is computed from generated epochs and steps by the real `summarize_run`. w4-r1 never reaches
+the target (max_epochs), w4-r2 failed after 2 epochs (its summary keeps the partial figures of
+the epochs it ran, `FAILED_PARTIAL`), and w8-r0 is still going (run directory without
+summary.json, absent from runs.parquet). A larger global batch needs more epochs, so TTA
+scales worse than throughput. Repeats differ in step time (`FORWARD_EXTRA_S`): r1 fastest,
+r0 slowest, r2 the median.
+
+`make_known_sweep`: runs whose summary figures are given as literals (no generated records,
+no summarize_run), for checking the report's cells against hand-computed values.
 """
 
 from __future__ import annotations
@@ -21,6 +27,15 @@ MAX_EPOCHS = 10
 WORKERS = (1, 2, 4)
 REPEATS = 3
 FAILED, NOT_REACHED, INCOMPLETE = "w4-r2", "w4-r1", "w8-r0"
+# Extra forward time per step by repeat: step_s = 59 ms + this at one worker (r0 65, r1 59, r2 61 ms),
+# so the three 1-worker runs are the slowest, the fastest and the median one (the mean is 61.67 ms).
+FORWARD_EXTRA_S = (0.006, 0.0, 0.002)
+# The failed run's summary: what it measured before it died, far from every other w4 run's
+# figures (a dying worker slowed its steps; it had crossed the target before it died), so
+# that counting it anywhere would move a median or mean visibly.
+FAILED_PARTIAL = dict(time_per_epoch_s=25.0, throughput_samples_per_s=330.0, tta_s=3.0, tta_wall_s=4.0,
+                      epochs_to_target=1, comm_overhead_pct=95.0, exposed_comm_pct=90.0, step_s=0.5,
+                      data_s=0.001, forward_s=0.025, backward_s=0.471, optimizer_s=0.003, exposed_comm_s=0.45)
 
 
 def _epochs(num_workers: int, repeat: int, n_epochs: int | None = None, plateau: float = 0.93) -> pd.DataFrame:
@@ -42,17 +57,18 @@ def _epochs(num_workers: int, repeat: int, n_epochs: int | None = None, plateau:
     return pd.DataFrame(rows)
 
 
-def _steps(num_workers: int) -> pd.DataFrame:
+def _steps(num_workers: int, repeat: int = 0) -> pd.DataFrame:
     exposed = 0.0 if num_workers == 1 else 0.004 * np.log2(2 * num_workers)
+    forward = 0.025 + FORWARD_EXTRA_S[repeat]
     rows = []
     for rank in range(num_workers):
         for step in range(8):
             backward = 0.030 + exposed
             rows.append(dict(epoch=1, step=step, rank=rank, node_rank=rank // 2, local_rank=rank % 2, kind="train",
-                             pair=-1, warmup=step < 2, samples=64, data_s=0.001, forward_s=0.025, backward_s=backward,
-                             optimizer_s=0.003, step_s=0.001 + 0.025 + backward + 0.003,
+                             pair=-1, warmup=step < 2, samples=64, data_s=0.001, forward_s=forward, backward_s=backward,
+                             optimizer_s=0.003, step_s=0.001 + forward + backward + 0.003,
                              allreduce_s=2 * exposed, exposed_comm_s=exposed,
-                             compute_s=0.025 + backward - exposed + 0.003, num_buckets=0 if num_workers == 1 else 2))
+                             compute_s=forward + backward - exposed + 0.003, num_buckets=0 if num_workers == 1 else 2))
         if num_workers > 1:
             for pair in range(4):
                 for kind, fb in (("calib_nosync", 0.055), ("calib_sync", 0.055 + 1.5 * exposed)):
@@ -96,11 +112,12 @@ def make_fake_sweep(root: Path, with_index: bool = True, name: str = "qs", backe
             key = f"w{num_workers}-r{repeat}"
             run_dir = sweep / "runs" / key
             run_dir.mkdir()
-            steps = _steps(num_workers)
+            steps = _steps(num_workers, repeat)
             if key == FAILED:
                 epochs = _epochs(num_workers, repeat, n_epochs=2)
                 summary = _summary(key, num_workers, repeat, epochs, steps, status="failed",
                                    error="RuntimeError: worker 3 died (simulated)", backend=backend, cluster=cluster)
+                summary.update(FAILED_PARTIAL)
             elif key == NOT_REACHED:
                 epochs = _epochs(num_workers, repeat, n_epochs=MAX_EPOCHS, plateau=0.80)
                 summary = _summary(key, num_workers, repeat, epochs, steps, backend=backend, cluster=cluster)
@@ -121,4 +138,39 @@ def make_fake_sweep(root: Path, with_index: bool = True, name: str = "qs", backe
     _epochs(8, 0, n_epochs=1).to_parquet(running / "epochs.parquet", index=False)
     if with_index:
         pd.DataFrame(rows).to_parquet(sweep / "runs.parquet", index=False)
+    return sweep
+
+
+def make_known_sweep(root: Path, runs: list[dict], name: str = "known") -> Path:
+    """A sweep under root/<name> whose run summaries hold the given figures as they are.
+
+    runs: one dict per run with at least num_workers and repeat, plus any summary fields
+    (time_per_epoch_s, tta_s, step_s, ...); the rest of the summary is filled in. Each run
+    gets a two-epoch epochs.parquet (for the accuracy curves) and runs.parquet lists them all.
+    """
+    sweep = Path(root) / name
+    (sweep / "runs").mkdir(parents=True)
+    (sweep / "sweep.yaml").write_text(f"base: {{name: {name}}}\nsweep: {{workers: [1, 2], repeats: 2, axes: {{}}}}\n")
+    rows = []
+    for given in runs:
+        n, repeat = int(given["num_workers"]), int(given["repeat"])
+        key = f"w{n}-r{repeat}"
+        summary = {
+            "schema_version": 1, "run_id": key, "name": name, "model": "small_cnn", "dataset": "embedded",
+            "backend": "gloo", "launcher": "ray", "num_workers": n, "num_nodes": 1, "workers_per_node": n,
+            "per_worker_batch": 32, "global_batch": 32 * n, "seed": repeat, "status": "reached_target", "error": None,
+            "target_accuracy": 0.9, "epochs_run": 2, "best_accuracy": 0.95, "node_price_per_hour": 0.0, "cluster": None,
+            "hardware": {"hostname": "test", "cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0},
+            **{k: v for k, v in given.items() if k != "repeat"},
+        }
+        run_dir = sweep / "runs" / key
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(f"name: {name}\nworkers: {{num_workers: {n}}}\n")
+        pd.DataFrame({"epoch": [1, 2], "val_accuracy": [0.5, 0.95], "train_s": [1.0, 1.0]}).to_parquet(
+            run_dir / "epochs.parquet", index=False)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
+        row.update(run_key=key, run_dir=f"runs/{key}", repeat=repeat)
+        rows.append(row)
+    pd.DataFrame(rows).to_parquet(sweep / "runs.parquet", index=False)
     return sweep

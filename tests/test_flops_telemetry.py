@@ -1,9 +1,11 @@
 """Model FLOPs against published counts, device peaks, the CPU peak measurement, and GPU
-telemetry: its absent-NVML path on this machine, and its sampling thread driven by a fake
-reader (and NVML's field mapping by a fake pynvml), so both run without a GPU."""
+telemetry: its absent-NVML path on this machine, its sampling thread driven by a fake reader,
+and, against a fake NVML library of four GPUs, the lab's own device -> NVML handle lookup (by
+UUID under CUDA_VISIBLE_DEVICES, by index without one) and field mapping, so all run without a GPU."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import types
@@ -291,18 +293,32 @@ def test_sampler_rejects_non_positive_interval_and_double_start():
     assert len(sampler.drain()) == 1  # the sample taken at start
 
 
+# NVML: only the library is faked. A fake pynvml of four GPUs, each with its own handle, UUID and
+# readings, so that opening the wrong device reads visibly wrong numbers; the device -> handle
+# lookup (by UUID or NVML index) and the field mapping are the lab's own code, run as they are.
+# NVML device 1 is a MIG instance ("MIG-" UUID); the others are whole GPUs ("GPU-").
+NVML_UUIDS = ("GPU-0a0a0a0a-0000-4000-8000-000000000000", "MIG-1b1b1b1b-1111-4111-8111-111111111111",
+              "GPU-2c2c2c2c-2222-4222-8222-222222222222", "GPU-3d3d3d3d-3333-4333-8333-333333333333")
+
+
 def _fake_pynvml(unsupported_power: bool = False):
-    """Just enough of nvidia-ml-py for NvmlReader and start_telemetry."""
+    """Just enough of nvidia-ml-py (same names, same errors) for NvmlReader and start_telemetry."""
 
     class NVMLError(Exception):
         pass
 
-    state = {"inits": 0, "uuid": None}
+    class NVMLError_NotFound(NVMLError):  # noqa: N801 - pynvml's name
+        pass
 
-    def get_power(handle):
-        if unsupported_power:
-            raise NVMLError("Not Supported")
-        return 312_500  # milliwatts
+    class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+        pass
+
+    class Handle:  # opaque to the caller, as pynvml's c_nvmlDevice_t
+        def __init__(self, index):
+            self.index = index
+
+    handles = [Handle(i) for i in range(len(NVML_UUIDS))]
+    state = {"inits": 0, "opened": []}
 
     def init():
         state["inits"] += 1
@@ -310,51 +326,140 @@ def _fake_pynvml(unsupported_power: bool = False):
     def shutdown():
         state["inits"] -= 1
 
-    def by_uuid(uuid):
-        state["uuid"] = uuid
-        return "handle"
+    def by_index(index):
+        if not 0 <= index < len(handles):
+            raise NVMLError_InvalidArgument("Invalid Argument")
+        state["opened"].append(("index", index))
+        return handles[index]
 
+    def by_uuid(uuid):
+        state["opened"].append(("uuid", uuid))
+        if uuid not in NVML_UUIDS:  # NVML wants the exact string, "GPU-"/"MIG-" prefix included
+            raise NVMLError_NotFound("Not Found")
+        return handles[NVML_UUIDS.index(uuid)]
+
+    def power(handle):
+        if unsupported_power:
+            raise NVMLError("Not Supported")
+        return 100_000 + 1000 * handle.index  # milliwatts
+
+    # device i reads: utilisation 10 + i %, (i + 1) GiB used, 100 + i W, 1000 + i MHz, 40 + i C
     module = types.SimpleNamespace(
         NVMLError=NVMLError,
+        NVMLError_NotFound=NVMLError_NotFound,
+        NVMLError_InvalidArgument=NVMLError_InvalidArgument,
         NVMLError_LibraryNotFound=type("NVMLError_LibraryNotFound", (NVMLError,), {}),
         NVML_CLOCK_SM=1,
         NVML_TEMPERATURE_GPU=0,
         nvmlInit=init,
         nvmlShutdown=shutdown,
-        nvmlDeviceGetCount=lambda: 1,
-        nvmlDeviceGetHandleByIndex=lambda i: "handle",
+        nvmlDeviceGetCount=lambda: len(handles),
+        nvmlDeviceGetHandleByIndex=by_index,
         nvmlDeviceGetHandleByUUID=by_uuid,
-        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=87, memory=40),
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=5 << 30, total=80 << 30),
-        nvmlDeviceGetPowerUsage=get_power,
-        nvmlDeviceGetClockInfo=lambda h, clock: 1980,
-        nvmlDeviceGetTemperature=lambda h, sensor: 45,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=10 + h.index, memory=5),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(h.index + 1) << 30, total=80 << 30),
+        nvmlDeviceGetPowerUsage=power,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1000 + h.index if clock == 1 else 0,
+        nvmlDeviceGetTemperature=lambda h, sensor: 40 + h.index if sensor == 0 else -1,
     )
     return module, state
 
 
-def test_nvml_reader_maps_fields_and_tolerates_unsupported_ones(monkeypatch):
+def _readings(i: int) -> dict:
+    """What the fake NVML device i reads, in the sampler's fields."""
+    return {"gpu_util_pct": 10 + i, "mem_used_bytes": (i + 1) << 30, "power_w": 100.0 + i,
+            "sm_clock_mhz": 1000 + i, "temperature_c": 40 + i}
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    fake, state = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return state
+
+
+def test_nvml_reader_opens_the_device_by_uuid_or_index(fake_nvml):
+    # torch reports a UUID without NVML's "GPU-" prefix: the reader adds it and finds device 2
+    reader = telemetry.NvmlReader(uuid="2c2c2c2c-2222-4222-8222-222222222222")
+    assert reader() == _readings(2) and fake_nvml["opened"][-1] == ("uuid", NVML_UUIDS[2])
+    reader.close()
+    # a prefixed UUID, GPU or MIG, is passed on as it is
+    for i in (3, 1):
+        reader = telemetry.NvmlReader(uuid=NVML_UUIDS[i])
+        assert reader() == _readings(i) and fake_nvml["opened"][-1] == ("uuid", NVML_UUIDS[i])
+        reader.close()
+    # without a UUID: NVML's index, 0 by default
+    for index, expected in ((1, 1), (None, 0)):
+        reader = telemetry.NvmlReader(nvml_index=index)
+        assert reader() == _readings(expected) and fake_nvml["opened"][-1] == ("index", expected)
+        reader.close()
+    # a UUID NVML does not know is NVML's error, and leaves NVML shut down as it found it
+    with pytest.raises(sys.modules["pynvml"].NVMLError_NotFound):
+        telemetry.NvmlReader(uuid="GPU-ffffffff-0000-4000-8000-000000000000")
+    assert fake_nvml["inits"] == 0
+
+
+def test_nvml_reader_reports_an_unsupported_field_as_none(monkeypatch):
     fake, state = _fake_pynvml(unsupported_power=True)
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
-    reader = telemetry.NvmlReader(uuid="1234-abcd")
-    assert state["uuid"] == "GPU-1234-abcd"
-    assert reader() == {"gpu_util_pct": 87, "mem_used_bytes": 5 << 30, "power_w": None,
-                        "sm_clock_mhz": 1980, "temperature_c": 45}
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reader = telemetry.NvmlReader(nvml_index=3)
+    assert reader() == {**_readings(3), "power_w": None}
     reader.close()
     assert state["inits"] == 0
 
 
-def test_start_telemetry_with_nvml_present(monkeypatch):
-    fake, state = _fake_pynvml()
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
-    monkeypatch.setattr(telemetry, "_nvml_uuid", lambda device: "feed-beef")
-    sampler, reason = start_telemetry(torch.device("cuda", 0), 0.01)
+class _CudaUuid:
+    """As torch's _CUuuid: str() is the UUID without NVML's "GPU-" prefix."""
+
+    def __init__(self, nvml_uuid: str):
+        self._text = nvml_uuid.split("-", 1)[1]
+
+    def __str__(self):
+        return self._text
+
+
+def _first_rows(sampler) -> list[dict]:
+    rows = []
     try:
-        assert sampler is not None and reason.startswith("GPU telemetry on")
-        time.sleep(0.05)
+        while not rows:  # the sampler reads once on start; wait for that row (no timing asserted)
+            rows = sampler.drain()
+            time.sleep(0.005)
     finally:
         sampler.stop()
-    rows = sampler.drain()
-    assert rows and rows[0]["power_w"] == 312.5 and rows[0]["device_index"] == 0
-    assert state["uuid"] == "GPU-feed-beef"
-    assert state["inits"] == 0  # every nvmlInit balanced by an nvmlShutdown
+    return rows + sampler.drain()
+
+
+def test_start_telemetry_samples_the_torch_device_s_own_gpu(fake_nvml, monkeypatch):
+    # Under CUDA_VISIBLE_DEVICES=3,2 torch's cuda:0 is NVML's device 3 and cuda:1 is device 2.
+    # Only what the CUDA runtime would answer (each torch device's properties) is stubbed here.
+    visible = {0: 3, 1: 2}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(uuid=_CudaUuid(NVML_UUIDS[visible[device.index]])))
+    for torch_index, nvml_index in visible.items():
+        sampler, reason = start_telemetry(torch.device("cuda", torch_index), 0.01)
+        assert sampler is not None and reason == f"GPU telemetry on: cuda:{torch_index} every 0.01 s through NVML"
+        rows = _first_rows(sampler)
+        # readings of NVML device 3 (then 2), not of NVML device 0 (1) that the torch index names
+        assert all({k: r[k] for k in FIELDS} == _readings(nvml_index) for r in rows)
+        assert all(r["device_index"] == torch_index for r in rows)  # rows keep the torch index
+        assert fake_nvml["opened"][-1] == ("uuid", NVML_UUIDS[nvml_index])
+    assert fake_nvml["inits"] == 0  # every nvmlInit balanced by an nvmlShutdown
+
+
+def test_start_telemetry_without_a_uuid_or_with_an_unknown_one(fake_nvml, monkeypatch):
+    # A torch without device UUIDs: NVML's device of the same index (right without CUDA_VISIBLE_DEVICES)
+    def no_uuid(device):
+        raise AttributeError("'_CudaDeviceProperties' object has no attribute 'uuid'")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_uuid)
+    sampler, _ = start_telemetry(torch.device("cuda", 1), 0.01)
+    rows = _first_rows(sampler)
+    assert all({k: r[k] for k in FIELDS} == _readings(1) for r in rows)
+    assert fake_nvml["opened"][-1] == ("index", 1)
+    # A UUID NVML does not list: no telemetry, one line saying why; the run goes on
+    unknown = _CudaUuid("GPU-ffffffff-0000-4000-8000-000000000000")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid=unknown))
+    sampler, reason = start_telemetry(torch.device("cuda", 0), 0.01)
+    assert sampler is None
+    assert reason.startswith("GPU telemetry unavailable: cannot open cuda:0 in NVML (Not Found)") and "\n" not in reason
+    assert fake_nvml["inits"] == 0

@@ -1,6 +1,7 @@
 """The scaling projection (scaling/projection/): alpha-beta arithmetic on hand-computed cases, DDP's
 bucketing against what DDP itself reported, presets and their validation, the alpha-beta fit,
-run_projection's table, the command line, and that the package imports neither torch nor ray."""
+run_projection's table (step time, speedup and efficiency at N > 1 worked out by hand), the
+command line, and that the package imports neither torch nor ray."""
 
 from __future__ import annotations
 
@@ -436,11 +437,46 @@ def test_no_torch_or_ray_on_import():
 def test_cluster_object_directly():
     cluster = Cluster(name="two", gpus_per_node=1, intra_node=None, inter_node=Link(1e9, 1e-5))
     df = run_projection("small_cnn", cluster, [1, 2], per_gpu_batch=64, samples_per_s=1000.0)
-    # small_cnn: DDP defaults give 2 buckets; at 2 GPUs each costs 2*1*10us + S/1GB/s
-    buckets = model_buckets("small_cnn")
-    backward = df["backward_compute_s"].iloc[0]
-    ready = [b.ready_fraction * backward for b in buckets]
-    costs = [2e-5 + b.bytes / 1e9 for b in buckets]
-    expected = schedule_buckets(ready, costs, backward).exposed_s
-    assert df["exposed_comm_s"].iloc[1] == pytest.approx(expected)
-    assert df["optimizer_s"].iloc[0] == 0.0  # no device: the optimizer is not split out
+    # By hand. Compute: 64 samples at 1000/s = 64 ms a step; no device, so no optimizer split out;
+    # backward takes its FLOPs' share: 64 ms x 11,380,736 / (6,132,736 + 11,380,736) = 41.58896 ms.
+    assert df["optimizer_s"].iloc[0] == 0.0 and df["step_s"].iloc[0] == pytest.approx(0.064)
+    assert df["backward_compute_s"].iloc[0] == pytest.approx(0.04158896, rel=1e-6)
+    # small_cnn with DDP's defaults: 2 buckets, 1,059,880 B (fc layers: 1 MiB first-bucket cap overshot)
+    # ready after 1,058,816 / 11,380,736 = 9.30% of backward (3.8693 ms), and 94,784 B ready at its end.
+    # 2 hosts, a ring of 2: T(S) = 2 x 1 x 10 us + 2 x 1/2 x S / 1e9 B/s:
+    #   bucket 0: 20 us + 1.05988 ms = 1.07988 ms, done at 4.9491 ms, long before backward ends;
+    #   bucket 1: 20 us + 0.094784 ms = 0.114784 ms after backward: all of it exposed.
+    assert df["exposed_comm_s"].iloc[1] == pytest.approx(0.000114784, rel=1e-9)
+    assert df["num_buckets"].iloc[1] == 2 and df["grad_bytes"].iloc[1] == 1_059_880 + 94_784
+    # step 64 + 0.114784 = 64.114784 ms; speedup 2 x 64 / 64.114784 = 1.99642, efficiency 0.998210
+    assert df["step_s"].iloc[1] == pytest.approx(0.064114784, rel=1e-9)
+    assert df["speedup_throughput"].iloc[1] == pytest.approx(1.9964194, rel=1e-6)
+    assert df["efficiency_throughput"].iloc[1] == pytest.approx(0.9982097, rel=1e-6)
+    assert df["comm_overhead_pct"].iloc[1] == pytest.approx(0.1790289, rel=1e-6)  # 100 x 0.114784 / 64.114784
+
+
+def test_speedup_and_efficiency_at_n_workers_by_hand():
+    # One bucket of all 1,154,664 gradient bytes (small_cnn, bucket_cap_mb=25 given: no 1 MiB first
+    # bucket), ready when backward ends, so every all-reduce is exposed whole. One GPU per host,
+    # links of 50 us and 1e8 B/s; 1000 samples/s at 50 a step: 50 ms of compute; 10,000-sample epochs.
+    cluster = Cluster(name="hosts", gpus_per_node=1, intra_node=None, inter_node=Link(1e8, 50e-6))
+    df = run_projection("small_cnn", cluster, workers=[1, 2, 4], per_gpu_batch=50, samples_per_s=1000.0,
+                        bucket_cap_mb=25, dataset_size=10_000).set_index("num_workers")
+    assert df.loc[4, "num_buckets"] == 1 and df.loc[4, "grad_bytes"] == 1_154_664
+    # ring over n: 2(n-1) alpha + 2(n-1)/n S / B
+    #   n = 2: 2 x 50 us + 1 x 1,154,664 / 1e8 = 0.1 + 11.54664 = 11.64664 ms
+    #   n = 4: 6 x 50 us + 1.5 x 11.54664 = 0.3 + 17.31996 = 17.61996 ms
+    assert df["exposed_comm_s"].tolist() == pytest.approx([0.0, 0.01164664, 0.01761996], rel=1e-9)
+    assert df["step_s"].tolist() == pytest.approx([0.050, 0.06164664, 0.06761996], rel=1e-9)
+    # throughput = n x 50 / step: 1000, 100 / 0.06164664 = 1622.148, 200 / 0.06761996 = 2957.707
+    assert df["throughput_samples_per_s"].tolist() == pytest.approx([1000.0, 1622.1484, 2957.7066], rel=1e-6)
+    # speedup = throughput(n) / 1000; efficiency = speedup / n
+    assert df["speedup_throughput"].tolist() == pytest.approx([1.0, 1.6221484, 2.9577066], rel=1e-6)
+    assert df["efficiency_throughput"].tolist() == pytest.approx([1.0, 0.8110742, 0.7394266], rel=1e-6)
+    # overhead = exposed / step: 11.64664 / 61.64664 = 18.89%, 17.61996 / 67.61996 = 26.06%
+    assert df["comm_overhead_pct"].tolist() == pytest.approx([0.0, 18.892579, 26.057336], rel=1e-6)
+    # epoch: 10,000 // 50 = 200 steps x 50 ms = 10 s at 1; 10,000 // 200 = 50 steps x 67.61996 ms = 3.380998 s at 4
+    assert df["steps_per_epoch"].tolist() == [200, 100, 50]
+    assert df.loc[1, "time_per_epoch_s"] == pytest.approx(10.0)
+    assert df.loc[4, "time_per_epoch_s"] == pytest.approx(3.380998, rel=1e-9)
+    assert df.loc[4, "speedup_time_per_epoch"] == pytest.approx(2.9577066, rel=1e-6)  # 10 / 3.380998

@@ -1,5 +1,8 @@
-"""`scaling report` on a fake sweep directory (tests/fake_sweep.py), its error cases, and the notebooks.
+"""`scaling report` on fake sweep directories (tests/fake_sweep.py), its error cases, and the notebooks.
 
+report.md's table cells are checked against hand-computed values (a sweep of literal figures);
+a failed run carrying partial figures stays out of every median and mean; the projected
+overlay is computed from the run the rule names (the median-step smallest-worker run), by hand.
 No Ray, no torch training: the sweep's records are generated and written with pandas/json.
 """
 
@@ -17,7 +20,9 @@ from rich.console import Console
 from scaling.errors import UsageError
 from scaling.report import load_sweep, resolve_sweep_dir, write_report
 from tests.conftest import run_cli
-from tests.fake_sweep import FAILED, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep
+from tests.fake_sweep import (
+    FAILED, FAILED_PARTIAL, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep, make_known_sweep,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = ("speedup", "comm_overhead", "step_breakdown", "accuracy_curves", "throughput_vs_tta", "tta_spread", "roofline")
@@ -95,15 +100,38 @@ def test_interrupted_sweep_without_index_is_built_from_summaries(tmp_path):
     assert (path.parent / "speedup.png").exists()
 
 
-def test_failed_runs_stay_out_of_the_figures(sweep):
-    from scaling.analysis.scaling_tables import per_worker_count
+def test_failed_runs_stay_out_of_the_figures(sweep, reported):
+    from scaling.analysis import scaling_tables as st
 
-    runs, _, _ = load_sweep(sweep)
-    table = per_worker_count(runs).set_index("num_workers")
+    runs, epochs, _ = load_sweep(sweep)
+    by_key = runs.set_index("run_key")
+    # The failed w4 run carries partial figures far from the others' (fake_sweep.FAILED_PARTIAL):
+    # a TTA of 3 s, 25 s epochs, 330 samples/s, 95% communication, 0.5 s steps.
+    assert by_key.loc[FAILED, "status"] == "failed" and by_key.loc[FAILED, "tta_s"] == FAILED_PARTIAL["tta_s"]
+    table = st.per_worker_count(runs).set_index("num_workers")
     assert table.loc[4, "n_failed"] == 1 and table.loc[4, "n_ok"] == 2 and table.loc[4, "n_reached"] == 1
-    failed_tta = runs.loc[runs["run_key"] == FAILED, "tta_s"].item()
-    reached_tta = runs.loc[(runs["num_workers"] == 4) & (runs["status"] == "reached_target"), "tta_s"]
-    assert table.loc[4, "tta_mean_s"] == pytest.approx(reached_tta.mean()) != failed_tta
+    reached, not_reached = by_key.loc["w4-r0"], by_key.loc[NOT_REACHED]
+    assert reached["status"] == "reached_target" and not_reached["status"] == "max_epochs"
+    # Medians over the two finished w4 runs: the median of two values is their mean. Counted, the
+    # failed run's far-off value would make the median the nearer of the two instead.
+    for column in ("time_per_epoch_s", "throughput_samples_per_s", "comm_overhead_pct", "exposed_comm_pct"):
+        a, b = reached[column], not_reached[column]
+        assert a != b, column  # else the mean of the two could not tell them apart
+        assert table.loc[4, column] == pytest.approx((a + b) / 2), column
+    # TTA over the one run that reached the target (the failed run's 3 s would halve the mean)
+    assert table.loc[4, "tta_mean_s"] == pytest.approx(reached["tta_s"])
+    assert table.loc[4, "epochs_to_target"] == reached["epochs_to_target"] == 8
+    # step phases: means over the two finished runs (the failed run's 0.5 s step would triple them)
+    for column in ("step_s", "forward_s", "exposed_comm_s"):
+        assert table.loc[4, column] == pytest.approx((reached[column] + not_reached[column]) / 2), column
+    # the same numbers in report.md: time per epoch of w4 is the mean of the two
+    rows = _table_rows(reported[0].read_text(), "Scaling: time per epoch")[1:]
+    w4 = next(r for r in rows if r.split("|")[1].strip() == "4")
+    assert w4.split("|")[3].strip() == f"{(reached['time_per_epoch_s'] + not_reached['time_per_epoch_s']) / 2:.2f}"
+    # the spread of TTAs and the accuracy curves leave it out too
+    assert FAILED not in set(st.tta_spread(runs)["run_key"])
+    curves = st.accuracy_curves(epochs).set_index(["num_workers", "epoch"])
+    assert curves.loc[(4, 1), "n_runs"] == 2 and curves.loc[(4, 2), "n_runs"] == 2  # the failed run ran 2 epochs
 
 
 @pytest.mark.parametrize("case", ["missing", "file", "empty", "not_a_sweep", "run_dir", "nothing_finished"])
@@ -289,6 +317,71 @@ def test_several_sweeps_need_out_and_distinct_dirs(tmp_path, capsys):
     assert (tmp_path / "both" / "report.md").exists()
 
 
+# ---------------------------------------------------------------------------- report.md cells by hand
+
+# Four runs with round figures (steps in seconds, as summary.json holds them).
+KNOWN_RUNS = [
+    dict(num_workers=1, repeat=0, time_per_epoch_s=12.0, throughput_samples_per_s=100.0, tta_s=60.0, tta_wall_s=63.0,
+         epochs_to_target=5, comm_overhead_pct=0.0, exposed_comm_pct=0.0, step_s=0.120, data_s=0.010,
+         forward_s=0.040, backward_s=0.060, optimizer_s=0.010, exposed_comm_s=0.0),
+    dict(num_workers=1, repeat=1, time_per_epoch_s=10.0, throughput_samples_per_s=120.0, tta_s=40.0, tta_wall_s=43.0,
+         epochs_to_target=4, comm_overhead_pct=0.0, exposed_comm_pct=0.0, step_s=0.100, data_s=0.010,
+         forward_s=0.030, backward_s=0.050, optimizer_s=0.010, exposed_comm_s=0.0),
+    dict(num_workers=2, repeat=0, time_per_epoch_s=6.0, throughput_samples_per_s=190.0, tta_s=36.0, tta_wall_s=40.0,
+         epochs_to_target=6, comm_overhead_pct=10.0, exposed_comm_pct=8.0, step_s=0.130, data_s=0.010,
+         forward_s=0.040, backward_s=0.070, optimizer_s=0.010, exposed_comm_s=0.010),
+    dict(num_workers=2, repeat=1, time_per_epoch_s=7.0, throughput_samples_per_s=170.0, tta_s=42.0, tta_wall_s=46.0,
+         epochs_to_target=6, comm_overhead_pct=14.0, exposed_comm_pct=12.0, step_s=0.140, data_s=0.010,
+         forward_s=0.040, backward_s=0.080, optimizer_s=0.010, exposed_comm_s=0.020),
+]
+
+
+def _parsed_table(report_md: str, title: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(headers, {first cell: cells}) of one markdown table of report.md."""
+    header, *rows = _table_rows(report_md, title)
+    split = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    return split(header), {split(r)[0]: split(r) for r in rows}
+
+
+def test_report_md_cells_by_hand(tmp_path):
+    path = write_report(make_known_sweep(tmp_path, KNOWN_RUNS), _console())
+    text = path.read_text()
+
+    headers, rows = _parsed_table(text, "Scaling: time per epoch")
+    # the header pins each column's place: a swapped column fails here or in the cells below
+    assert headers == ["workers", "runs ok", "time/epoch (s)", "speedup", "eff.", "throughput (samples/s)", "speedup",
+                       "eff.", "TTA mean (s)", "speedup", "eff."]
+    # 1 worker: median(12, 10) = 11 s; median(100, 120) = 110/s; mean TTA (60 + 40) / 2 = 50 s
+    assert rows["1"] == ["1", "2/2", "11.00", "1.00×", "100%", "110", "1.00×", "100%", "50.0", "1.00×", "100%"]
+    # 2 workers: median(6, 7) = 6.5 s: speedup 11 / 6.5 = 1.692, eff. 1.692 / 2 = 84.6%;
+    # median(190, 170) = 180/s: 180 / 110 = 1.636, 81.8%; TTA (36 + 42) / 2 = 39 s: 50 / 39 = 1.282, 64.1%
+    assert rows["2"] == ["2", "2/2", "6.50", "1.69×", "85%", "180", "1.64×", "82%", "39.0", "1.28×", "64%"]
+
+    headers, rows = _parsed_table(text, "Time to accuracy over repeats")
+    assert headers[:6] == ["workers", "reached target", "TTA mean (s)", "TTA std (s)", "TTA CV",
+                           "epochs to target (median)"]
+    # std (ddof=1): sqrt((10² + 10²) / 1) = 14.14 s, CV 14.14 / 50 = 0.283; epochs median(5, 4) = 4.5
+    assert rows["1"][:6] == ["1", "2/2", "50.0", "14.1", "0.283", "4.5"]
+    # sqrt((3² + 3²) / 1) = 4.24 s, CV 4.24 / 39 = 0.109; epochs median(6, 6) = 6
+    assert rows["2"][:6] == ["2", "2/2", "39.0", "4.2", "0.109", "6.0"]
+    # wall-clock TTA: (63 + 43) / 2 = 53 s, (40 + 46) / 2 = 43 s
+    assert headers[-2] == "TTA wall mean (s)" and rows["1"][-2] == "53.0" and rows["2"][-2] == "43.0"
+
+    headers, rows = _parsed_table(text, "Communication and step time")
+    assert headers == ["workers", "comm overhead A/B (%)", "exposed comm (%)", "step (ms)", "data (ms)", "forward (ms)",
+                       "backward compute (ms)", "exposed comm (ms)", "optimizer (ms)"]
+    # 1 worker: steps (120 + 100) / 2 = 110 ms; forward (40 + 30) / 2 = 35; backward (60 + 50) / 2 = 55, none exposed
+    assert rows["1"] == ["1", "0.0", "0.0", "110.00", "10.00", "35.00", "55.00", "0.00", "10.00"]
+    # 2 workers: overhead median(10, 14) = 12%, exposed median(8, 12) = 10%; step (130 + 140) / 2 = 135 ms;
+    # backward compute mean(70 - 10, 80 - 20) = 60 ms, exposed (10 + 20) / 2 = 15 ms: 10 + 40 + 60 + 15 + 10 = 135
+    assert rows["2"] == ["2", "12.0", "10.0", "135.00", "10.00", "40.00", "60.00", "15.00", "10.00"]
+
+    headers, rows = _parsed_table(text, "Runs")
+    assert headers[:3] == ["run", "workers", "seed"] and headers[-5:] == [
+        "best acc.", "TTA (s)", "time/epoch (s)", "throughput (samples/s)", "comm overhead (%)"]
+    assert rows["w2-r1"][-5:] == ["95.00%", "42.0", "7.00", "170", "14.0"]
+
+
 # ---------------------------------------------------------------------------- projected curves over measured points
 
 CLUSTER_YAML = """
@@ -300,7 +393,8 @@ inter_node: {name: 100 Mbit/s, bandwidth_Gbps: 0.1, efficiency: 1.0, latency_us:
 
 
 def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
-    from scaling.projection.project import run_projection
+    from scaling.analysis.scaling_tables import prepare_runs
+    from scaling.projection.overlay import project_sweep
 
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER_YAML)
@@ -309,19 +403,44 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
     path = write_report(sweep, console)
     text = path.read_text()
     rows = _table_rows(text, "Measured against projected")
-    assert "step projected (ms)" in rows[0] and len(rows) - 1 == len(WORKERS)
+    assert rows[0] == ("| workers | step measured (ms) | step projected (ms) | comm overhead measured (%) "
+                       "| comm overhead projected (%) | speedup measured | speedup projected |")
+    assert len(rows) - 1 == len(WORKERS)
     assert "Dotted lines with crosses are projections" in text and "two-hosts-100mbit" in text
-    # the overlay is the projection from the 1-worker run with the median step, rebased to 1 worker
+
+    # The rule (overlay.py): compute from the smallest-worker run with the median step time.
+    # The 1-worker runs step 65 (r0), 59 (r1) and 61 ms (r2) (fake_sweep.FORWARD_EXTRA_S): w1-r2.
     runs, _, _ = load_sweep(sweep)
-    base = runs[(runs["num_workers"] == 1)].sort_values("step_s").iloc[1]
-    direct = run_projection("small_cnn", str(cluster), workers=list(WORKERS), from_run=sweep / base["run_dir"])
-    direct = direct.set_index("num_workers")
+    steps = runs[runs["num_workers"] == 1].set_index("run_key")["step_s"].to_dict()
+    assert steps == pytest.approx({"w1-r0": 0.065, "w1-r1": 0.059, "w1-r2": 0.061})
+    assert "from run w1-r2 (1 worker)" in text
+
+    # By hand, from w1-r2: data 1 + forward 27 + backward 30 + optimizer 3 = 61 ms of compute.
+    # small_cnn with DDP's defaults (the runs' config names no bucket cap): buckets of 1,059,880 and
+    # 94,784 bytes; the first is ready after head.3 + head.1's backward FLOPs, 1,058,816 of
+    # 11,380,736 = 0.0930358 of backward (2.7911 ms), the second at the end of backward (30 ms).
+    # Link: 0.1 Gbit/s = 12.5e6 B/s, 100 us; one worker per host, so a ring over n hosts:
+    #   T(S) = 2(n-1) x 100 us + 2(n-1)/n x S / 12.5e6
+    # n = 2: T0 = 0.2 + 84.7904 = 84.9904 ms, T1 = 0.2 + 7.58272 = 7.78272 ms. Bucket 0 ends at
+    #   2.7911 + 84.9904 = 87.7815 ms, bucket 1 starts then, ends at 95.5642 ms:
+    #   exposed = 95.5642 - 30 = 65.5642 ms; step = 61 + 65.5642 = 126.5642 ms;
+    #   overhead = 65.5642 / 126.5642 = 51.80%; speedup = 2 x 61 / 126.5642 = 0.9639.
+    # n = 4: T0 = 0.6 + 1.5 x 84.7904 = 127.7856 ms, T1 = 0.6 + 1.5 x 7.58272 = 11.97408 ms:
+    #   exposed = 2.7911 + 127.7856 + 11.97408 - 30 = 112.5508 ms; step = 173.5508 ms;
+    #   overhead = 64.85%; speedup = 4 x 61 / 173.5508 = 1.4059.
+    # (From the fastest run the 1-worker step would read 59.0, from the slowest 65.0; the
+    # measured column is the mean over the three runs, 61.7.)
     cells = {int(r.split("|")[1]): [c.strip() for c in r.split("|")[2:-1]] for r in rows[1:]}
-    for n in WORKERS:
-        assert cells[n][1] == f"{direct.loc[n, 'step_s'] * 1e3:.1f}"
-        assert cells[n][3] == f"{direct.loc[n, 'comm_overhead_pct']:.1f}"
-    assert cells[1][5] == "1.00×" and float(cells[4][5].rstrip("×")) < 4
-    assert float(cells[4][3]) > 0  # 100 Mbit/s cannot hide small_cnn's gradients
+    assert cells[1] == ["61.7", "61.0", "0.0", "0.0", "1.00×", "1.00×"]
+    assert cells[2][1:4:2] == ["126.6", "51.8"] and cells[2][5] == "0.96×"
+    assert cells[4][1:4:2] == ["173.6", "64.9"] and cells[4][5] == "1.41×"
+    projected, notes, _ = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: sweep / run["run_dir"])
+    projected = projected.set_index("num_workers")
+    assert projected["projected_step_s"].tolist() == pytest.approx([0.061, 0.1265642, 0.1735508], rel=1e-6)
+    assert projected["projected_comm_overhead_pct"].tolist() == pytest.approx([0.0, 51.8031, 64.8518], rel=1e-5)
+    assert projected["projected_speedup_throughput"].tolist() == pytest.approx([1.0, 0.963938, 1.405929], rel=1e-5)
+    assert projected["projected_efficiency_throughput"].tolist() == pytest.approx([1.0, 0.481969, 0.351482], rel=1e-5)
+    assert "from run w1-r2" in notes[0]
 
 
 def test_a_sweep_without_a_cluster_has_no_projection(sweep, reported):

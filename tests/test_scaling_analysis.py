@@ -28,10 +28,14 @@ def _run(num_workers, repeat, status="reached_target", tpe=10.0, thr=100.0, tta=
 
 
 def _failed(num_workers, repeat, **extra):
-    nulls = {k: None for k in ("tpe", "thr")}
-    row = _run(num_workers, repeat, status="failed", nodes=None, **nulls, **extra)
-    row.update(step_s=None, data_s=None, forward_s=None, backward_s=None, optimizer_s=None, exposed_comm_s=None,
-               comm_overhead_pct=None, exposed_comm_pct=None)
+    """A run that failed after some epochs: it still carries the (partial) figures of the epochs it ran.
+
+    Every figure is far from the other runs' (slow epochs, a huge throughput, a TTA of 1 s, 90%
+    communication, 1 s steps), so counting the run anywhere would move that figure visibly.
+    """
+    partial = dict(tpe=50.0, thr=5000.0, tta=1.0, epochs=1, price=3.0, comm=90.0, exposed_pct=90.0, exposed_s=0.5)
+    row = _run(num_workers, repeat, status="failed", **{**partial, **extra})
+    row.update(step_s=1.0, data_s=0.1, forward_s=0.3, backward_s=0.5, optimizer_s=0.1)
     return row
 
 
@@ -42,8 +46,8 @@ def runs():
         _run(1, 1, tpe=11.0, tta=60.0, epochs=6),
         _run(2, 0, tpe=5.0, thr=180.0, tta=30.0, epochs=6, price=0.0, comm=12.0, exposed_pct=20.0, exposed_s=0.02),
         _run(2, 1, tpe=5.0, thr=180.0, tta=50.0, epochs=10, price=0.0, comm=14.0, exposed_pct=20.0, exposed_s=0.02),
-        _run(2, 2, status="max_epochs", tpe=5.0, thr=180.0, price=0.0, comm=16.0, exposed_pct=20.0, exposed_s=0.02),
-        _failed(2, 3),
+        _run(2, 2, status="max_epochs", tpe=6.0, thr=200.0, price=0.0, comm=16.0, exposed_pct=30.0, exposed_s=0.02),
+        _failed(2, 3),  # partial figures (see _failed): each would move its median or mean if counted
     ])
 
 
@@ -57,7 +61,9 @@ def test_counts_and_repeats(runs):
 
 def test_medians_and_tta_statistics(runs):
     table = per_worker_count(runs).set_index("num_workers")
-    assert table.loc[1, "time_per_epoch_s"] == 10.0 and table.loc[2, "throughput_samples_per_s"] == 180.0
+    # w2 time per epoch: median(5, 5, 6) = 5; throughput: median(180, 180, 200) = 180
+    assert table.loc[1, "time_per_epoch_s"] == 10.0 and table.loc[2, "time_per_epoch_s"] == 5.0
+    assert table.loc[2, "throughput_samples_per_s"] == 180.0
     assert table.loc[1, "tta_mean_s"] == 50.0
     assert table.loc[1, "tta_std_s"] == pytest.approx(math.sqrt(200))  # ddof=1
     assert table.loc[1, "tta_cv"] == pytest.approx(math.sqrt(200) / 50)
@@ -67,6 +73,33 @@ def test_medians_and_tta_statistics(runs):
     assert table.loc[1, "tta_wall_mean_s"] == 55.0
     assert table.loc[2, "comm_overhead_pct"] == 14.0 and table.loc[1, "comm_overhead_pct"] == 0.0
     assert table.loc[2, "exposed_comm_pct"] == 20.0
+
+
+def test_failed_runs_are_left_out_of_every_figure(runs):
+    """The failed w2 run carries partial figures (tpe 50, throughput 5000, TTA 1 s in 1 epoch, 90% comm,
+    1 s steps); every w2 figure is the hand-computed one of the three other runs only."""
+    w2 = per_worker_count(runs).set_index("num_workers").loc[2]
+    assert (w2["n_runs"], w2["n_failed"], w2["n_ok"], w2["n_reached"]) == (4, 1, 3, 2)  # counted, not a repeat
+    # medians over the 3 finished runs; in brackets what counting the failed one would give
+    assert w2["time_per_epoch_s"] == 5.0  # median(5, 5, 6)          [median(5, 5, 6, 50) = 5.5]
+    assert w2["throughput_samples_per_s"] == 180.0  # median(180, 180, 200)  [median(.., 5000) = 190]
+    assert w2["comm_overhead_pct"] == 14.0  # median(12, 14, 16)       [median(.., 90) = 15]
+    assert w2["exposed_comm_pct"] == 20.0  # median(20, 20, 30)        [median(.., 90) = 25]
+    # TTA figures over the 2 repeats that reached the target (30 s in 6 epochs, 50 s in 10)
+    assert w2["tta_mean_s"] == 40.0  # (30 + 50) / 2                   [(30 + 50 + 1) / 3 = 27]
+    assert w2["tta_wall_mean_s"] == 45.0  # (35 + 55) / 2              [(35 + 55 + 6) / 3 = 32]
+    assert w2["epochs_to_target"] == 8.0  # median(6, 10)              [median(6, 10, 1) = 6]
+    assert w2["reached_fraction"] == pytest.approx(2 / 3)  # 2 reached of 3 finished   [3/4]
+    # step phases: means over the 3 finished runs, all 0.1 s steps   [(3 x 0.1 + 1.0) / 4 = 0.325]
+    assert w2["step_s"] == pytest.approx(0.1) and w2["data_s"] == pytest.approx(0.01)
+    assert w2["forward_s"] == pytest.approx(0.03) and w2["optimizer_s"] == pytest.approx(0.01)
+    assert w2["exposed_comm_s"] == pytest.approx(0.02)  # [(3 x 0.02 + 0.5) / 4 = 0.14]
+    assert w2["backward_compute_s"] == pytest.approx(0.05 - 0.02)
+    # speedups: 10 / 5 = 2.0 per epoch, 180 / 100 = 1.8 throughput, 50 / 40 = 1.25 TTA
+    speedups = (w2["speedup_time_per_epoch"], w2["speedup_throughput"], w2["speedup_tta"])
+    assert speedups == pytest.approx((2.0, 1.8, 1.25))
+    # the price of w2 is 0 (unknown): no cost, although the failed run names $3/h
+    assert math.isnan(w2["cost_to_accuracy_usd"])
 
 
 def test_cv_ratio_says_where_tta_varies(runs):
@@ -183,7 +216,9 @@ def test_tta_spread_and_target(runs):
 
 def test_json_nulls_from_parquet_are_handled(runs):
     # A sweep where no run reached the target: the TTA columns are all None (object dtype).
-    runs = runs.assign(tta_s=None, tta_wall_s=None, epochs_to_target=None, status="max_epochs")
+    # (the failed run stays failed: it is not a run that missed the target)
+    runs = runs.assign(tta_s=None, tta_wall_s=None, epochs_to_target=None,
+                       status=runs["status"].where(runs["status"] == "failed", "max_epochs"))
     table = per_worker_count(runs)
     assert table["n_reached"].tolist() == [0, 0]
     assert table["tta_mean_s"].isna().all() and table["speedup_tta"].isna().all()
