@@ -26,12 +26,12 @@ class ConfigError(UsageError):
 
 @dataclass
 class ModelConfig:
-    name: str = "small_cnn"  # a name from scaling.models.model_names()
+    name: str = "small_cnn"  # a name from scaling.models.model_names(), or a user's model by import path package.module:callable (taking num_classes)
 
 
 @dataclass
 class DataConfig:
-    name: str = "embedded"  # embedded (learnable, generated from seed) | synthetic (random, throughput only)
+    name: str = "embedded"  # embedded (learnable, generated from seed) | synthetic (random, throughput only) | cifar10 | imagenet | a user's by import path package.module:callable (taking this data config, returning train_x, train_y, val_x, val_y)
     seed: int = 0  # generates the embedded dataset; the same seed gives the same images
     num_classes: int = 10
     image_size: int = 32  # pixels per side
@@ -63,6 +63,8 @@ class TrainConfig:
     channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
     compile: bool = False  # torch.compile the model (first steps pay compilation; they are warm-up)
     label_smoothing: float = 0.0  # cross-entropy label smoothing (0.1 in the MLPerf ResNet-50 reference)
+    function: str = ""  # a user's Ray Train train function by import path (package.module:callable taking one config dict) run instead of the lab's loop; "" = the lab's loop
+    function_config: dict = field(default_factory=dict)  # what `function` receives as its config, plus the lab's keys (see scaling/train/user_function.py)
 
 
 @dataclass
@@ -243,8 +245,27 @@ def validate(cfg: ExperimentConfig) -> None:
         if not ok:
             raise ConfigError(message)
 
-    require(cfg.model.name in model_names(), f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())}")
-    require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())}")
+    from scaling.import_path import is_import_path, load_callable
+
+    if is_import_path(cfg.model.name):
+        from scaling.models import build_model
+
+        try:
+            build_model(cfg.model.name, cfg.data.num_classes)  # a model that does not build: one line, now
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's constructor failed
+            raise ConfigError(f"model.name={cfg.model.name!r} does not build: {type(exc).__name__}: {exc}") from None
+    else:
+        require(cfg.model.name in model_names(), f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())} "
+                "or a model of your own as package.module:callable")
+    if is_import_path(cfg.data.name):
+        load_callable(cfg.data.name, "data.name", required_args=1)
+    else:
+        require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())} "
+                "or a dataset of your own as package.module:callable")
+    if cfg.train.function:
+        load_callable(cfg.train.function, "train.function", required_args=1)
     require(cfg.backend in ("auto", "gloo", "nccl", "horovod"), f"backend must be auto, gloo, nccl or horovod, got {cfg.backend!r}")
     if cfg.backend == "horovod":
         from scaling.train.horovod_backend import COMPRESSIONS, available

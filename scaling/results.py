@@ -103,3 +103,55 @@ def merge_step_parts(run_dir: Path) -> pd.DataFrame:
 def read_epochs(run_dir: Path) -> pd.DataFrame:
     path = Path(run_dir) / "epochs.parquet"
     return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def write_summary(run_dir: Path, description: dict, *, status: str | None, error: str | None,
+                  started_at, wall_s: float) -> dict:
+    """Merge the run's step parts, compute its figures and write summary.json (and the exports).
+
+    `description` says what the run was (the lab's: scaling.launch.run.run_description, from
+    the config; a job on its own: scaling.instrument.meter.StepMeter.finish); the figures come
+    from the records (scaling.analysis.run_metrics.summarize_run). `status` None: reached_target
+    or max_epochs, from the records.
+    """
+    from scaling.analysis.run_metrics import summarize_run
+    from scaling.instrument.machine import describe_hardware, describe_versions
+
+    run_dir = Path(run_dir)
+    steps = merge_step_parts(run_dir)
+    epochs = read_epochs(run_dir)
+    profile_path = run_dir / "compute_profile.json"
+    profile = _read_json(profile_path) if profile_path.exists() else None
+    attempts_path = run_dir / "attempts.json"
+    attempts = _read_json(attempts_path)["attempts"] if attempts_path.exists() else None
+    figures = summarize_run(steps, epochs, description["target_accuracy"], description["num_workers"], profile,
+                            attempts, ab_calibration=description.get("ab_calibration", True))
+    if status is None:
+        status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
+    machine_path = run_dir / "machine.json"
+    hardware = _read_json(machine_path) if machine_path.exists() else describe_hardware()
+    num_nodes = int(steps["node_rank"].nunique()) if not steps.empty else None
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        **description,
+        "num_nodes": num_nodes,
+        "workers_per_node": description["num_workers"] / num_nodes if num_nodes else None,
+        "status": status,
+        "error": error,
+        **figures,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "run_wall_s": wall_s,
+        "versions": describe_versions(),
+        "hardware": hardware,
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    if not epochs.empty:
+        from scaling.exports import write_exports
+
+        write_exports(run_dir, summary, epochs)
+    return summary

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -71,6 +70,7 @@ def _job(config: dict):
     import ray.train
     from torch.nn.parallel import DistributedDataParallel
 
+    from scaling.instrument.backends import HorovodCommTimer, horovod_no_sync
     from scaling.instrument.timing import Clock, StepMarks
     from scaling.train import horovod_backend as hb
 
@@ -119,7 +119,7 @@ def _job(config: dict):
     out["optimizer_state_after_wrap"] = len(hopt.state_dict()["state"])
 
     clock = Clock()
-    timer = hb.HorovodCommTimer(hopt, clock)
+    timer = HorovodCommTimer(hopt, clock)
     hvd_losses, records = [], []
     for step, (x, y) in enumerate(batches[:STEPS]):
         start = clock.mark()
@@ -142,7 +142,7 @@ def _job(config: dict):
     # no_sync: a backward that launches no all-reduce; gradients stay this rank's own.
     x, y = batches[STEPS]
     reference = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
-    with hb.no_sync(hopt):
+    with horovod_no_sync(hopt):
         F.cross_entropy(model(x), y).backward()
     out["nosync_launched"] = timer.handed_over()
     out["nosync_grad"] = _flat(p.grad for p in model.parameters())
@@ -268,18 +268,12 @@ def test_ddp_and_horovod_follow_the_same_loss_trajectory(hvd_job):
     assert outs[0]["ddp_losses"][-1] < outs[0]["ddp_losses"][0]  # it did train
 
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="the minicluster needs root and iproute2",
-)
-
-
 @needs_horovod
-@needs_root
-def test_two_nodes_of_the_minicluster(tmp_path):
+def test_two_nodes_of_the_minicluster(netns_capable, tmp_path):
     """One worker on each of two network-namespace nodes whose hostname resolves to 127.0.0.1:
     Horovod 0.28.1 as released binds its collectives' gloo device by hostname there and fails
-    (`connect [127.0.0.1]`); the build's patch makes it use HOROVOD_GLOO_IFACE (lab0 here)."""
+    (`connect [127.0.0.1]`); the build's patch makes it use HOROVOD_GLOO_IFACE (lab0 here).
+    Skips (netns_capable, tests/conftest.py) where the minicluster's network cannot be built."""
     from tests.conftest import REPO, run_cli
 
     name = "hvd"

@@ -121,9 +121,13 @@ def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
 
 def summarize_run(
     steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
-    compute_profile: dict | None = None, attempts: list[dict] | None = None,
+    compute_profile: dict | None = None, attempts: list[dict] | None = None, ab_calibration: bool = True,
 ) -> dict:
-    """The run's figures; fields absent from the records come back as None."""
+    """The run's figures; fields absent from the records come back as None.
+
+    `target_accuracy` None: no target, no TTA. `ab_calibration` False: the job gave the
+    instrument no forward+backward function, so the A/B figure is absent (`comm_overhead_note`).
+    """
     out: dict = {}
     restarts, time_lost_s = restarts_and_time_lost(attempts)
     out["restarts"] = restarts
@@ -137,6 +141,7 @@ def summarize_run(
     step_s = out["step_s"]
     out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if step_s else None
 
+    out["comm_overhead_note"] = None
     if num_workers == 1:
         out["comm_delta_s"] = 0.0
         out["comm_overhead_pct"] = 0.0
@@ -144,6 +149,9 @@ def summarize_run(
         delta = comm_delta_s(steps) if not steps.empty else None
         out["comm_delta_s"] = delta
         out["comm_overhead_pct"] = 100.0 * delta / step_s if (delta is not None and step_s) else None
+        if delta is None:
+            out["comm_overhead_note"] = ("A/B not measured: the job gave the instrument no forward_backward function"
+                                         if not ab_calibration else "A/B not measured: no calibration steps recorded")
 
     out["epochs_run"] = int(len(epochs))
     if epochs.empty:
@@ -159,7 +167,7 @@ def summarize_run(
     out.update(utilisation(out["throughput_samples_per_s"], num_workers, compute_profile))
     accuracy = epochs["val_accuracy"]
     out["best_accuracy"] = _finite_or_none(accuracy.max())
-    reached = epochs[accuracy >= target_accuracy]
+    reached = epochs[accuracy >= target_accuracy] if target_accuracy is not None else epochs.iloc[0:0]
     if reached.empty:
         out.update(epochs_to_target=None, tta_s=None, tta_wall_s=None)
     else:

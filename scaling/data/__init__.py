@@ -6,6 +6,8 @@
   device, augmented per batch on the device.
 - `imagenet`: `data.path/{train,val}/<class>/*.JPEG`, decoded with Pillow in DataLoader
   worker processes (imagefolder.py).
+- a user's own, by import path `package.module:callable`: called with the data config, it
+  returns tensors (train_x, train_y, val_x, val_y) held on the device like `embedded`.
 
 Every source gives the loop the same three things: `num_train`, `train_batches(...)` and
 `val_batches(...)`, yielding float batches on the worker's device, normalised. Sharding gives
@@ -174,6 +176,16 @@ def check_dataset(data_cfg) -> dict:
 
 def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = None):
     """The source named by `data_cfg.name`, on `device` (see the module docstring)."""
+    from scaling.import_path import is_import_path, load_callable
+
+    if is_import_path(data_cfg.name):
+        # A user's dataset: a callable taking the data config and returning tensors
+        # (train_x, train_y, val_x, val_y), val_x and val_y None for no validation split.
+        parts = load_callable(data_cfg.name, "data.name", required_args=1)(data_cfg)
+        if not (isinstance(parts, tuple) and len(parts) == 4):
+            raise DatasetError(f"data.name={data_cfg.name!r} must return (train_x, train_y, val_x, val_y)")
+        train_x, train_y, val_x, val_y = (t.to(device) if t is not None else None for t in parts)
+        return InMemoryDataset(train_x, train_y, val_x, val_y)
     if data_cfg.name == "embedded":
         train_x, train_y, val_x, val_y = make_embedded(
             data_cfg.seed, data_cfg.num_classes, data_cfg.image_size,

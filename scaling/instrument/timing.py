@@ -84,7 +84,8 @@ class CommTimingHook:
     the first backward. `take()` returns and clears the buckets marked since the last call.
     """
 
-    def __init__(self, clock: Clock, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
+    def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
+        clock = clock or Clock()
         if inject_delay_s and clock.cuda:
             raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
         self.clock = clock
@@ -93,6 +94,11 @@ class CommTimingHook:
         self.inject_delay_s = inject_delay_s
         self._buckets: list[BucketMarks] = []
         # DDP logs the hook's name; give it the inner hook's, marked as timed.
+        self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
+
+    def wrap(self, inner_hook, inner_state=None) -> None:
+        """Time `inner_hook` (a user's own comm hook, a compression hook) from now on."""
+        self.inner_hook, self.inner_state = inner_hook, inner_state
         self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
 
     def __call__(self, state, bucket):

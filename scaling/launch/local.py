@@ -20,9 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scaling.config import ExperimentConfig, from_dict
-from scaling.instrument.recorder import RunRecorder
-from scaling.instrument.timing import clock_for
-from scaling.train.loop import WorkerContext, train_worker
+from scaling.train.loop import WorkerContext, run_worker
 
 
 def _free_port() -> int:
@@ -42,8 +40,7 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
     dist.init_process_group(cfg.resolved_backend, rank=rank, world_size=world_size)
     try:
         ctx = WorkerContext(rank=rank, world_size=world_size, local_rank=rank, node_rank=0, device=device)
-        recorder = RunRecorder(clock_for(device), rank, world_size, 0, rank, Path(run_dir))
-        train_worker(cfg, ctx, recorder)  # no checkpoints: the plain launcher does not restart workers
+        run_worker(cfg, ctx, Path(run_dir))  # no checkpoints: the plain launcher does not restart workers
     finally:
         gc.collect()  # DDP's reducer (in reference cycles) lets go of the process group while Python is fully alive
         dist.destroy_process_group()

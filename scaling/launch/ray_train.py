@@ -137,13 +137,13 @@ def _worker_entry(loop_config: dict) -> dict:
     import ray.train
     import ray.train.torch
 
+    from scaling.import_path import add_import_root
     from scaling.instrument.machine import describe_hardware
-    from scaling.instrument.recorder import RunRecorder
-    from scaling.instrument.timing import clock_for
-    from scaling.train.loop import WorkerContext, train_worker
+    from scaling.train.loop import WorkerContext, run_worker
 
     # Ray Train logs every report at INFO on each worker; the loop prints its own epoch line.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
+    add_import_root(loop_config["import_root"])  # a user's model, data or train function, by import path
     cfg = from_dict(loop_config["config"])
     run_dir = Path(loop_config["run_dir"])  # absolute: Ray workers chdir into their own folder
     context = ray.train.get_context()
@@ -157,8 +157,7 @@ def _worker_entry(loop_config: dict) -> dict:
     )
     if ctx.rank == 0:
         write_json_atomic(run_dir / "machine.json", describe_hardware())
-    recorder = RunRecorder(clock_for(device), ctx.rank, ctx.world_size, ctx.node_rank, ctx.local_rank, run_dir)
-    return train_worker(cfg, ctx, recorder, checkpoints=RayCheckpoints(ctx.rank))
+    return run_worker(cfg, ctx, run_dir, checkpoints=RayCheckpoints(ctx.rank))
 
 
 def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
@@ -168,7 +167,7 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
 
     trainer = TorchTrainer(
         train_loop_per_worker=_worker_entry,
-        train_loop_config={"config": cfg.to_dict(), "run_dir": str(Path(run_dir).resolve())},
+        train_loop_config={"config": cfg.to_dict(), "run_dir": str(Path(run_dir).resolve()), "import_root": os.getcwd()},
         torch_config=TorchConfig(backend=cfg.resolved_backend),
         scaling_config=ScalingConfig(
             num_workers=cfg.workers.num_workers,

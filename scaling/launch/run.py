@@ -14,11 +14,9 @@ import time
 import traceback
 from pathlib import Path
 
-from scaling.analysis.run_metrics import summarize_run
 from scaling.config import ExperimentConfig
 from scaling.errors import UsageError
-from scaling.instrument.machine import describe_hardware, describe_versions
-from scaling.results import SCHEMA_VERSION, merge_step_parts, read_epochs, write_json_atomic, write_text_atomic
+from scaling.results import write_summary, write_text_atomic
 
 LAUNCHERS = ("ray", "local")
 
@@ -103,35 +101,19 @@ def _one_line_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()
 
 
-def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, link_bandwidth=None) -> dict:
-    steps = merge_step_parts(run_dir)
-    epochs = read_epochs(run_dir)
-    profile_path = run_dir / "compute_profile.json"
-    profile = _read_json(profile_path) if profile_path.exists() else None
-    attempts_path = run_dir / "attempts.json"
-    attempts = _read_json(attempts_path)["attempts"] if attempts_path.exists() else None
-    figures = summarize_run(steps, epochs, cfg.train.target_accuracy, cfg.workers.num_workers, profile, attempts)
-    if status is None:
-        status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
-    machine_path = run_dir / "machine.json"
-    hardware = _read_json(machine_path) if machine_path.exists() else describe_hardware()
-    num_nodes = int(steps["node_rank"].nunique()) if not steps.empty else None
-    summary = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_dir.name,
+def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | None = None) -> dict:
+    """What a lab run was (from its config), for summary.json (`scaling.results.write_summary`)."""
+    return {
         "name": cfg.name,
         "model": cfg.model.name,
         "dataset": cfg.data.name,
+        "train_function": cfg.train.function or None,
         "backend": "horovod" if cfg.backend == "horovod" else cfg.resolved_backend,
         "launcher": launcher,
         "num_workers": cfg.workers.num_workers,
-        "num_nodes": num_nodes,
-        "workers_per_node": cfg.workers.num_workers / num_nodes if num_nodes else None,
         "per_worker_batch": cfg.train.per_worker_batch,
         "global_batch": cfg.global_batch,
         "seed": cfg.train.seed,
-        "status": status,
-        "error": error,
         "target_accuracy": cfg.train.target_accuracy,
         "target_metric": cfg.train.target_metric,
         "precision": cfg.train.precision,
@@ -141,24 +123,18 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, li
         **({"horovod_fusion_threshold_mb": cfg.instrument.horovod_fusion_threshold_mb,
             "horovod_cycle_time_ms": cfg.instrument.horovod_cycle_time_ms} if cfg.backend == "horovod" else {}),
         "step_timing": cfg.instrument.step_timing,
-        **figures,
         "inject_comm_delay_s": cfg.instrument.inject_comm_delay_s,
         # minicluster runs: each node's link cap during the run (a tc rate, or "uncapped")
         "link_bandwidth": link_bandwidth,
         "link_bandwidth_bits_per_s": _bits_per_s(link_bandwidth),
         "node_price_per_hour": cfg.workers.node_price_per_hour,
         "cluster": cfg.workers.cluster or None,  # a projection's cluster description (scaling/projection/overlay.py)
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "run_wall_s": wall_s,
-        "versions": describe_versions(),
-        "hardware": hardware,
     }
-    write_json_atomic(run_dir / "summary.json", summary)
-    if not epochs.empty:
-        from scaling.exports import write_exports
 
-        write_exports(run_dir, summary, epochs)
-    return summary
+
+def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, link_bandwidth=None) -> dict:
+    return write_summary(run_dir, run_description(cfg, launcher, link_bandwidth), status=status, error=error,
+                         started_at=started_at, wall_s=wall_s)
 
 
 def _bits_per_s(rate: str | None) -> float | None:
@@ -167,9 +143,3 @@ def _bits_per_s(rate: str | None) -> float | None:
     from scaling.launch.minicluster import rate_bits_per_s
 
     return rate_bits_per_s(rate)
-
-
-def _read_json(path: Path) -> dict:
-    import json
-
-    return json.loads(Path(path).read_text())

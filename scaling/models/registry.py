@@ -1,7 +1,8 @@
 """Models by name: `build_model("resnet50", num_classes=1000)`.
 
 Every model is plain torch (no Ray, no timers). Unknown names raise `UnknownModelError`
-naming the valid ones.
+naming the valid ones. A user's own model is named by import path, `package.module:callable`
+(the callable takes num_classes and returns the module).
 """
 
 from collections.abc import Callable
@@ -33,6 +34,14 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
+    """A registry model, or a user's: `package.module:callable` taking num_classes (scaling/import_path.py)."""
+    from scaling.import_path import is_import_path, load_callable
+
+    if is_import_path(name):
+        model = load_callable(name, "model.name", required_args=1)(num_classes)
+        if not isinstance(model, nn.Module):
+            raise UnknownModelError(f"model.name={name!r} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
     try:
         constructor = MODELS[name]
     except KeyError:

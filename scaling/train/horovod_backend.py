@@ -13,13 +13,9 @@ asynchronous all-reduce per parameter from a hook on its gradient accumulator du
 (Horovod's background thread negotiates and fuses them, `HOROVOD_FUSION_THRESHOLD` bytes per
 fusion buffer, every `HOROVOD_CYCLE_TIME` ms); `optimizer.synchronize()` waits for them.
 
-Timing (`HorovodCommTimer`): each parameter's hand-over is marked in its hook; the wait in
-`synchronize()` after backward returned is the exposed communication. The marks come out as
-`scaling.instrument.timing.BucketMarks` (one per parameter tensor), so `StepMarks` resolves
-Horovod steps with the same definitions as DDP's.
-
-A/B overhead: `no_sync(optimizer)` runs a backward that launches no all-reduce; gradients
-stay rank-local (test: tests/test_horovod.py).
+Timing and the A/B overhead's no-sync pass are the instrument's (`HorovodBackend`,
+`HorovodCommTimer` and `horovod_no_sync` in scaling/instrument/backends.py), as for any
+user's Horovod job.
 
 Horovod is imported lazily: this module imports without it (`available()` says why not).
 Horovod 0.28.1 is built by `make horovod` (scripts/build_horovod.sh).
@@ -27,11 +23,9 @@ Horovod 0.28.1 is built by `make horovod` (scripts/build_horovod.sh).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
-import time
 from dataclasses import dataclass
 
 # Every variable this module sets; cleared before a new init so that nothing of an earlier
@@ -373,120 +367,6 @@ def wrap_optimizer(
     if had_state:
         hvd.broadcast_optimizer_state(dist_opt, root_rank=0)
     return dist_opt
-
-
-@contextlib.contextmanager
-def no_sync(optimizer):
-    """A backward inside this block launches no all-reduce: gradients stay rank-local.
-
-    DistributedOptimizer's hooks count backward passes down from `backward_passes_per_step`
-    and launch a parameter's all-reduce when its count reaches 0; here the count is raised so
-    that it cannot, then restored, and the placeholders the hooks left are dropped (else
-    `zero_grad()` would refuse, and `step()` would all-reduce what was meant to stay local).
-    Gradients accumulate as usual: a later synchronised backward all-reduces their sum, as
-    after DDP's `no_sync()`; calibration zeroes them. Every rank must use it for the same
-    passes (the all-reduces of the others would wait for it).
-    """
-    if not hasattr(optimizer, "_allreduce_delay"):
-        raise TypeError("no_sync needs horovod.torch.DistributedOptimizer (not the Adasum one)")
-    if getattr(optimizer, "_handles", None):
-        raise RuntimeError("no_sync entered with all-reduces in flight: synchronize() first")
-    passes = optimizer.backward_passes_per_step
-    optimizer.set_backward_passes_per_step(1 << 30)
-    try:
-        yield optimizer
-    finally:
-        optimizer._handles.clear()  # (None, None) placeholders: nothing was launched
-        optimizer.set_backward_passes_per_step(passes)
-
-
-# --- timing ------------------------------------------------------------------------------------
-
-
-class HorovodCommTimer:
-    """Per-step communication marks of a DistributedOptimizer, in the form DDP's hook gives them.
-
-    Installs itself on the optimizer: it wraps the instance's `_allreduce_grad_async`, which the
-    backward hooks call, and marks each parameter's hand-over. Horovod reports no completion
-    time, so completion is *observed*: at every hand-over the oldest all-reduces still open are
-    polled (`hvd.poll`, oldest first, stopping at the first still running: amortised one poll
-    per tensor), and a finished one gets that moment's mark; `synchronize()` (which replaces
-    `optimizer.synchronize()` in the loop) polls once more when backward has returned, waits,
-    and gives what was still open the end of the wait. A completion mark is therefore an upper
-    bound, late by at most the gap between two hooks during backward.
-
-    `take()` returns `BucketMarks` (one per parameter tensor) for `StepMarks`, so the
-    definitions are DDP's: `exposed_comm_s` = last completion - last hand-over (the wait in
-    synchronize() plus the moment between the last hook and backward's return); `allreduce_s`
-    = union of the [hand-over, completion] intervals (a tensor waiting in Horovod's queue for
-    the next cycle counts as in flight). `last_wait_s` is the bare wait of the last synchronize().
-
-    `inject_delay_s` (ground truth, CPU only) sleeps inside the timed wait after the
-    all-reduces completed: a known exposed cost per synchronised step. Unlike DDP's it is not
-    inside the communication path (Horovod's C++ thread owns that).
-    """
-
-    def __init__(self, optimizer, clock, inject_delay_s: float = 0.0):
-        from scaling.instrument.timing import BucketMarks
-
-        if inject_delay_s and clock.cuda:
-            raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
-        self._hvd = _hvd()
-        self.optimizer = optimizer
-        self.clock = clock
-        self.inject_delay_s = inject_delay_s
-        self._open: list = []  # [BucketMarks, handle] handed over, completion not yet seen; oldest first
-        self._done: list = []  # BucketMarks complete, not yet taken
-        self._count = 0
-        self.last_wait_s = 0.0
-        inner = optimizer._allreduce_grad_async  # bound method of the class
-
-        def timed_allreduce_grad_async(p):
-            mark = self.clock.mark()
-            self._observe(mark)
-            marks = BucketMarks(index=self._count, handed_over=mark)
-            self._count += 1
-            handle, ctx = inner(p)
-            self._open.append((marks, handle))
-            return handle, ctx
-
-        optimizer._allreduce_grad_async = timed_allreduce_grad_async
-
-    def _observe(self, mark) -> None:
-        """Give `mark` to the oldest open all-reduces that have finished, up to the first that has not."""
-        finished = 0
-        for marks, handle in self._open:
-            if not self._hvd.poll(handle):
-                break
-            marks.completed = mark
-            finished += 1
-        if finished:
-            self._done.extend(m for m, _ in self._open[:finished])
-            del self._open[:finished]
-
-    def synchronize(self) -> None:
-        """optimizer.synchronize(), timed: call it where the loop would, right after backward."""
-        returned = self.clock.mark()
-        started = time.perf_counter()
-        self._observe(returned)
-        self.optimizer.synchronize()  # may hand over parameters no hook fired for: they are in _open too
-        if self.inject_delay_s:
-            time.sleep(self.inject_delay_s)
-        end = self.clock.mark()
-        self.last_wait_s = time.perf_counter() - started
-        for marks, _ in self._open:
-            marks.completed = end
-        self._done.extend(m for m, _ in self._open)
-        self._open = []
-        self._count = 0
-
-    def handed_over(self) -> int:
-        """Parameters handed to Horovod since the last synchronize()."""
-        return self._count
-
-    def take(self) -> list:
-        taken, self._done = self._done, []
-        return sorted(taken, key=lambda m: m.index)
 
 
 # --- timeline ----------------------------------------------------------------------------------

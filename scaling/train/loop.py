@@ -1,19 +1,19 @@
 """One worker's training loop: plain torch + DDP, launcher-agnostic.
 
-`train_worker(cfg, ctx, recorder, checkpoints)` runs identically under Ray Train
+`train_worker(cfg, ctx, run_dir, checkpoints)` runs identically under Ray Train
 (scaling/launch/ray_train.py) and a plain torch.distributed launcher (scaling/launch/local.py):
-the process group must already be initialised. It times every step through marks handed to
-the recorder, runs the A/B calibration window after each epoch's training, validates on all
-ranks, and stops at the first epoch whose validation accuracy reaches the target.
+the process group must already be initialised. It is a client of the public instrument
+(`scaling.instrument.attach`), like a user's own job: the instrument times every step, runs
+the A/B calibration window at each epoch's end and writes the records. The loop validates on
+all ranks and stops at the first epoch whose validation accuracy reaches the target.
 
-Per epoch: train (timed: `train_s`) | calibrate (`calibration_s`) | validate (`eval_s`) |
+Per epoch: train (timed: `train_s`) | validate (`eval_s`) | calibrate (`calibration_s`) |
 record + report (with a checkpoint every `failure.checkpoint_every_epochs`). TTA and
 time-per-epoch count `train_s` only (plus, for a restarted run, the time lost to restarts).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -23,16 +23,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 
 from scaling.config import ExperimentConfig
 from scaling.data import load_dataset, steps_per_epoch
 from scaling.errors import UsageError
-from scaling.instrument.recorder import RunRecorder
-from scaling.instrument.thread_usage import ThreadUsage
-from scaling.instrument.timing import CommTimingHook, StepMarks, clock_for
 from scaling.models import build_model
+from scaling.train import backends
 from scaling.train.precision import Precision
 
 EVAL_BATCH = 512
@@ -128,107 +124,6 @@ def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Pr
     return {"top1": float(totals[0]) / samples, "top5": float(totals[1]) / samples}
 
 
-def _calibrate(model, forward, loss_fn, precision, hook, batches, clock, recorder, epoch: int, step: int, pairs: int,
-               hvd_optimizer=None) -> None:
-    """A/B window: forward+backward with gradient sync off (`no_sync`) and on, alternating.
-
-    The same batch serves both halves of a pair, and the order flips every pair (ABBA) so that
-    slow drift cancels. No parameter is updated: gradients are dropped, and the BatchNorm
-    buffers that the forward passes touched are restored afterwards.
-    """
-    saved_buffers = {name: buf.clone() for name, buf in model.named_buffers()}
-    for pair in range(pairs):
-        try:
-            inputs, targets = next(batches)
-        except StopIteration:
-            break
-        inputs = precision.layout(inputs)
-        order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
-        for kind in order:
-            # DDP decides in forward whether the coming backward synchronises, so the whole
-            # forward+backward sits inside no_sync(). Horovod: its hooks launch nothing inside
-            # horovod_backend.no_sync(); the synchronised half waits for its all-reduces.
-            if hvd_optimizer is not None:
-                from scaling.train import horovod_backend
-
-                no_sync = horovod_backend.no_sync(hvd_optimizer)
-            else:
-                no_sync = model.no_sync()
-            with no_sync if kind == "calib_nosync" else contextlib.nullcontext():
-                start = clock.mark()
-                after_data = start  # the batch is already here: calibration times compute and sync only
-                with precision.autocast():
-                    loss = loss_fn(forward(inputs), targets)
-                after_forward = clock.mark()
-                precision.backward(loss)
-                if hvd_optimizer is not None and kind == "calib_sync":
-                    hook.synchronize()
-                after_backward = clock.mark()
-            model.zero_grad(set_to_none=True)
-            recorder.step(
-                StepMarks(epoch, step, kind, False, len(targets), start, after_data, after_forward,
-                          after_backward, after_backward, hook.take(), pair=pair)
-            )
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            buf.copy_(saved_buffers[name])
-
-
-COMPRESSION_HOOKS = {
-    "none": default_hooks.allreduce_hook,
-    "fp16": default_hooks.fp16_compress_hook,
-    "bf16": default_hooks.bf16_compress_hook,
-}
-
-
-def _wrap_ddp(model, cfg: ExperimentConfig, ctx: WorkerContext, clock):
-    """DDP with the gradient all-reduce hook chosen by config; returns (ddp_model, timing hook or None)."""
-    # forward_sync_buffers=False: BatchNorm statistics are synced once at start and then
-    # stay per worker (as in Goyal et al.), so the only communication during training is
-    # the gradient all-reduce that the hook times.
-    ddp = DistributedDataParallel(
-        model,
-        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
-        forward_sync_buffers=False,
-    )
-    inner = COMPRESSION_HOOKS[cfg.instrument.grad_compression]
-    if cfg.instrument.step_timing:
-        hook = CommTimingHook(clock, inner_hook=inner, inject_delay_s=cfg.instrument.inject_comm_delay_s)
-        ddp.register_comm_hook(state=None, hook=hook)
-        return ddp, hook
-    if cfg.instrument.grad_compression != "none":
-        ddp.register_comm_hook(state=None, hook=inner)
-    return ddp, None
-
-
-def _profile_compute(cfg: ExperimentConfig, model: torch.nn.Module, ctx: WorkerContext, recorder: RunRecorder) -> dict:
-    """Training FLOPs per sample (counted once, for this input size) and the device's peak.
-
-    Every rank counts (on the meta device: no compute), so every rank's step records carry
-    their FLOP rate; rank 0 also records the profile in `compute_profile.json`.
-    """
-    from scaling.instrument import flops
-
-    size = cfg.data.image_size
-    counts = flops.training_flops_per_sample(model, (3, size, size), cfg.data.num_classes)
-    traffic = flops.training_bytes_per_sample(
-        counts, cfg.train.per_worker_batch, bytes_per_element=4 if cfg.train.precision == "fp32" else 2
-    )
-    profile = {
-        "precision": cfg.train.precision,
-        "input_shape": [3, size, size],
-        "per_worker_batch": cfg.train.per_worker_batch,
-        **counts,
-        "train_bytes_per_sample": traffic["bytes_per_sample"],
-        "bytes_method": traffic["method"],
-        **flops.device_roofs(ctx.device, cfg.train.precision, cfg.workers.cpus_per_worker, measure=ctx.rank == 0),
-    }
-    recorder.flops_per_sample = profile["train_flops"]
-    recorder.write_json("compute_profile.json", profile)
-    return profile
-
-
 class Checkpoints:
     """Where a run's checkpoints go. This base class keeps none (the plain launcher has no restarts)."""
 
@@ -239,31 +134,39 @@ class Checkpoints:
         """End of an epoch: report metrics; `state` (rank 0's, or None) is saved as the latest checkpoint."""
 
 
-def _checkpoint_state(model, optimizer, scheduler, precision, recorder, epoch, global_step, elapsed_train_s, run_first_step_unix):
+def _checkpoint_state(model, optimizer, scheduler, precision, meter) -> dict:
     """Everything a restarted run needs to continue exactly where the checkpoint was taken."""
     return {
-        "epoch": epoch,
-        "global_step": global_step,
-        "elapsed_train_s": elapsed_train_s,
-        "run_first_step_unix": run_first_step_unix,
-        "saved_unix": time.time(),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": precision.scaler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
-        "records": recorder.state_dict(),
+        "instrument": meter.state_dict(),  # epoch and step counters, the run's clock, the records so far
     }
 
 
-def train_worker(
-    cfg: ExperimentConfig,
-    ctx: WorkerContext,
-    recorder: RunRecorder,
-    checkpoints: Checkpoints | None = None,
-) -> dict:
+def run_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None):
+    """A launcher's per-worker entry: the worker's CPU set-up, then the lab's loop or the user's function."""
+    if cfg.workers.pin_cpus:
+        pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
+    if ctx.device.type == "cpu":
+        set_cpu_threads(cfg.workers.cpus_per_worker)
+    from scaling.train.user_function import lab_context, run_user_function
+
+    with lab_context(cfg, ctx, run_dir):
+        if cfg.train.function:
+            return run_user_function(cfg)
+        return train_worker(cfg, ctx, run_dir, checkpoints)
+
+
+def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None) -> dict:
     """Train until the target accuracy or max_epochs; returns rank 0's last epoch row.
+
+    The loop is a client of the public instrument (scaling/instrument/meter.py), like any
+    user's job: it attaches to the wrapped model and optimizer, iterates `meter.batches`, and
+    hands `end_epoch` the validation accuracy; the backend is behind scaling/train/backends.py.
 
     With `checkpoints`, a checkpoint is taken every `failure.checkpoint_every_epochs` epochs
     and, when the launcher restarted the workers after a failure, the run resumes from the
@@ -271,191 +174,108 @@ def train_worker(
     and the records written so far. Data order and augmentation are seeded per (seed, epoch,
     rank), so the resumed epochs see the same batches the uninterrupted run would have.
     """
-    checkpoints = checkpoints or Checkpoints()
-    from scaling.instrument.telemetry import start_telemetry, telemetry_available
+    from scaling.instrument import attach
 
-    if cfg.workers.pin_cpus:
-        pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
-    if ctx.device.type == "cpu":
-        set_cpu_threads(cfg.workers.cpus_per_worker)
+    checkpoints = checkpoints or Checkpoints()
     seed_everything(cfg.train.seed)
     dataset = load_dataset(cfg.data, ctx.device)
     precision = Precision(cfg.train.precision, cfg.train.channels_last, ctx.device)
-    model = precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
-    clock = clock_for(ctx.device)
-    _profile_compute(cfg, model, ctx, recorder)
-    timing = cfg.instrument.step_timing
-
-    hook = None  # what times communication: CommTimingHook (DDP) or HorovodCommTimer; both have take()
-    use_horovod = cfg.backend == "horovod" and ctx.world_size > 1
-    if use_horovod:
-        from scaling.train import horovod_backend
-
-        timeline = str(recorder.run_dir.resolve() / "horovod_timeline.json") if cfg.instrument.horovod_timeline and recorder.run_dir else None
-        # Fusion threshold, cycle time and timeline are read by Horovod at init only.
-        horovod_backend.setup_horovod_env_and_init(
-            ctx.rank, ctx.world_size, ctx.local_rank, None, ctx.node_rank, None,
-            tuning=horovod_backend.HorovodTuning.from_mb(
-                cfg.instrument.horovod_fusion_threshold_mb, cfg.instrument.horovod_cycle_time_ms, timeline),
-        )
-    elif ctx.world_size > 1:
-        model, hook = _wrap_ddp(model, cfg, ctx, clock)
-    eval_model = model.module if ctx.world_size > 1 and not use_horovod else model
-    # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP.
+    plain_model = precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
+    peak_lr = cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch
+    optimizer = torch.optim.SGD(
+        plain_model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
+        nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
+    )
+    model, optimizer, close_backend = backends.wrap(cfg, ctx, plain_model, optimizer, run_dir)
+    # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP,
+    # and the instrument watches the compiled wrapper's forward (hooks inside a graph would be traced).
     forward = torch.compile(model) if cfg.train.compile else model
 
     def loss_fn(logits, targets):
         return F.cross_entropy(logits, targets, label_smoothing=cfg.train.label_smoothing)
 
-    peak_lr = cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
-        nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
+    def forward_backward(batch):
+        """One calibration pass (the A/B window): forward, loss and backward, no step."""
+        inputs, targets = batch
+        with precision.autocast():
+            loss = loss_fn(forward(precision.layout(inputs)), targets)
+        precision.backward(loss)
+
+    def calibration_batches(epoch: int):
+        # Calibration batches come from a permutation of their own, apart from any training epoch's.
+        return dataset.train_batches(ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed,
+                                     cfg.train.per_worker_batch)
+
+    meter = attach(
+        model, optimizer, run_dir=run_dir, forward_module=forward, name=cfg.name,
+        forward_backward=forward_backward, calibration_data=calibration_batches,
+        warmup_steps=cfg.instrument.warmup_steps, calibration_pairs=cfg.instrument.calibration_pairs,
+        inject_comm_delay_s=cfg.instrument.inject_comm_delay_s, step_timing=cfg.instrument.step_timing,
+        telemetry_interval_s=cfg.instrument.telemetry_interval_s, target_accuracy=cfg.train.target_accuracy,
     )
-    if use_horovod:
-        # rank 0's parameters and buffers everywhere (as DDP's constructor does), then Horovod's optimizer
-        optimizer = horovod_backend.wrap_optimizer(optimizer, model, compression=cfg.instrument.grad_compression)
-        if timing:
-            hook = horovod_backend.HorovodCommTimer(optimizer, clock, inject_delay_s=cfg.instrument.inject_comm_delay_s)
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))
 
     if ctx.rank == 0 and ctx.device.type == "cpu" and cfg.train.precision == "fp16":
         print("note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
               "bf16 is the CPU's mixed precision (train.precision=bf16)", flush=True)
-    telemetry, telemetry_note = start_telemetry(ctx.device, cfg.instrument.telemetry_interval_s)
     if ctx.rank == 0 and cfg.instrument.telemetry_interval_s > 0:
         # One line: what was started on a GPU, or that a machine has no NVML to read.
-        if ctx.device.type == "cuda":
-            print(telemetry_note, flush=True)
-        else:
-            available, why_not = telemetry_available()
-            if not available:
-                print(why_not, flush=True)
+        from scaling.instrument.telemetry import telemetry_available
+
+        available, why_not = telemetry_available()
+        if ctx.device.type == "cuda" or not available:
+            print(meter.telemetry_note if ctx.device.type == "cuda" else why_not, flush=True)
 
     model.train()
-    global_step = 0
-    elapsed_train_s = 0.0
-    first_epoch = 1
     restored = checkpoints.load()
     if restored is not None:
-        eval_model.load_state_dict(restored["model"])
+        plain_model.load_state_dict(restored["model"])
         optimizer.load_state_dict(restored["optimizer"])
         scheduler.load_state_dict(restored["scheduler"])
         precision.scaler.load_state_dict(restored["scaler"])
         torch.set_rng_state(restored["torch_rng"])
         random.setstate(restored["python_rng"])
-        recorder.load_state_dict(restored["records"])
-        global_step = restored["global_step"]
-        elapsed_train_s = restored["elapsed_train_s"]
-        first_epoch = restored["epoch"] + 1
-    first_step_unix = time.time()  # this attempt's first step, for start-up cost (command -> first step)
-    # The run's clock starts at its first attempt's first step, so wall figures include time lost to restarts.
-    run_first_step_unix = restored["run_first_step_unix"] if restored else (recorder.first_attempt_unix() or first_step_unix)
-    recorder.record_attempt(first_step_unix, resumed_from=restored)
+        meter.load_state_dict(restored["instrument"])
     last_row: dict = {}
     try:
-        for epoch in range(first_epoch, cfg.train.max_epochs + 1):
+        for epoch in range(meter.epoch + 1, cfg.train.max_epochs + 1):
             batches = dataset.train_batches(ctx.rank, ctx.world_size, epoch, cfg.train.seed, cfg.train.per_worker_batch)
             loss_sum = torch.zeros((), device=ctx.device)
-            if clock.cuda:
-                torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
-            epoch_start = time.perf_counter()
-            thread_usage = ThreadUsage()
-            for _ in range(steps_per_ep):
-                if global_step == cfg.instrument.fail_at_step and ctx.rank == 0:
-                    raise InjectedFailure(f"injected failure at step {global_step} (instrument.fail_at_step)")
-                start = clock.mark() if timing else None
-                inputs, targets = next(batches)
-                inputs = precision.layout(inputs)
-                after_data = clock.mark() if timing else None
+            for inputs, targets in meter.batches(batches):
+                if meter.global_step - 1 == cfg.instrument.fail_at_step and ctx.rank == 0:
+                    raise InjectedFailure(f"injected failure at step {meter.global_step - 1} (instrument.fail_at_step)")
                 with precision.autocast():
-                    loss = loss_fn(forward(inputs), targets)
-                after_forward = clock.mark() if timing else None
+                    loss = loss_fn(forward(precision.layout(inputs)), targets)
                 precision.backward(loss)
-                if use_horovod:
-                    # wait for the all-reduces the backward hooks launched: the exposed part, in backward_s as with DDP
-                    hook.synchronize() if hook is not None else optimizer.synchronize()
-                after_backward = clock.mark() if timing else None
-                if use_horovod:
-                    with optimizer.skip_synchronize():
-                        precision.step(optimizer)
-                    optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (it sets to None)
-                else:
-                    precision.step(optimizer)
-                    optimizer.zero_grad(set_to_none=True)
+                precision.step(optimizer)
+                optimizer.zero_grad()  # set_to_none (torch's default; Horovod's takes no argument)
                 scheduler.step()
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
-                if timing:
-                    after_optimizer = clock.mark()
-                    recorder.step(
-                        StepMarks(epoch, global_step, "train", global_step < cfg.instrument.warmup_steps,
-                                  len(targets), start, after_data, after_forward, after_backward,
-                                  after_optimizer, hook.take() if hook else [])
-                    )
-                global_step += 1
-            if clock.cuda:
-                torch.cuda.synchronize()
-            train_s = time.perf_counter() - epoch_start
-            training_thread = thread_usage.stop()
-            elapsed_train_s += train_s
-
-            calibration_start = time.perf_counter()
-            if hook is not None and cfg.instrument.calibration_pairs > 0:
-                calib_batches = dataset.train_batches(ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed, cfg.train.per_worker_batch)
-                _calibrate(model, forward, loss_fn, precision, hook, calib_batches, clock, recorder, epoch,
-                           global_step - 1, cfg.instrument.calibration_pairs,
-                           hvd_optimizer=optimizer if use_horovod else None)
-                if clock.cuda:
-                    torch.cuda.synchronize()
-            calibration_s = time.perf_counter() - calibration_start
-
-            eval_start = time.perf_counter()
-            accuracy = _evaluate(eval_model, dataset, ctx, precision) if dataset.has_validation else {}
-            eval_s = time.perf_counter() - eval_start
-
-            samples = steps_per_ep * cfg.global_batch
-            train_loss = float(loss_sum) / steps_per_ep
+            accuracy = _evaluate(plain_model, dataset, ctx, precision) if dataset.has_validation else {}
             val_accuracy = accuracy.get(cfg.train.target_metric, float("nan"))
-            last_row = {
-                "epoch": epoch,
-                "train_s": train_s,
-                "eval_s": eval_s,
-                "calibration_s": calibration_s,
-                "train_loss": train_loss,
-                # the accuracy the target applies to (train.target_metric); both kinds beside it
-                "val_accuracy": val_accuracy,
-                "val_top1": accuracy.get("top1", float("nan")),
-                "val_top5": accuracy.get("top5", float("nan")),
-                "samples": samples,
-                "throughput_samples_per_s": samples / train_s,
-                "elapsed_train_s": elapsed_train_s,
-                # wall time from the run's first step (first attempt) to the end of this epoch's validation
-                "elapsed_wall_s": time.time() - run_first_step_unix,
-                "lr": optimizer.param_groups[0]["lr"],
-                "first_step_unix": first_step_unix,
-                **training_thread,  # was the loop slow, or kept off its core? (scaling/instrument/thread_usage.py)
-            }
-            recorder.end_epoch(last_row, telemetry.drain() if telemetry else [])
+            train_loss = float(loss_sum) / steps_per_ep
+            last_row = meter.end_epoch(
+                val_accuracy=val_accuracy, samples=steps_per_ep * cfg.global_batch, train_loss=train_loss,
+                # both kinds of accuracy beside the one the target applies to (train.target_metric)
+                val_top1=accuracy.get("top1", float("nan")), val_top5=accuracy.get("top5", float("nan")),
+                lr=optimizer.param_groups[0]["lr"],
+            )
             if ctx.rank == 0:
                 print(
                     f"epoch {epoch:3d}  val_acc({cfg.train.target_metric}) {val_accuracy:.4f}  loss {train_loss:.4f}  "
-                    f"train {train_s:.2f}s  {samples / train_s:,.0f} samples/s",
+                    f"train {last_row['train_s']:.2f}s  {last_row['throughput_samples_per_s']:,.0f} samples/s",
                     flush=True,
                 )
             reached = dataset.has_validation and val_accuracy >= cfg.train.target_accuracy
             every = cfg.failure.checkpoint_every_epochs
             state = None
             if ctx.rank == 0 and every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs:
-                state = _checkpoint_state(eval_model, optimizer, scheduler, precision, recorder, epoch, global_step,
-                                          elapsed_train_s, run_first_step_unix)
+                state = _checkpoint_state(plain_model, optimizer, scheduler, precision, meter)
             checkpoints.report(dict(last_row), state)
             if reached:
                 break
     finally:
-        if telemetry is not None:
-            telemetry.stop()
-    if use_horovod:
-        # after a normal end only: every rank gets here together; rank 0 closes the timeline
-        horovod_backend.shutdown()
+        meter.detach()
+    close_backend()
     return last_row

@@ -1,0 +1,270 @@
+"""Backend adapters: what differs between DDP, Horovod and a single process, behind one interface.
+
+The instrument (scaling/instrument/meter.py) and the lab's loop (scaling/train/loop.py) never ask
+which backend runs; they call an adapter:
+
+    backend = detect(model, optimizer)        # from the objects a user's job already holds
+    backend.install_timer(clock, inject_delay_s)  # time every gradient all-reduce from now on
+    with backend.no_sync(): ...               # a forward+backward that communicates nothing (A/B)
+    backend.wait_after_backward()             # wait for the all-reduces backward launched (timed)
+    backend.take()                            # the BucketMarks of the all-reduces since the last take
+
+Adapters:
+- `LocalBackend`: one process, no communication (a plain module at world size 1, as Ray's
+  `prepare_model` returns it there). no_sync does nothing; there is nothing to time.
+- `DDPBackend`: a `DistributedDataParallel` model. Timing is a DDP comm hook
+  (`CommTimingHook`) wrapped around the hook the user registers, or PyTorch's `allreduce_hook`.
+  DDP allows one comm hook per model and never lets it be replaced, so the instrument must be
+  attached *before* a user's own hook is registered: attaching wraps the model's
+  `register_comm_hook`, and a hook registered afterwards (a compression hook, say) is kept and
+  timed. A model that already has a hook is refused with that one-line explanation.
+  DDP's backward returns only once every bucket's all-reduce completed: nothing to wait for.
+- `HorovodBackend`: a Horovod `DistributedOptimizer`. Its per-parameter all-reduces start in
+  backward hooks and are waited for in `synchronize()`, which `step()` would call; the adapter
+  calls it (timed) when the optimizer step begins, then lets that step skip its own
+  synchronize (Horovod would otherwise all-reduce every gradient a second time).
+
+A third backend (FSDP, DeepSpeed) is one more class with these methods and a case in
+`detect`. Creating the wrapped model and optimizer for the lab's own runs (DDP's bucket size,
+Horovod's rendezvous under Ray) is the other half of each adapter: scaling/train/backends.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from scaling.instrument.timing import BucketMarks, Clock, CommTimingHook
+
+
+class LocalBackend:
+    """One process: nothing is communicated, nothing to time."""
+
+    name = "local"
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+        if inject_delay_s:
+            raise ValueError("inject_comm_delay_s needs communication: a DDP model or a Horovod optimizer at world size > 1")
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def wait_after_backward(self) -> None:
+        """Nothing launched, nothing to wait for."""
+
+    def after_step(self) -> None:
+        """Nothing to restore."""
+
+    def take(self) -> list[BucketMarks]:
+        return []
+
+
+class DDPBackend(LocalBackend):
+    """A DistributedDataParallel model (see the module docstring for the comm-hook rule)."""
+
+    name = "ddp"
+
+    def __init__(self, model: DistributedDataParallel, optimizer):
+        super().__init__(model, optimizer)
+        self._timer: CommTimingHook | None = None
+
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+        registered = self.model._comm_hooks[0][0] if self.model._comm_hooks else None
+        if isinstance(registered, CommTimingHook):
+            # Registered at wrapping time around a compression hook (the lab's set-up,
+            # scaling/train/backends.py): adopt it, on this instrument's clock.
+            if inject_delay_s and clock.cuda:
+                raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
+            registered.clock, registered.inject_delay_s = clock, inject_delay_s
+            self._timer = registered
+            return
+        if registered is not None:
+            hook = registered
+            raise ValueError(
+                f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only one: "
+                "attach the instrument first, then register your hook (it is kept and timed)")
+        self._timer = CommTimingHook(clock, inject_delay_s=inject_delay_s)
+        self.model.register_comm_hook(state=None, hook=self._timer)
+        timer, model = self._timer, self.model
+
+        def register_comm_hook(state, hook):
+            # The user's hook becomes the timed one's inner hook: kept, and timed.
+            timer.wrap(hook, state)
+
+        model.register_comm_hook = register_comm_hook
+
+    def no_sync(self):
+        # DDP decides in forward whether the coming backward synchronises: the whole
+        # forward+backward must sit inside this block.
+        return self.model.no_sync()
+
+    def take(self) -> list[BucketMarks]:
+        return self._timer.take() if self._timer is not None else []
+
+
+class HorovodBackend(LocalBackend):
+    """A horovod.torch DistributedOptimizer (see the module docstring)."""
+
+    name = "horovod"
+
+    def __init__(self, model, optimizer):
+        super().__init__(model, optimizer)
+        self._timer: HorovodCommTimer | None = None
+
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+        self._timer = HorovodCommTimer(self.optimizer, clock, inject_delay_s=inject_delay_s)
+
+    def no_sync(self):
+        return horovod_no_sync(self.optimizer)
+
+    def wait_after_backward(self) -> None:
+        # Wait here, timed, so the exposed wait is part of backward as with DDP; the step that
+        # follows must not synchronise again.
+        if self._timer is not None:
+            self._timer.synchronize()
+        else:
+            self.optimizer.synchronize()
+        self.optimizer._should_synchronize = False
+
+    def after_step(self) -> None:
+        self.optimizer._should_synchronize = True
+
+    def take(self) -> list[BucketMarks]:
+        return self._timer.take() if self._timer is not None else []
+
+
+def is_horovod_optimizer(optimizer) -> bool:
+    return hasattr(optimizer, "_allreduce_grad_async") and hasattr(optimizer, "synchronize")
+
+
+def detect(model, optimizer) -> LocalBackend:
+    """The adapter for the objects a job trains with."""
+    if is_horovod_optimizer(optimizer):
+        return HorovodBackend(model, optimizer)
+    if isinstance(model, DistributedDataParallel):
+        return DDPBackend(model, optimizer)
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        raise ValueError("world size > 1 but the model is not DistributedDataParallel and the optimizer is not "
+                         "Horovod's DistributedOptimizer: nothing synchronises the gradients (wrap the model first, "
+                         "e.g. ray.train.torch.prepare_model)")
+    return LocalBackend(model, optimizer)
+
+
+# --- Horovod: no_sync and the communication timer ------------------------------------------
+
+
+@contextlib.contextmanager
+def horovod_no_sync(optimizer):
+    """A backward inside this block launches no all-reduce: gradients stay rank-local.
+
+    DistributedOptimizer's hooks count backward passes down from `backward_passes_per_step`
+    and launch a parameter's all-reduce when its count reaches 0; here the count is raised so
+    that it cannot, then restored, and the placeholders the hooks left are dropped (else
+    `zero_grad()` would refuse, and `step()` would all-reduce what was meant to stay local).
+    Gradients accumulate as usual: a later synchronised backward all-reduces their sum, as
+    after DDP's `no_sync()`; calibration zeroes them. Every rank must use it for the same
+    passes (the all-reduces of the others would wait for it).
+    """
+    if not hasattr(optimizer, "_allreduce_delay"):
+        raise TypeError("no_sync needs horovod.torch.DistributedOptimizer (not the Adasum one)")
+    if getattr(optimizer, "_handles", None):
+        raise RuntimeError("no_sync entered with all-reduces in flight: synchronize() first")
+    passes = optimizer.backward_passes_per_step
+    optimizer.set_backward_passes_per_step(1 << 30)
+    try:
+        yield optimizer
+    finally:
+        optimizer._handles.clear()  # (None, None) placeholders: nothing was launched
+        optimizer.set_backward_passes_per_step(passes)
+
+
+class HorovodCommTimer:
+    """Per-step communication marks of a DistributedOptimizer, in the form DDP's hook gives them.
+
+    Installs itself on the optimizer: it wraps the instance's `_allreduce_grad_async`, which the
+    backward hooks call, and marks each parameter's hand-over. Horovod reports no completion
+    time, so completion is *observed*: at every hand-over the oldest all-reduces still open are
+    polled (`hvd.poll`, oldest first, stopping at the first still running: amortised one poll
+    per tensor), and a finished one gets that moment's mark; `synchronize()` (which replaces
+    `optimizer.synchronize()`) polls once more when backward has returned, waits, and gives
+    what was still open the end of the wait. A completion mark is therefore an upper bound,
+    late by at most the gap between two hooks during backward.
+
+    `take()` returns `BucketMarks` (one per parameter tensor) for `StepMarks`, so the
+    definitions are DDP's: `exposed_comm_s` = last completion - last hand-over (the wait in
+    synchronize() plus the moment between the last hook and backward's return); `allreduce_s`
+    = union of the [hand-over, completion] intervals (a tensor waiting in Horovod's queue for
+    the next cycle counts as in flight). `last_wait_s` is the bare wait of the last synchronize().
+
+    `inject_delay_s` (ground truth, CPU only) sleeps inside the timed wait after the
+    all-reduces completed: a known exposed cost per synchronised step. Unlike DDP's it is not
+    inside the communication path (Horovod's C++ thread owns that).
+    """
+
+    def __init__(self, optimizer, clock: Clock, inject_delay_s: float = 0.0):
+        import horovod.torch as hvd
+
+        if inject_delay_s and clock.cuda:
+            raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
+        self._hvd = hvd
+        self.optimizer = optimizer
+        self.clock = clock
+        self.inject_delay_s = inject_delay_s
+        self._open: list = []  # [BucketMarks, handle] handed over, completion not yet seen; oldest first
+        self._done: list = []  # BucketMarks complete, not yet taken
+        self._count = 0
+        self.last_wait_s = 0.0
+        inner = optimizer._allreduce_grad_async  # bound method of the class
+
+        def timed_allreduce_grad_async(p):
+            mark = self.clock.mark()
+            self._observe(mark)
+            marks = BucketMarks(index=self._count, handed_over=mark)
+            self._count += 1
+            handle, ctx = inner(p)
+            self._open.append((marks, handle))
+            return handle, ctx
+
+        optimizer._allreduce_grad_async = timed_allreduce_grad_async
+
+    def _observe(self, mark) -> None:
+        """Give `mark` to the oldest open all-reduces that have finished, up to the first that has not."""
+        finished = 0
+        for marks, handle in self._open:
+            if not self._hvd.poll(handle):
+                break
+            marks.completed = mark
+            finished += 1
+        if finished:
+            self._done.extend(m for m, _ in self._open[:finished])
+            del self._open[:finished]
+
+    def synchronize(self) -> None:
+        """optimizer.synchronize(), timed: call it right after backward."""
+        returned = self.clock.mark()
+        started = time.perf_counter()
+        self._observe(returned)
+        self.optimizer.synchronize()  # may hand over parameters no hook fired for: they are in _open too
+        if self.inject_delay_s:
+            time.sleep(self.inject_delay_s)
+        end = self.clock.mark()
+        self.last_wait_s = time.perf_counter() - started
+        for marks, _ in self._open:
+            marks.completed = end
+        self._done.extend(m for m, _ in self._open)
+        self._open = []
+        self._count = 0
+
+    def handed_over(self) -> int:
+        """Parameters handed to Horovod since the last synchronize()."""
+        return self._count
+
+    def take(self) -> list:
+        taken, self._done = self._done, []
+        return sorted(taken, key=lambda m: m.index)

@@ -1,0 +1,481 @@
+"""The instrument for any PyTorch data-parallel training job: `attach` it, train as usual.
+
+    from scaling import instrument
+
+    meter = instrument.attach(model, optimizer, run_dir="results/my-job/runs/w2",
+                              forward_backward=lambda batch: loss_fn(model(batch[0]), batch[1]).backward(),
+                              calibration_data=train_loader)
+    for epoch in range(epochs):
+        for inputs, labels in meter.batches(train_loader):   # the one line in the loop
+            loss = loss_fn(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        meter.end_epoch(val_accuracy=evaluate(model))
+    meter.finish()
+
+`model` is the DDP model (as `ray.train.torch.prepare_model` returns it; at world size 1 the
+plain module), `optimizer` the torch optimizer or Horovod's `DistributedOptimizer`. Attach
+before registering a DDP comm hook of your own: yours is then kept and timed (DDP allows one
+hook per model and cannot replace it later).
+
+How a step is cut into phases, without per-phase code (marks on `Clock`: the host clock on CPU,
+CUDA events on GPU, resolved once per epoch):
+- a step runs from one request for a batch (`meter.batches`) to the next, so the steps of an
+  epoch tile its training time: nothing is left out between them;
+- `data_s`: from the request until the model's forward starts (module forward pre-hook): the
+  loader's wait, plus any host-to-device copy or layout change done before forward;
+- `forward_s`: the model's forward (pre-hook to forward hook; the first forward of the step);
+- `backward_s`: from the end of forward until the optimizer step starts (optimizer step
+  pre-hook): the loss, backward and whatever the loop does before stepping (gradient clipping,
+  GradScaler's unscale). With DDP the all-reduces finish inside backward; with Horovod the
+  instrument waits for them here, timed (backends.py), so both expose the same way;
+- `optimizer_s`: from the optimizer step's start to the next request (zero_grad and an LR
+  scheduler's step included). The last step of an epoch ends when the loader is exhausted, or
+  at its optimizer step's end when the loop left `batches` early;
+- communication per bucket from the comm timer (`allreduce_s`, `exposed_comm_s`: timing.py).
+
+A/B communication overhead: with `forward_backward` (a function that runs forward, loss and
+backward on one batch) and `calibration_data` (an iterable of batches, or a function of the
+epoch returning one), `end_epoch` runs `calibration_pairs` pairs of that function with gradient
+synchronisation off and on, alternating, on the same batch (scaling/analysis/run_metrics.py
+defines the figure). Without them the A/B figure is absent from the summary, with the reason;
+never a zero made up. No parameter changes: gradients are dropped and the module buffers
+(BatchNorm statistics) are restored afterwards.
+
+Records: the same run directory as the lab's own runs (scaling/results.py, docs/results.md):
+per-step rows, per-epoch rows, the compute profile, attempts; `finish()` writes `summary.json`
+when the job runs on its own (under `scaling run` the lab's launcher writes it from the config).
+
+Settings come from the arguments, else from the lab's launcher (when `scaling run` drives a
+user's train function: `lab_settings`), else from the defaults below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scaling.instrument.backends import detect
+from scaling.instrument.recorder import RunRecorder
+from scaling.instrument.thread_usage import ThreadUsage
+from scaling.instrument.timing import StepMarks, clock_for
+
+# Set by the lab's launcher around a user's train function (scaling/launch/ray_train.py, local.py):
+# run_dir, instrument settings and the worker's identity. Empty when a job runs on its own.
+lab_settings: dict = {}
+
+DEFAULTS = {
+    "warmup_steps": 5,  # first steps of the run flagged `warmup`, left out of steady-state figures
+    "calibration_pairs": 10,  # A/B pairs per epoch (with forward_backward)
+    "inject_comm_delay_s": 0.0,  # ground truth: seconds added to the last bucket's all-reduce per step
+    "step_timing": True,  # False: epoch timing only (the instrument's own cost is then none)
+    "telemetry_interval_s": 1.0,  # GPU telemetry (NVML) period; 0 = off
+    "target_accuracy": None,  # the validation accuracy TTA is measured to
+}
+
+
+def _first_tensor(value):
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _identity() -> tuple[int, int, int, int]:
+    """(rank, world_size, local_rank, node_rank) of this process."""
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    if "local_rank" in lab_settings:
+        return rank, world, lab_settings["local_rank"], lab_settings["node_rank"]
+    try:
+        import ray.train
+
+        context = ray.train.get_context()
+        return rank, world, context.get_local_rank(), context.get_node_rank()
+    except Exception:  # not in a Ray Train worker: torchrun's variables, or one node
+        return rank, world, int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("GROUP_RANK", 0))
+
+
+def _plain(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") and isinstance(model.module, torch.nn.Module) else model
+
+
+class StepMeter:
+    """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
+
+    def __init__(self, model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None,
+                 calibration_data=None, name: str | None = None, **settings):
+        unknown = set(settings) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown instrument setting(s) {sorted(unknown)}; valid: {', '.join(DEFAULTS)}")
+        self.settings = {}
+        for key, default in DEFAULTS.items():
+            value = settings.get(key)
+            self.settings[key] = value if value is not None else lab_settings.get(key, default)
+        run_dir = run_dir if run_dir is not None else lab_settings.get("run_dir")
+        self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        self.model, self.optimizer = model, optimizer
+        self.forward_backward, self.calibration_data = forward_backward, calibration_data
+        self.name = name or lab_settings.get("name") or type(_plain(model)).__name__
+        self.rank, self.world_size, self.local_rank, self.node_rank = _identity()
+        parameter = next(model.parameters(), None)
+        self.device = parameter.device if parameter is not None else torch.device("cpu")
+        self.clock = clock_for(self.device)
+        self.recorder = RunRecorder(self.clock, self.rank, self.world_size, self.node_rank, self.local_rank, self.run_dir)
+        self.backend = detect(model, optimizer)
+        self.timing = bool(self.settings["step_timing"])
+        if self.timing and self.world_size > 1:
+            self.backend.install_timer(self.clock, self.settings["inject_comm_delay_s"])
+        elif self.settings["inject_comm_delay_s"]:
+            raise ValueError("inject_comm_delay_s needs step timing and more than one worker")
+        self._handles = []
+        if self.timing:
+            watched = forward_module if forward_module is not None else model
+            self._handles += [watched.register_forward_pre_hook(self._on_forward_start),
+                              watched.register_forward_hook(self._on_forward_end)]
+        if self.timing or self.backend.name == "horovod":  # Horovod's wait moves to the step's start either way
+            self._handles += [optimizer.register_step_pre_hook(self._on_step_start),
+                              optimizer.register_step_post_hook(self._on_step_end)]
+        self.attached_unix = time.time()
+        self._started_at = dt.datetime.now(dt.timezone.utc)
+        self.global_step = 0  # training steps so far, over the run (continues after a restart)
+        self.epoch = 0  # epochs finished
+        self.elapsed_train_s = 0.0
+        self.run_first_step_unix: float | None = None
+        self._resumed_from: dict | None = None
+        self._step: dict | None = None  # marks of the step in progress
+        self._epoch_steps = 0
+        self._epoch_samples = 0
+        self._training_end: float | None = None
+        self._train_started: float | None = None
+        self._thread_usage: ThreadUsage | None = None
+        self._input_shape: tuple | None = None
+        self._num_outputs: int | None = None
+        self._precision = "fp32"
+        self._per_rank_batch: int | None = None
+        self._calibrating = False
+        self._step_depth = 0  # nesting of optimizer step() calls (see _on_step_start)
+        self._telemetry, self.telemetry_note = None, "GPU telemetry off"
+        if self.settings["telemetry_interval_s"] > 0:
+            from scaling.instrument.telemetry import start_telemetry
+
+            self._telemetry, self.telemetry_note = start_telemetry(self.device, self.settings["telemetry_interval_s"])
+
+    # --- hooks ----------------------------------------------------------------------------
+
+    def _on_forward_start(self, module, args, kwargs=None):
+        step = self._step
+        if step is None or "forward_start" in step:
+            return
+        step["forward_start"] = self.clock.mark()
+        if self._input_shape is None:
+            first = _first_tensor(args)
+            if first is not None:
+                self._input_shape = tuple(first.shape)
+                if torch.is_autocast_enabled(self.device.type):
+                    dtype = torch.get_autocast_dtype(self.device.type)
+                    self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+    def _on_forward_end(self, module, args, output):
+        step = self._step
+        if step is None or "forward_end" in step:
+            return
+        step["forward_end"] = self.clock.mark()
+        if self._num_outputs is None:
+            first = _first_tensor(output)
+            if first is not None and first.dim() >= 1:
+                self._num_outputs = int(first.shape[-1])
+
+    def _on_step_start(self, optimizer, args, kwargs):
+        # An optimizer subclass whose step() calls its parent's (Horovod's DistributedOptimizer)
+        # runs the hooks once per class: act on the outermost call only.
+        self._step_depth += 1
+        if self._calibrating or self._step_depth > 1:
+            return
+        self.backend.wait_after_backward()
+        if self._step is not None:
+            self._step["backward_end"] = self.clock.mark()
+
+    def _on_step_end(self, optimizer, args, kwargs):
+        self._step_depth -= 1
+        if self._calibrating or self._step_depth > 0:
+            return
+        self.backend.after_step()
+        if self._step is not None:
+            self._step["optimizer_end"] = self.clock.mark()
+
+    # --- the training loop's one line ------------------------------------------------------
+
+    def batches(self, iterable):
+        """Yield the batches of `iterable` (one epoch), timing every step (module docstring)."""
+        self._begin_training()
+        iterator = iter(iterable)
+        try:
+            while True:
+                request = self.clock.mark() if self.timing else None
+                self._close_step(request)
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    self._end_training()
+                    return
+                samples = _first_tensor(batch)
+                samples = int(samples.shape[0]) if samples is not None and samples.dim() else 1
+                self._per_rank_batch = self._per_rank_batch or samples
+                self._epoch_samples += samples
+                self._epoch_steps += 1
+                if self.timing:
+                    self._step = {"start": request, "samples": samples, "index": self.global_step}
+                self.global_step += 1
+                yield batch
+        finally:
+            if self._training_end is None and self._train_started is not None:
+                self._close_step(None)
+                self._end_training()
+
+    def _begin_training(self) -> None:
+        if self.run_first_step_unix is None:
+            first_step_unix = time.time()
+            self.first_step_unix = first_step_unix
+            # The run's clock starts at its first attempt's first step, so wall figures include restarts.
+            self.run_first_step_unix = ((self._resumed_from or {}).get("run_first_step_unix")
+                                        or self.recorder.first_attempt_unix() or first_step_unix)
+            self.recorder.record_attempt(first_step_unix, resumed_from=self._resumed_from)
+        if self.clock.cuda:
+            torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
+        self._epoch_steps = self._epoch_samples = 0
+        self._training_end = None
+        self._thread_usage = ThreadUsage()
+        self._train_started = time.perf_counter()
+
+    def _close_step(self, end) -> None:
+        """Record the step in progress, ending at `end` (the next request), or its optimizer's end."""
+        step, self._step = self._step, None
+        if step is None:
+            return
+        forward_start = step.get("forward_start", step["start"])
+        forward_end = step.get("forward_end", forward_start)
+        optimizer_end = step.get("optimizer_end")
+        end = end if end is not None else optimizer_end
+        if end is None:
+            return  # the loop left before stepping: no whole step to record
+        backward_end = step.get("backward_end", optimizer_end or end)  # a skipped step (GradScaler inf): all backward
+        self.recorder.step(StepMarks(
+            self.epoch + 1, step["index"], "train", step["index"] < self.settings["warmup_steps"], step["samples"],
+            step["start"], forward_start, forward_end, backward_end, end, self.backend.take()))
+
+    def _end_training(self) -> None:
+        if self.clock.cuda:
+            torch.cuda.synchronize()
+        self._training_end = time.perf_counter()
+
+    # --- end of an epoch -----------------------------------------------------------------
+
+    def end_epoch(self, val_accuracy: float | None = None, samples: int | None = None, **columns) -> dict:
+        """Close the epoch: A/B calibration, the epoch's row, records written. Every rank calls it.
+
+        `val_accuracy` (the metric the target applies to) and `samples` (trained this epoch,
+        all ranks; by default this rank's samples x world size) are what only the job knows;
+        further `columns` (train_loss, lr, ...) go into the epoch's row as they are.
+        Returns the row.
+        """
+        if self._train_started is None:
+            raise RuntimeError("end_epoch() before any batch of the epoch: iterate meter.batches(loader) first")
+        if self._training_end is None:
+            self._close_step(None)
+            self._end_training()
+        train_s = self._training_end - self._train_started
+        training_thread = self._thread_usage.stop()
+        eval_s = time.perf_counter() - self._training_end  # the job's own validation, between training and here
+        self.elapsed_train_s += train_s
+        if self.epoch == 0 and self._input_shape is not None:
+            self._profile_compute()
+        calibration_start = time.perf_counter()
+        self._calibrate()
+        if self.clock.cuda:
+            torch.cuda.synchronize()
+        calibration_s = time.perf_counter() - calibration_start
+        self.epoch += 1
+        samples = samples if samples is not None else self._epoch_samples * self.world_size
+        row = {
+            "epoch": self.epoch,
+            "train_s": train_s,
+            "eval_s": eval_s,
+            "calibration_s": calibration_s,
+            "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy),
+            "samples": samples,
+            "steps": self._epoch_steps,
+            "throughput_samples_per_s": samples / train_s if train_s > 0 else float("nan"),
+            "elapsed_train_s": self.elapsed_train_s,
+            # wall time from the run's first step (first attempt) to the end of this epoch's validation
+            "elapsed_wall_s": time.time() - self.run_first_step_unix,
+            "first_step_unix": self.first_step_unix,
+            **training_thread,  # was the loop slow, or kept off its core? (thread_usage.py)
+            **columns,
+        }
+        self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [])
+        self._train_started = None
+        return row
+
+    def _calibrate(self) -> None:
+        """The A/B window (module docstring): no_sync and sync halves alternate, ABBA."""
+        pairs = self.settings["calibration_pairs"]
+        if not (self.timing and self.world_size > 1 and pairs > 0 and self.forward_backward and self.calibration_data is not None):
+            return
+        data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
+        batches = iter(data)
+        saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
+        self._calibrating = True
+        try:
+            for pair in range(pairs):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                first = _first_tensor(batch)
+                samples = int(first.shape[0]) if first is not None and first.dim() else 1
+                order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
+                for kind in order:
+                    self._step = {"start": None}
+                    with self.backend.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
+                        start = self.clock.mark()
+                        self._step["start"] = start
+                        self.forward_backward(batch)
+                        if kind == "calib_sync":
+                            self.backend.wait_after_backward()
+                            self.backend.after_step()
+                        end = self.clock.mark()
+                    step, self._step = self._step, None
+                    forward_end = step.get("forward_end", start)
+                    self.model.zero_grad(set_to_none=True)
+                    self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start, start,
+                                                 forward_end, end, end, self.backend.take(), pair=pair))
+        finally:
+            self._calibrating = False
+            self._step = None
+            with torch.no_grad():
+                for name, buffer in self.model.named_buffers():
+                    buffer.copy_(saved_buffers[name])
+
+    def _profile_compute(self) -> None:
+        """Training FLOPs per sample (counted on the meta device) and the device's roofs.
+
+        Counted for a classifier's step (cross-entropy over the model's last output dimension)
+        at the input shape of the first batch. A model this cannot count (other inputs, other
+        losses) gets no profile, and so no MFU, rather than a wrong one.
+        """
+        from scaling.instrument import flops
+
+        threads = torch.get_num_threads()
+        try:
+            counts = flops.training_flops_per_sample(_plain(self.model), self._input_shape[1:], self._num_outputs or 2)
+        except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
+            self.recorder.write_json("compute_profile.json", {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}"})
+            return
+        traffic = flops.training_bytes_per_sample(counts, self._per_rank_batch or 1,
+                                                  bytes_per_element=4 if self._precision == "fp32" else 2)
+        profile = {
+            "precision": self._precision,
+            "input_shape": list(self._input_shape[1:]),
+            "per_worker_batch": self._per_rank_batch,
+            **counts,
+            "train_bytes_per_sample": traffic["bytes_per_sample"],
+            "bytes_method": traffic["method"],
+            **flops.device_roofs(self.device, self._precision, threads, measure=self.rank == 0),
+        }
+        self.recorder.flops_per_sample = profile["train_flops"]
+        self.recorder.write_json("compute_profile.json", profile)
+
+    # --- checkpoints and the end ---------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the instrument: counters, the run's clock, the records so far."""
+        return {"epoch": self.epoch, "global_step": self.global_step, "elapsed_train_s": self.elapsed_train_s,
+                "run_first_step_unix": self.run_first_step_unix, "saved_unix": time.time(),
+                "records": self.recorder.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue a restarted run from a checkpoint's `state_dict()` (before its first batch)."""
+        self.epoch, self.global_step = state["epoch"], state["global_step"]
+        self.elapsed_train_s = state["elapsed_train_s"]
+        self._resumed_from = state
+        self.recorder.load_state_dict(state["records"])
+
+    def detach(self) -> None:
+        """Remove the hooks and stop telemetry (the comm timer stays: DDP cannot unregister it)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._telemetry is not None:
+            self._telemetry.stop()
+            self._telemetry = None
+
+    def finish(self, status: str | None = None, error: str | None = None) -> dict | None:
+        """End of the run: detach; on its own (not under `scaling run`), rank 0 writes summary.json.
+
+        Returns the summary on rank 0 of a job on its own, else None.
+        """
+        self.detach()
+        if lab_settings or self.rank != 0 or self.run_dir is None:
+            return None
+        from scaling.results import write_summary
+
+        description = {
+            "name": self.name,
+            "model": type(_plain(self.model)).__name__,
+            "dataset": None,
+            "backend": self.backend.name if self.backend.name == "horovod" else (
+                dist.get_backend() if dist.is_initialized() else "none"),
+            "launcher": "own",
+            "num_workers": self.world_size,
+            "per_worker_batch": self._per_rank_batch,
+            "global_batch": (self._per_rank_batch or 0) * self.world_size,
+            "seed": None,
+            "target_accuracy": self.settings["target_accuracy"],
+            "target_metric": "val_accuracy",
+            "precision": self._precision,
+            "grad_compression": None,
+            "step_timing": self.timing,
+            "inject_comm_delay_s": self.settings["inject_comm_delay_s"],
+            "ab_calibration": bool(self.forward_backward and self.calibration_data is not None
+                                   and self.settings["calibration_pairs"] > 0),
+        }
+        return write_summary(self.run_dir, description, status=status, error=error,
+                             started_at=self._started_at, wall_s=time.time() - self.attached_unix)
+
+
+def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None, calibration_data=None,
+           name: str | None = None, warmup_steps: int | None = None, calibration_pairs: int | None = None,
+           inject_comm_delay_s: float | None = None, step_timing: bool | None = None,
+           telemetry_interval_s: float | None = None, target_accuracy: float | None = None) -> StepMeter:
+    """Attach the instrument to a training job's model and optimizer (module docstring).
+
+    - `model`: the DDP model (or the plain module at world size 1); with Horovod the module
+      whose optimizer is `hvd.DistributedOptimizer`.
+    - `forward_module`: the module the loop calls for forward, when it is not `model` (a
+      `torch.compile`d wrapper: hooks on the module inside a compiled graph would be traced).
+    - `forward_backward(batch)`, `calibration_data`: for the A/B communication overhead.
+    - `run_dir`: where the records go (None under `scaling run`, which sets it; None on its own
+      keeps them in memory only).
+    - the settings (`warmup_steps`, ...): `DEFAULTS` says what each means.
+    """
+    settings = {"warmup_steps": warmup_steps, "calibration_pairs": calibration_pairs,
+                "inject_comm_delay_s": inject_comm_delay_s, "step_timing": step_timing,
+                "telemetry_interval_s": telemetry_interval_s, "target_accuracy": target_accuracy}
+    return StepMeter(model, optimizer, run_dir=run_dir, forward_module=forward_module, forward_backward=forward_backward,
+                     calibration_data=calibration_data, name=name, **settings)
