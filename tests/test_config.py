@@ -1,5 +1,6 @@
 """Config: typed loading, refusal of unknown keys and bad values, overrides, CLI exit codes."""
 
+import torch
 import pytest
 import yaml
 
@@ -147,3 +148,31 @@ def test_pinning_moves_only_the_calling_thread():
     assert seen["group"] == [target] and seen["after"] == {target}
     assert "local rank 1" in seen["error"]
     assert os.sched_getaffinity(0) == before  # the test's own thread is untouched
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.name=tests.user_callables:missing", "has no attribute 'missing'"),
+    ("model.name=no_such_package.models:net", "cannot import no_such_package.models"),
+    ("model.name=tests.user_callables:broken_model", "does not build: RuntimeError: boom"),
+    ("model.name=tests.user_callables:not_a_module", "returned int, not a torch.nn.Module"),
+    ("model.name=tests.user_callables:two_args", "must take 1 positional argument"),
+    ("data.name=tests.user_callables:no_args", "must take 1 positional argument"),
+    ("train.function=tests.user_callables:two_args", "must take 1 positional argument"),
+    ("train.function=tests.user_callables", "not an import path of the form package.module:callable"),
+    ("model.name=resnet5O", "or a model of your own as package.module:callable"),
+])
+def test_a_bad_import_path_is_one_line_and_exit_2_before_anything_runs(tmp_path, override, message):
+    out = tmp_path / "run"
+    result = run_cli("run", str(QUICKSTART), "--launcher", "local", "--out", str(out), "--set", override)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out.exists()
+
+
+def test_a_users_model_by_import_path_builds_and_a_train_function_needs_ray(tmp_path):
+    cfg = load_config(QUICKSTART, overrides=["model.name=tests.user_callables:linear_model"])
+    from scaling.models import build_model
+
+    assert isinstance(build_model(cfg.model.name, 10)[1], torch.nn.Linear)
+    result = run_cli("run", "examples/own_job/sweep.yaml", "--launcher", "local", "--out", str(tmp_path / "r"))
+    assert result.returncode == 2 and "Ray launcher" in result.stderr and not (tmp_path / "r").exists()

@@ -303,8 +303,10 @@ class StepMeter:
         training_thread = self._thread_usage.stop()
         eval_s = time.perf_counter() - self._training_end  # the job's own validation, between training and here
         self.elapsed_train_s += train_s
-        if self.epoch == 0 and self._input_shape is not None:
-            self._profile_compute()
+        if self.epoch == 0:
+            self.recorder.write_json("job.json", self.observed())
+            if self._input_shape is not None:
+                self._profile_compute()
         calibration_start = time.perf_counter()
         self._calibrate()
         if self.clock.cuda:
@@ -401,6 +403,18 @@ class StepMeter:
         self.recorder.flops_per_sample = profile["train_flops"]
         self.recorder.write_json("compute_profile.json", profile)
 
+    def observed(self) -> dict:
+        """What the instrument saw of the job (written to job.json; a summary's description of it)."""
+        return {
+            "model": type(_plain(self.model)).__name__,
+            "backend": self.backend.name if self.backend.name == "horovod" else (
+                dist.get_backend() if dist.is_initialized() else "none"),
+            "precision": self._precision,
+            "per_worker_batch": self._per_rank_batch,
+            "ab_calibration": bool(self.forward_backward and self.calibration_data is not None
+                                   and self.settings["calibration_pairs"] > 0),
+        }
+
     # --- checkpoints and the end ---------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -437,23 +451,17 @@ class StepMeter:
 
         description = {
             "name": self.name,
-            "model": type(_plain(self.model)).__name__,
             "dataset": None,
-            "backend": self.backend.name if self.backend.name == "horovod" else (
-                dist.get_backend() if dist.is_initialized() else "none"),
             "launcher": "own",
             "num_workers": self.world_size,
-            "per_worker_batch": self._per_rank_batch,
             "global_batch": (self._per_rank_batch or 0) * self.world_size,
             "seed": None,
             "target_accuracy": self.settings["target_accuracy"],
             "target_metric": "val_accuracy",
-            "precision": self._precision,
             "grad_compression": None,
             "step_timing": self.timing,
             "inject_comm_delay_s": self.settings["inject_comm_delay_s"],
-            "ab_calibration": bool(self.forward_backward and self.calibration_data is not None
-                                   and self.settings["calibration_pairs"] > 0),
+            **self.observed(),
         }
         return write_summary(self.run_dir, description, status=status, error=error,
                              started_at=self._started_at, wall_s=time.time() - self.attached_unix)

@@ -68,6 +68,10 @@ def apply_link_bandwidth(cfg: ExperimentConfig) -> str | None:
 
 def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> dict:
     """Launch `cfg`, then write summary.json from the records, whatever happened."""
+    if cfg.train.function and launcher != "ray":
+        # checked before the run directory exists: a refused run leaves nothing behind
+        raise UsageError("train.function is a Ray Train function (prepare_model, ray.train.report): "
+                         "run it with the Ray launcher (--launcher ray)")
     link_bandwidth = apply_link_bandwidth(cfg)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -133,8 +137,16 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
 
 
 def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, link_bandwidth=None) -> dict:
-    return write_summary(run_dir, run_description(cfg, launcher, link_bandwidth), status=status, error=error,
-                         started_at=started_at, wall_s=wall_s)
+    description = run_description(cfg, launcher, link_bandwidth)
+    job = Path(run_dir) / "job.json"
+    if cfg.train.function and job.exists():
+        # A user's train function: its model, precision and A/B set-up are what the instrument saw.
+        import json
+
+        observed = json.loads(job.read_text())
+        description.update(model=observed["model"], dataset="own (train.function)", precision=observed["precision"],
+                           ab_calibration=observed["ab_calibration"])
+    return write_summary(run_dir, description, status=status, error=error, started_at=started_at, wall_s=wall_s)
 
 
 def _bits_per_s(rate: str | None) -> float | None:
