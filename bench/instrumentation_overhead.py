@@ -24,6 +24,14 @@ jobs on the machine hardly move (reported beside the wall-time ratio, with the s
 
     .venv/bin/python bench/instrumentation_overhead.py            # 3 pairs x 3 epochs (about 3 min here)
     .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs
+    .venv/bin/python bench/instrumentation_overhead.py --job own  # the user's job of examples/own_job
+
+`--job own` measures the same switch on a user's own job (examples/own_job/sweep.yaml: a small
+vision transformer in a Ray Train quickstart-shaped train function, instrumented through the
+public `scaling.instrument.attach`), with the Ray launcher (a user's train function is a Ray
+Train function) and 8,192 training samples, so an epoch has 128 steps per worker. Arm B keeps
+the instrument attached with `step_timing=false`: only the epoch clock, no hooks, no records.
+It writes instrumentation_overhead_own_job.json.
 """
 
 from __future__ import annotations
@@ -75,7 +83,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="experiments/quickstart.yaml")
+    parser.add_argument("--job", choices=("lab", "own"), default="lab",
+                        help="lab: the lab's loop on --config; own: the user's job of examples/own_job (Ray launcher)")
     args = parser.parse_args()
+    name, launcher = NAME, "local"
+    extra = []
+    if args.job == "own":
+        name, launcher, args.config = f"{NAME}_own_job", "ray", "examples/own_job/sweep.yaml"
+        extra = ["train.function_config.num_train=8192"]
     pairs = args.pairs or (1 if args.quick else 3)
     epochs = args.epochs or (2 if args.quick else 3)
 
@@ -83,16 +98,16 @@ def main() -> None:
     from scaling.launch.run import execute_run
 
     started, load_start = time.time(), bl.load_average()
-    overrides = base_overrides(epochs, args.quick)
+    overrides = [*base_overrides(epochs, args.quick), *extra]
     config_path = bl.REPO / args.config
     sequence, sequence_cpu, runs = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
         for i, arm in enumerate(bl.abba(pairs, "instrumented", "plain")):
             cfg = load_config(config_path, overrides=[*overrides, ARMS[arm]], num_workers=args.workers)
             run_dir = Path(tmp) / f"run{i:02d}-{arm}"
-            print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
+            print(f"[{name}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
             with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()]) as cpu:
-                summary = execute_run(cfg, run_dir, launcher="local")
+                summary = execute_run(cfg, run_dir, launcher=launcher)
             if summary["status"] == "failed":
                 raise RuntimeError(f"{arm} run failed: {summary['error']}")
             step_s, epoch_rows, epochs_table = steady_step_s(run_dir, cfg.global_batch)
@@ -101,7 +116,7 @@ def main() -> None:
             sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
             runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean, **steady,
                          "epochs": epoch_rows, "summary_step_s": summary.get("step_s")})
-            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, worker CPU "
+            print(f"[{name}]   steady-state step {step_s * 1e3:.2f} ms, worker CPU "
                   f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (runnable tasks {rq.mean}; cores {steady['cores']})",
                   flush=True)
 
@@ -119,7 +134,7 @@ def main() -> None:
         a_med, b_med, "s/step", headline,
         "median over adjacent ABBA pairs of instrumented / plain steady-state step time",
         BUDGET, "instrumented / plain <= 1.03 on CPU",
-        note=f"quickstart, {args.workers} workers, local launcher, {pairs} pairs x {epochs} epochs; "
+        note=f"{args.config}, {args.workers} workers, {launcher} launcher, {pairs} pairs x {epochs} epochs; "
              f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
              f"{bl.contention_note(runs)}",
     ), bl.comparison(
@@ -131,16 +146,16 @@ def main() -> None:
              f"{', '.join(f'{r:.3f}' for r in cpu_pairs)}" + (f"; the rest of the machine (other jobs) used "
              f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else ""),
     )]
-    cli = f".venv/bin/scaling run {args.config} --launcher local --workers {args.workers} " + " ".join(
+    cli = f".venv/bin/scaling run {args.config} --launcher {launcher} --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
+        name, __doc__, args.quick, started, load_start, comparisons,
         config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
         arms={arm: f"{cli} --set {switch} --out DIR" for arm, switch in ARMS.items()},
         pair_ratios=pair_ratios, ratio_of_medians=bl.ratio(a_med, b_med), runs=runs,
     )
     bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
+    print(f"[{name}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":  # the plain launcher spawns processes that re-import this module

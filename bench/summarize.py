@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 
-ORDER = ("instrumentation_overhead", "ray_overhead", "ray_overhead_w1", "ray_overhead_w1_pinned", "cpu_scaling", "allreduce", "analysis_speed")
+ORDER = ("instrumentation_overhead", "instrumentation_overhead_own_job", "ray_overhead", "ray_overhead_w1", "ray_overhead_w1_pinned", "cpu_scaling", "allreduce", "analysis_speed")
 
 
 def value(v, unit: str) -> str:

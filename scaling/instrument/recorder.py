@@ -4,8 +4,8 @@ The training loop only calls `recorder.step(marks)` and `recorder.end_epoch(epoc
 it never sees files or other ranks. `RunRecorder` resolves the step marks (one clock
 resolve per epoch), gathers every rank's step records to rank 0 with one collective per
 epoch, and rank 0 writes `parts/steps-epochNNNNN.parquet` and `epochs.parquet` atomically,
-so a crash loses at most the epoch in progress. With `run_dir=None` it keeps everything in
-memory (tests).
+so a crash loses at most the epoch in progress. With `run_dir=None` nothing is written (a job
+the instrument times without a run directory).
 
 Each step record also carries `model_flops` (samples x training FLOPs per sample, once the
 loop has counted them: `flops_per_sample`) and `achieved_flops_per_s` (model_flops / step_s,
@@ -32,7 +32,6 @@ class RunRecorder:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._pending: list[StepMarks] = []
         self.epoch_rows: list[dict] = []
-        self.step_frames: list[pd.DataFrame] = []  # rank 0: every epoch's gathered steps
         self.telemetry_rows: list[dict] = []  # rank 0: every rank's telemetry samples so far
         self.flops_per_sample: float | None = None  # training FLOPs per sample, set by the loop
 
@@ -129,14 +128,7 @@ class RunRecorder:
             if self.run_dir is not None:
                 write_parquet_atomic(self.run_dir / "telemetry.parquet", pd.DataFrame(self.telemetry_rows))
         self.epoch_rows.append(epoch_row)
-        self.step_frames.append(steps)
         if self.run_dir is not None:
             if not steps.empty:  # empty with instrument.step_timing off
                 write_parquet_atomic(step_part_path(self.run_dir, epoch_row["epoch"]), steps)
             write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
-
-    def steps_frame(self) -> pd.DataFrame:
-        return pd.concat(self.step_frames, ignore_index=True) if self.step_frames else pd.DataFrame()
-
-    def epochs_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.epoch_rows)
