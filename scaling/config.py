@@ -58,6 +58,8 @@ class TrainConfig:
     max_epochs: int = 10
     target_accuracy: float = 0.8  # validation top-1 accuracy in (0, 1] that stops the run (TTA)
     seed: int = 0  # model init and data order
+    eval_every: float = 1.0  # validate every this fraction of an epoch (0.25: four times per epoch), and at every epoch's end; 1/eval_every must be a whole number
+    tta_rule: str = "first_eval"  # TTA = training time to: first_eval (the first evaluation at the target) | epoch_end (the end of the first epoch at the target: DAWNBench's rule, always in tta_epoch_end_s)
     target_metric: str = "top1"  # validation accuracy that target_accuracy applies to: top1 | top5 (DAWNBench ImageNet: top5)
     precision: str = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
@@ -307,6 +309,9 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")
     require(cfg.data.difficulty > 0, f"data.difficulty must be > 0, got {cfg.data.difficulty}")
+    require(0 < cfg.train.eval_every <= 1 and abs(1 / cfg.train.eval_every - round(1 / cfg.train.eval_every)) < 1e-9,
+            f"train.eval_every must be 1/k for a whole k (1, 0.5, 0.25, ...), got {cfg.train.eval_every}")
+    require(cfg.train.tta_rule in ("first_eval", "epoch_end"), f"train.tta_rule must be first_eval or epoch_end, got {cfg.train.tta_rule!r}")
     require(cfg.train.target_metric in ("top1", "top5"), f"train.target_metric must be top1 or top5, got {cfg.train.target_metric!r}")
     require(not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5), "train.target_metric top5 needs more than 5 classes")
     require(cfg.train.precision in ("fp32", "fp16", "bf16"), f"train.precision must be fp32, fp16 or bf16, got {cfg.train.precision!r}")

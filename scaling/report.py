@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scaling.analysis import intervals as iv
 from scaling.analysis import scaling_tables as st
 from scaling.errors import UsageError
 from scaling.results import READABLE_SCHEMA_VERSIONS, write_text_atomic
@@ -335,6 +336,71 @@ def _comm_columns(keys) -> list[tuple]:
     ]
 
 
+def _interval_cell(figure: str, spec: str, suffix: str = ""):
+    """'1.53× [1.41, 1.66] within noise'; '1.00× (base)' for the base row's speedups."""
+    def cell(row) -> str:
+        if figure.startswith(("speedup_", "gap_")) and row["num_workers"] == row["base_workers"]:
+            return "base"
+        if figure.endswith("comm_pct") or figure == "comm_overhead_pct":
+            if row["num_workers"] == 1:
+                return "0 (1 worker)"
+        text = iv.format_interval(row[figure], row[f"{figure}_lo"], row[f"{figure}_hi"], spec, suffix)
+        verdict = row[f"verdict_{figure}"]
+        return text + (" within noise" if verdict == "within noise" else "")
+    return cell
+
+
+def _repeats_cell(row) -> str:
+    needed = [row[f"repeats_needed_{f}"] for f in ("speedup_throughput", "speedup_tta", "comm_overhead_pct")]
+    needed = [n for n in needed if isinstance(n, float) and math.isfinite(n)]
+    return str(int(max(needed))) if needed else "-"
+
+
+def _interval_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        (lambda r: str(int(r["n_ok"])), "repeats", None),
+        (_interval_cell("speedup_time_per_epoch", ".2f", "×"), "speedup time/epoch", None),
+        (_interval_cell("speedup_throughput", ".2f", "×"), "speedup throughput", None),
+        (_interval_cell("speedup_tta", ".2f", "×"), "speedup TTA", None),
+        (_interval_cell("gap_tta_vs_throughput", ".2f", "×"), "TTA / throughput speedup", None),
+        (_interval_cell("comm_overhead_pct", ".1f", " %"), "comm overhead A/B", None),
+        (_interval_cell("exposed_comm_pct", ".1f", " %"), "exposed comm", None),
+        (_repeats_cell, "repeats for ±5%", None),
+    ]
+
+
+def headline_claims(intervals: pd.DataFrame) -> list[str]:
+    """One sentence per compared worker count: the speedups with their intervals, and what they can support."""
+    lines = []
+    for _, row in intervals.iterrows():
+        if row["num_workers"] == row["base_workers"] or not math.isfinite(row["speedup_throughput"]):
+            continue
+        series = ", ".join(f"{k.removeprefix('sweep.')} {row[k]}" for k in intervals.attrs.get("group_by", ())
+                           if k != "num_workers")
+        where = f"{int(row['base_workers'])}→{int(row['num_workers'])} workers" + (f" ({series})" if series else "")
+        parts = [f"throughput speedup {_claim(row, 'speedup_throughput')}", f"TTA speedup {_claim(row, 'speedup_tta')}"]
+        gap = row["verdict_gap_tta_vs_throughput"]
+        if gap == "within noise":
+            parts.append("TTA and throughput speedups do not differ beyond the noise: the data cannot say whether "
+                         "TTA scales better or worse than throughput")
+        elif gap == "below":
+            parts.append("TTA scales worse than throughput (outside the noise)")
+        elif gap == "above":
+            parts.append("TTA scales better than throughput (outside the noise)")
+        else:
+            parts.append("no interval for the throughput-vs-TTA gap (fewer than 2 repeats reached the target)")
+        lines.append(f"{where}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def _claim(row, figure: str) -> str:
+    text = iv.format_interval(row[figure], row[f"{figure}_lo"], row[f"{figure}_hi"], ".2f", "×")
+    verdict = row[f"verdict_{figure}"]
+    if verdict == "within noise":
+        return text + ", within noise (the interval includes 1×: no speedup shown)"
+    return text
+
+
 def _utilisation_columns(keys) -> list[tuple]:
     return _key_columns(keys) + [
         ("achieved_flops_per_s", "achieved (TFLOP/s per worker)", _num(".3f", 1e-12)),
@@ -531,6 +597,12 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
         st.prepare_runs(runs), keys, lambda run: dirs[0] / str(run["run_dir"]))
     warnings += projection_warnings
     table = add_projection(table, projected, keys)
+    intervals = iv.scaling_intervals(st.prepare_runs(runs), table)
+    for column in intervals.columns:  # the intervals and verdicts beside each figure (same rows, same order)
+        if column.endswith(("_lo", "_hi")) or column.startswith(("verdict_", "repeats_needed_")):
+            table[column] = intervals[column].to_numpy()
+    table["gap_tta_vs_throughput"] = intervals["gap_tta_vs_throughput"].to_numpy()
+    intervals.attrs["group_by"] = tuple(keys)
     for warning in warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     curve_keys = [k for k in keys if k in epochs.columns]
@@ -554,6 +626,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
 
     sections = [
         ("Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)", _scaling_columns(keys), table),
+        ("Uncertainty: 95% intervals over repeats (bootstrap over runs)", _interval_columns(keys), table),
         ("Time to accuracy over repeats", _tta_columns(keys), table),
         ("Communication and step time", _comm_columns(keys), table),
         ("Hardware utilisation (model FLOPs)", _utilisation_columns(keys), table),
@@ -570,6 +643,14 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     md = [title, "", *_header(dirs, runs, sweep.incomplete, target), ""]
     if warnings:
         md += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
+    claims = headline_claims(intervals)
+    if claims:
+        md += ["## What the data supports", "", *[f"- {c}" for c in claims],
+               "", "Intervals: 95%, percentile bootstrap over the runs of each worker count "
+               "(scaling/analysis/intervals.py); with 2–3 repeats they are at best the observed range, "
+               "so read \"repeats for ±5%\" in the uncertainty table before trusting a narrow one.", ""]
+        for claim in claims:
+            console.print(f"[bold]{escape(claim)}[/bold]")
     md += ["## Figures", "", "Each figure is also written as SVG beside the PNG.", ""]
     if not projected.empty:
         md += ["Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
@@ -589,6 +670,10 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
         console.print(_rich_table(title_shown, headers, shown))
         md += [f"### {title}", "", _markdown_table(headers, rows), ""]
     md += [
+        "Uncertainty: [lo, hi] is the 95% interval over repeats; 'within noise' marks an interval that includes the "
+        "comparison (1× for a speedup or for the TTA / throughput speedup ratio, 0 % for an overhead); 'no interval' "
+        "where a worker count has fewer than 2 repeats; repeats for ±5% = repeats per worker count that would narrow "
+        "the widest of the throughput speedup, TTA speedup and A/B overhead intervals to ±5% (half-width ∝ 1/√n). "
         "Speedup and efficiency: over the smallest worker count of the same series; eff. = speedup / (N / N_base). "
         "CV = std / mean over the repeats that reached the target (ddof=1); CV ratio = CV(epochs to target) / "
         "CV(time per epoch): above 1, TTA varies mostly through the number of epochs. Cost = TTA / 3600 × nodes × "

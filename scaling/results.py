@@ -128,8 +128,11 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     profile = _read_json(profile_path) if profile_path.exists() else None
     attempts_path = run_dir / "attempts.json"
     attempts = _read_json(attempts_path)["attempts"] if attempts_path.exists() else None
+    evals_path = run_dir / "evals.parquet"
+    evals = pd.read_parquet(evals_path) if evals_path.exists() else None
     figures = summarize_run(steps, epochs, description["target_accuracy"], description["num_workers"], profile,
-                            attempts, ab_calibration=description.get("ab_calibration", True))
+                            attempts, ab_calibration=description.get("ab_calibration", True), evals=evals,
+                            tta_rule=description.get("tta_rule", "first_eval"))
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     machine_path = run_dir / "machine.json"

@@ -169,6 +169,9 @@ class StepMeter:
         self._precision = "fp32"
         self._per_rank_batch: int | None = None
         self._calibrating = False
+        self._paused_s = 0.0  # training time of this epoch spent paused (evaluations inside it)
+        self._pause_started: float | None = None
+        self._evals: list[dict] = []  # this epoch's evaluations, written at end_epoch
         self._step_depth = 0  # nesting of optimizer step() calls (see _on_step_start)
         self._telemetry, self.telemetry_note = None, "GPU telemetry off"
         if self.settings["telemetry_interval_s"] > 0:
@@ -259,6 +262,7 @@ class StepMeter:
         if self.clock.cuda:
             torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
         self._epoch_steps = self._epoch_samples = 0
+        self._paused_s = 0.0
         self._training_end = None
         self._thread_usage = ThreadUsage()
         self._train_started = time.perf_counter()
@@ -299,10 +303,13 @@ class StepMeter:
         if self._training_end is None:
             self._close_step(None)
             self._end_training()
-        train_s = self._training_end - self._train_started
+        train_s = self._training_end - self._train_started - self._paused_s
         training_thread = self._thread_usage.stop()
-        eval_s = time.perf_counter() - self._training_end  # the job's own validation, between training and here
+        # the job's own validation, between training and here, and any evaluation it paused training for
+        eval_s = time.perf_counter() - self._training_end + self._paused_s
         self.elapsed_train_s += train_s
+        self.record_eval(val_accuracy, epoch_progress=float(self.epoch + 1),
+                         **{k: v for k, v in columns.items() if k.startswith("val_")})
         if self.epoch == 0:
             self.recorder.write_json("job.json", self.observed())
             if self._input_shape is not None:
@@ -330,9 +337,48 @@ class StepMeter:
             **training_thread,  # was the loop slow, or kept off its core? (thread_usage.py)
             **columns,
         }
-        self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [])
+        self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [], self._evals)
+        self._evals = []
         self._train_started = None
         return row
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Stop the training clock inside an epoch, e.g. for an evaluation every fraction of one.
+
+        The step in progress ends here (at its optimizer step's end); the paused time counts
+        in the epoch's `eval_s`, never in `train_s`, a step or TTA. Use between steps:
+
+            with meter.paused():
+                accuracy = evaluate(model)
+                meter.record_eval(accuracy, epoch_progress=epoch + fraction)
+        """
+        if self.clock.cuda:
+            torch.cuda.synchronize()
+        self._close_step(None)
+        start = time.perf_counter()
+        self._pause_started = start
+        try:
+            yield
+        finally:
+            if self.clock.cuda:
+                torch.cuda.synchronize()
+            self._paused_s += time.perf_counter() - start
+            self._pause_started = None
+
+    def record_eval(self, val_accuracy: float | None, epoch_progress: float, **columns) -> None:
+        """An evaluation's result, with the training time up to it (evals.parquet; TTA's first-eval rule).
+
+        Inside `paused()` the training time is the epoch's up to the pause; at the end of an
+        epoch (end_epoch calls this) all of the epoch's.
+        """
+        if self._pause_started is not None:
+            trained = self.elapsed_train_s + (self._pause_started - self._train_started - self._paused_s)
+        else:
+            trained = self.elapsed_train_s
+        self._evals.append({"epoch": self.epoch + 1, "epoch_progress": float(epoch_progress), "step": self.global_step,
+                            "elapsed_train_s": trained, "elapsed_wall_s": time.time() - self.run_first_step_unix,
+                            "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy), **columns})
 
     def _calibrate(self) -> None:
         """The A/B window (module docstring): no_sync and sync halves alternate, ABBA."""

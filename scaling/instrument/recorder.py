@@ -33,16 +33,19 @@ class RunRecorder:
         self._pending: list[StepMarks] = []
         self.epoch_rows: list[dict] = []
         self.telemetry_rows: list[dict] = []  # rank 0: every rank's telemetry samples so far
+        self.eval_rows: list[dict] = []  # rank 0: every evaluation so far (evals.parquet)
         self.flops_per_sample: float | None = None  # training FLOPs per sample, set by the loop
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the records: the epoch rows and telemetry written so far."""
-        return {"epoch_rows": list(self.epoch_rows), "telemetry_rows": list(self.telemetry_rows)}
+        return {"epoch_rows": list(self.epoch_rows), "telemetry_rows": list(self.telemetry_rows),
+                "eval_rows": list(self.eval_rows)}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a checkpoint: its epochs are kept, anything recorded after it is dropped."""
         self.epoch_rows = list(state["epoch_rows"])
         self.telemetry_rows = list(state["telemetry_rows"])
+        self.eval_rows = list(state.get("eval_rows", []))
         last_epoch = self.epoch_rows[-1]["epoch"] if self.epoch_rows else 0
         if self.rank == 0 and self.run_dir is not None:
             # Step files of epochs after the checkpoint (written before the failure) would be duplicates.
@@ -108,7 +111,7 @@ class RunRecorder:
     def step(self, marks: StepMarks) -> None:
         self._pending.append(marks)
 
-    def end_epoch(self, epoch_row: dict, telemetry: list[dict] | None = None) -> None:
+    def end_epoch(self, epoch_row: dict, telemetry: list[dict] | None = None, evals: list[dict] | None = None) -> None:
         """Resolve, gather and (rank 0) write this epoch's records. Every rank must call it."""
         self.clock.resolve()
         rows = [self._resolved(m) for m in self._pending]
@@ -128,7 +131,10 @@ class RunRecorder:
             if self.run_dir is not None:
                 write_parquet_atomic(self.run_dir / "telemetry.parquet", pd.DataFrame(self.telemetry_rows))
         self.epoch_rows.append(epoch_row)
+        self.eval_rows += evals or []
         if self.run_dir is not None:
+            if self.eval_rows:
+                write_parquet_atomic(self.run_dir / "evals.parquet", pd.DataFrame(self.eval_rows))
             if not steps.empty:  # empty with instrument.step_timing off
                 write_parquet_atomic(step_part_path(self.run_dir, epoch_row["epoch"]), steps)
             write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))

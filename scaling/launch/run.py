@@ -120,6 +120,8 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "seed": cfg.train.seed,
         "target_accuracy": cfg.train.target_accuracy,
         "target_metric": cfg.train.target_metric,
+        "eval_every": cfg.train.eval_every,
+        "tta_rule": cfg.train.tta_rule,
         "precision": cfg.train.precision,
         "channels_last": cfg.train.channels_last,
         "compile": cfg.train.compile,

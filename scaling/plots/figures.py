@@ -181,8 +181,23 @@ def _projected(ax, part: pd.DataFrame, column: str, label: str, colour: str) -> 
 
 # ---------------------------------------------------------------------------- figures
 
+def _yerr(part: pd.DataFrame, column: str, values: np.ndarray) -> np.ndarray | None:
+    """Error bars from the 95% interval columns `<column>_lo` / `_hi` (scaling/analysis/intervals.py), if any."""
+    if f"{column}_lo" not in part.columns:
+        return None
+    lo = part[f"{column}_lo"].to_numpy(dtype=float)
+    hi = part[f"{column}_hi"].to_numpy(dtype=float)
+    err = np.vstack([values - lo, hi - values])
+    return np.where(np.isfinite(err), np.clip(err, 0, None), 0.0)
+
+
+def _errorbars(ax, xs, values, yerr, colour) -> None:
+    if yerr is not None and yerr.any():
+        ax.errorbar(xs, values, yerr=yerr, fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, zorder=3)
+
+
 def speedup_figure(table: pd.DataFrame) -> Figure:
-    """Speedup vs workers for time per epoch, throughput and TTA, with the ideal linear line."""
+    """Speedup vs workers for time per epoch, throughput and TTA, with the ideal linear line and 95% intervals."""
     with mpl.rc_context(STYLE):
         panels = _series(table)
         fig, axes = _figure(len(panels))
@@ -202,6 +217,9 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                     missing.append(METRIC_LABEL[metric])
                     continue
                 ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
+                yerr = _yerr(part, f"speedup_{metric}", values)
+                _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None,
+                           METRIC_LINE[metric].get("color", METRIC_COLOUR[metric]))
             _projected(ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)",
                        METRIC_COLOUR["throughput"])
             if log:
@@ -238,6 +256,8 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
                 keep = np.isfinite(values)
                 if keep.any():
                     ax.plot(counts[keep], values[keep], marker=marker, linestyle=style, color=colour, label=label)
+                    yerr = _yerr(part, column, values)
+                    _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None, colour)
                     drawn = True
             drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead, projected (α–β model)",
                                COMM_AB_COLOUR) or drawn
@@ -252,7 +272,7 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
         highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
         axes[0].set_ylim(0, max(5.0, highest * 1.15))
         _legend(fig, axes, loc="upper left")
-        axes[0].set_ylabel("share of step time (%, median over repeats)")
+        axes[0].set_ylabel("share of step time (%, median over repeats, 95% interval)")
         fig.suptitle("Communication overhead vs. number of workers", fontweight="bold", fontsize=10)
     return fig
 
@@ -338,8 +358,10 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
             top = np.nanmax(both) if np.isfinite(both).any() else 1.0
             for offset, metric in ((-width / 2, "throughput"), (width / 2, "tta")):
                 values = part[f"speedup_{metric}"].to_numpy(dtype=float)
+                yerr = _yerr(part, f"speedup_{metric}", values)
                 bars = ax.bar(positions + offset, np.nan_to_num(values), width, color=METRIC_COLOUR[metric],
-                              edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup")
+                              edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup",
+                              yerr=yerr, error_kw={"elinewidth": 1.0, "capsize": 3, "ecolor": "#222222"})
                 for bar, value in zip(bars, values if labelled else []):
                     # inside the bar's top, clear of the ideal mark above it; above a bar too short to hold it
                     x = bar.get_x() + bar.get_width() / 2

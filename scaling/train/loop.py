@@ -227,6 +227,9 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         if ctx.device.type == "cuda" or not available:
             print(meter.telemetry_note if ctx.device.type == "cuda" else why_not, flush=True)
 
+    # Evaluations inside an epoch (train.eval_every < 1), after these steps; the epoch's end always evaluates.
+    evaluations = round(1 / cfg.train.eval_every)
+    mid_epoch_evals = {round(k * steps_per_ep / evaluations) for k in range(1, evaluations)} - {0, steps_per_ep}
     model.train()
     restored = checkpoints.load()
     if restored is not None:
@@ -242,7 +245,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         for epoch in range(meter.epoch + 1, cfg.train.max_epochs + 1):
             batches = dataset.train_batches(ctx.rank, ctx.world_size, epoch, cfg.train.seed, cfg.train.per_worker_batch)
             loss_sum = torch.zeros((), device=ctx.device)
-            for inputs, targets in meter.batches(batches):
+            for step_in_epoch, (inputs, targets) in enumerate(meter.batches(batches), start=1):
                 if meter.global_step - 1 == cfg.instrument.fail_at_step and ctx.rank == 0:
                     raise InjectedFailure(f"injected failure at step {meter.global_step - 1} (instrument.fail_at_step)")
                 with precision.autocast():
@@ -252,6 +255,11 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 optimizer.zero_grad()  # set_to_none (torch's default; Horovod's takes no argument)
                 scheduler.step()
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
+                if step_in_epoch in mid_epoch_evals and dataset.has_validation:
+                    with meter.paused():  # outside train_s, the step and TTA
+                        mid = _evaluate(plain_model, dataset, ctx, precision)
+                        meter.record_eval(mid.get(cfg.train.target_metric), epoch_progress=epoch - 1 + step_in_epoch / steps_per_ep,
+                                          val_top1=mid["top1"], val_top5=mid["top5"])
             accuracy = _evaluate(plain_model, dataset, ctx, precision) if dataset.has_validation else {}
             val_accuracy = accuracy.get(cfg.train.target_metric, float("nan"))
             train_loss = float(loss_sum) / steps_per_ep
