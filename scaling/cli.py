@@ -45,7 +45,11 @@ def _build_parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="every worker count x repeat (x sweep axes) as its own run; resumable")
     sweep.add_argument("config", help="experiment YAML, optionally with a sweep: section")
     sweep.add_argument("--workers", help="comma-separated worker counts, e.g. 1,2 (overrides sweep.workers)")
-    sweep.add_argument("--repeats", type=int, help="seeds per point (overrides sweep.repeats)")
+    sweep.add_argument("--repeats", help="seeds per point (overrides sweep.repeats), or auto: add repeats until each "
+                       "point's 95%% interval is within --interval-width")
+    sweep.add_argument("--interval-width", type=float, default=0.05,
+                       help="--repeats auto: the relative half-width to reach (default 0.05: ±5%%)")
+    sweep.add_argument("--max-repeats", type=int, default=6, help="--repeats auto: at most this many repeats per point")
     sweep.add_argument("--out", type=Path, help="sweep directory (default: results/<name>-sweep)")
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a base config field for every run (repeatable)")
@@ -141,10 +145,13 @@ def _check_capacity(cfg, launcher: str, log_to_driver: bool = True) -> None:
     else:
         import os
 
+        from scaling.launch.local import check_local_gpus
+
         if cfg.workers.num_workers * cfg.workers.cpus_per_worker > (os.cpu_count() or 1):
             raise UsageError(
                 f"{cfg.workers.num_workers} workers x {cfg.workers.cpus_per_worker} CPU exceed this host's {os.cpu_count()} CPUs"
             )
+        check_local_gpus(cfg)  # NCCL needs a GPU per worker; bf16 needs a GPU that has it
 
 
 def _cmd_run(args) -> int:
@@ -165,10 +172,14 @@ def _cmd_sweep(args) -> int:
     from rich.console import Console
 
     from scaling.launch.run import check_run_dir, resolve_out
-    from scaling.launch.sweep import parse_workers, plan_sweep, prepare_sweep_dir, run_sweep, sweep_max_workers
+    from scaling.launch.sweep import (
+        parse_repeats, parse_workers, plan_more_repeats, plan_sweep, prepare_sweep_dir, run_sweep, sweep_max_workers,
+    )
 
     workers = parse_workers(args.workers) if args.workers is not None else None
-    data, spec, planned = plan_sweep(args.config, workers, args.repeats, args.overrides)
+    if not 0 < args.interval_width < 1 or args.max_repeats < 2:
+        raise UsageError("--interval-width must be in (0, 1) and --max-repeats at least 2")
+    data, spec, planned = plan_sweep(args.config, workers, parse_repeats(args.repeats), args.overrides)
     sweep_dir = resolve_out(args.out, f"{planned[0].config.name}-sweep")
     check_run_dir(sweep_dir)
     # Ray's worker logs would tear the progress display; each run's errors land in its summary.
@@ -178,6 +189,14 @@ def _cmd_sweep(args) -> int:
     # plain print: rich would wrap a long path, and job logs are read by scripts
     print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)", flush=True)
     index = run_sweep(sweep_dir, planned, args.launcher, console)
+    while spec.repeats == "auto":
+        more, notes = plan_more_repeats(sweep_dir, planned, args.interval_width, args.max_repeats)
+        for note in notes:
+            print(f"repeats auto: {note}", flush=True)
+        if not more:
+            break
+        planned += more
+        index = run_sweep(sweep_dir, planned, args.launcher, console)
     failed = int((index["status"] == "failed").sum()) if not index.empty else 0
     print(f"done: {len(index) - failed} runs finished, {failed} failed; next: scaling report {sweep_dir}", flush=True)
     return 0 if failed == 0 else 1

@@ -6,7 +6,7 @@ The config file is a run config with an optional `sweep:` section:
 
     sweep:
       workers: [1, 2]          # --workers overrides
-      repeats: 3               # --repeats overrides; repeat r runs with train.seed + r
+      repeats: 3               # --repeats overrides; repeat r runs with train.seed + r; "auto": see below
       axes:                    # any other config field, by dotted key
         train.per_worker_batch: [64, 128]
 
@@ -15,6 +15,11 @@ Layout of the sweep directory:
     runs/<run_key>/   one run directory per run (docs/results.md)
     runs.parquet      index: one row per finished run, its summary flattened, plus
                       run_key, run_dir, repeat and one `sweep.<key>` column per axis
+
+`repeats: auto` (`--repeats auto`) starts with 2 repeats per point and keeps adding one to each
+point whose 95% interval (scaling/analysis/intervals.py, `group_interval`) of its median
+throughput or of its mean TTA is wider than ±`--interval-width` (default 5%) of the figure,
+until every point is that narrow or has `--max-repeats` (default 6) runs; it says which.
 
 Re-running the same command resumes: runs whose summary.json says reached_target or
 max_epochs are kept; failed, interrupted or never-finished runs are redone. A failed run
@@ -26,6 +31,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -39,6 +45,7 @@ from scaling.errors import UsageError
 from scaling.results import read_epochs, write_parquet_atomic, write_text_atomic
 
 DONE_STATUSES = ("reached_target", "max_epochs")
+AUTO_START_REPEATS = 2
 
 
 @dataclass
@@ -70,8 +77,8 @@ def _parse_spec(raw: dict | None, workers: list[int] | None, repeats: int | None
         raise ConfigError(f"sweep workers must be a non-empty list of integers, got {spec.workers!r}")
     if any(w < 1 for w in spec.workers):
         raise ConfigError(f"sweep workers must be >= 1, got {spec.workers}")
-    if not isinstance(spec.repeats, int) or spec.repeats < 1:
-        raise ConfigError(f"sweep repeats must be an integer >= 1, got {spec.repeats!r}")
+    if spec.repeats != "auto" and (not isinstance(spec.repeats, int) or isinstance(spec.repeats, bool) or spec.repeats < 1):
+        raise ConfigError(f"sweep repeats must be an integer >= 1 or auto, got {spec.repeats!r}")
     if not isinstance(spec.axes, dict) or not all(isinstance(v, list) and v for v in spec.axes.values()):
         raise ConfigError("sweep.axes must map dotted config keys to non-empty lists of values")
     for key in spec.axes:
@@ -91,8 +98,17 @@ def _short(key: str) -> str:
     return key.split(".")[-1]
 
 
+def parse_repeats(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--repeats expects a whole number or auto, got {text!r}") from None
+
+
 def plan_sweep(
-    config_path: Path, workers: list[int] | None, repeats: int | None, overrides: list[str] | None = None
+    config_path: Path, workers: list[int] | None, repeats: int | str | None, overrides: list[str] | None = None
 ) -> tuple[dict, SweepSpec, list[PlannedRun]]:
     """Every run of the sweep, each config validated before anything runs."""
     data = read_config_file(config_path)
@@ -105,7 +121,7 @@ def plan_sweep(
     for values in itertools.product(*(spec.axes[k] for k in axis_keys)):
         axis_values = dict(zip(axis_keys, values))
         for num_workers in spec.workers:
-            for repeat in range(spec.repeats):
+            for repeat in range(AUTO_START_REPEATS if spec.repeats == "auto" else spec.repeats):
                 overrides = [f"{k}={json.dumps(v)}" for k, v in axis_values.items()]
                 run_data = apply_overrides(copy.deepcopy(data), overrides)
                 cfg = from_dict(run_data)
@@ -118,6 +134,48 @@ def plan_sweep(
                 key = f"w{num_workers}" + "".join(f"-{_short(k)}{v}" for k, v in axis_values.items()) + f"-r{repeat}"
                 planned.append(PlannedRun(key, repeat, axis_values, cfg))
     return data, spec, planned
+
+
+def another_repeat(run: PlannedRun, repeat: int) -> PlannedRun:
+    """`run`'s point once more, as repeat `repeat` (seed = the base seed + repeat)."""
+    cfg = copy.deepcopy(run.config)
+    cfg.train.seed = run.config.train.seed - run.repeat + repeat
+    return PlannedRun(run.key.rsplit("-r", 1)[0] + f"-r{repeat}", repeat, dict(run.axis_values), cfg)
+
+
+def plan_more_repeats(sweep_dir: Path, planned: list[PlannedRun], width: float, max_repeats: int) -> tuple[list[PlannedRun], list[str]]:
+    """`repeats: auto`: one more repeat for every point whose interval is still too wide (module docstring).
+
+    Returns (runs to add, one line per point on where its intervals stand).
+    """
+    from scaling.analysis.intervals import group_interval
+
+    index = write_index(sweep_dir, planned)
+    points: dict[str, list[PlannedRun]] = {}
+    for run in planned:
+        points.setdefault(run.key.rsplit("-r", 1)[0], []).append(run)
+    more, notes = [], []
+    for point, runs in points.items():
+        rows = index[index["run_key"].isin([r.key for r in runs])] if not index.empty else index
+        widths = {}
+        for label, statistic in (("throughput", "throughput_samples_per_s"), ("TTA", "tta_mean_s")):
+            reached = int(rows["tta_s"].notna().sum()) if "tta_s" in rows.columns else 0
+            if rows.empty or (statistic == "tta_mean_s" and reached < 2):
+                continue  # fewer than 2 repeats reached the target: TTA has no interval to narrow
+            estimate, lo, hi, _ = group_interval(rows, statistic)
+            finite = all(math.isfinite(v) for v in (estimate, lo, hi)) and estimate != 0
+            widths[label] = (hi - lo) / 2 / abs(estimate) if finite else math.inf
+        too_wide = {label: half for label, half in widths.items() if half > width}
+        text = ", ".join(f"{label} ±{half:.1%}" if math.isfinite(half) else f"{label} no interval"
+                         for label, half in widths.items())
+        if too_wide and len(runs) < max_repeats:
+            more.append(another_repeat(runs[-1], max(r.repeat for r in runs) + 1))
+            notes.append(f"{point}: {len(runs)} repeats, {text}: one more")
+        elif too_wide:
+            notes.append(f"{point}: {len(runs)} repeats (the cap), {text}: wider than ±{width:.0%}")
+        else:
+            notes.append(f"{point}: {len(runs)} repeats, {text}: within ±{width:.0%}")
+    return more, notes
 
 
 def _sweep_description(data: dict, spec: SweepSpec) -> str:
