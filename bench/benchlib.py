@@ -72,14 +72,25 @@ def ratio(numerator, denominator) -> float | None:
 
 def comparison(name: str, a: str, b: str, a_median, b_median, unit: str, ratio_value, ratio_definition: str,
                budget: float | None = None, budget_definition: str = "", note: str = "",
-               budget_on: str = "ratio") -> dict:
+               budget_on: str = "ratio", pair_ratios=None) -> dict:
     """One row of the summary table. `pass`: the ratio (budget_on="ratio") or A's median
-    (budget_on="a", a budget in `unit`) is <= budget; null without a budget or a value."""
+    (budget_on="a", a budget in `unit`) is <= budget; null without a budget or a value.
+
+    With `pair_ratios` (the per-pair ratios the median ratio is taken over), the row carries the
+    95% interval of that median (`ratio_lo`, `ratio_hi`: percentile bootstrap over pairs,
+    scaling/analysis/intervals.py) and `within_noise`: whether it includes 1 (no difference
+    between A and B shown) and, with a budget, `budget_within_noise`: whether it straddles it."""
+    from scaling.analysis.intervals import median_interval
+
     value = ratio_value if budget_on == "ratio" else a_median
     passed = None if budget is None or value is None else bool(value <= budget)
+    lo, hi = median_interval(pair_ratios) if pair_ratios else (None, None)
+    lo, hi = (None, None) if lo is None or lo != lo else (lo, hi)
     return {
         "name": name, "a": a, "b": b, "a_median": a_median, "b_median": b_median, "unit": unit,
-        "ratio": ratio_value, "ratio_definition": ratio_definition,
+        "ratio": ratio_value, "ratio_lo": lo, "ratio_hi": hi, "ratio_definition": ratio_definition,
+        "within_noise": None if lo is None else bool(lo <= 1.0 <= hi),
+        "budget_within_noise": None if lo is None or budget is None or budget_on != "ratio" else bool(lo <= budget < hi),
         "budget": budget, "budget_on": budget_on, "budget_definition": budget_definition, "pass": passed, "note": note,
     }
 

@@ -133,7 +133,7 @@ def main() -> None:
         "instrumentation overhead (step time)", "instrumented (step_timing=true)", "plain (step_timing=false)",
         a_med, b_med, "s/step", headline,
         "median over adjacent ABBA pairs of instrumented / plain steady-state step time",
-        BUDGET, "instrumented / plain <= 1.03 on CPU",
+        BUDGET, "instrumented / plain <= 1.03 on CPU", pair_ratios=pair_ratios,
         note=f"{args.config}, {args.workers} workers, {launcher} launcher, {pairs} pairs x {epochs} epochs; "
              f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
              f"{bl.contention_note(runs)}",
@@ -141,7 +141,7 @@ def main() -> None:
         "instrumentation overhead (workers' CPU per step)", "instrumented (step_timing=true)",
         "plain (step_timing=false)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
         "median over adjacent ABBA pairs of instrumented / plain CPU seconds of the training workers per steady-state "
-        "step", BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)",
+        "step", BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)", pair_ratios=cpu_pairs,
         note=f"/proc CPU time of the 2 worker processes while the epochs after the first trained; pair ratios "
              f"{', '.join(f'{r:.3f}' for r in cpu_pairs)}" + (f"; the rest of the machine (other jobs) used "
              f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else ""),

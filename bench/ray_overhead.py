@@ -303,7 +303,7 @@ def main() -> None:
         return bl.comparison(
             f"rank 0's training thread: {what}{of}", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
             a, b, unit, bl.median(pairs) if pairs else None,
-            "median over adjacent ABBA pairs of ray / local", None, "",
+            "median over adjacent ABBA pairs of ray / local", None, "", pair_ratios=pairs,
             note=f"{where}; getrusage(RUSAGE_THREAD) over the epochs after the first (epochs.parquet); share of the "
                  f"training wall time the thread was off its core: ray {shares['ray']:.1%}, local {shares['local']:.1%}")
     comparisons = [
@@ -311,14 +311,14 @@ def main() -> None:
             f"Ray Train overhead (step time{of})", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
             step_a, step_b, "s/step", bl.median(step_pairs),
             "median over adjacent ABBA pairs of ray / local steady-state step time", STEP_BUDGET,
-            "ray / local <= 1.05",
+            "ray / local <= 1.05", pair_ratios=step_pairs,
             note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
                  f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}"),
         bl.comparison(
             f"Ray Train overhead (training workers' CPU per step{of})", "Ray Train (--launcher ray)",
             "plain torch.distributed (--launcher local)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
             "median over adjacent ABBA pairs of ray / local CPU seconds of the training workers per steady-state step",
-            STEP_BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)",
+            STEP_BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)", pair_ratios=cpu_pairs,
             note=f"{where}; /proc CPU time of the training worker processes in the epochs after the first, training "
                  f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}"),
         thread_row("thread_cpu_s_per_step", "CPU per step", "CPU s/step"),

@@ -90,12 +90,14 @@ def update_readme(records: list[dict]) -> bool:
 
 
 def render(records: list[dict]) -> str:
-    header = ["benchmark", "A", "B", "median ratio", "budget", "pass/miss", "date", "machine"]
+    header = ["benchmark", "A", "B", "median ratio [95% interval]", "budget", "pass/miss", "date", "machine"]
     lines = ["| " + " | ".join(header) + " |", "|---|---|---|---:|---:|---|---|---|"]
     notes, commands = [], []
     for record in records:
         for c in record["comparisons"]:
             ratio = f"{c['ratio']:.3f}" if c.get("ratio") is not None else "—"
+            if c.get("ratio_lo") is not None:  # the 95% interval of the median over pairs
+                ratio += f" [{c['ratio_lo']:.3f}, {c['ratio_hi']:.3f}]" + (" within noise" if c.get("within_noise") else "")
             cells = [c["name"], arm(c["a"], c["a_median"], c["unit"]), arm(c["b"], c["b_median"], c["unit"]), ratio,
                      budget(c), verdict(c), record["date"][:10], machine(record)]
             lines.append("| " + " | ".join(escape(x) for x in cells) + " |")

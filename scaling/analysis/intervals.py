@@ -213,6 +213,14 @@ def group_interval(runs: pd.DataFrame, statistic: str = "throughput_samples_per_
     return float(full), lo, hi, n
 
 
+def median_interval(values) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of `values` (e.g. a benchmark's pair ratios); NaN below 2."""
+    values = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if len(values) < MIN_REPEATS:
+        return math.nan, math.nan
+    return _percentiles(_nanmedian(values[_indices(len(values), np.random.default_rng(SEED))]))
+
+
 def format_interval(estimate: float, lo: float, hi: float, spec: str = ".2f", suffix: str = "") -> str:
     """'1.53× [1.41, 1.66]'; '1.53× (1 repeat: no interval)' where there is none; '-' with no estimate."""
     if estimate is None or not math.isfinite(estimate):
