@@ -7,8 +7,12 @@ A run directory holds (schema in docs/results.md):
     config.yaml        the resolved config
     summary.json       the run's figures (scaling.analysis.run_metrics.summarize_run)
     epochs.parquet     one row per epoch
-    steps.parquet      one row per (rank, step), training and calibration steps
-    parts/             per-epoch step records while the run is going; merged into steps.parquet
+    steps.parquet/     one row per (rank, step), training and calibration steps: a directory of
+                       parts, one per (rank, epoch), `rank00003-epoch00012.parquet`, each written by
+                       its rank (scaling/instrument/recorder.py). `pandas.read_parquet` reads the
+                       directory whole; `step_batches` reads it by column, in batches, for figures
+                       that only aggregate (a 1,024-rank run's records never need to fit in memory).
+    telemetry.parquet/ the same layout, GPU runs with NVML
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 
-# Version 2 (this one) added per-epoch top-1/top-5 and first_step_unix, FLOPs/MFU, restarts
-# and link bandwidth to the summary; version 1 files are still read (missing figures are null).
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
+# Version 3 (this one): steps.parquet and telemetry.parquet are directories of per-rank parts,
+# evals.parquet and job.json are new. Version 2 added per-epoch top-1/top-5 and first_step_unix,
+# FLOPs/MFU, restarts and link bandwidth to the summary. Versions 1 and 2 are still read
+# (missing figures are null; a single-file steps.parquet reads like a directory of one part).
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 PARQUET_VERSION_KEY = b"scaling.schema_version"  # key in every Parquet file's metadata
 
 
@@ -78,26 +84,42 @@ def _json_default(value):
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
-def step_part_path(run_dir: Path, epoch: int) -> Path:
-    return Path(run_dir) / "parts" / f"steps-epoch{epoch:05d}.parquet"
+def rank_part_path(table: Path, rank: int, epoch: int) -> Path:
+    """One rank's part of a per-rank table (steps.parquet/, telemetry.parquet/) for one epoch."""
+    return Path(table) / f"rank{rank:05d}-epoch{epoch:05d}.parquet"
 
 
-def merge_step_parts(run_dir: Path) -> pd.DataFrame:
-    """Merge per-epoch step files into steps.parquet (atomically) and remove the parts."""
-    run_dir = Path(run_dir)
-    parts = sorted((run_dir / "parts").glob("steps-epoch*.parquet"))
-    if parts:
-        steps = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-    elif (run_dir / "steps.parquet").exists():
-        return pd.read_parquet(run_dir / "steps.parquet")
-    else:
-        steps = pd.DataFrame()
-    write_parquet_atomic(run_dir / "steps.parquet", steps)
-    for p in parts:
-        p.unlink()
-    if (run_dir / "parts").is_dir() and not any((run_dir / "parts").iterdir()):
-        (run_dir / "parts").rmdir()
-    return steps
+def rank_parts(table: Path, rank: int | None = None) -> list[Path]:
+    """The parts of a per-rank table (of one rank, or of all); [] for a missing or single-file table."""
+    table = Path(table)
+    if not table.is_dir():
+        return []
+    return sorted(table.glob(f"rank{rank:05d}-epoch*.parquet" if rank is not None else "rank*-epoch*.parquet"))
+
+
+def part_epoch(part: Path) -> int:
+    return int(Path(part).stem.rsplit("-epoch", 1)[1])
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A whole table: a file, a directory of parts, or empty when absent (e.g. step timing off)."""
+    path = Path(path)
+    if path.is_dir() and not rank_parts(path):
+        return pd.DataFrame()
+    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+
+def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 20):
+    """steps.parquet's `columns` (those present), as DataFrames of at most `batch_rows` rows: memory bounded by a batch."""
+    import pyarrow.dataset as ds
+
+    path = Path(run_dir) / "steps.parquet"
+    if not path.exists() or (path.is_dir() and not rank_parts(path)):
+        return
+    dataset = ds.dataset(str(path), format="parquet")
+    present = [c for c in columns if c in dataset.schema.names]
+    for batch in dataset.to_batches(columns=present, batch_size=batch_rows):
+        yield batch.to_pandas()
 
 
 def read_epochs(run_dir: Path) -> pd.DataFrame:
@@ -121,8 +143,10 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     from scaling.analysis.run_metrics import summarize_run
     from scaling.instrument.machine import describe_hardware, describe_versions
 
+    from scaling.analysis.run_metrics import STEP_COLUMNS
+
     run_dir = Path(run_dir)
-    steps = merge_step_parts(run_dir)
+    steps = step_batches(run_dir, STEP_COLUMNS)  # by column, in batches: never the whole record set
     epochs = read_epochs(run_dir)
     profile_path = run_dir / "compute_profile.json"
     profile = _read_json(profile_path) if profile_path.exists() else None
@@ -137,7 +161,7 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     machine_path = run_dir / "machine.json"
     hardware = _read_json(machine_path) if machine_path.exists() else describe_hardware()
-    num_nodes = int(steps["node_rank"].nunique()) if not steps.empty else None
+    num_nodes = figures.pop("num_nodes")
     summary = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_dir.name,

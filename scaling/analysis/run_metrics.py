@@ -58,10 +58,49 @@ import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
 STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s")
+# The step-record columns a run's figures need (scaling.results.step_batches reads only these).
+STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", *STEP_FIELDS]
 
 
-def steady_state_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    return steps[(steps["kind"] == "train") & (~steps["warmup"])]
+class StepAccumulator:
+    """The step figures of a run from its records fed batch by batch (`add`), in bounded memory.
+
+    Means over steady-state steps as sums and counts (NaN skipped, as pandas' mean does); a
+    run shorter than its warm-up falls back to all its training steps; calibration rows (a
+    few per rank and epoch) are kept whole for the A/B pairing; node ranks are counted.
+    """
+
+    def __init__(self):
+        self.sums = {"steady": dict.fromkeys(STEP_FIELDS, 0.0), "train": dict.fromkeys(STEP_FIELDS, 0.0)}
+        self.counts = {"steady": dict.fromkeys(STEP_FIELDS, 0), "train": dict.fromkeys(STEP_FIELDS, 0)}
+        self.rows = 0
+        self.calibration: list[pd.DataFrame] = []
+        self.node_ranks: set = set()
+
+    def add(self, batch: pd.DataFrame) -> None:
+        if batch.empty:
+            return
+        self.rows += len(batch)
+        train = batch[batch["kind"] == "train"]
+        for part, rows in (("train", train), ("steady", train[~train["warmup"].astype(bool)])):
+            for name in STEP_FIELDS:
+                if name in rows.columns:
+                    values = rows[name]
+                    self.sums[part][name] += float(values.sum())
+                    self.counts[part][name] += int(values.notna().sum())
+        calib = batch[batch["kind"].isin(["calib_sync", "calib_nosync"])]
+        if not calib.empty:
+            self.calibration.append(calib)
+        if "node_rank" in batch.columns:
+            self.node_ranks.update(batch["node_rank"].dropna().unique().tolist())
+
+    def means(self) -> dict:
+        part = "steady" if any(self.counts["steady"].values()) else "train"
+        return {name: (self.sums[part][name] / self.counts[part][name] if self.counts[part][name] else None)
+                for name in STEP_FIELDS}
+
+    def calibration_frame(self) -> pd.DataFrame:
+        return pd.concat(self.calibration, ignore_index=True) if self.calibration else pd.DataFrame()
 
 
 def comm_delta_s(steps: pd.DataFrame) -> float | None:
@@ -135,6 +174,10 @@ def summarize_run(
 ) -> dict:
     """The run's figures; fields absent from the records come back as None.
 
+    `steps`: the step records as one DataFrame, or as an iterable of DataFrame batches (the
+    columns in STEP_COLUMNS suffice) for a record set too large to hold
+    (scaling.results.step_batches). `num_nodes` (distinct node ranks) is in the result.
+
     `target_accuracy` None: no target, no TTA. `ab_calibration` False: the job gave the
     instrument no forward+backward function, so the A/B figure is absent (`comm_overhead_note`).
     """
@@ -143,20 +186,22 @@ def summarize_run(
     out["restarts"] = restarts
     out["time_lost_s"] = time_lost_s
     out["tta_includes_restarts"] = restarts > 0
-    steady = steady_state_steps(steps) if not steps.empty else steps
-    if steady.empty and not steps.empty:
-        steady = steps[steps["kind"] == "train"]  # a run shorter than its warm-up: use what there is
-    for name in STEP_FIELDS:
-        out[name] = _finite_or_none(steady[name].mean()) if not steady.empty else None
+    accumulator = StepAccumulator()
+    for batch in [steps] if isinstance(steps, pd.DataFrame) else steps:
+        accumulator.add(batch)
+    for name, value in accumulator.means().items():
+        out[name] = _finite_or_none(value)
+    out["num_nodes"] = len(accumulator.node_ranks) or None
     step_s = out["step_s"]
-    out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if step_s else None
+    out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
 
     out["comm_overhead_note"] = None
     if num_workers == 1:
         out["comm_delta_s"] = 0.0
         out["comm_overhead_pct"] = 0.0
     else:
-        delta = comm_delta_s(steps) if not steps.empty else None
+        calibration = accumulator.calibration_frame()
+        delta = comm_delta_s(calibration) if not calibration.empty else None
         out["comm_delta_s"] = delta
         out["comm_overhead_pct"] = 100.0 * delta / step_s if (delta is not None and step_s) else None
         if delta is None:

@@ -136,18 +136,36 @@ class StepMeter:
         parameter = next(model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.clock = clock_for(self.device)
-        self.recorder = RunRecorder(self.clock, self.rank, self.world_size, self.node_rank, self.local_rank, self.run_dir)
+        self.recorder = RunRecorder(self.clock, self.rank, self.node_rank, self.local_rank, self.run_dir)
         self.backend = detect(model, optimizer)
         self.timing = bool(self.settings["step_timing"])
-        if self.timing and self.world_size > 1:
+        # A DDP model communicates even at world size 1 (a 1-rank NCCL group: the GPU ground
+        # truth, docs/gpu.md): its all-reduces are timed. The lab's own 1-worker runs train the
+        # plain module (LocalBackend): nothing to time, as before.
+        communicates = self.world_size > 1 or self.backend.name == "ddp"
+        if self.timing and communicates:
             self.backend.install_timer(self.clock, self.settings["inject_comm_delay_s"])
         elif self.settings["inject_comm_delay_s"]:
-            raise ValueError("inject_comm_delay_s needs step timing and more than one worker")
+            raise ValueError("inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)")
         self._handles = []
+        watched = forward_module if forward_module is not None else model
         if self.timing:
-            watched = forward_module if forward_module is not None else model
             self._handles += [watched.register_forward_pre_hook(self._on_forward_start),
                               watched.register_forward_hook(self._on_forward_end)]
+        else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
+            def once_before(module, args):
+                if self._train_started is not None:
+                    self._observe_input(args)
+                    before.remove()
+
+            def once_after(module, args, output):
+                if self._train_started is not None and self._input_shape is not None:
+                    self._observe_output(output)
+                    after.remove()
+
+            before = watched.register_forward_pre_hook(once_before)
+            after = watched.register_forward_hook(once_after)
+            self._handles += [before, after]
         if self.timing or self.backend.name == "horovod":  # Horovod's wait moves to the step's start either way
             self._handles += [optimizer.register_step_pre_hook(self._on_step_start),
                               optimizer.register_step_post_hook(self._on_step_end)]
@@ -186,6 +204,17 @@ class StepMeter:
         if step is None or "forward_start" in step:
             return
         step["forward_start"] = self.clock.mark()
+        self._observe_input(args)
+
+    def _on_forward_end(self, module, args, output):
+        step = self._step
+        if step is None or "forward_end" in step:
+            return
+        step["forward_end"] = self.clock.mark()
+        self._observe_output(output)
+
+    def _observe_input(self, args) -> None:
+        """The first training batch's input shape and autocast precision (for the FLOPs profile)."""
         if self._input_shape is None:
             first = _first_tensor(args)
             if first is not None:
@@ -194,11 +223,7 @@ class StepMeter:
                     dtype = torch.get_autocast_dtype(self.device.type)
                     self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
-    def _on_forward_end(self, module, args, output):
-        step = self._step
-        if step is None or "forward_end" in step:
-            return
-        step["forward_end"] = self.clock.mark()
+    def _observe_output(self, output) -> None:
         if self._num_outputs is None:
             first = _first_tensor(output)
             if first is not None and first.dim() >= 1:

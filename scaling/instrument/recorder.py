@@ -1,15 +1,19 @@
-"""Where a worker's records go: gathered to rank 0 once per epoch and written there.
+"""Where a worker's records go: each rank writes its own, once per epoch, to the run's storage.
 
-The training loop only calls `recorder.step(marks)` and `recorder.end_epoch(epoch_row)`;
-it never sees files or other ranks. `RunRecorder` resolves the step marks (one clock
-resolve per epoch), gathers every rank's step records to rank 0 with one collective per
-epoch, and rank 0 writes `parts/steps-epochNNNNN.parquet` and `epochs.parquet` atomically,
-so a crash loses at most the epoch in progress. With `run_dir=None` nothing is written (a job
-the instrument times without a run directory).
+The instrument only calls `recorder.step(marks)` and `recorder.end_epoch(epoch_row)`.
+`RunRecorder` resolves the step marks (one clock resolve per epoch) and every rank writes
+its own step records as one file, `steps.parquet/rank<R>-epoch<E>.parquet` (scaling/results.py:
+`steps.parquet` is a directory of parts, read whole by `pandas.read_parquet` or by column
+and in aggregate with pyarrow), and its GPU telemetry likewise under `telemetry.parquet/`.
+No collective, and nothing of another rank passes through rank 0: its per-epoch cost is the
+same at 2 ranks and at 1,024 (bench/records_scale.py). Rank 0 also writes the small per-run
+tables, `epochs.parquet` and `evals.parquet`. Every file is written atomically, so a crash
+loses at most the epoch in progress. With `run_dir=None` nothing is written (a job the
+instrument times without a run directory).
 
 Each step record also carries `model_flops` (samples x training FLOPs per sample, once the
-loop has counted them: `flops_per_sample`) and `achieved_flops_per_s` (model_flops / step_s,
-per rank). GPU telemetry rows handed to `end_epoch` go the same way into `telemetry.parquet`.
+instrument has counted them: `flops_per_sample`) and `achieved_flops_per_s` (model_flops /
+step_s, per rank).
 """
 
 from __future__ import annotations
@@ -17,42 +21,42 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import torch.distributed as dist
 
 from scaling.instrument.timing import Clock, StepMarks
-from scaling.results import step_part_path, write_json_atomic, write_parquet_atomic
+from scaling.results import part_epoch, rank_part_path, rank_parts, write_json_atomic, write_parquet_atomic
 
 
 class RunRecorder:
-    def __init__(self, clock: Clock, rank: int, world_size: int, node_rank: int, local_rank: int, run_dir: Path | None):
+    def __init__(self, clock: Clock, rank: int, node_rank: int, local_rank: int, run_dir: Path | None):
         self.clock = clock
         self.rank = rank
-        self.world_size = world_size
         self.identity = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank}
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._pending: list[StepMarks] = []
         self.epoch_rows: list[dict] = []
-        self.telemetry_rows: list[dict] = []  # rank 0: every rank's telemetry samples so far
         self.eval_rows: list[dict] = []  # rank 0: every evaluation so far (evals.parquet)
         self.flops_per_sample: float | None = None  # training FLOPs per sample, set by the loop
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps of the records: the epoch rows and telemetry written so far."""
-        return {"epoch_rows": list(self.epoch_rows), "telemetry_rows": list(self.telemetry_rows),
-                "eval_rows": list(self.eval_rows)}
+        """What a checkpoint keeps of the records: the epoch and evaluation rows written so far."""
+        return {"epoch_rows": list(self.epoch_rows), "eval_rows": list(self.eval_rows)}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a checkpoint: its epochs are kept, anything recorded after it is dropped."""
         self.epoch_rows = list(state["epoch_rows"])
-        self.telemetry_rows = list(state["telemetry_rows"])
         self.eval_rows = list(state.get("eval_rows", []))
         last_epoch = self.epoch_rows[-1]["epoch"] if self.epoch_rows else 0
-        if self.rank == 0 and self.run_dir is not None:
-            # Step files of epochs after the checkpoint (written before the failure) would be duplicates.
-            for part in (self.run_dir / "parts").glob("steps-epoch*.parquet"):
-                if int(part.stem.removeprefix("steps-epoch")) > last_epoch:
+        if self.run_dir is None:
+            return
+        # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates.
+        for table in ("steps.parquet", "telemetry.parquet"):
+            for part in rank_parts(self.run_dir / table, self.rank):
+                if part_epoch(part) > last_epoch:
                     part.unlink()
+        if self.rank == 0:
             write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
+            if self.eval_rows:
+                write_parquet_atomic(self.run_dir / "evals.parquet", pd.DataFrame(self.eval_rows))
 
     def record_attempt(self, first_step_unix: float, resumed_from: dict | None) -> None:
         """Every rank: its process id (run_dir/workers/rank<R>.json); rank 0: this attempt (attempts.json).
@@ -75,9 +79,11 @@ class RunRecorder:
         attempts = json.loads(path.read_text())["attempts"] if path.exists() else []
         if attempts and resumed_from is None:
             # A restart with no checkpoint to resume from starts the records afresh.
-            for part in (self.run_dir / "parts").glob("steps-epoch*.parquet"):
-                part.unlink()
+            for table in ("steps.parquet", "telemetry.parquet"):
+                for part in rank_parts(self.run_dir / table):
+                    part.unlink()
             (self.run_dir / "epochs.parquet").unlink(missing_ok=True)
+            (self.run_dir / "evals.parquet").unlink(missing_ok=True)
         attempts.append({
             "attempt": len(attempts),
             "first_step_unix": first_step_unix,
@@ -112,29 +118,22 @@ class RunRecorder:
         self._pending.append(marks)
 
     def end_epoch(self, epoch_row: dict, telemetry: list[dict] | None = None, evals: list[dict] | None = None) -> None:
-        """Resolve, gather and (rank 0) write this epoch's records. Every rank must call it."""
+        """Resolve and write this rank's records of the epoch (rank 0: also the epoch's row). Every rank calls it."""
         self.clock.resolve()
         rows = [self._resolved(m) for m in self._pending]
         self._pending = []
-        telemetry = [{**sample, **self.identity} for sample in telemetry or []]
-        gathered: list | None = [None] * self.world_size if self.rank == 0 else None
-        if self.world_size > 1:
-            dist.gather_object((rows, telemetry), gathered, dst=0)
-        else:
-            gathered = [(rows, telemetry)]
+        epoch = epoch_row["epoch"]
+        if self.run_dir is not None:
+            if rows:  # none with instrument.step_timing off
+                write_parquet_atomic(rank_part_path(self.run_dir / "steps.parquet", self.rank, epoch), pd.DataFrame(rows))
+            if telemetry:
+                samples = pd.DataFrame([{**sample, **self.identity} for sample in telemetry])
+                write_parquet_atomic(rank_part_path(self.run_dir / "telemetry.parquet", self.rank, epoch), samples)
         if self.rank != 0:
             return
-        steps = pd.DataFrame([row for rank_rows, _ in gathered for row in rank_rows])
-        new_telemetry = [sample for _, rank_samples in gathered for sample in rank_samples]
-        if new_telemetry:
-            self.telemetry_rows += new_telemetry
-            if self.run_dir is not None:
-                write_parquet_atomic(self.run_dir / "telemetry.parquet", pd.DataFrame(self.telemetry_rows))
         self.epoch_rows.append(epoch_row)
         self.eval_rows += evals or []
         if self.run_dir is not None:
             if self.eval_rows:
                 write_parquet_atomic(self.run_dir / "evals.parquet", pd.DataFrame(self.eval_rows))
-            if not steps.empty:  # empty with instrument.step_timing off
-                write_parquet_atomic(step_part_path(self.run_dir, epoch_row["epoch"]), steps)
             write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))

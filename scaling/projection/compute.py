@@ -192,10 +192,10 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
         if "samples" in epochs.columns and not epochs.empty:
             samples_per_epoch = int(epochs["samples"].max())
     steps_path = run_dir / "steps.parquet"
-    if workers > 1 and steps_path.is_file():
-        import pandas as pd
+    if workers > 1 and steps_path.exists():
+        from scaling.results import read_table
 
-        steps = pd.read_parquet(steps_path, columns=None)
+        steps = read_table(steps_path)
         if "num_buckets" in steps.columns:
             train = steps[(steps["kind"] == "train") & (steps["num_buckets"] > 0)] if "kind" in steps.columns else steps
             if not train.empty:
@@ -301,9 +301,11 @@ def compute_from_concurrent_runs(run_dirs) -> StepCompute:
         raise UsageError("concurrent runs: the runs differ in model, batch or precision")
     steps, intervals = [], []
     for d in dirs:
-        if not (d / "steps.parquet").is_file() or not (d / "epochs.parquet").is_file():
+        from scaling.results import read_table
+
+        frame = read_table(d / "steps.parquet")
+        if frame.empty or not (d / "epochs.parquet").is_file():
             raise UsageError(f"concurrent runs: {d} has no steps.parquet or epochs.parquet (step timing off?)")
-        frame = pd.read_parquet(d / "steps.parquet")
         steps.append(frame[(frame["kind"] == "train") & (~frame["warmup"].astype(bool))])
         intervals.append(_epoch_intervals(pd.read_parquet(d / "epochs.parquet")))
     window_start = max(iv[0][1] for iv in intervals)
