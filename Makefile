@@ -47,7 +47,8 @@ bench-quick: install horovod
 	$(BIN)/python bench/run_all.py --quick
 
 # Horovod 0.28.1 (issue 5), built from PyPI's source release against the venv's torch, with gloo,
-# without MPI/TensorFlow/MXNet (NCCL too where torch has CUDA, nvcc and NCCL are present). The wheel
+# without MPI/TensorFlow/MXNet; with NCCL where torch is a CUDA build, which needs nvcc and NCCL: the
+# script refuses (exit 3) rather than build CPU-only when either is missing (docs/horovod.md). The wheel
 # is cached under ~/.cache/scaling/wheels, keyed by horovod, torch, python and cpu/cuda: the first
 # build takes about 6 minutes on 2 cores, a rebuild of the venv seconds.
 .PHONY: horovod

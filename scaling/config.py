@@ -272,7 +272,7 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.backend == "horovod":
         from scaling.train.horovod_backend import COMPRESSIONS, available
 
-        ok, why_not = available()
+        ok, why_not = available(use_gpu=cfg.workers.use_gpu)
         require(ok, f"backend horovod: {why_not}")
         require(cfg.instrument.grad_compression in COMPRESSIONS,
                 f"backend horovod compresses gradients as none or fp16, got instrument.grad_compression={cfg.instrument.grad_compression!r}")
@@ -335,4 +335,32 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
     require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")
     require(cfg.instrument.inject_comm_delay_s >= 0, f"instrument.inject_comm_delay_s must be >= 0, got {cfg.instrument.inject_comm_delay_s}")
+    _validate_gpu_settings(cfg, require)
     require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
+
+
+def _validate_gpu_settings(cfg: ExperimentConfig, require) -> None:
+    """Settings that cannot give a meaningful GPU run, or any run (docs/gpu.md says why each)."""
+    from scaling.instrument.timing import GPU_INJECTION_CHECKED
+
+    if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu:
+        require(cfg.backend != "horovod",
+                "instrument.inject_comm_delay_s with backend horovod is a host sleep, which is no GPU delay (the host runs "
+                "ahead of the device): on GPU runs inject with DDP, or run the ground truth on CPU workers")
+        require(GPU_INJECTION_CHECKED,
+                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a GPU "
+                "(scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now")
+    # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
+    # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such
+    # step is skipped and the scale pushed down, a different training from the uncompressed one.
+    require(not (cfg.train.precision == "fp16" and cfg.instrument.grad_compression == "fp16"),
+            "train.precision=fp16 scales the loss (GradScaler, up to 65536x) and instrument.grad_compression=fp16 casts "
+            "the scaled gradients to fp16, where they overflow (inf: skipped steps); use grad_compression bf16 (DDP), "
+            "none, or train.precision bf16")
+    # NCCL starts its proxy threads with the CPU mask of the thread that creates its communicator.
+    # The lab's loop pins GPU workers after the backend is set up (scaling/train/loop.py); a
+    # user's function creates its communicator after the pinning, so its proxy thread shares
+    # the training thread's CPUs: at least two, or it takes the training thread's only one.
+    require(not (cfg.workers.pin_cpus and cfg.workers.use_gpu and cfg.train.function and cfg.workers.cpus_per_worker < 2),
+            "workers.pin_cpus with GPU workers running train.function needs workers.cpus_per_worker >= 2: NCCL's proxy "
+            "thread inherits the pinned training thread's CPUs")

@@ -2,12 +2,21 @@
 # Build Horovod 0.28.1 from PyPI's source release against the torch installed in the venv, cache
 # the wheel outside the repository, and install it into the venv.  (`make horovod` runs this.)
 #
-#   scripts/build_horovod.sh [VENV]        VENV defaults to <repo>/.venv
+#   scripts/build_horovod.sh [--check] [VENV]   VENV defaults to <repo>/.venv
+#
+#   --check   decide the build variant only (prints `variant=cpu` or `variant=cuda<ver>-nccl`),
+#             build and install nothing; the refusal below applies (exit 3).
 #
 # - Frameworks: PyTorch only (HOROVOD_WITH_PYTORCH=1, WITHOUT TensorFlow/MXNet); controller and
-#   CPU collectives: gloo (HOROVOD_WITH_GLOO=1, HOROVOD_WITHOUT_MPI=1).  NCCL for GPU tensors
-#   only when torch is a CUDA build AND nvcc is found AND an NCCL (pip's nvidia-nccl-cu* or
-#   $HOROVOD_NCCL_HOME) is there; otherwise a CPU build.
+#   CPU collectives: gloo (HOROVOD_WITH_GLOO=1, HOROVOD_WITHOUT_MPI=1).  Where torch is a CPU
+#   build: a CPU build.  Where torch is a CUDA build: NCCL for GPU tensors, which needs nvcc
+#   and an NCCL (pip's nvidia-nccl-cu* or $HOROVOD_NCCL_HOME); if either is missing the script
+#   REFUSES (exit 3, one line naming what is missing) rather than build a CPU-only Horovod that
+#   GPU workers could not use (the lab refuses backend horovod + workers.use_gpu without NCCL
+#   too).  SCALING_HOROVOD_CPU_ONLY=1 builds CPU-only on purpose.
+#   For tests of that decision without a GPU (tests/test_gpu_path.py): SCALING_HOROVOD_TORCH_CUDA
+#   stands in for torch.version.cuda ("none": a CPU build) and SCALING_HOROVOD_NVCC for the nvcc
+#   found on PATH ("" : none).
 # - C++17: torch >= 2.1's headers need it, but Horovod 0.28.1's CMake sets CXX_STANDARD 14
 #   (fixed upstream after 0.28.1, unreleased).  A compiler wrapper appends -std=c++17 after
 #   every other flag, so the last -std wins.
@@ -31,6 +40,12 @@ HOROVOD_VERSION=0.28.1
 PATCH_LEVEL=1  # bump whenever the source patch below changes: it is part of the cache key
 CMAKE_PIN=3.31.10
 
+CHECK_ONLY=0
+if [ "${1:-}" = "--check" ]; then
+    CHECK_ONLY=1
+    shift
+fi
+
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$(cd "${1:-$REPO/.venv}" && pwd)"
 PY="$VENV/bin/python"
@@ -47,19 +62,41 @@ read -r TORCH_VERSION TORCH_CUDA PY_TAG < <("$PY" -c '
 import sys, torch
 print(torch.__version__, torch.version.cuda or "none", f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 
-VARIANT=cpu
-NCCL_HOME=""
-if [ "$TORCH_CUDA" != "none" ] && command -v nvcc >/dev/null 2>&1; then
+TORCH_CUDA="${SCALING_HOROVOD_TORCH_CUDA:-$TORCH_CUDA}"
+
+refuse() {
+    log "REFUSED: $*"
+    exit 3
+}
+
+# Sets VARIANT (cpu | cuda<ver>-nccl) and NCCL_HOME, or refuses: a CUDA torch gets NCCL or nothing.
+choose_variant() {
+    VARIANT=cpu
+    NCCL_HOME=""
+    [ "$TORCH_CUDA" = "none" ] && return 0
+    if [ "${SCALING_HOROVOD_CPU_ONLY:-0}" = "1" ]; then
+        log "torch is a CUDA $TORCH_CUDA build; SCALING_HOROVOD_CPU_ONLY=1: building CPU-only on purpose (no NCCL, GPU workers cannot use it)"
+        return 0
+    fi
+    local nvcc
+    if [ -n "${SCALING_HOROVOD_NVCC+set}" ]; then nvcc="$SCALING_HOROVOD_NVCC"; else nvcc="$(command -v nvcc || true)"; fi
+    if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then
+        refuse "torch $TORCH_VERSION is a CUDA $TORCH_CUDA build but nvcc is not on PATH: Horovod would build without NCCL and GPU workers could not use it; install the CUDA toolkit (nvcc on PATH), or set SCALING_HOROVOD_CPU_ONLY=1 for a CPU-only build on purpose"
+    fi
     NCCL_HOME="${HOROVOD_NCCL_HOME:-$("$PY" -c '
 import importlib.util, os
 spec = importlib.util.find_spec("nvidia.nccl")
 print(list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else "")' 2>/dev/null || true)}"
-    if [ -n "$NCCL_HOME" ] && [ -e "$NCCL_HOME/include/nccl.h" ]; then
-        VARIANT="cuda${TORCH_CUDA}-nccl"
-    else
-        log "torch is a CUDA build and nvcc is present, but no NCCL was found (pip nvidia-nccl-cu* or HOROVOD_NCCL_HOME): building CPU-only"
-        NCCL_HOME=""
+    if [ -z "$NCCL_HOME" ] || [ ! -e "$NCCL_HOME/include/nccl.h" ]; then
+        refuse "torch $TORCH_VERSION is a CUDA $TORCH_CUDA build and nvcc is at $nvcc, but no NCCL was found (pip nvidia-nccl-cu* in the venv, or HOROVOD_NCCL_HOME with include/nccl.h): Horovod would build without NCCL; install one, or set SCALING_HOROVOD_CPU_ONLY=1 for a CPU-only build on purpose"
     fi
+    VARIANT="cuda${TORCH_CUDA}-nccl"
+}
+
+choose_variant
+if [ "$CHECK_ONLY" = 1 ]; then
+    echo "variant=$VARIANT"
+    exit 0
 fi
 
 KEY="horovod-${HOROVOD_VERSION}-p${PATCH_LEVEL}_torch-${TORCH_VERSION}_${PY_TAG}_${VARIANT}"
@@ -142,9 +179,11 @@ fi
 # requirements are installed (already satisfied in the lab's venv).
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$WHEEL"
 "$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging
-"$PY" - <<'EOF'
+EXPECT_NCCL=$([ "$VARIANT" = cpu ] && echo 0 || echo 1) "$PY" - <<'EOF'
+import os
 import horovod.torch as hvd
 assert hvd.gloo_built(), "horovod was built without gloo"
+assert hvd.nccl_built() or os.environ["EXPECT_NCCL"] == "0", "horovod was built without NCCL although the build asked for it"
 print(f"[build_horovod] horovod {__import__('horovod').__version__} installed: gloo={hvd.gloo_built()} "
       f"mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
 EOF

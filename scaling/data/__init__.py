@@ -81,8 +81,11 @@ class InMemoryDataset:
     train_y: torch.Tensor
     val_x: torch.Tensor | None  # None: no validation (synthetic)
     val_y: torch.Tensor | None
-    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None
+    prepare: Callable[[torch.Tensor, torch.memory_format], torch.Tensor] | None = None
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+    # Layout of the batches (channels_last, or as stored): `prepare` makes it in its copy; without
+    # `prepare` the stored tensors are laid out so once (`load_dataset`), and indexing keeps it.
+    memory_format: torch.memory_format = torch.preserve_format
 
     @property
     def has_validation(self) -> bool:
@@ -93,7 +96,7 @@ class InMemoryDataset:
         return len(self.train_y)
 
     def _prepared(self, x: torch.Tensor) -> torch.Tensor:
-        return self.prepare(x) if self.prepare is not None else x
+        return self.prepare(x, self.memory_format) if self.prepare is not None else x
 
     def train_batches(self, rank: int, world_size: int, epoch: int, seed: int, batch_size: int) -> Iterator[Batch]:
         """Full batches of this rank's shard; the partial last batch is dropped on every rank alike."""
@@ -119,7 +122,8 @@ class FolderDataset:
 
     has_validation = True
 
-    def __init__(self, root: str, image_size: int, loader_workers: int, device: torch.device):
+    def __init__(self, root: str, image_size: int, loader_workers: int, device: torch.device,
+                 memory_format: torch.memory_format = torch.preserve_format):
         train_files, train_labels, classes = imagefolder.index_split(Path(root), "train")
         val_files, val_labels, _ = imagefolder.index_split(Path(root), "val", classes)
         self.train = imagefolder.ImageFolderSplit(train_files, train_labels, image_size, train=True)
@@ -127,6 +131,7 @@ class FolderDataset:
         self.num_classes = len(classes)
         self.loader_workers = loader_workers
         self.device = device
+        self.memory_format = memory_format
 
     @property
     def num_train(self) -> int:
@@ -143,7 +148,7 @@ class FolderDataset:
     def _to_device(self, loader: DataLoader) -> Iterator[Batch]:
         for images, labels in loader:
             images = images.to(self.device, non_blocking=True)
-            yield imagefolder.normalize(images), labels.to(self.device, non_blocking=True)
+            yield imagefolder.normalize(images, self.memory_format), labels.to(self.device, non_blocking=True)
 
     def train_batches(self, rank: int, world_size: int, epoch: int, seed: int, batch_size: int) -> Iterator[Batch]:
         sampler = _train_sampler(self.num_train, rank, world_size, epoch, seed)
@@ -174,9 +179,23 @@ def check_dataset(data_cfg) -> dict:
     return counts
 
 
-def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = None):
-    """The source named by `data_cfg.name`, on `device` (see the module docstring)."""
+def _laid_out(images: torch.Tensor | None, channels_last: bool) -> torch.Tensor | None:
+    """Stored images in the batches' layout, converted once (a 4-D tensor; others as they are)."""
+    if channels_last and images is not None and images.dim() == 4:
+        return images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = None, channels_last: bool = False):
+    """The source named by `data_cfg.name`, on `device` (see the module docstring).
+
+    `channels_last`: batches come out in NHWC memory layout, made once for stored tensors or in
+    the uint8-to-float copy of datasets normalised per batch, so that the loop's
+    `Precision.layout` finds them laid out and copies nothing per batch.
+    """
     from scaling.import_path import is_import_path, load_callable
+
+    memory_format = torch.channels_last if channels_last else torch.preserve_format
 
     if is_import_path(data_cfg.name):
         # A user's dataset: a callable taking the data config and returning tensors
@@ -185,26 +204,27 @@ def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = No
         if not (isinstance(parts, tuple) and len(parts) == 4):
             raise DatasetError(f"data.name={data_cfg.name!r} must return (train_x, train_y, val_x, val_y)")
         train_x, train_y, val_x, val_y = (t.to(device) if t is not None else None for t in parts)
-        return InMemoryDataset(train_x, train_y, val_x, val_y)
+        return InMemoryDataset(_laid_out(train_x, channels_last), train_y, _laid_out(val_x, channels_last), val_y)
     if data_cfg.name == "embedded":
         train_x, train_y, val_x, val_y = make_embedded(
             data_cfg.seed, data_cfg.num_classes, data_cfg.image_size,
             data_cfg.train_samples, data_cfg.val_samples, data_cfg.difficulty,
         )
-        return InMemoryDataset(train_x.to(device), train_y.to(device), val_x.to(device), val_y.to(device))
+        return InMemoryDataset(_laid_out(train_x.to(device), channels_last), train_y.to(device),
+                               _laid_out(val_x.to(device), channels_last), val_y.to(device))
     if data_cfg.name == "synthetic":
         generator = torch.Generator(device=device).manual_seed(data_cfg.seed)
         size = data_cfg.image_size
         train_x = torch.randn(data_cfg.train_samples, 3, size, size, generator=generator, device=device)
         train_y = torch.randint(0, data_cfg.num_classes, (data_cfg.train_samples,), generator=generator, device=device)
-        return InMemoryDataset(train_x, train_y, None, None)
+        return InMemoryDataset(_laid_out(train_x, channels_last), train_y, None, None)
     if data_cfg.name == "cifar10":
         train_x, train_y, val_x, val_y = cifar10.load_cifar10(data_cfg.path)
         return InMemoryDataset(
             train_x.to(device), train_y.to(device), val_x.to(device), val_y.to(device),
-            prepare=cifar10.normalize, augment=cifar10.augment_pad_crop_flip,
+            prepare=cifar10.normalize, augment=cifar10.augment_pad_crop_flip, memory_format=memory_format,
         )
     if data_cfg.name == "imagenet":
         workers = data_cfg.loader_workers if loader_workers is None else loader_workers
-        return FolderDataset(data_cfg.path, data_cfg.image_size, workers, device)
+        return FolderDataset(data_cfg.path, data_cfg.image_size, workers, device, memory_format)
     raise DatasetError(f"unknown dataset {data_cfg.name!r}; valid: {', '.join(DATASETS)}")

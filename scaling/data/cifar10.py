@@ -14,6 +14,7 @@ training augmentation is the standard one of He et al. 2016 (pad 4 with zeros, r
 
 from __future__ import annotations
 
+import functools
 import pickle
 from pathlib import Path
 
@@ -86,11 +87,21 @@ def load_cifar10(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return train_x, train_y, val_x, val_y
 
 
-def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 NCHW -> float32, scaled to 0..1 and normalised per channel."""
-    mean = torch.tensor(MEAN, device=images_uint8.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=images_uint8.device).view(1, 3, 1, 1)
-    return (images_uint8.float() / 255.0 - mean) / std
+@functools.lru_cache(maxsize=None)
+def channel_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and std as 1x3x1x1 tensors on `device`, made once per device.
+
+    Made per batch they would be a host-to-device copy from pageable memory every step, which
+    on GPU waits for the device to drain (a host sync): the host could no longer run ahead.
+    """
+    return (torch.tensor(MEAN, device=device).view(1, 3, 1, 1), torch.tensor(STD, device=device).view(1, 3, 1, 1))
+
+
+def normalize(images_uint8: torch.Tensor, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+    """uint8 NCHW -> float32, scaled to 0..1 and normalised per channel, in `memory_format`
+    (channels_last: laid out in the conversion's copy, so the model's input needs no other)."""
+    mean, std = channel_stats(images_uint8.device)
+    return (images_uint8.to(torch.float32, memory_format=memory_format) / 255.0 - mean) / std
 
 
 def augment_pad_crop_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -25,6 +25,7 @@ before any worker starts. A file that fails to decode later still fails the run 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -173,8 +174,15 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         return _to_chw_uint8(image), self.labels[index]
 
 
-def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 NCHW -> float32 normalised with the ImageNet mean and std (on the batch's device)."""
-    mean = torch.tensor(MEAN, device=images_uint8.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=images_uint8.device).view(1, 3, 1, 1)
-    return (images_uint8.float() / 255.0 - mean) / std
+@functools.lru_cache(maxsize=None)
+def channel_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ImageNet mean and std as 1x3x1x1 tensors on `device`, made once per device (made per
+    batch, each would be a pageable host-to-device copy: a host sync on GPU every step)."""
+    return (torch.tensor(MEAN, device=device).view(1, 3, 1, 1), torch.tensor(STD, device=device).view(1, 3, 1, 1))
+
+
+def normalize(images_uint8: torch.Tensor, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+    """uint8 NCHW -> float32 normalised with the ImageNet mean and std (on the batch's device),
+    in `memory_format` (channels_last: laid out in the conversion's copy)."""
+    mean, std = channel_stats(images_uint8.device)
+    return (images_uint8.to(torch.float32, memory_format=memory_format) / 255.0 - mean) / std

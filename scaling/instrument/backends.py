@@ -22,7 +22,9 @@ Adapters:
 - `HorovodBackend`: a Horovod `DistributedOptimizer`. Its per-parameter all-reduces start in
   backward hooks and are waited for in `synchronize()`, which `step()` would call; the adapter
   calls it (timed) when the optimizer step begins, then lets that step skip its own
-  synchronize (Horovod would otherwise all-reduce every gradient a second time).
+  synchronize (Horovod would otherwise all-reduce every gradient a second time). On GPU its
+  per-tensor completions cannot be timed from the host (`HorovodCommTimer`): `allreduce_s`
+  is absent there, `exposed_comm_s` is kept, and Horovod's timeline has the all-reduces.
 
 A third backend (FSDP, DeepSpeed) is one more class with these methods and a case in
 `detect`. Creating the wrapped model and optimizer for the lab's own runs (DDP's bucket size,
@@ -79,9 +81,7 @@ class DDPBackend(LocalBackend):
         if isinstance(registered, CommTimingHook):
             # Registered at wrapping time around a compression hook (the lab's set-up,
             # scaling/train/backends.py): adopt it, on this instrument's clock.
-            if inject_delay_s and clock.cuda:
-                raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
-            registered.clock, registered.inject_delay_s = clock, inject_delay_s
+            registered.configure(clock, inject_delay_s)
             self._timer = registered
             return
         if registered is not None:
@@ -205,6 +205,17 @@ class HorovodCommTimer:
     `inject_delay_s` (ground truth, CPU only) sleeps inside the timed wait after the
     all-reduces completed: a known exposed cost per synchronised step. Unlike DDP's it is not
     inside the communication path (Horovod's C++ thread owns that).
+
+    On GPU (a CUDA clock) a mark is an event recorded on the default stream, and an event
+    recorded at a later hook lands behind everything the host has queued there by then: a
+    completion observed at a hook would be late by the GPU's backlog, and `allreduce_s` inflated
+    by it. So on GPU no completion is observed per tensor: every tensor gets the end of the wait
+    in `synchronize()` with `completion_known=False`, which makes the step's `allreduce_s` absent
+    (NaN; the summary's figure None). `exposed_comm_s` stays right: the last hand-over event
+    follows the last gradient on the stream, and the end-of-wait event is recorded once the host
+    saw every all-reduce done, with backward's kernels already run (the all-reduces waited for
+    them). Horovod's own record of the all-reduces on GPU is its timeline
+    (`instrument.horovod_timeline`, `horovod_backend.parse_timeline`).
     """
 
     def __init__(self, optimizer, clock: Clock, inject_delay_s: float = 0.0):
@@ -215,6 +226,7 @@ class HorovodCommTimer:
         self._hvd = hvd
         self.optimizer = optimizer
         self.clock = clock
+        self.observe_completions = not clock.cuda  # see the class docstring
         self.inject_delay_s = inject_delay_s
         self._open: list = []  # [BucketMarks, handle] handed over, completion not yet seen; oldest first
         self._done: list = []  # BucketMarks complete, not yet taken
@@ -235,6 +247,8 @@ class HorovodCommTimer:
 
     def _observe(self, mark) -> None:
         """Give `mark` to the oldest open all-reduces that have finished, up to the first that has not."""
+        if not self.observe_completions:
+            return
         finished = 0
         for marks, handle in self._open:
             if not self._hvd.poll(handle):
@@ -257,6 +271,7 @@ class HorovodCommTimer:
         self.last_wait_s = time.perf_counter() - started
         for marks, _ in self._open:
             marks.completed = end
+            marks.completion_known = self.observe_completions
         self._done.extend(m for m, _ in self._open)
         self._open = []
         self._count = 0

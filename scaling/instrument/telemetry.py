@@ -62,8 +62,11 @@ def telemetry_available() -> tuple[bool, str]:
 class NvmlReader:
     """Reads one GPU's telemetry fields through NVML. Call it for a sample; `close()` after.
 
-    The device is chosen by NVML index or, preferably, by UUID (as torch reports it, with or
-    without the "GPU-" prefix), which is immune to CUDA_VISIBLE_DEVICES and device ordering.
+    The device is chosen by NVML index or, preferably, by UUID, which is immune to
+    CUDA_VISIBLE_DEVICES and device ordering. NVML wants its UUIDs prefixed: "GPU-" for a
+    whole GPU, "MIG-" for a MIG instance; torch reports the UUID without a prefix (for a MIG
+    instance, the instance's own UUID), so an unprefixed one is looked up as a GPU, then as a
+    MIG instance. `uuid` is the UUID NVML matched.
     """
 
     def __init__(self, nvml_index: int | None = None, uuid: str | None = None):
@@ -73,13 +76,22 @@ class NvmlReader:
         pynvml.nvmlInit()  # reference-counted by NVML: balanced by close()
         try:
             if uuid is not None:
-                uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-                self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                self._handle, self.uuid = self._by_uuid(uuid)
             else:
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index or 0)
+                self._handle, self.uuid = pynvml.nvmlDeviceGetHandleByIndex(nvml_index or 0), None
         except Exception:
             pynvml.nvmlShutdown()
             raise
+
+    def _by_uuid(self, uuid: str):
+        candidates = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+        first_error = None
+        for candidate in candidates:
+            try:
+                return self._nvml.nvmlDeviceGetHandleByUUID(candidate), candidate
+            except self._nvml.NVMLError as exc:  # not a device of this kind: try the next prefix
+                first_error = first_error or exc
+        raise first_error
 
     def _query(self, fn, *args):
         try:

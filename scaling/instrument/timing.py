@@ -16,10 +16,24 @@ when its all-reduce completed. From those marks (definitions, once, here):
 - `exposed_comm_s`: time from the end of backward compute (the last bucket handed over) until
   the last all-reduce completed: what backward did not hide. Part of `backward_s`.
 - `compute_s` = forward_s + (backward_s - exposed_comm_s) + optimizer_s.
+- `injected_s`: the ground-truth delay injected in this step's communication, as measured
+  around it (0 in real runs; below).
 
 `inject_delay_s` is the ground truth: it holds the last bucket's all-reduce for a known time
 inside the all-reduce path, so the exposed communication and the A/B overhead must grow by
-exactly that much (tests/test_ground_truth.py).
+exactly that much (tests/test_ground_truth.py). Where it runs, in the last bucket's completion
+callback (which DDP's finalisation waits for):
+- CPU (gloo): a host sleep; the callback runs on gloo's thread once the all-reduce is done.
+- GPU (NCCL): device work, not a host sleep (the host runs ahead of the device, so a host sleep
+  would only delay the enqueueing, which the GPU's backlog hides). The callback of an NCCL
+  future runs with pool streams current that wait for the all-reduce; a spin kernel
+  (`torch.cuda._sleep`, its length in cycles measured once per hook: `spin_cycles_per_s`) is
+  queued there, and the future DDP waits for completes after it.
+Either way the injected time is measured around the delay on the run's clock (events on GPU)
+and recorded per step as `injected_s`, so a ground truth compares the figures' growth with
+what was really injected. The GPU injection has not yet run on a GPU (`GPU_INJECTION_CHECKED`):
+the lab's preflight (scaling/config.py) refuses it for GPU runs until scripts/gpu_first_contact.py
+has checked it (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -29,6 +43,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+# Flip to True once scripts/gpu_first_contact.py's NCCL ground truth passed on a GPU (docs/gpu.md):
+# until then the lab's preflight refuses instrument.inject_comm_delay_s on GPU runs.
+GPU_INJECTION_CHECKED = False
 
 
 class Clock:
@@ -70,11 +88,38 @@ def clock_for(device: torch.device) -> Clock:
     return CudaClock() if device.type == "cuda" else Clock()
 
 
+def spin_cycles_per_s(device=None, probe_s: float = 0.02) -> float:
+    """GPU clock cycles per second of `torch.cuda._sleep` on `device`, measured with CUDA events.
+
+    The spin counts SM clock cycles, so its length in seconds follows the clock the GPU runs at
+    now: measured (a warm-up spin, then spins lengthened until one lasts `probe_s`), not taken
+    from the datasheet. Synchronises the device: call it before training, never inside a step.
+    """
+    with torch.cuda.device(device):
+        torch.cuda.synchronize()
+        cycles, seconds = 1 << 20, 0.0
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000.0
+            if seconds >= probe_s:
+                break
+            cycles = int(cycles * 1.2 * probe_s / max(seconds, 1e-6))
+        return cycles / seconds
+
+
 @dataclass
 class BucketMarks:
     index: int
     handed_over: object  # mark: the bucket's gradients are ready, its all-reduce starts
     completed: object = None  # mark: its all-reduce finished (set on the communication thread)
+    injected: tuple | None = None  # (start, end) marks around a ground-truth delay in this bucket's path
+    # False where the completion mark is only an upper bound too loose to time the all-reduce
+    # (Horovod on GPU: backends.py); the step's allreduce_s is then absent (NaN), exposed_comm_s stays.
+    completion_known: bool = True
 
 
 class CommTimingHook:
@@ -85,16 +130,24 @@ class CommTimingHook:
     """
 
     def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
-        clock = clock or Clock()
-        if inject_delay_s and clock.cuda:
-            raise ValueError("inject_comm_delay_s is implemented for CPU (gloo) runs only")
-        self.clock = clock
         self.inner_hook = inner_hook
         self.inner_state = inner_state
-        self.inject_delay_s = inject_delay_s
         self._buckets: list[BucketMarks] = []
+        self.configure(clock or Clock(), inject_delay_s)
         # DDP logs the hook's name; give it the inner hook's, marked as timed.
         self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
+
+    def configure(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+        """Mark on `clock` and inject `inject_delay_s` per step from the next bucket on.
+
+        On a CUDA clock a delay is a spin of the current device whose cycle count is measured
+        here (`spin_cycles_per_s`, which synchronises): configure before training, not in a step.
+        """
+        if inject_delay_s < 0:
+            raise ValueError(f"inject_delay_s must be >= 0, got {inject_delay_s}")
+        self.clock = clock
+        self.inject_delay_s = inject_delay_s
+        self.spin_cycles = int(round(inject_delay_s * spin_cycles_per_s())) if (inject_delay_s and clock.cuda) else 0
 
     def wrap(self, inner_hook, inner_state=None) -> None:
         """Time `inner_hook` (a user's own comm hook, a compression hook) from now on."""
@@ -102,18 +155,30 @@ class CommTimingHook:
         self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
 
     def __call__(self, state, bucket):
-        marks = BucketMarks(index=bucket.index(), handed_over=self.clock.mark())
+        clock = self.clock
+        marks = BucketMarks(index=bucket.index(), handed_over=clock.mark())
         self._buckets.append(marks)
-        delay_s = self.inject_delay_s if bucket.is_last() else 0.0
+        last = bucket.is_last()
+        delay_s = self.inject_delay_s if last else 0.0
+        spin_cycles = self.spin_cycles if last else 0
         future = self.inner_hook(self.inner_state, bucket)
 
         def on_complete(fut):
-            # Runs when the all-reduce has finished (on gloo, on its communication thread).
+            # gloo: runs on its communication thread once the all-reduce has finished. NCCL:
+            # runs on the host when the all-reduce is enqueued, with pool streams current that
+            # wait for it, so an event recorded here lands at the all-reduce's end on the GPU.
             # DDP waits for the future returned here, so an injected delay is exposed unless
             # backward compute still runs behind it.
             if delay_s:
-                time.sleep(delay_s)
-            marks.completed = self.clock.mark()
+                before = clock.mark()
+                if clock.cuda:
+                    torch.cuda._sleep(spin_cycles)  # device work on this callback's stream (module docstring)
+                else:
+                    time.sleep(delay_s)
+                marks.completed = clock.mark()
+                marks.injected = (before, marks.completed)
+            else:
+                marks.completed = clock.mark()
             return fut.value()
 
         return future.then(on_complete)
@@ -160,7 +225,9 @@ class StepMarks:
         backward_end = since_start(self.after_backward)
         step_s = since_start(self.after_optimizer)
         intervals = [(since_start(b.handed_over), since_start(b.completed)) for b in self.buckets]
-        allreduce_s = interval_union_s(intervals)
+        known = all(b.completion_known for b in self.buckets)
+        allreduce_s = interval_union_s(intervals) if known else float("nan")
+        injected_s = sum((clock.seconds(*b.injected) for b in self.buckets if b.injected is not None), 0.0)
         if intervals:
             compute_end = max(start for start, _ in intervals)
             comm_end = max(end for _, end in intervals)
@@ -186,4 +253,5 @@ class StepMarks:
             "exposed_comm_s": exposed_comm_s,
             "compute_s": forward_s + backward_s - exposed_comm_s + optimizer_s,
             "num_buckets": len(self.buckets),
+            "injected_s": injected_s,
         }

@@ -20,7 +20,48 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scaling.config import ExperimentConfig, from_dict
+from scaling.errors import UsageError
 from scaling.train.loop import WorkerContext, run_worker
+from scaling.train.precision import bf16_problem
+
+
+def check_local_gpus(cfg: ExperimentConfig, device_count: int | None = None,
+                     devices: list[tuple[str, tuple[int, int]]] | None = None) -> str | None:
+    """Refuse (UsageError, one line) a GPU run this host cannot run as asked; returns a note or None.
+
+    The plain launcher puts rank r on GPU `r % device_count`. NCCL refuses two ranks on one GPU
+    ("Duplicate GPU detected"), so NCCL (backend auto/nccl, or Horovod on GPU) needs a GPU per
+    worker; gloo with CUDA tensors runs several ranks on one GPU, for function only (its
+    completion marks follow the default stream's work, and the ranks share the GPU): the
+    returned note says so. bf16 on a GPU without native bf16 is refused (`bf16_problem`).
+    `device_count` and `devices` ([(name, (major, minor))] per GPU) default to torch's answer.
+    """
+    if not cfg.workers.use_gpu:
+        return None
+    if device_count is None:
+        device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    workers = cfg.workers.num_workers
+    if device_count == 0:
+        raise UsageError(f"workers.use_gpu: torch {torch.__version__} sees no CUDA GPU on this host "
+                         f"(CUDA build: {torch.version.cuda or 'none'}); set workers.use_gpu=false or run where there is one")
+    nccl = cfg.resolved_backend == "nccl"  # auto and horovod on GPU resolve to nccl
+    if nccl and workers > device_count:
+        raise UsageError(
+            f"{workers} NCCL workers need {workers} GPUs on this node, it has {device_count}: NCCL refuses two ranks on one "
+            f"GPU ('Duplicate GPU detected'); use --workers {device_count} or fewer, or backend=gloo, which runs them "
+            "with CUDA tensors (for function, not for timing)")
+    if cfg.train.precision == "bf16":
+        if devices is None:
+            devices = [(torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
+                       for i in range(min(workers, device_count))]
+        for name, capability in devices:
+            problem = bf16_problem(name, capability)
+            if problem:
+                raise UsageError(problem)
+    if workers > device_count:
+        return (f"note: {workers} gloo ranks share {device_count} GPU(s) with CUDA tensors: for function, not for timing "
+                "(docs/gpu.md)")
+    return None
 
 
 def _free_port() -> int:
@@ -56,6 +97,9 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
 
 def run_local(cfg: ExperimentConfig, run_dir: Path) -> None:
     """Run `cfg` on `cfg.workers.num_workers` local processes; raises if any worker fails."""
+    note = check_local_gpus(cfg)  # also at preflight (scaling/cli.py); here for callers of run_local
+    if note:
+        print(note, flush=True)
     world_size = cfg.workers.num_workers
     mp.start_processes(
         _worker, args=(world_size, cfg.to_dict(), str(Path(run_dir).resolve()), _free_port()),

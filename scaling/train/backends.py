@@ -60,6 +60,9 @@ def _wrap_ddp(cfg, ctx, model, optimizer, run_dir):
 def _wrap_horovod(cfg, ctx, model, optimizer, run_dir):
     from scaling.train import horovod_backend
 
+    ok, why_not = horovod_backend.available(use_gpu=ctx.device.type == "cuda")
+    if not ok:  # preflight refuses this (scaling/config.py); a worker that gets here anyway stops at once
+        raise RuntimeError(f"backend horovod: {why_not}")
     timeline = str(run_dir / "horovod_timeline.json") if cfg.instrument.horovod_timeline and run_dir else None
     # Fusion threshold, cycle time and timeline are read by Horovod at init only.
     horovod_backend.setup_horovod_env_and_init(

@@ -45,8 +45,14 @@ DEFAULT_CYCLE_TIME_MS = 1.0
 COMPRESSIONS = ("none", "fp16")  # horovod.torch.Compression has no bf16
 
 
-def available() -> tuple[bool, str]:
-    """(True, '') when horovod.torch imports and has gloo; else (False, why not, one line)."""
+def available(use_gpu: bool = False) -> tuple[bool, str]:
+    """(True, '') when horovod.torch imports and has gloo (and NCCL, for `use_gpu`); else
+    (False, why not, one line).
+
+    GPU workers need Horovod's NCCL operations: a build without them (a CPU build, which
+    scripts/build_horovod.sh refuses to make silently where torch has CUDA) would not all-reduce
+    GPU tensors with NCCL.
+    """
     try:
         import horovod.torch as hvd
     except Exception as exc:  # ImportError, or an OSError from a library built against another torch
@@ -54,6 +60,9 @@ def available() -> tuple[bool, str]:
         return False, f"horovod.torch does not import ({first}); run `make horovod`"
     if not hvd.gloo_built():
         return False, "horovod was built without gloo; rebuild with `make horovod`"
+    if use_gpu and not hvd.nccl_built():
+        return False, ("horovod was built without NCCL, so GPU workers (workers.use_gpu) cannot use it; rebuild with "
+                       "`make horovod` where torch is a CUDA build and nvcc and NCCL are present, or use backend auto (DDP)")
     return True, ""
 
 

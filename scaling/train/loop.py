@@ -29,7 +29,7 @@ from scaling.data import load_dataset, steps_per_epoch
 from scaling.errors import UsageError
 from scaling.models import build_model
 from scaling.train import backends
-from scaling.train.precision import Precision
+from scaling.train.precision import Precision, bf16_problem
 
 EVAL_BATCH = 512
 # Calibration batches come from a permutation of their own, apart from any training epoch's.
@@ -134,7 +134,7 @@ class Checkpoints:
         """End of an epoch: report metrics; `state` (rank 0's, or None) is saved as the latest checkpoint."""
 
 
-def _checkpoint_state(model, optimizer, scheduler, precision, meter) -> dict:
+def _checkpoint_state(model, optimizer, scheduler, precision, meter, device: torch.device) -> dict:
     """Everything a restarted run needs to continue exactly where the checkpoint was taken."""
     return {
         "model": model.state_dict(),
@@ -142,17 +142,49 @@ def _checkpoint_state(model, optimizer, scheduler, precision, meter) -> dict:
         "scheduler": scheduler.state_dict(),
         "scaler": precision.scaler.state_dict(),
         "torch_rng": torch.get_rng_state(),
+        # the worker's GPU generator (dropout and any torch.rand on the device); None on CPU
+        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "python_rng": random.getstate(),
         "instrument": meter.state_dict(),  # epoch and step counters, the run's clock, the records so far
     }
 
 
+def _restore_rng(state: dict, device: torch.device) -> None:
+    """The RNG states of `_checkpoint_state` (a checkpoint from before cuda_rng was kept has none)."""
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+    random.setstate(state["python_rng"])
+
+
+def pins_after_backend(cfg: ExperimentConfig, ctx: WorkerContext) -> bool:
+    """Whether the training thread is pinned after the backend is set up rather than at the worker's start.
+
+    GPU workers of the lab's loop: NCCL starts its proxy threads (and Horovod its background
+    thread) with the CPU mask of the thread that creates the communicator, which DDP's
+    constructor does; pinned first, they would share the training thread's CPUs. A user's
+    function creates its own communicator: pinned at the start, with the two or more CPUs
+    per worker that preflight requires (scaling/config.py).
+    """
+    return ctx.device.type == "cuda" and not cfg.train.function
+
+
+def set_up_worker(cfg: ExperimentConfig, ctx: WorkerContext) -> None:
+    """The worker's CPU and device set-up, before any model or data is made."""
+    if cfg.workers.pin_cpus and not pins_after_backend(cfg, ctx):
+        pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
+    # GPU workers too: torch's default pool is one thread per core of the machine, whoever else
+    # (other workers, DataLoader processes) runs on it.
+    set_cpu_threads(cfg.workers.cpus_per_worker)
+    if ctx.device.type == "cuda" and not cfg.train.function:
+        # The lab's training batches all have one shape (drop_last, fixed image size), so
+        # cuDNN's autotuning is paid once per shape (the first steps: warm-up) and then reused.
+        torch.backends.cudnn.benchmark = True
+
+
 def run_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None):
     """A launcher's per-worker entry: the worker's CPU set-up, then the lab's loop or the user's function."""
-    if cfg.workers.pin_cpus:
-        pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
-    if ctx.device.type == "cpu":
-        set_cpu_threads(cfg.workers.cpus_per_worker)
+    set_up_worker(cfg, ctx)
     from scaling.train.user_function import lab_context, run_user_function
 
     with lab_context(cfg, ctx, run_dir):
@@ -178,7 +210,9 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
 
     checkpoints = checkpoints or Checkpoints()
     seed_everything(cfg.train.seed)
-    dataset = load_dataset(cfg.data, ctx.device)
+    # channels_last batches come out of the loader in that layout (made in a copy the batch
+    # needs anyway), so `precision.layout` finds them laid out and copies nothing
+    dataset = load_dataset(cfg.data, ctx.device, channels_last=cfg.train.channels_last)
     precision = Precision(cfg.train.precision, cfg.train.channels_last, ctx.device)
     plain_model = precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
     peak_lr = cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch
@@ -187,6 +221,8 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
     )
     model, optimizer, close_backend = backends.wrap(cfg, ctx, plain_model, optimizer, run_dir)
+    if cfg.workers.pin_cpus and pins_after_backend(cfg, ctx):
+        pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
     # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP,
     # and the instrument watches the compiled wrapper's forward (hooks inside a graph would be traced).
     forward = torch.compile(model) if cfg.train.compile else model
@@ -216,6 +252,11 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))
 
+    if ctx.rank == 0 and ctx.device.type == "cuda" and cfg.train.precision == "bf16":
+        # Under Ray only the workers see their GPUs; the plain launcher refused this at preflight.
+        problem = bf16_problem(torch.cuda.get_device_name(ctx.device), torch.cuda.get_device_capability(ctx.device))
+        if problem:
+            print(f"warning: {problem}", flush=True)
     if ctx.rank == 0 and ctx.device.type == "cpu" and cfg.train.precision == "fp16":
         print("note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
               "bf16 is the CPU's mixed precision (train.precision=bf16)", flush=True)
@@ -237,8 +278,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         optimizer.load_state_dict(restored["optimizer"])
         scheduler.load_state_dict(restored["scheduler"])
         precision.scaler.load_state_dict(restored["scaler"])
-        torch.set_rng_state(restored["torch_rng"])
-        random.setstate(restored["python_rng"])
+        _restore_rng(restored, ctx.device)
         meter.load_state_dict(restored["instrument"])
     last_row: dict = {}
     try:
@@ -251,7 +291,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 with precision.autocast():
                     loss = loss_fn(forward(precision.layout(inputs)), targets)
                 precision.backward(loss)
-                precision.step(optimizer)
+                precision.step(optimizer)  # fp16: GradScaler's inf check is this loop's one intended host sync per step
                 optimizer.zero_grad()  # set_to_none (torch's default; Horovod's takes no argument)
                 scheduler.step()
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
@@ -279,7 +319,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
             every = cfg.failure.checkpoint_every_epochs
             state = None
             if ctx.rank == 0 and every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs:
-                state = _checkpoint_state(plain_model, optimizer, scheduler, precision, meter)
+                state = _checkpoint_state(plain_model, optimizer, scheduler, precision, meter, ctx.device)
             checkpoints.report(dict(last_row), state)
             if reached:
                 break
