@@ -85,6 +85,9 @@ class InstrumentConfig:
     warmup_steps: int = 5  # first steps of the run flagged `warmup` and left out of steady-state figures
     calibration_pairs: int = 10  # per epoch: (no_sync, sync) step pairs for the A/B comm overhead; 0 = off
     inject_comm_delay_s: float = 0.0  # ground truth: extra seconds added to the last gradient bucket's all-reduce, per step
+    inject_straggler_s: float = 0.0  # ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler)
+    straggler_rank: int = 0  # the rank inject_straggler_s slows
+    trace_steps: int = 20  # training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none
     ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
     step_timing: bool = True  # per-step records and the A/B window; false = epoch timing only (to measure the lab's own cost)
     grad_compression: str = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
@@ -334,6 +337,10 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
     require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")
+    require(cfg.instrument.inject_straggler_s >= 0, f"instrument.inject_straggler_s must be >= 0, got {cfg.instrument.inject_straggler_s}")
+    require(0 <= cfg.instrument.straggler_rank < cfg.workers.num_workers or not cfg.instrument.inject_straggler_s,
+            f"instrument.straggler_rank must be a rank of the run (0..{cfg.workers.num_workers - 1}), got {cfg.instrument.straggler_rank}")
+    require(cfg.instrument.trace_steps >= 0, f"instrument.trace_steps must be >= 0, got {cfg.instrument.trace_steps}")
     require(cfg.instrument.inject_comm_delay_s >= 0, f"instrument.inject_comm_delay_s must be >= 0, got {cfg.instrument.inject_comm_delay_s}")
     _validate_gpu_settings(cfg, require)
     require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")

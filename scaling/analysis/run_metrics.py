@@ -13,6 +13,16 @@ Every figure in `summary.json` is defined here, once:
   mean over ranks and the median over epochs.
 - `comm_overhead_pct` (headline) = 100 x comm_delta_s / step_s, i.e. (t_sync - t_nosync) / t_sync
   with t the whole steady-state step. 0 by definition at one worker.
+- Why communication costs what it does (three parts, docs/method.md):
+  `waiting_s`, `transfer_s`: means over steady-state steps and ranks of the split of each
+  step's exposed communication into waiting for the slowest rank to finish its backward
+  compute and the transfer after it (per step and rank in steps.parquet, computed across ranks
+  by scaling/instrument/recorder.py `attribute`); `interference_s`: the A/B difference
+  beyond the exposed communication of the same synchronised calibration steps (pooled as
+  comm_delta_s is): what communication costs beyond the time it is exposed (gloo's threads
+  or NCCL's kernels taking compute); each also as `_pct` of step_s. `straggler_rank`: the rank most
+  often last to finish backward compute, `straggler_share` the share of steps it was.
+  The per-rank means ("who waits for whom") go to ranks.parquet.
 - `time_per_epoch_s`: median `train_s` over epochs after the first (the first holds start-up
   effects); the only epoch if there is one. Evaluation and calibration are excluded.
 - `throughput_samples_per_s`: median over the same epochs of samples / train_s.
@@ -57,9 +67,11 @@ import math
 import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
-STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s")
+STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s")
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
-STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", *STEP_FIELDS]
+STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
+# Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
+RANK_FIELDS = ("step_s", "backward_s", "exposed_comm_s", "waiting_s", "transfer_s", "comm_span_s")
 
 
 class StepAccumulator:
@@ -76,6 +88,8 @@ class StepAccumulator:
         self.rows = 0
         self.calibration: list[pd.DataFrame] = []
         self.node_ranks: set = set()
+        self.per_rank: list[pd.DataFrame] = []  # per batch: sums and counts by rank
+        self.stragglers: dict[int, int] = {}  # steady steps each rank was the last to finish backward
 
     def add(self, batch: pd.DataFrame) -> None:
         if batch.empty:
@@ -88,6 +102,18 @@ class StepAccumulator:
                     values = rows[name]
                     self.sums[part][name] += float(values.sum())
                     self.counts[part][name] += int(values.notna().sum())
+        steady = train[~train["warmup"].astype(bool)]
+        if not steady.empty and "rank" in steady.columns:
+            present = [f for f in RANK_FIELDS if f in steady.columns]
+            squares = (steady[present] ** 2).assign(rank=steady["rank"]).groupby("rank").sum().add_suffix("_sq")
+            grouped = steady.groupby("rank")[present]
+            self.per_rank.append(pd.concat([grouped.sum().add_suffix("_sum"), grouped.count().add_suffix("_n"), squares],
+                                           axis=1))
+            if "straggler_rank" in steady.columns:
+                # every rank's row of a step names the same straggler: count each step once, on one rank
+                one_rank = steady[steady["rank"] == steady["rank"].min()]["straggler_rank"].dropna()
+                for rank, count in one_rank[one_rank >= 0].astype(int).value_counts().items():
+                    self.stragglers[int(rank)] = self.stragglers.get(int(rank), 0) + int(count)
         calib = batch[batch["kind"].isin(["calib_sync", "calib_nosync"])]
         if not calib.empty:
             self.calibration.append(calib)
@@ -99,23 +125,77 @@ class StepAccumulator:
         return {name: (self.sums[part][name] / self.counts[part][name] if self.counts[part][name] else None)
                 for name in STEP_FIELDS}
 
+    def rank_mean_and_se(self, rank: int, field: str) -> tuple[float | None, float | None]:
+        """One rank's mean of `field` over its steady-state steps, and the mean's standard error."""
+        if not self.per_rank:
+            return None, None
+        totals = pd.concat(self.per_rank).groupby(level=0).sum()
+        if rank not in totals.index or f"{field}_n" not in totals.columns:
+            return None, None
+        n, total, squares = (float(totals.loc[rank, f"{field}{x}"]) for x in ("_n", "_sum", "_sq"))
+        if n < 1:
+            return None, None
+        mean = total / n
+        se = math.sqrt(max(0.0, (squares - n * mean * mean) / (n - 1)) / n) if n > 1 else None
+        return mean, se
+
+    def ranks_table(self) -> pd.DataFrame:
+        """Per rank: mean step, backward, exposed comm, waiting and transfer; steps it was the straggler."""
+        if not self.per_rank:
+            return pd.DataFrame()
+        totals = pd.concat(self.per_rank).groupby(level=0).sum()
+        table = pd.DataFrame(index=totals.index)
+        for field in RANK_FIELDS:
+            if f"{field}_sum" in totals.columns:
+                table[field] = totals[f"{field}_sum"] / totals[f"{field}_n"].where(totals[f"{field}_n"] > 0)
+        steps = sum(self.stragglers.values())
+        table["straggler_steps"] = [self.stragglers.get(int(r), 0) for r in table.index]
+        table["straggler_share"] = table["straggler_steps"] / steps if steps else float("nan")
+        table.index.name = "rank"
+        return table.reset_index()
+
     def calibration_frame(self) -> pd.DataFrame:
         return pd.concat(self.calibration, ignore_index=True) if self.calibration else pd.DataFrame()
 
 
-def comm_delta_s(steps: pd.DataFrame) -> float | None:
-    """The A/B difference in seconds (see module docstring); None without calibration steps."""
+def _pairs(steps: pd.DataFrame) -> pd.DataFrame | None:
     calib = steps[steps["kind"].isin(["calib_sync", "calib_nosync"])]
     if calib.empty:
         return None
     per_pair = calib.pivot_table(index=["epoch", "rank", "pair"], columns="kind", values="step_s", aggfunc="first")
     if not {"calib_sync", "calib_nosync"} <= set(per_pair.columns):
         return None
-    pair_delta = (per_pair["calib_sync"] - per_pair["calib_nosync"]).dropna()
-    if pair_delta.empty:
+    return per_pair
+
+
+def _pooled(per_pair: pd.Series) -> float | None:
+    """The median over an (epoch, rank)'s pairs, the mean over ranks, the median over epochs."""
+    per_pair = per_pair.dropna()
+    if per_pair.empty:
         return None
-    per_rank = pair_delta.groupby(level=["epoch", "rank"]).median()
+    per_rank = per_pair.groupby(level=["epoch", "rank"]).median()
     return float(per_rank.groupby(level="epoch").mean().median())
+
+
+def comm_delta_s(steps: pd.DataFrame) -> float | None:
+    """The A/B difference in seconds (see module docstring); None without calibration steps."""
+    per_pair = _pairs(steps)
+    return _pooled(per_pair["calib_sync"] - per_pair["calib_nosync"]) if per_pair is not None else None
+
+
+def interference_s(steps: pd.DataFrame) -> float | None:
+    """The A/B difference beyond the exposed communication of the same synchronised steps.
+
+    Per calibration pair: (sync - no_sync step time) - the sync step's own exposed_comm_s,
+    pooled as the A/B difference is. Measured on the very steps of the A/B, so a straggler
+    injected into training steps only (or any difference between training and calibration
+    steps) cannot leak into it: what remains is communication taking compute away.
+    """
+    per_pair = _pairs(steps)
+    if per_pair is None or "exposed_comm_s" not in steps.columns:
+        return None
+    sync = steps[steps["kind"] == "calib_sync"].set_index(["epoch", "rank", "pair"])["exposed_comm_s"]
+    return _pooled(per_pair["calib_sync"] - per_pair["calib_nosync"] - sync.reindex(per_pair.index))
 
 
 def _finite_or_none(value) -> float | None:
@@ -157,6 +237,38 @@ def utilisation(throughput_samples_per_s: float | None, num_workers: int, profil
     }
 
 
+def ddp_second_opinion(epochs: pd.DataFrame, comm_span_s: float | None, comm_span_se: float | None) -> dict:
+    """PyTorch DDP's own timers beside the lab's, and whether they agree (rank 0, whose epochs record them).
+
+    `ddp_comm_s`: DDP's reducer timer per steady-state iteration, from the first bucket's
+    all-reduce launch to the end of communication (mean over the epochs after the first,
+    weighted by their iterations), against the lab's `comm_span_s` of rank 0 (first bucket
+    handed over to last all-reduce done): `ddp_comm_ratio` = lab / DDP. They disagree
+    (`ddp_disagrees`) when the difference exceeds what the noise allows: 3 standard errors of
+    the two means combined, plus 10% of the lab's figure. `ddp_exposed_comm_s` is DDP's comm
+    minus its compute/comm overlap, reported as DDP gives it: on CPU its compute-end timer
+    now and then lands after the communication, counting the whole all-reduce as overlap
+    (seen here), so it is not what the agreement is judged on.
+    """
+    out = {"ddp_comm_s": None, "ddp_exposed_comm_s": None, "ddp_comm_ratio": None, "ddp_disagrees": None}
+    if epochs.empty or "ddp_comm_s" not in epochs.columns or comm_span_s is None:
+        return out
+    later = epochs.iloc[1:] if len(epochs) > 1 else epochs
+    later = later[later["ddp_comm_s"].notna() & (later["ddp_iterations"] > 0)]
+    if later.empty:
+        return out
+    n = later["ddp_iterations"]
+    mean = float((later["ddp_comm_s"] * n).sum() / n.sum())
+    # pooled within-epoch variance over all iterations (between-epoch spread ignored)
+    variance = float(((later["ddp_comm_std_s"].fillna(0) ** 2) * (n - 1)).sum() / max(1, n.sum() - 1))
+    se = math.sqrt(variance / n.sum() + (comm_span_se or 0.0) ** 2)
+    out["ddp_comm_s"] = mean
+    out["ddp_exposed_comm_s"] = float((later["ddp_exposed_comm_s"] * n).sum() / n.sum())
+    out["ddp_comm_ratio"] = comm_span_s / mean if mean > 0 else None
+    out["ddp_disagrees"] = bool(abs(comm_span_s - mean) > 3 * se + 0.1 * comm_span_s)
+    return out
+
+
 def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
     """(restarts, time_lost_s) from the run's attempts (see the module docstring)."""
     attempts = attempts or []
@@ -192,6 +304,16 @@ def summarize_run(
     for name, value in accumulator.means().items():
         out[name] = _finite_or_none(value)
     out["num_nodes"] = len(accumulator.node_ranks) or None
+    out["interference_s"] = None
+    steps_named = sum(accumulator.stragglers.values())
+    if steps_named:
+        straggler = max(accumulator.stragglers, key=accumulator.stragglers.get)
+        out["straggler_rank"] = straggler
+        out["straggler_share"] = accumulator.stragglers[straggler] / steps_named
+    else:
+        out["straggler_rank"], out["straggler_share"] = None, None
+    out["ranks"] = accumulator.ranks_table()  # popped by scaling.results.write_summary into ranks.parquet
+    out.update(ddp_second_opinion(epochs, *accumulator.rank_mean_and_se(0, "comm_span_s")))
     step_s = out["step_s"]
     out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
 
@@ -199,14 +321,20 @@ def summarize_run(
     if num_workers == 1:
         out["comm_delta_s"] = 0.0
         out["comm_overhead_pct"] = 0.0
+        out["interference_s"] = 0.0
     else:
         calibration = accumulator.calibration_frame()
         delta = comm_delta_s(calibration) if not calibration.empty else None
         out["comm_delta_s"] = delta
         out["comm_overhead_pct"] = 100.0 * delta / step_s if (delta is not None and step_s) else None
+        out["interference_s"] = interference_s(calibration) if not calibration.empty else None
         if delta is None:
             out["comm_overhead_note"] = ("A/B not measured: the job gave the instrument no forward_backward function"
                                          if not ab_calibration else "A/B not measured: no calibration steps recorded")
+
+    for part in ("waiting", "transfer", "interference"):
+        value = out[f"{part}_s"]
+        out[f"{part}_pct"] = 100.0 * value / step_s if (value is not None and step_s) else None
 
     out["epochs_run"] = int(len(epochs))
     out.update(tta_rule="epoch_end", epochs_to_target_progress=None, tta_epoch_end_s=None)

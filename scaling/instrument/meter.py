@@ -78,6 +78,9 @@ DEFAULTS = {
     "step_timing": True,  # False: epoch timing only (the instrument's own cost is then none)
     "telemetry_interval_s": 1.0,  # GPU telemetry (NVML) period; 0 = off
     "target_accuracy": None,  # the validation accuracy TTA is measured to
+    "inject_straggler_s": 0.0,  # ground truth: seconds `straggler_rank` sleeps before its backward, per training step
+    "straggler_rank": 0,  # the rank that inject_straggler_s slows
+    "trace_steps": 20,  # training steps after the warm-up drawn in trace.json (trace.py); 0 = no trace
 }
 
 
@@ -136,8 +139,30 @@ class StepMeter:
         parameter = next(model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.clock = clock_for(self.device)
-        self.recorder = RunRecorder(self.clock, self.rank, self.node_rank, self.local_rank, self.run_dir)
+        # Cross-rank attribution and clock alignment go over a CPU group (gloo): the job's own may be NCCL.
+        self.sync_group = None
+        self.clock_offset_s, self.clock_uncertainty_s = 0.0, 0.0
+        if self.world_size > 1 and self.settings["step_timing"]:
+            from scaling.instrument.clock_sync import estimate_offsets
+
+            self.sync_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+            self.clock_offset_s, self.clock_uncertainty_s = estimate_offsets(self.sync_group)
+        warmup, traced = self.settings["warmup_steps"], self.settings["trace_steps"]
+        self.recorder = RunRecorder(self.clock, self.rank, self.node_rank, self.local_rank, self.run_dir,
+                                    group=self.sync_group, world_size=self.world_size, offset_s=self.clock_offset_s,
+                                    trace_steps=range(warmup, warmup + traced))
+        self.recorder.write_rank_json("clock", {"offset_s": self.clock_offset_s, "uncertainty_s": self.clock_uncertainty_s})
         self.backend = detect(model, optimizer)
+        # PyTorch's own DDP timers, a second opinion on the comm figures (`ddp_*` in epochs.parquet)
+        self._ddp_log: list[tuple[float, float]] = []  # per iteration: (backward comm s, comm/compute overlap s)
+        self._ddp_iteration = -1
+        if self.backend.name == "ddp" and self.settings["step_timing"]:
+            model._set_ddp_runtime_logging_sample_rate(1)
+        self._straggle_s = (self.settings["inject_straggler_s"]
+                            if self.rank == self.settings["straggler_rank"] and self.world_size > 1 else 0.0)
+        from scaling.instrument.live_metrics import LiveMetrics
+
+        self.live = LiveMetrics(self.name, self.rank, self.node_rank)
         self.timing = bool(self.settings["step_timing"])
         # A DDP model communicates even at world size 1 (a 1-rank NCCL group: the GPU ground
         # truth, docs/gpu.md): its all-reduces are timed. The lab's own 1-worker runs train the
@@ -212,6 +237,11 @@ class StepMeter:
             return
         step["forward_end"] = self.clock.mark()
         self._observe_output(output)
+        if not self._calibrating:
+            if self._straggle_s:
+                time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
+            if self.backend.name == "ddp":
+                self._read_ddp_timers()
 
     def _observe_input(self, args) -> None:
         """The first training batch's input shape and autocast precision (for the FLOPs profile)."""
@@ -286,6 +316,7 @@ class StepMeter:
             self.recorder.record_attempt(first_step_unix, resumed_from=self._resumed_from)
         if self.clock.cuda:
             torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
+        self.clock.anchor()  # GPU: the epoch's events placed on the host clock (cross-rank attribution, trace)
         self._epoch_steps = self._epoch_samples = 0
         self._paused_s = 0.0
         self._training_end = None
@@ -362,7 +393,9 @@ class StepMeter:
             **training_thread,  # was the loop slow, or kept off its core? (thread_usage.py)
             **columns,
         }
-        self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [], self._evals)
+        row.update(self._ddp_epoch_figures())
+        rows = self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [], self._evals)
+        self.live.update(rows, row)
         self._evals = []
         self._train_started = None
         return row
@@ -474,6 +507,29 @@ class StepMeter:
         self.recorder.flops_per_sample = profile["train_flops"]
         self.recorder.write_json("compute_profile.json", profile)
 
+    def _read_ddp_timers(self) -> None:
+        """DDP logs an iteration's timers at the next forward: read them there, once per iteration."""
+        data = self.model._get_ddp_logging_data()
+        iteration = data.get("iteration", -1)
+        if iteration == self._ddp_iteration or "backward_comm_time" not in data:
+            return
+        self._ddp_iteration = iteration
+        if iteration > self.settings["warmup_steps"]:  # steady state, as the lab's own figures
+            self._ddp_log.append((data["backward_comm_time"] / 1e9, data["backward_compute_comm_overlap_time"] / 1e9))
+
+    def _ddp_epoch_figures(self) -> dict:
+        """PyTorch DDP's own view of this epoch: mean backward comm time (and its spread), and comm
+        minus its overlap with compute, DDP's exposed communication (run_metrics.ddp_second_opinion)."""
+        if self.backend.name != "ddp" or not self._ddp_log:
+            return {}
+        comm = [c for c, _ in self._ddp_log]
+        exposed = [c - o for c, o in self._ddp_log]
+        self._ddp_log = []
+        n = len(comm)
+        mean = sum(comm) / n
+        std = (sum((c - mean) ** 2 for c in comm) / (n - 1)) ** 0.5 if n > 1 else float("nan")
+        return {"ddp_comm_s": mean, "ddp_comm_std_s": std, "ddp_exposed_comm_s": sum(exposed) / n, "ddp_iterations": n}
+
     def observed(self) -> dict:
         """What the instrument saw of the job (written to job.json; a summary's description of it)."""
         return {
@@ -541,7 +597,9 @@ class StepMeter:
 def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None, calibration_data=None,
            name: str | None = None, warmup_steps: int | None = None, calibration_pairs: int | None = None,
            inject_comm_delay_s: float | None = None, step_timing: bool | None = None,
-           telemetry_interval_s: float | None = None, target_accuracy: float | None = None) -> StepMeter:
+           telemetry_interval_s: float | None = None, target_accuracy: float | None = None,
+           inject_straggler_s: float | None = None, straggler_rank: int | None = None,
+           trace_steps: int | None = None) -> StepMeter:
     """Attach the instrument to a training job's model and optimizer (module docstring).
 
     - `model`: the DDP model (or the plain module at world size 1); with Horovod the module
@@ -555,6 +613,7 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
     """
     settings = {"warmup_steps": warmup_steps, "calibration_pairs": calibration_pairs,
                 "inject_comm_delay_s": inject_comm_delay_s, "step_timing": step_timing,
-                "telemetry_interval_s": telemetry_interval_s, "target_accuracy": target_accuracy}
+                "telemetry_interval_s": telemetry_interval_s, "target_accuracy": target_accuracy,
+                "inject_straggler_s": inject_straggler_s, "straggler_rank": straggler_rank, "trace_steps": trace_steps}
     return StepMeter(model, optimizer, run_dir=run_dir, forward_module=forward_module, forward_backward=forward_backward,
                      calibration_data=calibration_data, name=name, **settings)

@@ -27,9 +27,14 @@ from scaling.results import part_epoch, rank_part_path, rank_parts, write_json_a
 
 
 class RunRecorder:
-    def __init__(self, clock: Clock, rank: int, node_rank: int, local_rank: int, run_dir: Path | None):
+    def __init__(self, clock: Clock, rank: int, node_rank: int, local_rank: int, run_dir: Path | None,
+                 group=None, world_size: int = 1, offset_s: float = 0.0, trace_steps: range = range(0)):
+        """`group` (gloo) and `world_size` > 1: attribute each step's exposed communication across
+        ranks (`attribute`); `offset_s`: this rank's clock offset to rank 0 (clock_sync.py);
+        `trace_steps`: the global training steps whose events go into the trace (trace.py)."""
         self.clock = clock
         self.rank = rank
+        self.group, self.world_size, self.offset_s, self.trace_steps = group, world_size, offset_s, trace_steps
         self.identity = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank}
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._pending: list[StepMarks] = []
@@ -102,13 +107,18 @@ class RunRecorder:
         attempts = json.loads(path.read_text())["attempts"]
         return attempts[0]["first_step_unix"] if attempts else None
 
+    def write_rank_json(self, name: str, data: dict) -> None:
+        """This rank's own small file, workers/rank<R>-<name>.json (e.g. its clock offset)."""
+        if self.run_dir is not None:
+            write_json_atomic(self.run_dir / "workers" / f"rank{self.rank}-{name}.json", data)
+
     def write_json(self, name: str, data: dict) -> None:
         """Rank 0 writes `name` into the run directory (atomically); other ranks do nothing."""
         if self.rank == 0 and self.run_dir is not None:
             write_json_atomic(self.run_dir / name, data)
 
     def _resolved(self, marks: StepMarks) -> dict:
-        row = {**marks.resolve(self.clock), **self.identity}
+        row = {**marks.resolve(self.clock, self.offset_s), **self.identity}
         if self.flops_per_sample is not None:
             row["model_flops"] = marks.samples * self.flops_per_sample
             row["achieved_flops_per_s"] = row["model_flops"] / row["step_s"] if row["step_s"] > 0 else float("nan")
@@ -121,19 +131,72 @@ class RunRecorder:
         """Resolve and write this rank's records of the epoch (rank 0: also the epoch's row). Every rank calls it."""
         self.clock.resolve()
         rows = [self._resolved(m) for m in self._pending]
+        traced = [event for m in self._pending if m.kind == "train" and m.step in self.trace_steps
+                  for event in m.trace_events(self.clock, self.offset_s, self.rank)]
         self._pending = []
         epoch = epoch_row["epoch"]
+        if self.world_size > 1 and self.group is not None:
+            epoch_row.update(self.attribute(rows))
         if self.run_dir is not None:
+            if traced:
+                from scaling.instrument.trace import write_rank_events
+
+                write_rank_events(self.run_dir, self.rank, epoch, traced)
             if rows:  # none with instrument.step_timing off
                 write_parquet_atomic(rank_part_path(self.run_dir / "steps.parquet", self.rank, epoch), pd.DataFrame(rows))
             if telemetry:
                 samples = pd.DataFrame([{**sample, **self.identity} for sample in telemetry])
                 write_parquet_atomic(rank_part_path(self.run_dir / "telemetry.parquet", self.rank, epoch), samples)
         if self.rank != 0:
-            return
+            return rows
         self.epoch_rows.append(epoch_row)
         self.eval_rows += evals or []
         if self.run_dir is not None:
             if self.eval_rows:
                 write_parquet_atomic(self.run_dir / "evals.parquet", pd.DataFrame(self.eval_rows))
             write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
+        return rows
+
+    def attribute(self, rows: list[dict]) -> dict:
+        """Split each training step's exposed communication into waiting and transfer (collective).
+
+        Every rank shares the moments its training steps of the epoch finished backward
+        compute (`compute_end_t`, its last bucket handed over, on rank 0's clock) with one
+        all-gather of a float tensor (steps x ranks floats; nothing else crosses ranks). Per step:
+        - `straggler_rank`: the rank that handed its last bucket over last;
+        - `waiting_s` = min(exposed_comm_s, latest compute end - this rank's): the exposed time
+          spent waiting for the slowest rank (no faster network helps it);
+        - `transfer_s` = exposed_comm_s - waiting_s: the exposed time once every rank was ready
+          (moving bytes: bandwidth and latency).
+        Adds the columns to `rows` in place; returns the epoch's straggler (the rank most often
+        last among the steady-state steps) and its share of them, for the epoch's row.
+        """
+        import torch
+        import torch.distributed as dist
+
+        train = [r for r in rows if r["kind"] == "train"]
+        count = torch.tensor([len(train)], dtype=torch.float64)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
+        ends = torch.full((int(count.item()),), float("nan"), dtype=torch.float64)
+        if train:
+            ends[:len(train)] = torch.tensor([r["compute_end_t"] for r in train], dtype=torch.float64)
+        gathered = [torch.empty_like(ends) for _ in range(self.world_size)]
+        dist.all_gather(gathered, ends, group=self.group)
+        matrix = torch.stack(gathered)  # ranks x steps
+        known = ~torch.isnan(matrix).all(dim=0)
+        latest = torch.where(known, torch.nan_to_num(matrix, nan=float("-inf")).max(dim=0).values,
+                             torch.tensor(float("nan"), dtype=torch.float64))
+        straggler = torch.nan_to_num(matrix, nan=float("-inf")).argmax(dim=0)
+        stragglers = []
+        for i, row in enumerate(train):
+            if not bool(known[i]) or row["compute_end_t"] != row["compute_end_t"]:
+                row.update(waiting_s=float("nan"), transfer_s=float("nan"), straggler_rank=-1)
+                continue
+            waiting = min(row["exposed_comm_s"], max(0.0, float(latest[i]) - row["compute_end_t"]))
+            row.update(waiting_s=waiting, transfer_s=row["exposed_comm_s"] - waiting, straggler_rank=int(straggler[i]))
+            if not row["warmup"]:
+                stragglers.append(int(straggler[i]))
+        if not stragglers:
+            return {"straggler_rank": -1, "straggler_share": float("nan")}
+        most = max(set(stragglers), key=stragglers.count)
+        return {"straggler_rank": most, "straggler_share": stragglers.count(most) / len(stragglers)}

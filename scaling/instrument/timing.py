@@ -64,6 +64,13 @@ class Clock:
     def resolve(self) -> None:
         """Make every mark taken so far readable. Nothing to do on the host clock."""
 
+    def anchor(self) -> None:
+        """Tie the marks to the host clock (CUDA: call after a synchronize). Nothing to do here."""
+
+    def host_time(self, mark) -> float:
+        """A mark as seconds on this process's host clock (`time.perf_counter`)."""
+        return mark
+
 
 class CudaClock(Clock):
     """Marks as CUDA events on the current stream (GPU runs); read after `resolve()`."""
@@ -82,6 +89,16 @@ class CudaClock(Clock):
     def resolve(self) -> None:
         # One synchronize per epoch, at its end, so every event recorded in it has completed.
         torch.cuda.synchronize()
+
+    def anchor(self) -> None:
+        # With the device idle (the caller synchronised), an event recorded now completes now:
+        # the host time read beside it places every later event on the host clock.
+        self._anchor_event = self.mark()
+        torch.cuda.synchronize()
+        self._anchor_host = time.perf_counter()
+
+    def host_time(self, mark) -> float:
+        return self._anchor_host + self._anchor_event.elapsed_time(mark) / 1000.0
 
 
 def clock_for(device: torch.device) -> Clock:
@@ -216,7 +233,8 @@ class StepMarks:
     buckets: list[BucketMarks] = field(default_factory=list)
     pair: int = -1  # calibration: index of the (no_sync, sync) pair within the epoch; -1 for training steps
 
-    def resolve(self, clock: Clock) -> dict:
+    def resolve(self, clock: Clock, offset_s: float = 0.0) -> dict:
+        """The step's record; `offset_s` puts its moments (`*_t`) on rank 0's clock (clock_sync.py)."""
         def since_start(mark) -> float:
             return clock.seconds(self.start, mark)
 
@@ -233,7 +251,11 @@ class StepMarks:
             comm_end = max(end for _, end in intervals)
             exposed_comm_s = max(0.0, comm_end - compute_end)
         else:
+            compute_end = comm_end = float("nan")
             exposed_comm_s = 0.0
+        # first hand-over to last completion: the span PyTorch DDP's own timers call backward comm time
+        comm_span_s = comm_end - min(start for start, _ in intervals) if intervals else 0.0
+        start_t = clock.host_time(self.start) + offset_s
         forward_s = forward_end - data_s
         backward_s = backward_end - forward_end
         optimizer_s = step_s - backward_end
@@ -251,7 +273,34 @@ class StepMarks:
             "step_s": step_s,
             "allreduce_s": allreduce_s,
             "exposed_comm_s": exposed_comm_s,
+            "comm_span_s": comm_span_s,
             "compute_s": forward_s + backward_s - exposed_comm_s + optimizer_s,
             "num_buckets": len(self.buckets),
             "injected_s": injected_s,
+            # moments on rank 0's clock (s), for attribution across ranks (recorder.py):
+            # the step's start, this rank's last bucket handed over (its backward compute done)
+            # and its last all-reduce done
+            "start_t": start_t,
+            "compute_end_t": start_t + compute_end,
+            "comm_end_t": start_t + comm_end,
         }
+
+    def trace_events(self, clock: Clock, offset_s: float, rank: int) -> list[dict]:
+        """Chrome trace events (times in s on rank 0's clock; scaling/instrument/trace.py writes µs):
+        the step's phases on track "phases", each bucket's all-reduce on track "all-reduce"."""
+        start_t = clock.host_time(self.start) + offset_s
+
+        def at(mark) -> float:
+            return start_t + clock.seconds(self.start, mark)
+
+        bounds = [start_t, at(self.after_data), at(self.after_forward), at(self.after_backward), at(self.after_optimizer)]
+        events = [{"name": f"step {self.step}", "cat": "step", "track": "phases", "rank": rank,
+                   "start_s": bounds[0], "end_s": bounds[-1], "args": {"epoch": self.epoch, "step": self.step}}]
+        for name, begin, end in zip(("data", "forward", "backward", "optimizer"), bounds, bounds[1:]):
+            events.append({"name": name, "cat": "phase", "track": "phases", "rank": rank, "start_s": begin, "end_s": end,
+                           "args": {"step": self.step}})
+        for bucket in self.buckets:
+            events.append({"name": f"bucket {bucket.index}", "cat": "allreduce", "track": "all-reduce", "rank": rank,
+                           "start_s": at(bucket.handed_over), "end_s": at(bucket.completed),
+                           "args": {"step": self.step, "bucket": bucket.index}})
+        return events

@@ -248,6 +248,8 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         warmup_steps=cfg.instrument.warmup_steps, calibration_pairs=cfg.instrument.calibration_pairs,
         inject_comm_delay_s=cfg.instrument.inject_comm_delay_s, step_timing=cfg.instrument.step_timing,
         telemetry_interval_s=cfg.instrument.telemetry_interval_s, target_accuracy=cfg.train.target_accuracy,
+        inject_straggler_s=cfg.instrument.inject_straggler_s, straggler_rank=cfg.instrument.straggler_rank,
+        trace_steps=cfg.instrument.trace_steps,
     )
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))

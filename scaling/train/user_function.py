@@ -43,6 +43,8 @@ def lab_context(cfg: ExperimentConfig, ctx, run_dir):
         warmup_steps=cfg.instrument.warmup_steps, calibration_pairs=cfg.instrument.calibration_pairs,
         inject_comm_delay_s=cfg.instrument.inject_comm_delay_s, step_timing=cfg.instrument.step_timing,
         telemetry_interval_s=cfg.instrument.telemetry_interval_s, target_accuracy=cfg.train.target_accuracy,
+        inject_straggler_s=cfg.instrument.inject_straggler_s, straggler_rank=cfg.instrument.straggler_rank,
+        trace_steps=cfg.instrument.trace_steps,
     )
     try:
         yield
