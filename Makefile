@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: demo test install install-test clean
+.PHONY: demo test test-fast install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: install
 
 test: install-test horovod
 	$(BIN)/python -m pytest -q
+
+# The unit tier only (pytest -m unit: no Ray, Horovod, minicluster or training runs), for quick iterations.
+test-fast: install-test
+	$(BIN)/python -m pytest -q -m unit
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

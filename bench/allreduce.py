@@ -37,12 +37,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 import benchlib as bl
+
+from scaling.launch.local_cluster import free_port
 
 NAME = "allreduce"
 KIB, MIB = 1024, 1024 * 1024
@@ -72,12 +73,6 @@ def quantile(values: list[float], q: float) -> float:
     import numpy as np
 
     return float(np.quantile(values, q))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def horovod_importable() -> tuple[bool, str]:

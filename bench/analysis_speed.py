@@ -2,7 +2,7 @@
 1,000 training steps per rank and run); budget: within 10 s.
 
 The sweep is written in the on-disk format `scaling sweep` writes and `scaling report` reads
-(scaling/launch/sweep.py, docs/results.md): `sweep.yaml`, `runs.parquet` (one row per run, its
+(scaling/results.py `SweepDir`, `RunDir`, `summary_row`; docs/results.md): `sweep.yaml`, `runs.parquet` (one row per run, its
 summary flattened, plus run_key, run_dir, repeat and the `sweep.train.per_worker_batch` column)
 and per run `config.yaml`, `summary.json`, `epochs.parquet`, `steps.parquet` and
 `compute_profile.json`. Grid: workers 1, 2, 4, 8 x per-worker batch 64, 128 x 25 repeats = 200
@@ -22,8 +22,9 @@ Timed, alternating A B B A ... (`--pairs` pairs):
                  after one untimed call (imports and font cache warm).
 Both print every table (rich, 80 columns) and write report.md plus 7 figures as PNG and SVG. The
 figures are medians. One more in-process call runs under cProfile; its top entries (cumulative)
-are kept in the JSON, and one more runs with its phases timed (reading the sweep, building the
-figures, saving them, printing the tables, the rest), to show where the time goes.
+are kept in the JSON, and one more runs with its phases timed (reading the sweep:
+`scaling.results.SweepDir.read`; drawing the figures: every `scaling.plots.figures.*_figure`;
+saving them; printing the tables; the rest), to show where the time goes.
 
     .venv/bin/python bench/analysis_speed.py            # 200 runs, 2 pairs
     .venv/bin/python bench/analysis_speed.py --quick    # 200 runs, 1 pair, no cProfile
@@ -137,25 +138,28 @@ def make_sweep(root: Path, repeats: int) -> tuple[Path, int]:
 
     from scaling.analysis.run_metrics import summarize_run
     from scaling.config import read_config_file
+    from scaling.results import SweepDir, run_key, summary_row
 
-    sweep = root / "sweep"
-    (sweep / "runs").mkdir(parents=True)
+    sweep = SweepDir(root / "sweep")
+    sweep.runs_path.mkdir(parents=True)
     base = read_config_file(bl.REPO / "experiments" / "quickstart.yaml")
     base.pop("sweep", None)
     base["train"].update(max_epochs=EPOCHS, target_accuracy=TARGET)
     spec = {"workers": list(WORKERS), "repeats": repeats, "axes": {"train.per_worker_batch": list(BATCHES)}}
-    (sweep / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "sweep": spec}, sort_keys=False))
+    sweep.spec_path.write_text(yaml.safe_dump({"base": base, "sweep": spec}, sort_keys=False))
     rows = []
     for batch in BATCHES:
         for workers in WORKERS:
             for repeat in range(repeats):
-                key = f"w{workers}-per_worker_batch{batch}-r{repeat}"
+                axes = {"train.per_worker_batch": batch}
+                key = run_key(workers, axes, repeat)
                 rng = np.random.default_rng([workers, batch, repeat])
-                run_dir = sweep / "runs" / key
-                run_dir.mkdir()
+                run = sweep.run(key)
+                run.path.mkdir()
                 epochs = _epochs(rng, workers, batch, reaches=repeat % 10 != 9)
                 steps = _steps(rng, workers, batch)
                 figures = summarize_run(steps, epochs, TARGET, workers, PROFILE)
+                figures.pop("ranks", None)  # the per-rank table: ranks.parquet, not the summary
                 config = {**base, "workers": {**base["workers"], "num_workers": workers},
                           "train": {**base["train"], "per_worker_batch": batch, "seed": repeat}}
                 summary = {
@@ -172,16 +176,14 @@ def make_sweep(root: Path, repeats: int) -> tuple[Path, int]:
                     "hardware": {"hostname": "bench", "cpu_model": "generated", "cpu_count": 2, "gpu_name": None,
                                  "gpu_count": 0},
                 }
-                (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-                (run_dir / "compute_profile.json").write_text(json.dumps(PROFILE))
-                (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-                epochs.to_parquet(run_dir / "epochs.parquet", index=False)
-                steps.to_parquet(run_dir / "steps.parquet", index=False)
-                row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
-                row.update(run_key=key, run_dir=f"runs/{key}", repeat=repeat, **{"sweep.train.per_worker_batch": batch})
-                rows.append(row)
-    pd.DataFrame(rows).to_parquet(sweep / "runs.parquet", index=False)
-    return sweep, len(rows)
+                run.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+                run.compute_profile_path.write_text(json.dumps(PROFILE))
+                run.summary_path.write_text(json.dumps(summary, indent=2))
+                epochs.to_parquet(run.epochs_path, index=False)
+                steps.to_parquet(run.steps_path, index=False)
+                rows.append(summary_row(summary, key, repeat, axes))
+    pd.DataFrame(rows).to_parquet(sweep.index_path, index=False)
+    return sweep.path, len(rows)
 
 
 def time_cli(sweep: Path) -> float:
@@ -206,16 +208,20 @@ def time_in_process(sweep: Path) -> float:
 
 def breakdown_in_process(sweep: Path) -> dict:
     """One in-process report with its phases timed by wrappers (no profiler overhead): reading the
-    sweep (`_load`), building the figures (`_figures`), saving them (`save`: PNG + SVG), printing the
-    tables (rich), and the rest (tables, markdown)."""
+    sweep (`SweepDir.read`), drawing the figures (each `*_figure` of scaling/plots/figures.py), saving
+    them (`save`: PNG + SVG), printing the tables (rich), and the rest (tables, markdown)."""
+    import functools
+
     from rich.console import Console
 
     import scaling.plots.figures as figures_module
     import scaling.report as report_module
+    from scaling.results import SweepDir
 
     spent = {"read_sweep_s": 0.0, "build_figures_s": 0.0, "save_figures_s": 0.0, "print_tables_s": 0.0}
 
     def timed(key, function):
+        @functools.wraps(function)  # keeps a figure function's heading and caption
         def wrapper(*args, **kwargs):
             t0 = time.perf_counter()
             try:
@@ -228,9 +234,9 @@ def breakdown_in_process(sweep: Path) -> dict:
         def print(self, *args, **kwargs):
             return timed("print_tables_s", super().print)(*args, **kwargs)
 
-    # private names of scaling/report.py: a phase whose function is gone is left at 0 (counted in other_s)
-    targets = [(report_module, "_load", "read_sweep_s"), (report_module, "_figures", "build_figures_s"),
-               (figures_module, "save", "save_figures_s")]
+    # a phase whose function is gone is left at 0 (counted in other_s)
+    drawing = [(figures_module, name, "build_figures_s") for name in dir(figures_module) if name.endswith("_figure")]
+    targets = [(SweepDir, "read", "read_sweep_s"), *drawing, (figures_module, "save", "save_figures_s")]
     originals = [(module, attr, getattr(module, attr)) for module, attr, _ in targets if hasattr(module, attr)]
     for module, attr, key in targets:
         if hasattr(module, attr):
@@ -263,7 +269,9 @@ def profile_in_process(sweep: Path, top: int = 25) -> tuple[float, str]:
 
 
 def report_files(sweep: Path) -> list[str]:
-    return sorted(p.name for p in (sweep / "report").iterdir())
+    from scaling.results import SweepDir
+
+    return sorted(p.name for p in SweepDir(sweep).report_path.iterdir())
 
 
 def main() -> None:

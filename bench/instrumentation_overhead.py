@@ -45,6 +45,8 @@ from pathlib import Path
 
 import benchlib as bl
 
+from scaling.launch.local_cluster import steady_step_s
+
 NAME = "instrumentation_overhead"
 BUDGET = 1.03
 ARMS = {"instrumented": "instrument.step_timing=true", "plain": "instrument.step_timing=false"}
@@ -58,22 +60,6 @@ def base_overrides(epochs: int, quick: bool) -> list[str]:
         "data.val_samples=512",
         *(["data.train_samples=2048"] if quick else []),  # quick: shorter epochs (the step is the same)
     ]
-
-
-def steady_step_s(run_dir: Path, global_batch: int):
-    """Median over epochs after the first of train_s / steps; every epoch's figures; the epochs table."""
-    import pandas as pd
-
-    epochs = pd.read_parquet(run_dir / "epochs.parquet")
-    rows = []
-    for row in epochs.itertuples():
-        steps = row.samples / global_batch
-        rows.append({"epoch": int(row.epoch), "train_s": float(row.train_s), "steps": int(steps),
-                     "step_s": float(row.train_s) / steps})
-    steady = [r["step_s"] for r in rows if r["epoch"] > 1]
-    if not steady:
-        raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
-    return bl.median(steady), rows, epochs
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from scaling.instrument.machine import describe_hardware, describe_versions  # noqa: E402
 from scaling.launch import minicluster as mc  # noqa: E402
-from scaling.results import write_json_atomic  # noqa: E402
+from scaling.results import SweepDir, write_json_atomic  # noqa: E402
 
 NAME = "bench"
 GRADIENT_BYTES = 288_666 * 4  # small_cnn's fp32 gradients
@@ -35,7 +35,8 @@ CAPS = ("100mbit", "1gbit", "uncapped")
 def main() -> int:
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    sweep_dir = Path(tempfile.mkdtemp(prefix="mc-bw-")) / "sweep"
+    sweep = SweepDir(Path(tempfile.mkdtemp(prefix="mc-bw-")) / "sweep")
+    sweep_dir = sweep.path
     scaling = str(Path(sys.executable).parent / "scaling")
     mc.up(2, None, 1, NAME, "10.215.0.0/24")
     try:
@@ -50,7 +51,7 @@ def main() -> int:
     subprocess.run([scaling, "report", str(sweep_dir)], cwd=REPO, check=True, capture_output=True)
     import pandas as pd
 
-    runs = pd.read_parquet(sweep_dir / "runs.parquet")
+    runs = sweep.runs
     rows = []
     for _, run in runs.sort_values("link_bandwidth_bits_per_s", na_position="last").iterrows():
         cap = run["link_bandwidth"]
@@ -76,7 +77,7 @@ def main() -> int:
         "versions": describe_versions(),
     }
     write_json_atomic(out_dir / "minicluster_bandwidth.json", result)
-    shutil.copy(sweep_dir / "report" / "comm_vs_bandwidth.png", out_dir / "minicluster_bandwidth.png")
+    shutil.copy(sweep.report_path / "comm_vs_bandwidth.png", out_dir / "minicluster_bandwidth.png")
     for row in rows:
         print(json.dumps(row))
     return 0

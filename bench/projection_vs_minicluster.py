@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
 import subprocess
 import sys
@@ -53,7 +52,8 @@ from benchlib import command_line, load_average  # noqa: E402
 
 from scaling.launch import minicluster as mc  # noqa: E402
 from scaling.projection import fit_alpha_beta, project_cluster_from_alpha_beta  # noqa: E402
-from scaling.projection.compute import compute_from_concurrent_runs, compute_from_run  # noqa: E402
+from scaling.projection.compute import compute_from_concurrent_runs  # noqa: E402
+from scaling.results import RunDir, SweepDir  # noqa: E402
 
 NAME = "proj"
 SUBNET = "10.216.0.0/24"
@@ -162,11 +162,6 @@ class SizesProbe:
                 p.kill()
 
 
-def tbf_burst_bytes(cap: str) -> int:
-    """The token bucket's size minicluster._cap gives a cap: 4 ms of traffic, at least 64 KB."""
-    return max(64 * 1024, int(mc.rate_bits_per_s(cap) / 8 * 0.004))
-
-
 def fit_caps(caps: list[str]) -> dict:
     cluster = mc.load(NAME)
     probe = SizesProbe(cluster)
@@ -178,7 +173,7 @@ def fit_caps(caps: list[str]) -> dict:
             sizes = [r["bytes"] for r in results]
             medians = [r["median_s"] for r in results]
             line_rate = mc.rate_bits_per_s(cap) / 8 if cap != "uncapped" else None
-            burst = tbf_burst_bytes(cap)
+            burst = mc.tbf_burst_bytes(cap)
             # A message whose traffic fits in the token bucket's burst leaves at the veth's own
             # speed, not the cap's: the ring's alpha-beta line only describes sizes the shaper
             # governs, so the fit takes those (each rank sends 2(n-1)/n S >= FIT_MIN_BURSTS bursts).
@@ -254,7 +249,7 @@ def one_worker_runs(out_dirs: list[Path], logs: Path, epochs: int = BASELINE_EPO
                                   logs / f"{d.name}.attempt{attempt}.log") for d in out_dirs]
         deadline = time.time() + RUN_TIMEOUT_S
         codes = [wait_or_stop(p, deadline) for p in processes]
-        failed = [d for d, c in zip(out_dirs, codes) if c != 0 or not (d / "summary.json").is_file()]
+        failed = [d for d, c in zip(out_dirs, codes) if c != 0 or not RunDir(d).has_summary]
         if not failed:
             return
         log(f"1-worker run(s) {', '.join(d.name for d in failed)} failed or hung (attempt {attempt}); logs in {logs}")
@@ -262,7 +257,7 @@ def one_worker_runs(out_dirs: list[Path], logs: Path, epochs: int = BASELINE_EPO
 
 
 def run_figures(run_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = RunDir(run_dir).summary()
     keys = ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")
     return {"run_dir": str(run_dir), **{k: summary.get(k) for k in keys}}
 
@@ -326,7 +321,7 @@ def measured(sweep_dir: Path) -> dict:
     whose step time is the median."""
     import pandas as pd
 
-    runs = pd.read_parquet(sweep_dir / "runs.parquet")
+    runs = pd.read_parquet(SweepDir(sweep_dir).index_path)
     runs = runs[runs["status"] != "failed"]
     out = {}
     for cap, group in runs.groupby("link_bandwidth", sort=False):
@@ -352,9 +347,7 @@ def decompose(run_dir: Path) -> dict:
     itself (min over ranks of exposed_comm_s); the faster rank's exposed time also holds its
     wait for the slower one. Means over steps and ranks, as the lab's step_s.
     """
-    import pandas as pd
-
-    steps = pd.read_parquet(run_dir / "steps.parquet")
+    steps = RunDir(run_dir).steps()
     train = steps[(steps["kind"] == "train") & (~steps["warmup"].astype(bool))].copy()
     train["own_compute_s"] = train["step_s"] - train["exposed_comm_s"]
     exposed = train.pivot_table(index="step", columns="rank", values="exposed_comm_s").dropna()
@@ -536,7 +529,7 @@ def main() -> int:
                              logs / "sweep.log")
         if wait_or_stop(sweep, time.time() + SWEEP_TIMEOUT_S) is None:
             log(f"the sweep did not finish within {SWEEP_TIMEOUT_S} s and was stopped")
-        meas = measured(sweep_dir) if (sweep_dir / "runs.parquet").is_file() else {}
+        meas = measured(sweep_dir) if SweepDir(sweep_dir).index_path.is_file() else {}
         sampler.phase = "drift_check"
         mc.set_bandwidth(None, NAME)
         after = [work / "w1-concurrent-after-a", work / "w1-concurrent-after-b"]

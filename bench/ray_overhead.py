@@ -57,8 +57,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,94 +65,23 @@ from pathlib import Path
 
 import benchlib as bl
 
+from scaling.launch.local_cluster import BIN, PrivateRayHead, ray_env, steady_step_s
+from scaling.results import RunDir
+
 NAME = "ray_overhead"
 DEFAULT_WORKERS = 2
 DEFAULT_PAIRS = 4  # 2 pairs gave 0.873 once and 4 pairs 1.113 the same afternoon: the pair spread is about +-15%
 STEP_BUDGET = 1.05
-BIN = Path(sys.executable).parent
 SETTLE_S = 3.0  # after the head answers, before the first run: its start-up work (dashboard, agent) settles
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def ray_env() -> dict:
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-
-class PrivateRayHead:
-    """`ray start --head --block` in its own session, private temp dir and ports; stopped by pid (never `ray stop`)."""
-
-    def __init__(self, num_cpus: int = 2, taskset: list[str] | None = None):
-        self.temp_dir = tempfile.mkdtemp(prefix="bray-", dir="/tmp")  # short: Ray's socket paths have a length limit
-        self.port = free_port()
-        self.dashboard_port = free_port()
-        self.env = ray_env()
-        self.num_cpus = num_cpus
-        self.taskset = taskset or []  # e.g. ["taskset", "-c", "1"]: the head and every Ray process it starts on CPU 1
-        self.process = None
-        self.start_s = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        command = [*self.taskset, str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
-                   "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                   f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
-                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
-        t0 = time.time()
-        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
-        deadline = t0 + 120
-        while True:
-            probe = subprocess.run([str(BIN / "ray"), "status", f"--address={self.address}"], env=self.env,
-                                   capture_output=True)
-            if probe.returncode == 0 and http_ok(f"http://127.0.0.1:{self.dashboard_port}/api/version"):
-                break  # the dashboard comes up a few seconds after the GCS; wait for it, so it is not starting during a run
-            if time.time() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"private Ray head did not start: {probe.stderr.decode()[-500:]}")
-            time.sleep(0.5)
-        self.start_s = time.time() - t0
-        time.sleep(SETTLE_S)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 # Run in a fresh interpreter: a new local cluster, its start and its shutdown timed.
 RAY_INIT_PROBE = r"""
-import json, logging, socket, sys, time
+import json, logging, sys, time
+from scaling.launch.local_cluster import free_port
 t0 = time.time()
 import ray
 t1 = time.time()
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 ray.init(address="local", num_cpus=2, _temp_dir=sys.argv[1], dashboard_port=free_port(), logging_level=logging.WARNING)
 t2 = time.time()
 ray.shutdown()
@@ -175,19 +102,6 @@ def measure_ray_init() -> dict:
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def steady_step_s(run_dir: Path, global_batch: int):
-    """(median over epochs after the first of train_s / steps, every epoch's figures, the epochs table)."""
-    import pandas as pd
-
-    epochs = pd.read_parquet(run_dir / "epochs.parquet")
-    rows = [{"epoch": int(r.epoch), "train_s": float(r.train_s), "step_s": float(r.train_s) / (r.samples / global_batch)}
-            for r in epochs.itertuples()]
-    steady = [r["step_s"] for r in rows if r["epoch"] > 1]
-    if not steady:
-        raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
-    return bl.median(steady), rows, epochs
 
 
 def training_thread(epochs, global_batch: int) -> dict:
@@ -231,7 +145,7 @@ def main() -> None:
     taskset = ["taskset", "-c", str(cpus - 1)] if args.pin else []
     if args.pin:
         overrides.append(f"workers.pin_cpus=0-{args.workers - 1}")
-    head = PrivateRayHead(num_cpus=max(2, args.workers), taskset=taskset)
+    head = PrivateRayHead(num_cpus=max(2, args.workers), taskset=taskset, settle_s=SETTLE_S, prefix="bray-")
     sequence_step, sequence_start, sequence_cpu, sequence_thread, runs = [], [], [], [], []
     tmp = tempfile.mkdtemp(prefix="bench-ray-")
     try:
@@ -250,8 +164,8 @@ def main() -> None:
                 cpu.roots.append(proc.pid)
                 proc.wait(timeout=900)
                 end_unix = time.time()
-            summary_path = run_dir / "summary.json"
-            summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+            run = RunDir(run_dir)
+            summary = run.summary() if run.has_summary else {}
             if proc.returncode != 0 or summary.get("status") == "failed":
                 raise RuntimeError(f"{arm} run failed (exit {proc.returncode}):\n{log.read_text()[-2000:]}")
             step_s, epoch_rows, epochs_table = steady_step_s(run_dir, summary["global_batch"])

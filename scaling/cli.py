@@ -22,16 +22,18 @@ from scaling.errors import UsageError
 EXIT_USAGE = 2
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (the usage stays available under --help)."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (the usage stays available under --help): the lab's
+    parser for every command line, `scaling` and its subcommands (`scaling project`'s options:
+    scaling/projection/cli.py `add_arguments`)."""
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="scaling", description="Distributed training-scaling lab on Ray.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    parser = OneLineParser(prog="scaling", description="Distributed training-scaling lab on Ray.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     run = commands.add_parser("run", help="one data-parallel training run, timed step by step")
     run.add_argument("config", help="experiment YAML, e.g. experiments/quickstart.yaml")
@@ -62,16 +64,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
     from scaling.projection.cli import add_arguments as add_projection_arguments
 
-    project = commands.add_parser("project", help="project step time, speedup and comm overhead onto a cluster (alpha-beta model)")
+    project = commands.add_parser("project", help="project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
+                                  description="Project data-parallel scaling (DDP step time, speedup, communication "
+                                              "overhead) onto a cluster.")
     add_projection_arguments(project)
 
     cluster = commands.add_parser("cluster", help="cluster YAMLs for ray up")
-    cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=_OneLineParser)
+    cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
     check = cluster_commands.add_parser("check", help="validate cluster YAMLs offline (Ray's validator + the lab's checks)")
     check.add_argument("paths", nargs="+", type=Path)
 
     mini = commands.add_parser("minicluster", help="a multi-node Ray cluster on this machine (network namespaces; root)")
-    mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=_OneLineParser)
+    mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
     mini_up = mini_commands.add_parser("up", help="build N namespaced nodes joined by a bridge, each a Ray node")
     mini_up.add_argument("--nodes", type=int, required=True)
     mini_up.add_argument("--bandwidth", help="cap each node's link, a tc rate such as 100mbit or 1gbit (default: uncapped)")

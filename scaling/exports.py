@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scaling.results import write_json_atomic, write_text_atomic
+from scaling.results import DAWNBENCH_JSON, DAWNBENCH_TSV, MLPERF_LOG, write_json_atomic, write_text_atomic
 
 
 def dawnbench_tsv(epochs: pd.DataFrame) -> str:
@@ -98,9 +98,9 @@ def mlperf_log(summary: dict, epochs: pd.DataFrame) -> str:
 
 def write_exports(run_dir: Path, summary: dict, epochs: pd.DataFrame) -> None:
     run_dir = Path(run_dir)
-    write_text_atomic(run_dir / "dawnbench.tsv", dawnbench_tsv(epochs))
-    write_json_atomic(run_dir / "dawnbench.json", dawnbench_json(summary))
-    write_text_atomic(run_dir / "mlperf.log", mlperf_log(summary, epochs))
+    write_text_atomic(run_dir / DAWNBENCH_TSV, dawnbench_tsv(epochs))
+    write_json_atomic(run_dir / DAWNBENCH_JSON, dawnbench_json(summary))
+    write_text_atomic(run_dir / MLPERF_LOG, mlperf_log(summary, epochs))
 
 
 def read_mlperf_log(text: str) -> list[dict]:

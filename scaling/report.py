@@ -1,16 +1,19 @@
-"""A sweep's report: read the sweep directory, print its tables, write report.md and the figures.
+"""A sweep's report: its tables printed, report.md and the figures written.
 
     scaling report results/qs        # -> results/qs/report/report.md, *.png, *.svg
     scaling report results/ddp results/hvd --out results/ddp-vs-hvd   # several sweeps, one report
 
-The I/O side of the analysis: `load_sweep` reads `runs.parquet` (or, for an interrupted
-sweep without it, every `runs/*/summary.json`) and each run's `epochs.parquet`;
-`scaling.analysis.scaling_tables` computes, `scaling.plots.figures` draws, and
-`write_report` prints the tables with rich and writes, atomically, into SWEEP/report/:
+This module only composes. `scaling.results` reads the sweep (`read_sweeps`: runs.parquet, or
+for an interrupted sweep every runs/*/summary.json, and each run's epochs, with the warnings of
+what was left out); `scaling.analysis` groups and computes (`scaling_tables.group_keys`, the
+same rule the notebooks use; `intervals`); `scaling.plots.figures` draws, each figure with its
+caption; `write_report` lays the tables out (the column specs below), prints them with rich and
+writes, atomically, into SWEEP/report/:
 
     report.md                 tables (markdown) and the figures, one line defining each
     speedup.{png,svg}         comm_overhead.{png,svg}    step_breakdown.{png,svg}
-    accuracy_curves.{png,svg} throughput_vs_tta.{png,svg} tta_spread.{png,svg}
+    accuracy_curves.{png,svg} throughput_vs_tta.{png,svg} tta_spread.{png,svg}  roofline.{png,svg}
+    comm_vs_bandwidth.{png,svg}  (a minicluster sweep over link caps)
 
 Failed runs are counted and named in a warning, and left out of the figures; runs still
 going (a run directory without summary.json) are named in a warning and left out.
@@ -18,255 +21,17 @@ going (a run directory without summary.json) are named in a warning and left out
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from scaling.analysis import attribution as at
 from scaling.analysis import intervals as iv
 from scaling.analysis import scaling_tables as st
 from scaling.errors import UsageError
-from scaling.results import READABLE_SCHEMA_VERSIONS, write_text_atomic
-
-REPORT_DIR = "report"
-# Columns of a run copied onto each of its epochs (the keys the accuracy curves may group by).
-EPOCH_KEYS = ("run_key", "num_workers", "seed", "global_batch", "repeat", "status", "backend", "num_nodes")
-RESULTS_ROOT_ENV = "SCALING_RESULTS_DIR"  # as in scaling.launch.run: where relative result paths live
-
-
-@dataclass
-class _Sweep:
-    runs: pd.DataFrame
-    epochs: pd.DataFrame
-    warnings: list[str] = field(default_factory=list)
-    incomplete: list[str] = field(default_factory=list)
-
-
-def resolve_sweep_dir(path: str | os.PathLike) -> Path:
-    """A sweep path as typed by a person: absolute, or relative to the working directory, to
-    $SCALING_RESULTS_DIR, or to the repository root (a notebook runs in notebooks/); the first
-    that exists. Unchanged if none does (load_sweep then says so)."""
-    path = Path(path)
-    if path.is_absolute():
-        return path
-    roots = [Path.cwd()]
-    if os.environ.get(RESULTS_ROOT_ENV):
-        roots.append(Path(os.environ[RESULTS_ROOT_ENV]))
-    roots.append(Path(__file__).resolve().parent.parent)  # the repository root of an editable install
-    for root in roots:
-        if (root / path).exists():
-            return root / path
-    return path
-
-
-def load_sweep(sweep_dir: str | os.PathLike | list) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """(runs, epochs, warnings): the run table, every run's epochs with its keys, what was left out.
-
-    sweep_dir: one sweep directory, or a list of them, merged (see `_merge`: run keys become
-    `<sweep>/<run key>` and a `sweep` column names the directory).
-
-    runs: one row per run with a summary (runs.parquet, or built from runs/*/summary.json).
-    epochs: epochs.parquet rows of those runs plus run_id, run_key, num_workers, seed,
-    global_batch, repeat, status, backend, num_nodes and the sweep.* columns.
-    Raises UsageError when the directory is missing, empty or not a sweep.
-    """
-    sweep = _load_any(sweep_dir)
-    return sweep.runs, sweep.epochs, sweep.warnings
-
-
-def _load_any(sweep_dirs) -> _Sweep:
-    if isinstance(sweep_dirs, (list, tuple)):
-        sweep_dirs = [Path(d) for d in sweep_dirs]
-        return _load(sweep_dirs[0]) if len(sweep_dirs) == 1 else _merge(sweep_dirs)
-    return _load(Path(sweep_dirs))
-
-
-def _load(sweep_dir: Path) -> _Sweep:
-    if not sweep_dir.exists():
-        raise UsageError(f"sweep directory not found: {sweep_dir}")
-    if not sweep_dir.is_dir():
-        raise UsageError(f"{sweep_dir} is not a directory; give a sweep directory (made by scaling sweep)")
-    if not any(sweep_dir.iterdir()):
-        raise UsageError(f"{sweep_dir} is empty: no sweep to report (make one with: scaling sweep CONFIG --out {sweep_dir})")
-    index_path = sweep_dir / "runs.parquet"
-    run_dirs = sorted(p for p in (sweep_dir / "runs").iterdir() if p.is_dir()) if (sweep_dir / "runs").is_dir() else []
-    with_summary = [p for p in run_dirs if (p / "summary.json").is_file()]
-    if not index_path.exists() and not with_summary:
-        if (sweep_dir / "summary.json").exists():
-            raise UsageError(f"{sweep_dir} is a run directory, not a sweep (no runs.parquet, no runs/*/summary.json)")
-        if (sweep_dir / "sweep.yaml").exists():
-            raise UsageError(f"{sweep_dir}: no run of this sweep has finished yet (no runs/*/summary.json)")
-        raise UsageError(f"{sweep_dir} is not a sweep directory: no runs.parquet and no runs/*/summary.json")
-
-    warnings: list[str] = []
-    runs = pd.DataFrame()
-    if index_path.exists():
-        try:
-            runs = pd.read_parquet(index_path)
-        except Exception as exc:  # pyarrow raises several types for a damaged file
-            warnings.append(f"runs.parquet is unreadable ({type(exc).__name__}); the run table was built from runs/*/summary.json")
-    if runs.empty:
-        runs = _runs_from_summaries(with_summary, sweep_dir, warnings)
-        if index_path.exists() and not runs.empty:
-            warnings.append(f"runs.parquet lists no runs; the run table was built from {len(runs)} runs/*/summary.json")
-        elif not runs.empty:
-            warnings.append(f"no runs.parquet (interrupted sweep?); the run table was built from {len(runs)} "
-                            "runs/*/summary.json, without the sweep axes")
-    if runs.empty:
-        raise UsageError(f"{sweep_dir}: no run of this sweep has finished yet")
-    if "run_key" not in runs.columns:
-        runs["run_key"] = runs["run_id"] if "run_id" in runs.columns else [f"run{i}" for i in range(len(runs))]
-    if "run_dir" not in runs.columns:
-        runs["run_dir"] = "runs/" + runs["run_key"].astype(str)
-    if "status" not in runs.columns:
-        runs["status"] = "failed"
-    runs = _readable_versions(runs, warnings)
-
-    listed = set(runs["run_key"].astype(str))
-    incomplete = [p.name for p in run_dirs if not (p / "summary.json").is_file() and p.name not in listed]
-    if incomplete:
-        warnings.append(f"incomplete runs (no summary.json yet), left out: {', '.join(incomplete)}")
-    unlisted = [p.name for p in with_summary if p.name not in listed]
-    if unlisted:
-        warnings.append(f"runs with a summary.json that runs.parquet does not list yet, left out: {', '.join(unlisted)}")
-    failed = runs[runs["status"] == "failed"]
-    if not failed.empty:
-        named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
-        warnings.append(f"failed runs, counted but left out of the figures: {named}")
-
-    epochs, corrupt = _read_epochs(sweep_dir, runs, warnings)
-    if corrupt:
-        runs = runs[~runs["run_key"].astype(str).isin(corrupt)]
-        if runs.empty:
-            raise UsageError(f"{sweep_dir}: every run's records are unreadable ({', '.join(corrupt)})")
-    return _Sweep(runs.reset_index(drop=True), epochs, warnings, incomplete)
-
-
-def _merge(sweep_dirs: list[Path]) -> _Sweep:
-    """Several sweeps as one: runs and epochs concatenated, each run's key prefixed with its sweep.
-
-    The column `sweep` names the directory each run came from. It becomes a group key (its own
-    series in every table and figure) only where the other keys do not already tell the sweeps
-    apart: a DDP sweep and a `--set backend=horovod` sweep differ by `backend` already.
-    """
-    labels = [d.name or str(d) for d in sweep_dirs]
-    if len(set(labels)) < len(labels):
-        labels = [str(d) for d in sweep_dirs]
-    if len(set(labels)) < len(labels):
-        raise UsageError(f"the same sweep directory is given twice: {' '.join(map(str, sweep_dirs))}")
-    runs, epochs, warnings, incomplete = [], [], [], []
-    for label, sweep_dir in zip(labels, sweep_dirs):
-        sweep = _load(sweep_dir)
-        prefix = f"{label}/"
-        runs.append(sweep.runs.assign(run_key=prefix + sweep.runs["run_key"].astype(str),
-                                      run_dir=[str(sweep_dir / d) for d in sweep.runs["run_dir"].astype(str)],
-                                      sweep=label))
-        if not sweep.epochs.empty:
-            epochs.append(sweep.epochs.assign(run_key=prefix + sweep.epochs["run_key"].astype(str), sweep=label))
-        warnings += [f"{label}: {w}" for w in sweep.warnings]
-        incomplete += [prefix + name for name in sweep.incomplete]
-    merged = pd.concat(runs, ignore_index=True)
-    merged_epochs = pd.concat(epochs, ignore_index=True) if epochs else sweep.epochs
-    return _Sweep(merged, merged_epochs, warnings, incomplete)
-
-
-def group_keys(runs: pd.DataFrame) -> tuple[str, ...]:
-    """The report's group keys: scaling_tables.default_group_by, plus `sweep` (the source
-    directory of a merged report) where the other keys leave runs of different sweeps together."""
-    keys = st.default_group_by(runs)
-    if "sweep" in runs.columns and runs["sweep"].nunique() > 1:
-        others = [k for k in keys if k != "num_workers"]
-        mixed = runs.groupby(others, dropna=False)["sweep"].nunique().gt(1).any() if others else True
-        if mixed:
-            keys = (*keys, "sweep")
-    return keys
-
-
-def _readable_versions(runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
-    """Keep runs whose schema version this lab reads; name the others (results.READABLE_SCHEMA_VERSIONS)."""
-    if "schema_version" not in runs.columns:
-        warnings.append("runs without a schema_version: read as version 1")
-        return runs
-    version = pd.to_numeric(runs["schema_version"], errors="coerce")
-    unreadable = runs[~version.isin(READABLE_SCHEMA_VERSIONS)]
-    if unreadable.empty:
-        return runs
-    named = ", ".join(f"{row.run_key} (schema_version {row.schema_version})" for row in unreadable.itertuples())
-    readable = ", ".join(str(v) for v in READABLE_SCHEMA_VERSIONS)
-    if len(unreadable) == len(runs):
-        raise UsageError(f"no run here has a schema version this lab reads ({readable}): {named}; "
-                         "report them with the version of the lab that wrote them")
-    warnings.append(f"runs of a schema version this lab cannot read (reads {readable}), left out: {named}")
-    return runs[version.isin(READABLE_SCHEMA_VERSIONS)]
-
-
-def _short_error(row) -> str:
-    error = getattr(row, "error", None)
-    if not isinstance(error, str) or not error:
-        return "no error recorded"
-    return error if len(error) <= 100 else error[:97] + "..."
-
-
-def _runs_from_summaries(run_dirs: list[Path], sweep_dir: Path, warnings: list[str]) -> pd.DataFrame:
-    rows = []
-    for run_dir in run_dirs:
-        try:
-            summary = json.loads((run_dir / "summary.json").read_text())
-        except (OSError, ValueError) as exc:
-            warnings.append(f"unreadable summary.json in {run_dir.relative_to(sweep_dir)}, left out: {exc}")
-            continue
-        row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
-        repeat = re.search(r"-r(\d+)$", run_dir.name)  # the sweep's run keys end in -r<repeat>
-        row.update(run_key=run_dir.name, run_dir=f"runs/{run_dir.name}", repeat=int(repeat.group(1)) if repeat else None)
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> tuple[pd.DataFrame, list[str]]:
-    """Every run's epochs with its keys, and the runs whose epochs.parquet is unreadable (named in a warning).
-
-    Each file is read with pyarrow and the tables are joined once: a pandas read plus a column
-    assign per run took 1.5 s of a 200-run report (bench/analysis_speed.py).
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    keys = [c for c in EPOCH_KEYS if c in runs.columns] + [c for c in runs.columns if c.startswith("sweep.")]
-    runs = runs.reset_index(drop=True)
-    tables, missing, corrupt = [], [], []
-    for position, (run_key, run_dir, status) in enumerate(zip(runs["run_key"].astype(str), runs["run_dir"].astype(str),
-                                                              runs["status"])):
-        path = sweep_dir / run_dir / "epochs.parquet"
-        if not path.is_file():
-            if status != "failed":
-                missing.append(run_key)
-            continue
-        try:
-            table = pq.ParquetFile(path).read()
-        except Exception as exc:  # a damaged file: name the run and report the rest
-            corrupt.append(run_key)
-            warnings.append(f"run {run_key}: unreadable {path.name} ({type(exc).__name__}), left out")
-            continue
-        if table.num_rows:
-            tables.append(table.append_column(_RUN_POSITION, pa.array([position] * table.num_rows, pa.int64())))
-    if missing:
-        warnings.append(f"runs without epochs.parquet (no accuracy curve): {', '.join(missing)}")
-    if not tables:
-        return pd.DataFrame(columns=["run_id", *keys, "epoch", "val_accuracy"]), corrupt
-    epochs = pa.concat_tables(tables, promote_options="default").to_pandas()
-    run_ids = runs["run_id"] if "run_id" in runs.columns else runs["run_key"]
-    run_ids = run_ids.where(run_ids.map(lambda v: isinstance(v, str)), runs["run_key"])
-    per_run = runs[keys].assign(run_id=run_ids)[["run_id", *keys]]
-    epochs = epochs.drop(columns=[c for c in per_run.columns if c in epochs.columns])
-    epochs = epochs.join(per_run, on=_RUN_POSITION).drop(columns=_RUN_POSITION)
-    return epochs, corrupt
-
-
-_RUN_POSITION = "__run_position"
+from scaling.results import RunDir, SweepDir, read_sweeps, write_text_atomic
 
 
 # ---------------------------------------------------------------------------- tables
@@ -487,50 +252,49 @@ def _rich_table(title: str, headers: list[str], rows: list[list[str]]):
 
 # ---------------------------------------------------------------------------- the report
 
-FIGURES = (  # file stem, heading, the one line that defines it
-    ("speedup", "Speedup",
-     "Speedup over the smallest worker count: time per epoch(base) / time per epoch(N), throughput(N) / throughput(base) "
-     "and mean TTA(base) / mean TTA(N); the dashed line is ideal linear scaling, N / N_base."),
-    ("throughput_vs_tta", "Throughput speedup vs. TTA speedup",
-     "The same throughput and TTA speedups side by side per worker count; the gap is the extra epochs a larger global "
-     "batch needs to reach the target (black line: ideal)."),
-    ("comm_overhead", "Communication overhead",
-     "Median over repeats of the A/B communication overhead, (t_sync − t_no_sync) / t_step, and of the exposed "
-     "communication (all-reduce not hidden behind backward) as a share of the step time."),
-    ("step_breakdown", "Step breakdown",
-     "Mean time of a steady-state training step per worker count, split into data loading, forward, backward compute, "
-     "exposed communication and optimizer (ms; the label is the whole step)."),
-    ("accuracy_curves", "Accuracy curves",
-     "Validation top-1 accuracy after each epoch: mean over repeats (line) and min–max (band); runs stop at the "
-     "target (dashed), so later epochs hold only the slower repeats."),
-    ("roofline", "Roofline",
-     "Achieved model FLOP/s per worker against the estimated arithmetic intensity of a training step (FLOPs per byte "
-     "moved), under the device's roof min(peak FLOP/s, intensity × memory bandwidth); MFU = achieved / peak."),
-    ("tta_spread", "TTA over repeats",
-     "Time to accuracy (training time to the end of the first epoch at the target) of every repeat, its mean ± std, "
-     "and how many repeats reached the target."),
-)
+def _parts_columns(keys) -> list[tuple]:
+    return _key_columns(keys) + [
+        ("waiting_pct", "waiting for the slowest rank (% of step)", _num(".1f")),
+        ("transfer_pct", "transfer (% of step)", _num(".1f")),
+        ("interference_pct", "interference: A/B beyond exposed (% of step)", _num(".1f")),
+        ("straggler_rank", "straggler (rank)", _text),
+        ("straggler_share", "of steps", _num(".0%")),
+    ]
 
 
-BANDWIDTH_FIGURE = (
-    "comm_vs_bandwidth", "Communication overhead against link bandwidth",
-    "Median A/B communication overhead per worker count at each link cap of the minicluster's nodes "
-    "(`workers.link_bandwidth`; tc token-bucket on each node's egress).",
-)
+WHO_WAITS_COLUMNS = [
+    ("rank", "rank", _text),
+    ("step_s", "step (ms)", _num(".2f", 1e3)),
+    ("exposed_comm_s", "exposed comm (ms)", _num(".2f", 1e3)),
+    ("waiting_s", "waiting (ms)", _num(".2f", 1e3)),
+    ("transfer_s", "transfer (ms)", _num(".2f", 1e3)),
+    ("straggler_share", "straggler in (% of steps)", _num(".0%")),
+]
 
 
-def _figures(table, curves, spread, target) -> dict:
+def _figures(table, curves, spread, target, bandwidth) -> dict:
+    """stem -> drawing function and what it draws, in report.md's order (each function carries its
+    heading and caption, scaling/plots/figures.py)."""
     from scaling.plots import figures as fg
 
-    return {
-        "speedup": fg.speedup_figure(table),
-        "throughput_vs_tta": fg.throughput_vs_tta_figure(table),
-        "comm_overhead": fg.comm_overhead_figure(table),
-        "step_breakdown": fg.step_breakdown_figure(table),
-        "accuracy_curves": fg.accuracy_curves_figure(curves, target),
-        "tta_spread": fg.tta_spread_figure(spread),
-        "roofline": fg.roofline_figure(table),
+    figures = {
+        "speedup": (fg.speedup_figure, table),
+        "throughput_vs_tta": (fg.throughput_vs_tta_figure, table),
+        "comm_overhead": (fg.comm_overhead_figure, table),
+        "step_breakdown": (fg.step_breakdown_figure, table),
+        "accuracy_curves": (fg.accuracy_curves_figure, curves, target),
+        "roofline": (fg.roofline_figure, table),
+        "tta_spread": (fg.tta_spread_figure, spread),
     }
+    if not bandwidth.empty:  # a minicluster sweep over link caps
+        figures["comm_vs_bandwidth"] = (fg.comm_vs_bandwidth_figure, bandwidth)
+    return figures
+
+
+def _run_dir_of(dirs: list[Path], run: pd.Series) -> RunDir:
+    """A run of the sweep: its run_dir is relative to the sweep directory (merged sweeps: already whole)."""
+    path = Path(str(run["run_dir"]))
+    return RunDir(path if len(dirs) > 1 else dirs[0] / path)
 
 
 def _first(runs: pd.DataFrame, column: str) -> str | None:
@@ -575,7 +339,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     """Print the tables and write the report directory (report.md and the figures); returns report.md's path.
 
     sweep_dirs: one sweep directory (the report goes to SWEEP/report/) or several, merged into
-    one report (`_merge`), which then needs `out`.
+    one report (scaling.results.read_sweeps), which then needs `out`.
     """
     from rich.console import Console
     from rich.markup import escape
@@ -587,11 +351,11 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     dirs = [Path(d) for d in sweep_dirs] if isinstance(sweep_dirs, (list, tuple)) else [Path(sweep_dirs)]
     if len(dirs) > 1 and out is None:
         raise UsageError("several sweep directories make one report: say where it goes with --out DIR")
-    sweep = _load_any(dirs)
+    sweep = read_sweeps(dirs)
     runs, epochs = sweep.runs, sweep.epochs
     warnings = list(sweep.warnings)
 
-    keys = group_keys(runs)
+    keys = st.group_keys(runs)
     table = st.per_worker_count(runs, keys)
     projected, projection_notes, projection_warnings = project_sweep(
         st.prepare_runs(runs), keys, lambda run: dirs[0] / str(run["run_dir"]))
@@ -611,18 +375,19 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     tradeoff = st.batch_tradeoff(runs)
     target = st.target_accuracy(runs)
 
-    out = Path(out) if out is not None else dirs[0] / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    figures = _figures(table, curves, spread, target)
-    listed = list(FIGURES)
-    bandwidth = st.bandwidth_series(table)
-    if not bandwidth.empty:  # a minicluster sweep over link caps
-        from scaling.plots.figures import comm_vs_bandwidth_figure
+    parts = at.parts_per_worker_count(runs, keys)
+    largest = at.largest_run(runs)
+    ranks = at.who_waits(_run_dir_of(dirs, largest).ranks()) if largest is not None else at.who_waits(pd.DataFrame())
 
-        figures["comm_vs_bandwidth"] = comm_vs_bandwidth_figure(bandwidth)
-        listed.append(BANDWIDTH_FIGURE)
-    for stem, fig in figures.items():
-        save(fig, out / stem)
+    out = Path(out) if out is not None else SweepDir(dirs[0]).report_path
+    out.mkdir(parents=True, exist_ok=True)
+    figures = _figures(table, curves, spread, target, st.bandwidth_series(table))
+    if not ranks.empty:
+        from scaling.plots.figures import who_waits_figure
+
+        figures["who_waits"] = (who_waits_figure, ranks, f"{largest['run_key']} ({int(largest['num_workers'])} workers)")
+    for stem, (draw, *data) in figures.items():
+        save(draw(*data), out / stem)
 
     sections = [
         ("Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)", _scaling_columns(keys), table),
@@ -631,6 +396,12 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
         ("Communication and step time", _comm_columns(keys), table),
         ("Hardware utilisation (model FLOPs)", _utilisation_columns(keys), table),
     ]
+    if not parts.empty:
+        sections.append(("Why communication costs what it does: waiting, transfer, interference (medians over runs)",
+                         _parts_columns(keys), parts))
+    if not ranks.empty:
+        sections.append((f"Who waits for whom: {largest['run_key']} ({int(largest['num_workers'])} workers)",
+                         WHO_WAITS_COLUMNS, ranks))
     if not projected.empty:
         sections.append(("Measured against projected (α–β model, scaling/projection)", _projection_columns(keys),
                          table[table["projected_step_s"].notna()]))
@@ -656,8 +427,8 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
         md += ["Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
                "at the measured worker counts, from each series' smallest-worker run:", "",
                *[f"- {note}" for note in projection_notes], ""]
-    for stem, heading, definition in listed:
-        md += [f"### {heading}", "", f"![{heading}]({stem}.png)", "", definition, ""]
+    for stem, (draw, *_) in figures.items():
+        md += [f"### {draw.heading}", "", f"![{draw.heading}]({stem}.png)", "", draw.caption, ""]
     md += ["## Tables", ""]
     for title, columns, frame in sections:
         headers, rows = _cells(frame, columns)

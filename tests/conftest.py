@@ -1,82 +1,45 @@
 """Shared fixtures: one real Ray cluster per test session, on loopback, private to the tests.
 
-The head runs `ray start --head --block` in its own process group with a private temp dir
-and non-default ports, so it never attaches to (or is attached by) any other Ray on the
-machine; it is stopped by its process id, never with `ray stop`.
+The head is scaling.launch.local_cluster's `private_ray_head` (the benchmarks' too): `ray start
+--head --block` in its own process group with a private temp dir and free ports, so it never
+attaches to (or is attached by) any other Ray on the machine; it is stopped by its process id,
+never with `ray stop`.
+
+`netns_capable`: skips a test, with the kernel's own error as the reason, where this process
+cannot build what the minicluster builds (network namespace, veth pair, bridge, tc cap).
+Being root is not enough: a container's root often lacks CAP_NET_ADMIN / CAP_SYS_ADMIN.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from scaling.launch.local_cluster import private_ray_head
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def ray_cluster():
     """Yields {'address': 'IP:PORT', 'dashboard': 'http://IP:PORT', 'env': env for subprocesses}."""
-    temp_dir = tempfile.mkdtemp(prefix="slray-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    port, dashboard, agent = _free_port(), _free_port(), _free_port()
-    # PATH leads with this venv: `ray job submit` entrypoints (`scaling ...`) run in the head's environment.
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent}",
-         "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        probe = subprocess.run([str(BIN / "ray"), "status", f"--address={address}"], env=env, capture_output=True)
-        if probe.returncode == 0 and _http_ok(f"http://127.0.0.1:{dashboard}/api/version"):
-            break  # the job server (dashboard) comes up a few seconds after the GCS
-        if time.time() > deadline or head.poll() is not None:
-            os.killpg(head.pid, signal.SIGKILL)
-            raise RuntimeError(f"test Ray head did not start: {probe.stderr.decode()[-500:]}")
-        time.sleep(1)
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    try:
-        yield {"address": address, "dashboard": f"http://127.0.0.1:{dashboard}", "env": {**env, "RAY_ADDRESS": address}}
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-        os.killpg(head.pid, signal.SIGTERM)
+    # env: this venv first on PATH, so `ray job submit` entrypoints (`scaling ...`) run in the head's environment
+    with private_ray_head(num_cpus=2, timeout_s=90, prefix="slray-") as head:
+        os.environ["RAY_AUTH_MODE"] = "disabled"
         try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+            yield {"address": head.address, "dashboard": head.dashboard, "env": {**head.env, "RAY_ADDRESS": head.address}}
+        finally:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -92,8 +55,87 @@ def ray_connected(ray_cluster):
     return ray_cluster
 
 
+@functools.lru_cache(maxsize=None)
+def netns_capability() -> str | None:
+    """None if this process can build the minicluster's network pieces; otherwise why not.
+
+    Probed, not assumed, by making and removing one of each thing `minicluster up` makes: a
+    bridge, a network namespace, a veth pair with one end moved into (and renamed inside) the
+    namespace, and a tc token-bucket qdisc on that end. Cached: the answer holds for the session.
+    """
+    if os.geteuid() != 0:
+        return "the minicluster needs root (network namespaces, veth links and tc)"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"the minicluster needs {' and '.join(missing)} (iproute2)"
+    tag = f"p{os.getpid() % 100000}"  # interface names are limited to 15 characters
+    namespace, bridge, veth = f"scaling-probe-{tag}", f"smpr{tag}b", f"smpr{tag}h"
+    steps = [
+        ["ip", "link", "add", "name", bridge, "type", "bridge"],
+        ["ip", "netns", "add", namespace],
+        ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"],
+        ["ip", "link", "set", f"{veth}p", "netns", namespace],
+        ["ip", "link", "set", veth, "master", bridge],
+        ["ip", "netns", "exec", namespace, "ip", "link", "set", f"{veth}p", "name", "lab0"],
+        ["ip", "netns", "exec", namespace, "ip", "link", "set", "lab0", "up"],
+        ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", "lab0", "root", "tbf",
+         "rate", "100mbit", "burst", "65536", "latency", "200ms"],
+    ]
+    try:
+        for step in steps:
+            try:
+                result = subprocess.run(step, capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"cannot build a minicluster here: `{' '.join(step)}`: {exc}"
+            if result.returncode != 0:
+                why = (result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}").splitlines()[-1]
+                return f"cannot build a minicluster here: `{' '.join(step)}` failed: {why}"
+        return None
+    finally:
+        # Only what this probe made, by its own names: deleting the namespace deletes the veth pair.
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def netns_capable():
+    """Skips the test, giving the probe's error, where the minicluster cannot be built."""
+    why = netns_capability()
+    if why is not None:
+        pytest.skip(why)
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(BIN / "scaling"), *args], cwd=REPO, env=env or os.environ.copy(),
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+# --- test tiers ----------------------------------------------------------------------------------
+# `make test-fast` runs the unit tier (`-m unit`): no Ray, no Horovod, no minicluster, no training
+# runs. `make test` runs every tier. A test's tier follows from what it uses: the Ray fixtures, the
+# minicluster probe, Horovod's test files, or one of the modules below that launch training runs
+# or worker processes.
+SLOW_MODULES = {
+    "test_ground_truth", "test_precision", "test_attribution", "test_instrument_api", "test_sweep", "test_failures",
+    "test_interrupts", "test_own_job", "test_live_metrics", "test_amoebanet", "test_models",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        fixtures = set(getattr(item, "fixturenames", ()))
+        tiers = set()
+        if fixtures & {"ray_cluster", "ray_connected"}:
+            tiers.add("ray")
+        if fixtures & {"netns_capable", "minicluster"}:
+            tiers.add("minicluster")
+        if module.startswith("test_horovod"):
+            tiers.add("horovod")
+        if module in SLOW_MODULES or item.get_closest_marker("slow"):
+            tiers.add("slow")
+        for tier in tiers or {"unit"}:
+            item.add_marker(getattr(pytest.mark, tier))

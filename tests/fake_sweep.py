@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.analysis.run_metrics import summarize_run
+from scaling.results import SweepDir, run_key, summary_row
 
 TARGET = 0.84
 MAX_EPOCHS = 10
@@ -85,6 +86,7 @@ def _summary(key: str, num_workers: int, repeat: int, epochs: pd.DataFrame, step
     profile = {"train_flops": 17_513_472.0, "forward_flops": 6_132_736.0, "train_bytes_per_sample": 2_038_933.0,
                "peak_flops_per_s": 1.0e11, "peak_source": "measured", "mem_bytes_per_s": 1.0e10}
     figures = summarize_run(steps, epochs, TARGET, num_workers, profile)
+    figures.pop("ranks", None)  # the per-rank table: ranks.parquet, not the summary
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     num_nodes = int(steps["node_rank"].nunique())
@@ -103,15 +105,15 @@ def _summary(key: str, num_workers: int, repeat: int, epochs: pd.DataFrame, step
 def make_fake_sweep(root: Path, with_index: bool = True, name: str = "qs", backend: str = "gloo",
                     cluster: str | None = None) -> Path:
     """Write the fake sweep under root/<name> and return its path (runs of `backend`, summaries naming `cluster`)."""
-    sweep = Path(root) / name
-    (sweep / "runs").mkdir(parents=True)
-    (sweep / "sweep.yaml").write_text("base: {name: quickstart}\nsweep: {workers: [1, 2, 4], repeats: 3, axes: {}}\n")
+    sweep = SweepDir(Path(root) / name)
+    sweep.runs_path.mkdir(parents=True)
+    sweep.spec_path.write_text("base: {name: quickstart}\nsweep: {workers: [1, 2, 4], repeats: 3, axes: {}}\n")
     rows = []
     for num_workers in WORKERS:
         for repeat in range(REPEATS):
-            key = f"w{num_workers}-r{repeat}"
-            run_dir = sweep / "runs" / key
-            run_dir.mkdir()
+            key = run_key(num_workers, {}, repeat)
+            run = sweep.run(key)
+            run.path.mkdir()
             steps = _steps(num_workers, repeat)
             if key == FAILED:
                 epochs = _epochs(num_workers, repeat, n_epochs=2)
@@ -124,21 +126,19 @@ def make_fake_sweep(root: Path, with_index: bool = True, name: str = "qs", backe
             else:
                 epochs = _epochs(num_workers, repeat)
                 summary = _summary(key, num_workers, repeat, epochs, steps, backend=backend, cluster=cluster)
-            (run_dir / "config.yaml").write_text(f"name: quickstart\nworkers: {{num_workers: {num_workers}}}\n")
-            epochs.to_parquet(run_dir / "epochs.parquet", index=False)
-            steps.to_parquet(run_dir / "steps.parquet", index=False)
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
-            row.update(run_key=key, run_dir=f"runs/{key}", repeat=repeat)
-            rows.append(row)
+            run.config_path.write_text(f"name: quickstart\nworkers: {{num_workers: {num_workers}}}\n")
+            epochs.to_parquet(run.epochs_path, index=False)
+            steps.to_parquet(run.steps_path, index=False)
+            run.summary_path.write_text(json.dumps(summary, indent=2))
+            rows.append(summary_row(summary, key, repeat))
     # a run still going: config and a first epoch, no summary, not in the index
-    running = sweep / "runs" / INCOMPLETE
-    running.mkdir()
-    (running / "config.yaml").write_text("name: quickstart\nworkers: {num_workers: 8}\n")
-    _epochs(8, 0, n_epochs=1).to_parquet(running / "epochs.parquet", index=False)
+    running = sweep.run(INCOMPLETE)
+    running.path.mkdir()
+    running.config_path.write_text("name: quickstart\nworkers: {num_workers: 8}\n")
+    _epochs(8, 0, n_epochs=1).to_parquet(running.epochs_path, index=False)
     if with_index:
-        pd.DataFrame(rows).to_parquet(sweep / "runs.parquet", index=False)
-    return sweep
+        pd.DataFrame(rows).to_parquet(sweep.index_path, index=False)
+    return sweep.path
 
 
 def make_known_sweep(root: Path, runs: list[dict], name: str = "known") -> Path:
@@ -148,13 +148,13 @@ def make_known_sweep(root: Path, runs: list[dict], name: str = "known") -> Path:
     (time_per_epoch_s, tta_s, step_s, ...); the rest of the summary is filled in. Each run
     gets a two-epoch epochs.parquet (for the accuracy curves) and runs.parquet lists them all.
     """
-    sweep = Path(root) / name
-    (sweep / "runs").mkdir(parents=True)
-    (sweep / "sweep.yaml").write_text(f"base: {{name: {name}}}\nsweep: {{workers: [1, 2], repeats: 2, axes: {{}}}}\n")
+    sweep = SweepDir(Path(root) / name)
+    sweep.runs_path.mkdir(parents=True)
+    sweep.spec_path.write_text(f"base: {{name: {name}}}\nsweep: {{workers: [1, 2], repeats: 2, axes: {{}}}}\n")
     rows = []
     for given in runs:
         n, repeat = int(given["num_workers"]), int(given["repeat"])
-        key = f"w{n}-r{repeat}"
+        key = run_key(n, {}, repeat)
         summary = {
             "schema_version": 1, "run_id": key, "name": name, "model": "small_cnn", "dataset": "embedded",
             "backend": "gloo", "launcher": "ray", "num_workers": n, "num_nodes": 1, "workers_per_node": n,
@@ -163,14 +163,12 @@ def make_known_sweep(root: Path, runs: list[dict], name: str = "known") -> Path:
             "hardware": {"hostname": "test", "cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0},
             **{k: v for k, v in given.items() if k != "repeat"},
         }
-        run_dir = sweep / "runs" / key
-        run_dir.mkdir()
-        (run_dir / "config.yaml").write_text(f"name: {name}\nworkers: {{num_workers: {n}}}\n")
+        run = sweep.run(key)
+        run.path.mkdir()
+        run.config_path.write_text(f"name: {name}\nworkers: {{num_workers: {n}}}\n")
         pd.DataFrame({"epoch": [1, 2], "val_accuracy": [0.5, 0.95], "train_s": [1.0, 1.0]}).to_parquet(
-            run_dir / "epochs.parquet", index=False)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        row = pd.json_normalize(summary, sep=".").iloc[0].to_dict()
-        row.update(run_key=key, run_dir=f"runs/{key}", repeat=repeat)
-        rows.append(row)
-    pd.DataFrame(rows).to_parquet(sweep / "runs.parquet", index=False)
-    return sweep
+            run.epochs_path, index=False)
+        run.summary_path.write_text(json.dumps(summary, indent=2))
+        rows.append(summary_row(summary, key, repeat))
+    pd.DataFrame(rows).to_parquet(sweep.index_path, index=False)
+    return sweep.path

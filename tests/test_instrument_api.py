@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 
 import pandas as pd
@@ -28,6 +27,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
+
+from scaling.launch.local_cluster import free_port
 
 DATA_SLEEP_S, FORWARD_SLEEP_S, PAUSE_S = 0.04, 0.03, 0.02
 STEPS = 6
@@ -98,9 +99,7 @@ def _job(rank: int, port: int, run_dir: str, mode: str, out: str) -> None:
 
 
 def _run(tmp_path, mode: str) -> tuple[list[dict], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run_dir = str(tmp_path / mode)
     out = str(tmp_path / f"result-{mode}")
     mp.start_processes(_job, args=(port, run_dir, mode, out), nprocs=2, join=True, start_method="spawn")

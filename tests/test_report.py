@@ -18,7 +18,8 @@ import pytest
 from rich.console import Console
 
 from scaling.errors import UsageError
-from scaling.report import load_sweep, resolve_sweep_dir, write_report
+from scaling.report import write_report
+from scaling.results import load_sweep, resolve_sweep_dir
 from tests.conftest import run_cli
 from tests.fake_sweep import (
     FAILED, FAILED_PARTIAL, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep, make_known_sweep,
@@ -295,7 +296,7 @@ def test_two_sweeps_of_different_backends_make_one_report(tmp_path):
 
 
 def test_two_sweeps_of_the_same_setup_are_told_apart_by_sweep(tmp_path):
-    from scaling.report import group_keys
+    from scaling.analysis.scaling_tables import group_keys
 
     first, second = make_fake_sweep(tmp_path, name="monday"), make_fake_sweep(tmp_path, name="tuesday")
     runs, _, _ = load_sweep([first, second])

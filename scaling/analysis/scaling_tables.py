@@ -4,11 +4,11 @@ Input is a sweep's run table (`runs.parquet`: one row per run, its summary.json 
 with `pandas.json_normalize(sep=".")`, plus `run_key`, `run_dir`, `repeat` and one
 `sweep.<dotted.key>` column per extra sweep axis) and, for the accuracy curves, the runs'
 `epochs.parquet` rows concatenated with `run_id`, `num_workers` and `seed` columns.
-No Ray, no torch, no files: `scaling.report` reads the sweep, `scaling.plots` draws.
+No Ray, no torch, no files: `scaling.results.SweepDir` reads the sweep, `scaling.plots` draws.
 
 Every figure below is defined here, once. A *group* is one combination of the group keys
-(`num_workers`, plus any sweep axis that varies; see `default_group_by`); its *repeats* are
-its runs with different seeds.
+(`num_workers`, plus any sweep axis that varies; see `default_group_by`, and `group_keys`, the
+report's and the notebooks' rule for merged sweeps); its *repeats* are its runs with different seeds.
 
 - Failed runs (`status == "failed"`) are counted (`n_failed`) and left out of every figure;
   `n_runs` counts all runs, `n_ok` the others. A run that never reached the target
@@ -64,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
-# `sweep` is the source directory of a merged report of several sweeps (scaling.report.group_keys).
+# `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
 EXTRA_KEYS = ("backend", "global_batch", "num_nodes", "sweep")
 STEP_PARTS = ("data_s", "forward_s", "backward_compute_s", "exposed_comm_s", "optimizer_s")
 SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
@@ -94,6 +94,18 @@ def default_group_by(runs: pd.DataFrame) -> tuple[str, ...]:
     if "backend" in keys and "sweep.backend" in keys:
         keys.remove("sweep.backend")  # the axis and the summary's resolved backend name the same split
     return tuple(keys)
+
+
+def group_keys(runs: pd.DataFrame) -> tuple[str, ...]:
+    """The report's (and the notebooks') group keys: `default_group_by`, plus `sweep` (the source
+    directory of several merged sweeps) where the other keys leave runs of different sweeps together."""
+    keys = default_group_by(runs)
+    if "sweep" in runs.columns and runs["sweep"].nunique() > 1:
+        others = [k for k in keys if k != "num_workers"]
+        mixed = runs.groupby(others, dropna=False)["sweep"].nunique().gt(1).any() if others else True
+        if mixed:
+            keys = (*keys, "sweep")
+    return keys
 
 
 def group_columns(table: pd.DataFrame) -> list[str]:

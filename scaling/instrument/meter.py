@@ -66,6 +66,7 @@ from scaling.instrument.backends import detect
 from scaling.instrument.recorder import RunRecorder
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
+from scaling.results import COMPUTE_PROFILE_JSON, JOB_JSON
 
 # Set by the lab's launcher around a user's train function (scaling/launch/ray_train.py, local.py):
 # run_dir, instrument settings and the worker's identity. Empty when a job runs on its own.
@@ -367,7 +368,7 @@ class StepMeter:
         self.record_eval(val_accuracy, epoch_progress=float(self.epoch + 1),
                          **{k: v for k, v in columns.items() if k.startswith("val_")})
         if self.epoch == 0:
-            self.recorder.write_json("job.json", self.observed())
+            self.recorder.write_json(JOB_JSON, self.observed())
             if self._input_shape is not None:
                 self._profile_compute()
         calibration_start = time.perf_counter()
@@ -491,7 +492,7 @@ class StepMeter:
         try:
             counts = flops.training_flops_per_sample(_plain(self.model), self._input_shape[1:], self._num_outputs or 2)
         except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
-            self.recorder.write_json("compute_profile.json", {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}"})
+            self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}"})
             return
         traffic = flops.training_bytes_per_sample(counts, self._per_rank_batch or 1,
                                                   bytes_per_element=4 if self._precision == "fp32" else 2)
@@ -505,7 +506,7 @@ class StepMeter:
             **flops.device_roofs(self.device, self._precision, threads, measure=self.rank == 0),
         }
         self.recorder.flops_per_sample = profile["train_flops"]
-        self.recorder.write_json("compute_profile.json", profile)
+        self.recorder.write_json(COMPUTE_PROFILE_JSON, profile)
 
     def _read_ddp_timers(self) -> None:
         """DDP logs an iteration's timers at the next forward: read them there, once per iteration."""

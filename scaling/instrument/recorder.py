@@ -23,7 +23,10 @@ from pathlib import Path
 import pandas as pd
 
 from scaling.instrument.timing import Clock, StepMarks
-from scaling.results import part_epoch, rank_part_path, rank_parts, write_json_atomic, write_parquet_atomic
+from scaling.results import (
+    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, WORKERS_DIR, part_epoch,
+    rank_part_path, rank_parts, worker_record_path, write_json_atomic, write_parquet_atomic,
+)
 
 
 class RunRecorder:
@@ -54,14 +57,14 @@ class RunRecorder:
         if self.run_dir is None:
             return
         # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates.
-        for table in ("steps.parquet", "telemetry.parquet"):
+        for table in (STEPS_PARQUET, TELEMETRY_PARQUET):
             for part in rank_parts(self.run_dir / table, self.rank):
                 if part_epoch(part) > last_epoch:
                     part.unlink()
         if self.rank == 0:
-            write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
+            write_parquet_atomic(self.run_dir / EPOCHS_PARQUET, pd.DataFrame(self.epoch_rows))
             if self.eval_rows:
-                write_parquet_atomic(self.run_dir / "evals.parquet", pd.DataFrame(self.eval_rows))
+                write_parquet_atomic(self.run_dir / EVALS_PARQUET, pd.DataFrame(self.eval_rows))
 
     def record_attempt(self, first_step_unix: float, resumed_from: dict | None) -> None:
         """Every rank: its process id (run_dir/workers/rank<R>.json); rank 0: this attempt (attempts.json).
@@ -76,19 +79,19 @@ class RunRecorder:
         import os
         import socket
 
-        write_json_atomic(self.run_dir / "workers" / f"rank{self.rank}.json",
+        write_json_atomic(worker_record_path(self.run_dir, self.rank),
                           {**self.identity, "pid": os.getpid(), "hostname": socket.gethostname(), "first_step_unix": first_step_unix})
         if self.rank != 0:
             return
-        path = self.run_dir / "attempts.json"
+        path = self.run_dir / ATTEMPTS_JSON
         attempts = json.loads(path.read_text())["attempts"] if path.exists() else []
         if attempts and resumed_from is None:
             # A restart with no checkpoint to resume from starts the records afresh.
-            for table in ("steps.parquet", "telemetry.parquet"):
+            for table in (STEPS_PARQUET, TELEMETRY_PARQUET):
                 for part in rank_parts(self.run_dir / table):
                     part.unlink()
-            (self.run_dir / "epochs.parquet").unlink(missing_ok=True)
-            (self.run_dir / "evals.parquet").unlink(missing_ok=True)
+            (self.run_dir / EPOCHS_PARQUET).unlink(missing_ok=True)
+            (self.run_dir / EVALS_PARQUET).unlink(missing_ok=True)
         attempts.append({
             "attempt": len(attempts),
             "first_step_unix": first_step_unix,
@@ -101,7 +104,7 @@ class RunRecorder:
         """Rank 0: the first attempt's first step, if this run was started before (a restart)."""
         import json
 
-        path = self.run_dir / "attempts.json" if (self.run_dir is not None and self.rank == 0) else None
+        path = self.run_dir / ATTEMPTS_JSON if (self.run_dir is not None and self.rank == 0) else None
         if path is None or not path.exists():
             return None
         attempts = json.loads(path.read_text())["attempts"]
@@ -110,7 +113,7 @@ class RunRecorder:
     def write_rank_json(self, name: str, data: dict) -> None:
         """This rank's own small file, workers/rank<R>-<name>.json (e.g. its clock offset)."""
         if self.run_dir is not None:
-            write_json_atomic(self.run_dir / "workers" / f"rank{self.rank}-{name}.json", data)
+            write_json_atomic(self.run_dir / WORKERS_DIR / f"rank{self.rank}-{name}.json", data)
 
     def write_json(self, name: str, data: dict) -> None:
         """Rank 0 writes `name` into the run directory (atomically); other ranks do nothing."""
@@ -143,18 +146,18 @@ class RunRecorder:
 
                 write_rank_events(self.run_dir, self.rank, epoch, traced)
             if rows:  # none with instrument.step_timing off
-                write_parquet_atomic(rank_part_path(self.run_dir / "steps.parquet", self.rank, epoch), pd.DataFrame(rows))
+                write_parquet_atomic(rank_part_path(self.run_dir / STEPS_PARQUET, self.rank, epoch), pd.DataFrame(rows))
             if telemetry:
                 samples = pd.DataFrame([{**sample, **self.identity} for sample in telemetry])
-                write_parquet_atomic(rank_part_path(self.run_dir / "telemetry.parquet", self.rank, epoch), samples)
+                write_parquet_atomic(rank_part_path(self.run_dir / TELEMETRY_PARQUET, self.rank, epoch), samples)
         if self.rank != 0:
             return rows
         self.epoch_rows.append(epoch_row)
         self.eval_rows += evals or []
         if self.run_dir is not None:
             if self.eval_rows:
-                write_parquet_atomic(self.run_dir / "evals.parquet", pd.DataFrame(self.eval_rows))
-            write_parquet_atomic(self.run_dir / "epochs.parquet", pd.DataFrame(self.epoch_rows))
+                write_parquet_atomic(self.run_dir / EVALS_PARQUET, pd.DataFrame(self.eval_rows))
+            write_parquet_atomic(self.run_dir / EPOCHS_PARQUET, pd.DataFrame(self.epoch_rows))
         return rows
 
     def attribute(self, rows: list[dict]) -> dict:

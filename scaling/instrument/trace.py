@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scaling.results import write_json_atomic
+from scaling.results import TRACE_JSON, write_json_atomic
 
 TRACE_STEPS = 20
 TRACKS = {"phases": 0, "all-reduce": 1}
@@ -44,7 +44,7 @@ def merge_trace(run_dir: Path) -> Path | None:
         trace.append({"ph": "X", "name": e["name"], "cat": e["cat"], "pid": e["rank"], "tid": TRACKS[e["track"]],
                       "ts": round((e["start_s"] - origin) * 1e6, 3),
                       "dur": round(max(0.0, e["end_s"] - e["start_s"]) * 1e6, 3), "args": e["args"]})
-    path = run_dir / "trace.json"
+    path = run_dir / TRACE_JSON
     write_json_atomic(path, {"traceEvents": trace, "displayTimeUnit": "ms",
                              "otherData": {"source": "scaling lab: a sample of training steps, all ranks on rank 0's clock"}})
     return path

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scaling.config import ExperimentConfig, from_dict
+from scaling.launch.local_cluster import free_port
 from scaling.errors import UsageError
 from scaling.train.loop import WorkerContext, run_worker
 from scaling.train.precision import bf16_problem
@@ -64,12 +64,6 @@ def check_local_gpus(cfg: ExperimentConfig, device_count: int | None = None,
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -> None:
     cfg = from_dict(config)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -102,6 +96,6 @@ def run_local(cfg: ExperimentConfig, run_dir: Path) -> None:
         print(note, flush=True)
     world_size = cfg.workers.num_workers
     mp.start_processes(
-        _worker, args=(world_size, cfg.to_dict(), str(Path(run_dir).resolve()), _free_port()),
+        _worker, args=(world_size, cfg.to_dict(), str(Path(run_dir).resolve()), free_port()),
         nprocs=world_size, join=True, start_method="spawn",
     )

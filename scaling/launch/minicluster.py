@@ -155,11 +155,17 @@ def rate_bits_per_s(rate: str) -> float:
     return float(rate[: -len(match.group(2))]) * scale
 
 
+def tbf_burst_bytes(rate: str) -> int:
+    """The token bucket's size for a cap: ~4 ms of traffic at the rate (at least 64 KB), enough for the
+    kernel's timer granularity, small enough that bursts do not hide the rate. A message whose traffic
+    fits in one burst leaves at the link's own speed, not the cap's (bench/projection_vs_minicluster.py)."""
+    return max(64 * 1024, int(rate_bits_per_s(rate) / 8 * 0.004))
+
+
 def _cap(run, iface: str, rate: str) -> None:
-    """Token-bucket cap on `iface`'s egress. The bucket holds ~4 ms of traffic (at least 64 KB),
-    enough for the kernel's timer granularity, small enough that bursts do not hide the rate."""
-    burst_bytes = max(64 * 1024, int(rate_bits_per_s(rate) / 8 * 0.004))
-    run("tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate, "burst", str(burst_bytes), "latency", "200ms")
+    """Token-bucket cap on `iface`'s egress (`tbf_burst_bytes` of burst)."""
+    run("tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate, "burst", str(tbf_burst_bytes(rate)),
+        "latency", "200ms")
 
 
 def _wait_for_head(cluster: MiniCluster, head_process: subprocess.Popen) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scaling.config import ExperimentConfig, from_dict
 from scaling.errors import UsageError
-from scaling.results import write_json_atomic
+from scaling.results import MACHINE_JSON, write_json_atomic
 
 # ray.train.report() is a barrier whose latency follows the controller's health-check
 # interval (about 2 s by default); the lab reports once per epoch, and this keeps the
@@ -156,7 +156,7 @@ def _worker_entry(loop_config: dict) -> dict:
         device=device,
     )
     if ctx.rank == 0:
-        write_json_atomic(run_dir / "machine.json", describe_hardware())
+        write_json_atomic(run_dir / MACHINE_JSON, describe_hardware())
     return run_worker(cfg, ctx, run_dir, checkpoints=RayCheckpoints(ctx.rank))
 
 

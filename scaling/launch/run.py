@@ -16,12 +16,9 @@ from pathlib import Path
 
 from scaling.config import ExperimentConfig
 from scaling.errors import UsageError
-from scaling.results import write_summary, write_text_atomic
+from scaling.results import RESULTS_ROOT_ENV, RunDir, write_summary, write_text_atomic
 
 LAUNCHERS = ("ray", "local")
-
-
-RESULTS_ROOT_ENV = "SCALING_RESULTS_DIR"
 
 
 def resolve_out(out: Path | None, default_name: str) -> Path:
@@ -43,8 +40,9 @@ def default_run_name(cfg: ExperimentConfig) -> str:
 def check_run_dir(run_dir: Path) -> None:
     """Refuse an output directory that holds a run already or cannot be written."""
     run_dir = Path(run_dir)
-    if (run_dir / "summary.json").exists():
-        raise UsageError(f"{run_dir} already holds a run (summary.json); choose another --out")
+    summary = RunDir(run_dir).summary_path
+    if summary.exists():
+        raise UsageError(f"{run_dir} already holds a run ({summary.name}); choose another --out")
     parent = run_dir
     while not parent.exists():
         parent = parent.parent
@@ -73,9 +71,9 @@ def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> 
         raise UsageError("train.function is a Ray Train function (prepare_model, ray.train.report): "
                          "run it with the Ray launcher (--launcher ray)")
     link_bandwidth = apply_link_bandwidth(cfg)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+    run = RunDir(run_dir)
+    run.path.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run.config_path, cfg.to_yaml())
     started_at = dt.datetime.now(dt.timezone.utc)
     start = time.perf_counter()
     status, error = None, None
@@ -83,20 +81,20 @@ def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> 
         if launcher == "ray":
             from scaling.launch.ray_train import run_ray
 
-            run_ray(cfg, run_dir)
+            run_ray(cfg, run.path)
         else:
             from scaling.launch.local import run_local
 
-            run_local(cfg, run_dir)
+            run_local(cfg, run.path)
     except KeyboardInterrupt:
         status, error = "failed", "interrupted"
-        _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
+        _write_summary(cfg, run.path, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
         raise
     except Exception as exc:
         status = "failed"
         error = _one_line_error(exc)
-        (run_dir / "error.txt").write_text(traceback.format_exc())
-    return _write_summary(cfg, run_dir, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
+        run.error_path.write_text(traceback.format_exc())
+    return _write_summary(cfg, run.path, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
 
 
 def _one_line_error(exc: BaseException) -> str:
@@ -140,12 +138,9 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
 
 def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, link_bandwidth=None) -> dict:
     description = run_description(cfg, launcher, link_bandwidth)
-    job = Path(run_dir) / "job.json"
-    if cfg.train.function and job.exists():
+    observed = RunDir(run_dir).job() if cfg.train.function else None
+    if observed is not None:
         # A user's train function: its model, precision and A/B set-up are what the instrument saw.
-        import json
-
-        observed = json.loads(job.read_text())
         description.update(model=observed["model"], dataset="own (train.function)", precision=observed["precision"],
                            ab_calibration=observed["ab_calibration"])
     return write_summary(run_dir, description, status=status, error=error, started_at=started_at, wall_s=wall_s)

@@ -10,11 +10,11 @@ The config file is a run config with an optional `sweep:` section:
       axes:                    # any other config field, by dotted key
         train.per_worker_batch: [64, 128]
 
-Layout of the sweep directory:
+Layout of the sweep directory (names and readers: scaling/results.py, `SweepDir`):
     sweep.yaml        the resolved base config and the sweep spec
-    runs/<run_key>/   one run directory per run (docs/results.md)
+    runs/<run_key>/   one run directory per run (docs/results.md); run_key `w<N>[-<axis><value>]-r<repeat>`
     runs.parquet      index: one row per finished run, its summary flattened, plus
-                      run_key, run_dir, repeat and one `sweep.<key>` column per axis
+                      run_key, run_dir, repeat and one `sweep.<key>` column per axis (`summary_row`)
 
 `repeats: auto` (`--repeats auto`) starts with 2 repeats per point and keeps adding one to each
 point whose 95% interval (scaling/analysis/intervals.py, `group_interval`) of its median
@@ -42,7 +42,7 @@ import yaml
 
 from scaling.config import ConfigError, apply_overrides, from_dict, read_config_file, validate
 from scaling.errors import UsageError
-from scaling.results import read_epochs, write_parquet_atomic, write_text_atomic
+from scaling.results import RunDir, SweepDir, point_key, read_epochs, run_key, summary_row, write_text_atomic
 
 DONE_STATUSES = ("reached_target", "max_epochs")
 AUTO_START_REPEATS = 2
@@ -94,10 +94,6 @@ def parse_workers(text: str) -> list[int]:
         raise UsageError(f"--workers expects a comma-separated list of integers such as 1,2,4, got {text!r}") from None
 
 
-def _short(key: str) -> str:
-    return key.split(".")[-1]
-
-
 def parse_repeats(text: str | None) -> int | str | None:
     if text is None or text == "auto":
         return text
@@ -131,8 +127,7 @@ def plan_sweep(
                     validate(cfg)
                 except ConfigError as exc:
                     raise ConfigError(f"sweep run w{num_workers} {axis_values or ''}: {exc}") from None
-                key = f"w{num_workers}" + "".join(f"-{_short(k)}{v}" for k, v in axis_values.items()) + f"-r{repeat}"
-                planned.append(PlannedRun(key, repeat, axis_values, cfg))
+                planned.append(PlannedRun(run_key(num_workers, axis_values, repeat), repeat, axis_values, cfg))
     return data, spec, planned
 
 
@@ -140,7 +135,7 @@ def another_repeat(run: PlannedRun, repeat: int) -> PlannedRun:
     """`run`'s point once more, as repeat `repeat` (seed = the base seed + repeat)."""
     cfg = copy.deepcopy(run.config)
     cfg.train.seed = run.config.train.seed - run.repeat + repeat
-    return PlannedRun(run.key.rsplit("-r", 1)[0] + f"-r{repeat}", repeat, dict(run.axis_values), cfg)
+    return PlannedRun(point_key(run.key) + f"-r{repeat}", repeat, dict(run.axis_values), cfg)
 
 
 def plan_more_repeats(sweep_dir: Path, planned: list[PlannedRun], width: float, max_repeats: int) -> tuple[list[PlannedRun], list[str]]:
@@ -153,7 +148,7 @@ def plan_more_repeats(sweep_dir: Path, planned: list[PlannedRun], width: float, 
     index = write_index(sweep_dir, planned)
     points: dict[str, list[PlannedRun]] = {}
     for run in planned:
-        points.setdefault(run.key.rsplit("-r", 1)[0], []).append(run)
+        points.setdefault(point_key(run.key), []).append(run)
     more, notes = [], []
     for point, runs in points.items():
         rows = index[index["run_key"].isin([r.key for r in runs])] if not index.empty else index
@@ -185,36 +180,29 @@ def _sweep_description(data: dict, spec: SweepSpec) -> str:
 def prepare_sweep_dir(sweep_dir: Path, data: dict, spec: SweepSpec) -> None:
     """Create the sweep directory, or check that it holds this very sweep (resume)."""
     description = _sweep_description(data, spec)
-    existing = sweep_dir / "sweep.yaml"
+    existing = SweepDir(sweep_dir).spec_path
     if existing.exists():
         if yaml.safe_load(existing.read_text()) != yaml.safe_load(description):
-            raise UsageError(f"{sweep_dir} holds a different sweep (sweep.yaml differs); choose another --out")
+            raise UsageError(f"{sweep_dir} holds a different sweep ({existing.name} differs); choose another --out")
     elif sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise UsageError(f"{sweep_dir} exists and is not a sweep directory; choose another --out")
     write_text_atomic(existing, description)
 
 
 def is_done(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())["status"] in DONE_STATUSES
-    except (OSError, ValueError, KeyError):
-        return False
+    return RunDir(run_dir).status() in DONE_STATUSES
 
 
 def write_index(sweep_dir: Path, planned: list[PlannedRun]) -> pd.DataFrame:
     """runs.parquet: one row per run that has a summary (finished or failed)."""
+    sweep = SweepDir(sweep_dir)
     rows = []
     for run in planned:
-        path = sweep_dir / "runs" / run.key / "summary.json"
-        if not path.exists():
+        run_dir = sweep.run(run.key)
+        if not run_dir.summary_path.exists():
             continue
-        row = pd.json_normalize(json.loads(path.read_text()), sep=".").iloc[0].to_dict()
-        row.update(run_key=run.key, run_dir=f"runs/{run.key}", repeat=run.repeat)
-        row.update({f"sweep.{k}": v for k, v in run.axis_values.items()})
-        rows.append(row)
-    index = pd.DataFrame(rows)
-    write_parquet_atomic(sweep_dir / "runs.parquet", index)
-    return index
+        rows.append(summary_row(run_dir.summary(), run.key, run.repeat, run.axis_values))
+    return sweep.write_index(rows)
 
 
 class _EpochWatcher(threading.Thread):
@@ -241,7 +229,8 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
 
     from scaling.launch.run import execute_run
 
-    todo = [run for run in planned if not is_done(sweep_dir / "runs" / run.key)]
+    sweep = SweepDir(sweep_dir)
+    todo = [run for run in planned if not is_done(sweep.run(run.key).path)]
     kept = len(planned) - len(todo)
     if kept:
         console.print(f"resuming: {kept} of {len(planned)} runs already finished, {len(todo)} to run")
@@ -251,7 +240,7 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("sweep", total=len(planned), completed=kept, current="")
         for run in todo:
-            run_dir = sweep_dir / "runs" / run.key
+            run_dir = sweep.run(run.key).path
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # failed or incomplete: redo from scratch
             progress.update(task, current=f"{run.key}: starting")

@@ -5,7 +5,9 @@
 
 Each function returns a matplotlib `Figure` built without pyplot (rendered by Agg when
 saved; no global backend is set, so notebooks still show them inline). What each plotted
-figure means is defined in scaling/analysis/scaling_tables.py. Sizes and fonts are for
+figure means is defined in scaling/analysis/scaling_tables.py; what a figure shows, in one
+line for a reader, is its caption, given beside the function (`@captioned`: the function's
+`heading` and `caption`; report.md prints them under the figure). Sizes and fonts are for
 print: about 6.5 x 4 inches, 8-10 pt text, PNG at 200 dpi plus SVG. Colours are the
 Okabe-Ito colour-blind-safe palette, one fixed colour per metric and per step phase; worker
 counts run along viridis (few -> many); lines also differ by marker and dash so the figures
@@ -70,16 +72,25 @@ IDEAL = dict(color="black", linestyle="--", linewidth=1.0)
 
 # ---------------------------------------------------------------------------- helpers
 
+def captioned(heading: str, caption: str):
+    """Give a figure function its heading and its caption: the one line that says what the figure shows."""
+    def attach(draw):
+        draw.heading, draw.caption = heading, caption
+        return draw
+    return attach
+
+
 def _figure(ncols: int, width: float = 6.5, height: float = 4.0) -> tuple[Figure, list]:
     width = max(width, 3.6 * ncols) if ncols > 1 else width
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False, sharey=True)[0]
     for ax in axes:
-        _style_axes(ax)
+        style_axes(ax)
     return fig, list(axes)
 
 
-def _style_axes(ax) -> None:
+def style_axes(ax) -> None:
+    """The lab's axes: light grid behind the data, small outward ticks, no top or right spine."""
     # Set explicitly (not only through rcParams): ticks are created lazily at draw time,
     # possibly outside the rc_context, e.g. when a notebook displays the figure.
     ax.grid(True, **GRID)
@@ -112,8 +123,8 @@ def _workers_label(n) -> str:
     return f"{n} worker" if n == 1 else f"{n} workers"
 
 
-def _worker_axis(ax, counts, log: bool) -> None:
-    """Integer ticks at the worker counts that were run, nothing in between."""
+def worker_axis(ax, counts, log: bool, label: str = "workers (data-parallel ranks)") -> None:
+    """Integer ticks at the worker counts that were run, nothing in between (log2 if `log`)."""
     counts = sorted({int(c) for c in counts})
     if log:
         ax.set_xscale("log", base=2)
@@ -122,10 +133,11 @@ def _worker_axis(ax, counts, log: bool) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     if len(counts) == 1:
         ax.set_xlim(counts[0] * (0.5 if log else 1) - (0 if log else 1), counts[0] * (2 if log else 1) + (0 if log else 1))
-    ax.set_xlabel("workers (data-parallel ranks)")
+    ax.set_xlabel(label)
 
 
-def _use_log(counts) -> bool:
+def use_log(counts) -> bool:
+    """A log2 worker axis when the counts span 8x or more."""
     counts = [c for c in counts if c > 0]
     return bool(counts) and max(counts) / min(counts) >= 8
 
@@ -196,12 +208,15 @@ def _errorbars(ax, xs, values, yerr, colour) -> None:
         ax.errorbar(xs, values, yerr=yerr, fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, zorder=3)
 
 
+@captioned("Speedup",
+           "Speedup over the smallest worker count: time per epoch(base) / time per epoch(N), throughput(N) / "
+           "throughput(base) and mean TTA(base) / mean TTA(N); the dashed line is ideal linear scaling, N / N_base.")
 def speedup_figure(table: pd.DataFrame) -> Figure:
     """Speedup vs workers for time per epoch, throughput and TTA, with the ideal linear line and 95% intervals."""
     with mpl.rc_context(STYLE):
         panels = _series(table)
         fig, axes = _figure(len(panels))
-        log = _use_log(table["num_workers"])
+        log = use_log(table["num_workers"])
         for ax, (title, part) in zip(axes, panels):
             part = part.sort_values("num_workers")
             counts = part["num_workers"].to_numpy(dtype=float)
@@ -227,7 +242,7 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
             else:
                 ax.set_ylim(bottom=0)
-            _worker_axis(ax, counts, log)
+            worker_axis(ax, counts, log)
             if missing:
                 ax.text(0.98, 0.03, "no data: " + ", ".join(missing), transform=ax.transAxes, ha="right", va="bottom",
                         fontsize=7.5, color="#555555")
@@ -238,12 +253,15 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
     return fig
 
 
+@captioned("Communication overhead",
+           "Median over repeats of the A/B communication overhead, (t_sync − t_no_sync) / t_step, and of the "
+           "exposed communication (all-reduce not hidden behind backward) as a share of the step time.")
 def comm_overhead_figure(table: pd.DataFrame) -> Figure:
     """Communication overhead (A/B, headline) and exposed communication, % of step time, vs workers."""
     with mpl.rc_context(STYLE):
         panels = _series(table)
         fig, axes = _figure(len(panels))
-        log = _use_log(table["num_workers"])
+        log = use_log(table["num_workers"])
         for ax, (title, part) in zip(axes, panels):
             part = part.sort_values("num_workers")
             counts = part["num_workers"].to_numpy(dtype=float)
@@ -263,7 +281,7 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
                                COMM_AB_COLOUR) or drawn
             if not drawn:
                 _no_data(ax, "no communication figures")
-            _worker_axis(ax, counts, log)
+            worker_axis(ax, counts, log)
             ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
             ax.set_title(title, fontsize=9, fontweight="normal")
         # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
@@ -277,6 +295,9 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
     return fig
 
 
+@captioned("Step breakdown",
+           "Mean time of a steady-state training step per worker count, split into data loading, forward, "
+           "backward compute, exposed communication and optimizer (ms; the label is the whole step).")
 def step_breakdown_figure(table: pd.DataFrame) -> Figure:
     """Stacked bars per worker count: data, forward, backward compute, exposed communication, optimizer (ms/step)."""
     with mpl.rc_context(STYLE):
@@ -310,6 +331,9 @@ def step_breakdown_figure(table: pd.DataFrame) -> Figure:
     return fig
 
 
+@captioned("Accuracy curves",
+           "Validation top-1 accuracy after each epoch: mean over repeats (line) and min–max (band); runs stop "
+           "at the target (dashed), so later epochs hold only the slower repeats.")
 def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None = None) -> Figure:
     """Validation accuracy per epoch: mean line and min–max band over repeats, one colour per worker count."""
     with mpl.rc_context(STYLE):
@@ -344,6 +368,9 @@ def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None =
     return fig
 
 
+@captioned("Throughput speedup vs. TTA speedup",
+           "The same throughput and TTA speedups side by side per worker count; the gap is the extra epochs a "
+           "larger global batch needs to reach the target (black line: ideal).")
 def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
     """Throughput speedup beside TTA speedup per worker count (grouped bars), with the ideal."""
     with mpl.rc_context(STYLE):
@@ -391,6 +418,9 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
     return fig
 
 
+@captioned("TTA over repeats",
+           "Time to accuracy (training time until the target is reached, by the run's `train.tta_rule`) of every "
+           "repeat, its mean ± std, and how many repeats reached the target.")
 def tta_spread_figure(spread: pd.DataFrame) -> Figure:
     """TTA of every repeat per worker count (points), with mean ± std; how many repeats reached the target."""
     with mpl.rc_context(STYLE):
@@ -430,8 +460,10 @@ def tta_spread_figure(spread: pd.DataFrame) -> Figure:
     return fig
 
 
-# ---------------------------------------------------------------------------- output
-
+@captioned("Roofline",
+           "Achieved model FLOP/s per worker against the estimated arithmetic intensity of a training step "
+           "(FLOPs per byte moved), under the device's roof min(peak FLOP/s, intensity × memory bandwidth); "
+           "MFU = achieved / peak.")
 def roofline_figure(table: pd.DataFrame) -> Figure:
     """Achieved FLOP/s per worker vs. arithmetic intensity, one point per worker count, under the roof."""
     with mpl.rc_context(STYLE):
@@ -466,6 +498,45 @@ def roofline_figure(table: pd.DataFrame) -> Figure:
         return fig
 
 
+@captioned("Who waits for whom",
+           "Per rank of the sweep's largest run: its exposed communication per step split into waiting for the slowest "
+           "rank to finish backward compute (no faster network helps) and the transfer once every rank was ready; "
+           "the line, right axis, is how often the rank was that slowest rank (the straggler).")
+def who_waits_figure(ranks: pd.DataFrame, run_label: str = "") -> Figure:
+    """Stacked waiting and transfer per rank (ms per step), with each rank's straggler share."""
+    with mpl.rc_context(STYLE):
+        fig, axes = _figure(1, width=max(6.5, 0.35 * len(ranks) + 3))
+        ax = axes[0]
+        if ranks.empty:
+            _no_data(ax, "no per-rank records (one worker, or step timing off)")
+        else:
+            positions = np.arange(len(ranks))
+            waiting = ranks["waiting_s"].to_numpy(dtype=float) * 1e3
+            transfer = ranks["transfer_s"].to_numpy(dtype=float) * 1e3
+            ax.bar(positions, np.nan_to_num(waiting), 0.7, color="#E69F00", edgecolor="#333333", linewidth=0.5,
+                   label="waiting for the slowest rank")
+            ax.bar(positions, np.nan_to_num(transfer), 0.7, bottom=np.nan_to_num(waiting), color="#D55E00",
+                   edgecolor="#333333", linewidth=0.5, label="transfer (all ranks ready)")
+            ax.set_xticks(positions, [str(int(r)) for r in ranks["rank"]])
+            ax.set_xlabel("rank")
+            ax.set_ylabel("exposed communication per step (ms)")
+            share = ax.twinx()
+            share.plot(positions, ranks["straggler_share"].to_numpy(dtype=float) * 100, color="black", marker="o",
+                       linewidth=1.0, label="straggler (share of steps)")
+            share.set_ylim(0, 105)
+            share.set_ylabel("steps as the straggler (%)")
+            share.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+            share.grid(False)
+            handles = ax.get_legend_handles_labels()[0] + share.get_legend_handles_labels()[0]
+            labels = ax.get_legend_handles_labels()[1] + share.get_legend_handles_labels()[1]
+            ax.legend(handles, labels, loc="upper left", fontsize=8)
+        fig.suptitle(f"Who waits for whom{': ' + run_label if run_label else ''}", fontweight="bold", fontsize=10)
+    return fig
+
+
+@captioned("Communication overhead against link bandwidth",
+           "Median A/B communication overhead per worker count at each link cap of the minicluster's nodes "
+           "(`workers.link_bandwidth`; tc token-bucket on each node's egress).")
 def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
     """Comm overhead % against each node's link bandwidth, one line per worker count (bandwidth_series)."""
     with mpl.rc_context(STYLE):
@@ -493,6 +564,8 @@ def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
         _legend(fig, [ax], loc="upper right")
         return fig
 
+
+# ---------------------------------------------------------------------------- output
 
 def save(fig: Figure, path_without_suffix: Path | str, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
     """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename).

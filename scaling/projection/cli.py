@@ -3,12 +3,13 @@
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16
     scaling project --cluster p3.16xlarge --nodes 1,2,4 --precision amp --per-gpu-batch 256 --out proj
     scaling project --cluster my_cluster.yaml --from-run results/r50-w1 --nodes 1,2,4 --json
-    python -m scaling.projection.cli ...        # the same, before the subcommand is wired
+    python -m scaling.projection.cli ...        # the same (`main` runs `scaling project ...`)
 
 Prints a table (rich) or, with --json, one JSON array of rows (notes and caveats go to
-stderr); --out PATH writes PATH.png and PATH.svg. For wiring into scaling/cli.py:
-`add_arguments(subparser)` declares the options and `run_from_args(args)` runs them (returns
-the exit status; UsageError propagates to the caller, which prints it as one line).
+stderr); --out PATH writes PATH.png and PATH.svg. The command line is the lab's own
+(scaling/cli.py): `add_arguments(subparser)` declares the options on its `project` subparser
+(a `OneLineParser`), `run_from_args(args)` runs them, and bad input ends, as for every
+`scaling` command, in one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -20,13 +21,6 @@ import sys
 from pathlib import Path
 
 from scaling.errors import UsageError
-
-EXIT_USAGE = 2
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -63,12 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None, help="figure path: writes OUT.png and OUT.svg")
     return parser
-
-
-def build_parser(prog: str = "scaling project") -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=prog, description="Project data-parallel scaling (DDP step time, speedup, "
-                                                   "communication overhead) onto a cluster.")
-    return add_arguments(parser)
 
 
 def _json_value(value):
@@ -173,12 +161,10 @@ def run_from_args(args: argparse.Namespace, console=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        return run_from_args(args)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    """`scaling project ARGV...`, through the lab's command line (its parser, errors and exit status)."""
+    from scaling.cli import main as scaling_main
+
+    return scaling_main(["project", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

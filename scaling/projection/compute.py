@@ -49,6 +49,7 @@ from pathlib import Path
 from scaling.errors import UsageError
 from scaling.projection.cluster import device_throughput, load_devices, normalize_precision
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, forward_share, load_layer_table
+from scaling.results import RunDir
 
 SGD_MOMENTUM_PASSES = 5  # as scaling/instrument/flops.py: read weights, gradients, momentum; write weights, momentum
 RUN_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "per_worker_batch", "num_workers", "model")
@@ -143,7 +144,7 @@ def _measured_buckets(run_dir: Path, backward_compute_s: float) -> tuple[tuple[f
     `bucket` (all-reduce order), `bytes`, `ready_s` (seconds from the start of backward to the
     bucket's hand-over), optional `warmup`. Medians over rows, as fractions of backward compute.
     """
-    path = run_dir / "buckets.parquet"
+    path = RunDir(run_dir).buckets_path
     if not path.is_file():
         return None
     import pandas as pd
@@ -160,12 +161,12 @@ def _measured_buckets(run_dir: Path, backward_compute_s: float) -> tuple[tuple[f
 
 def compute_from_run(run_dir: str | Path) -> StepCompute:
     """One worker's step from a run directory's summary.json (and its epochs/steps, if there)."""
-    run_dir = Path(run_dir)
-    path = run_dir / "summary.json"
+    run = RunDir(run_dir)
+    run_dir, path = run.path, run.summary_path
     if not path.is_file():
-        raise UsageError(f"--from-run: no summary.json in {run_dir} (give a run directory made by scaling run)")
+        raise UsageError(f"--from-run: no {path.name} in {run_dir} (give a run directory made by scaling run)")
     try:
-        summary = json.loads(path.read_text())
+        summary = run.summary()
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"--from-run: cannot read {path}: {exc}") from None
     missing = [k for k in RUN_FIELDS if summary.get(k) is None]
@@ -183,25 +184,18 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
     source = (f"run {run_dir.name}: {summary['model']} at {workers} worker(s) on {device}, "
               f"batch {summary['per_worker_batch']} per worker (backward compute = {how})")
     samples_per_epoch = None
-    epochs_path = run_dir / "epochs.parquet"
     num_buckets = None
-    if epochs_path.is_file():
-        import pandas as pd
-
-        epochs = pd.read_parquet(epochs_path)
-        if "samples" in epochs.columns and not epochs.empty:
-            samples_per_epoch = int(epochs["samples"].max())
-    steps_path = run_dir / "steps.parquet"
-    if workers > 1 and steps_path.exists():
-        from scaling.results import read_table
-
-        steps = read_table(steps_path)
+    epochs = run.epochs()
+    if "samples" in epochs.columns and not epochs.empty:
+        samples_per_epoch = int(epochs["samples"].max())
+    if workers > 1 and run.steps_path.exists():
+        steps = run.steps(["kind", "num_buckets"])
         if "num_buckets" in steps.columns:
             train = steps[(steps["kind"] == "train") & (steps["num_buckets"] > 0)] if "kind" in steps.columns else steps
             if not train.empty:
                 num_buckets = float(train["num_buckets"].median())
     measured = _measured_buckets(run_dir, backward) if backward > 0 else None
-    instrument = _run_config(run_dir).get("instrument") or {}
+    instrument = run.config.get("instrument") or {}
     cap = instrument.get("ddp_bucket_cap_mb")
     compression = instrument.get("grad_compression")
     return StepCompute(
@@ -219,21 +213,10 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
     )
 
 
-def _run_config(run_dir: Path) -> dict:
-    """The run's resolved config.yaml (empty if absent or unreadable)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def run_model(run_dir: str | Path) -> str | None:
     """The model a run trained (summary.json), or None if unreadable."""
     try:
-        return json.loads((Path(run_dir) / "summary.json").read_text()).get("model")
+        return RunDir(run_dir).summary().get("model")
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -286,13 +269,11 @@ def compute_from_concurrent_runs(run_dirs) -> StepCompute:
     Definitions in the module docstring. UsageError for fewer than two runs, a run that is not
     a one-worker run, different models or batches, or runs without step records.
     """
-    import pandas as pd
-
     dirs = [Path(d) for d in run_dirs]
     if len(dirs) < 2:
         raise UsageError("concurrent runs: give at least two one-worker run directories")
     singles = [compute_from_run(d) for d in dirs]
-    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    summaries = [RunDir(d).summary() for d in dirs]
     for d, summary in zip(dirs, summaries):
         if int(summary["num_workers"]) != 1:
             raise UsageError(f"concurrent runs: {d} ran {summary['num_workers']} workers; each must be a one-worker run")
@@ -301,13 +282,13 @@ def compute_from_concurrent_runs(run_dirs) -> StepCompute:
         raise UsageError("concurrent runs: the runs differ in model, batch or precision")
     steps, intervals = [], []
     for d in dirs:
-        from scaling.results import read_table
-
-        frame = read_table(d / "steps.parquet")
-        if frame.empty or not (d / "epochs.parquet").is_file():
-            raise UsageError(f"concurrent runs: {d} has no steps.parquet or epochs.parquet (step timing off?)")
+        run = RunDir(d)
+        frame = run.steps()
+        if frame.empty or not run.epochs_path.is_file():
+            raise UsageError(f"concurrent runs: {d} has no {run.steps_path.name} or {run.epochs_path.name} "
+                             "(step timing off?)")
         steps.append(frame[(frame["kind"] == "train") & (~frame["warmup"].astype(bool))])
-        intervals.append(_epoch_intervals(pd.read_parquet(d / "epochs.parquet")))
+        intervals.append(_epoch_intervals(run.epochs()))
     window_start = max(iv[0][1] for iv in intervals)
     window_end = min(iv[-1][2] for iv in intervals)
     kept_steps, kept_epochs = [], []

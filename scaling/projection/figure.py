@@ -2,10 +2,10 @@
 
     fig = projection_figure(df); save(fig, "proj")      # proj.png (200 dpi) + proj.svg
 
-Built with matplotlib's object API (no pyplot, no global backend), in the style of
-scaling/plots/figures.py (its `save`, rc STYLE, grid and ideal line). Projected curves over a
-sweep's measured points are drawn by the report (scaling/projection/overlay.py computes them,
-scaling/plots/figures.py draws them).
+Built with matplotlib's object API (no pyplot, no global backend), in the lab's style: the rc
+STYLE, axes (`style_axes`), worker axis (`worker_axis`, `use_log`), colours, ideal line and `save`
+all come from scaling/plots/figures.py. Projected curves over a sweep's measured points are drawn
+by the report (scaling/projection/overlay.py computes them, scaling/plots/figures.py draws them).
 """
 
 from __future__ import annotations
@@ -15,32 +15,16 @@ from pathlib import Path
 import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter
 
-from scaling.plots.figures import GRID, IDEAL, STYLE
+from scaling.plots.figures import COMM_EXPOSED_COLOUR, IDEAL, METRIC_COLOUR, STYLE, style_axes, use_log, worker_axis
 from scaling.plots.figures import save as _save
 
-# Okabe-Ito, as scaling/plots/figures.py: throughput orange, TTA green, exposed communication vermillion
-THROUGHPUT = dict(color="#E69F00", linestyle="-", linewidth=2.0, marker="s", markersize=5)
-TTA = dict(color="#009E73", linestyle="-", linewidth=1.6, marker="^", markersize=6)
-COMM = dict(color="#D55E00", linestyle="-", linewidth=1.8, marker="o", markersize=5)
-
-def _style(ax) -> None:
-    ax.grid(True, **GRID)
-    ax.set_axisbelow(True)
-    ax.tick_params(labelsize=8, direction="out", length=3)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-
-
-def _workers_axis(ax, counts) -> None:
-    counts = sorted({int(c) for c in counts})
-    if counts and max(counts) / min(counts) >= 8:
-        ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(counts))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{int(round(x))}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("GPUs (data-parallel workers)")
+# The lab's colours (Okabe-Ito): throughput orange, TTA green, exposed communication vermillion
+THROUGHPUT = dict(color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.0, marker="s", markersize=5)
+TTA = dict(color=METRIC_COLOUR["tta"], linestyle="-", linewidth=1.6, marker="^", markersize=6)
+COMM = dict(color=COMM_EXPOSED_COLOUR, linestyle="-", linewidth=1.8, marker="o", markersize=5)
+GPUS = "GPUs (data-parallel workers)"
 
 
 def projection_title(df: pd.DataFrame) -> str:
@@ -57,9 +41,10 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         fig = Figure(figsize=(8.0, 3.8), layout="constrained")
         left, right = fig.subplots(1, 2)
         for ax in (left, right):
-            _style(ax)
+            style_axes(ax)
         df = df.sort_values("num_workers")
         n = df["num_workers"].to_numpy(dtype=float)
+        log = use_log(n)
         left.plot(n, n, label="ideal (linear)", zorder=1, **IDEAL)
         left.plot(n, df["speedup_throughput"], label="throughput (efficiency %)", zorder=3, **THROUGHPUT)
         for x, y, e in zip(n, df["speedup_throughput"], df["efficiency_throughput"]):
@@ -72,12 +57,12 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
             if not extrapolated.empty:
                 left.scatter(extrapolated["num_workers"], extrapolated["speedup_tta"], s=70, facecolors="none",
                              edgecolors=TTA["color"], linewidths=1.0, label="TTA (epochs extrapolated)", zorder=4)
-        if n.max() / n.min() >= 8:
+        if log:
             left.set_yscale("log", base=2)
             left.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         else:
             left.set_ylim(bottom=0)
-        _workers_axis(left, n)
+        worker_axis(left, n, log, label=GPUS)
         left.set_ylabel("speedup over 1 GPU (×)")
         left.set_title("Speedup", fontsize=9)
         left.legend(loc="upper left")
@@ -85,7 +70,7 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         right.plot(n, df["comm_overhead_pct"], label="exposed communication (% of step)", **COMM)
         right.set_ylim(0, max(5.0, float(df["comm_overhead_pct"].max()) * 1.15))
         right.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}%"))
-        _workers_axis(right, n)
+        worker_axis(right, n, log, label=GPUS)
         right.set_ylabel("communication overhead")
         right.set_title("Communication overhead", fontsize=9)
         right.legend(loc="upper left")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from scaling.launch.local_cluster import free_port
 from scaling.models import build_model
 
 OUT_DIR = Path(__file__).resolve().parent / "layers"
@@ -88,10 +88,7 @@ def _module_flops(model: nn.Module, side: int, num_classes: int) -> tuple[dict, 
 
 def _ddp_ready_order(model: nn.Module, side: int, num_classes: int, **ddp_kwargs) -> tuple[list[int], list[int]]:
     """Parameter indices in the order DDP saw their gradients become ready; rebuilt bucket bytes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs)

@@ -58,6 +58,7 @@ from scaling.projection.cost import allreduce_s, simulate
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, load_layer_table, model_buckets,
 )
+from scaling.results import BUCKETS_PARQUET, STEPS_PARQUET
 
 COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
 TTA_CAVEAT = ("TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
@@ -258,9 +259,9 @@ def run_projection(
     if compute.measured_ready_fractions is not None:
         fractions = list(compute.measured_ready_fractions)
         elements = [nb // BYTES_PER_GRAD_ELEMENT for nb in compute.measured_bucket_bytes]
-        schedule_source = "measured (the run's buckets.parquet: median ready time per bucket)"
+        schedule_source = f"measured (the run's {BUCKETS_PARQUET}: median ready time per bucket)"
     elif from_run is not None:
-        schedule_source += "; the run has no per-bucket records (steps.parquet holds num_buckets only)"
+        schedule_source += f"; the run has no per-bucket records ({STEPS_PARQUET} holds num_buckets only)"
     if compute.measured_num_buckets is not None and round(compute.measured_num_buckets) != len(elements):
         notes.append(f"note: the run all-reduced {compute.measured_num_buckets:g} buckets per step, "
                      f"the estimate has {len(elements)}")

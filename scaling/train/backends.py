@@ -24,6 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from scaling.instrument.timing import CommTimingHook
+from scaling.results import HOROVOD_TIMELINE_JSON
 
 COMPRESSION_HOOKS = {
     "none": default_hooks.allreduce_hook,
@@ -63,7 +64,7 @@ def _wrap_horovod(cfg, ctx, model, optimizer, run_dir):
     ok, why_not = horovod_backend.available(use_gpu=ctx.device.type == "cuda")
     if not ok:  # preflight refuses this (scaling/config.py); a worker that gets here anyway stops at once
         raise RuntimeError(f"backend horovod: {why_not}")
-    timeline = str(run_dir / "horovod_timeline.json") if cfg.instrument.horovod_timeline and run_dir else None
+    timeline = str(run_dir / HOROVOD_TIMELINE_JSON) if cfg.instrument.horovod_timeline and run_dir else None
     # Fusion threshold, cycle time and timeline are read by Horovod at init only.
     horovod_backend.setup_horovod_env_and_init(
         ctx.rank, ctx.world_size, ctx.local_rank, None, ctx.node_rank, None,
