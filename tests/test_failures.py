@@ -1,6 +1,13 @@
 """Faults: a worker process killed mid-epoch is restarted by Ray Train from the last checkpoint
 and the run finishes with its records whole; the restart and the time it cost are in the
-summary and in TTA."""
+summary and in TTA.
+
+One real restarted run (module fixture): rank 1 is SIGKILLed as soon as Ray Train has registered
+epoch 1's checkpoint, i.e. while epoch 2 runs (an event, not a sleep, so the kill lands inside
+the run however fast the machine is); the records then prove where it landed (the restart
+resumed from epoch 1). On that run: the restart itself, and TTA = sum of train_s + time_lost_s
+with the run's wall clock continuing across the restart.
+"""
 
 import json
 import os
@@ -9,53 +16,85 @@ import subprocess
 import time
 
 import pandas as pd
+import pytest
 
 from scaling.analysis.run_metrics import restarts_and_time_lost, summarize_run
 from tests.conftest import BIN, REPO
 
+POLL_S = 0.02  # epochs here last seconds; a fast machine's still last far longer than this
 
-def _wait_for(predicate, timeout_s: float, what: str):
+
+def _wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen):
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.1)
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before {what}")
+        time.sleep(POLL_S)
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _epochs_written(run_dir):
-    path = run_dir / "epochs.parquet"
+def _registered_checkpoint_epoch(run_dir) -> int | None:
+    """The epoch of the latest checkpoint Ray Train's controller has registered, i.e. the one a
+    restarted worker group would be handed; None before any.
+
+    Read from the controller's own record (RunConfig(name="ray_train", storage_path=run_dir) puts
+    it in run_dir/ray_train/): a checkpoint directory on disk alone may not be registered yet,
+    and a kill before registration would restart from scratch.
+    """
+    path = run_dir / "ray_train" / "checkpoint_manager_snapshot.json"
     try:
-        return len(pd.read_parquet(path)) if path.exists() else 0
-    except Exception:  # being replaced at this instant
-        return 0
+        latest = json.loads(path.read_text())["latest_checkpoint_result"]
+    except (OSError, ValueError, KeyError):  # not there yet, or being rewritten in place this instant
+        return None
+    return int(latest["metrics"]["epoch"]) if latest else None
 
 
-def test_killed_worker_is_restarted_from_checkpoint(ray_cluster, tmp_path):
-    run_dir = tmp_path / "killed"
-    process = subprocess.Popen(
-        [str(BIN / "scaling"), "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir),
-         "--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
-         "--set", "train.target_accuracy=1.0", "--set", "instrument.calibration_pairs=2",
-         "--set", "failure.max_failures=1"],
-        cwd=REPO, env=ray_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+@pytest.fixture(scope="module")
+def restarted_run(ray_cluster, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("failures") / "killed"
+    log = run_dir.parent / "output.log"  # a file, not a pipe: a full pipe would stall the run while we wait
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [str(BIN / "scaling"), "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir),
+             "--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
+             "--set", "train.target_accuracy=1.0", "--set", "instrument.calibration_pairs=2",
+             # one evaluation per epoch, at its end: TTA is then sum(train_s) + time lost under either
+             # TTA rule (first evaluation at target, or DAWNBench's epoch end)
+             "--set", "train.eval_every=1", "--set", "failure.max_failures=1"],
+            cwd=REPO, env=ray_cluster["env"], stdout=out, stderr=subprocess.STDOUT, text=True,
+        )
     try:
-        _wait_for(lambda: _epochs_written(run_dir) >= 1, 240, "epoch 1")
+        # Epoch 1's checkpoint registered: epoch 1 is over and epoch 2 is under way (or about to be).
+        epoch = _wait_for(lambda: _registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
         victim = json.loads((run_dir / "workers" / "rank1.json").read_text())
-        time.sleep(0.5)  # into epoch 2
+        kill_unix = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
-        output, _ = process.communicate(timeout=300)
+        assert epoch == 1, f"epoch {epoch}'s checkpoint was the first seen: the kill came too late to land in epoch 2"
+        process.wait(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()
+    output = log.read_text()
     assert process.returncode == 0, output[-3000:]
+    return {"run_dir": run_dir, "victim": victim, "kill_unix": kill_unix}
+
+
+def test_killed_worker_is_restarted_from_checkpoint(restarted_run):
+    run_dir, victim, kill_unix = restarted_run["run_dir"], restarted_run["victim"], restarted_run["kill_unix"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "max_epochs" and summary["epochs_run"] == 3
     assert summary["restarts"] == 1 and summary["time_lost_s"] > 0 and summary["tta_includes_restarts"]
+    # Where the kill landed, from the records: after epoch 1's checkpoint and before epoch 2's
+    # (there is one per epoch but the last), so inside epoch 2; the restart resumed from epoch 1.
     attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
-    assert [a["resumed_from_epoch"] for a in attempts] == [None, 1]
+    assert [a["resumed_from_epoch"] for a in attempts] == [None, 1], attempts
+    assert attempts[1]["resume_point_unix"] < kill_unix < attempts[1]["first_step_unix"], (kill_unix, attempts)
+    print(f"killed {kill_unix - attempts[1]['resume_point_unix']:.2f} s after epoch 1's checkpoint was taken; "
+          f"restarted {attempts[1]['first_step_unix'] - kill_unix:.2f} s after the kill")
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     assert list(epochs["epoch"]) == [1, 2, 3]  # no gap, no duplicate
     steps = pd.read_parquet(run_dir / "steps.parquet")
@@ -66,6 +105,41 @@ def test_killed_worker_is_restarted_from_checkpoint(ray_cluster, tmp_path):
     assert (per_rank["count"] == per_rank["max"] - per_rank["min"] + 1).all()  # the step counter continued
     # the new rank 1 is another process
     assert json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"] != victim["pid"]
+
+
+def test_tta_of_the_restarted_run_counts_the_time_lost(restarted_run):
+    """tta_s = sum of train_s + time_lost_s, and the wall clock runs on across the restart."""
+    run_dir = restarted_run["run_dir"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
+    epochs = pd.read_parquet(run_dir / "epochs.parquet").set_index("epoch")
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+
+    # time lost, from the attempts: the restart's first step minus when the checkpoint it resumed from was taken
+    lost = attempts[1]["first_step_unix"] - attempts[1]["resume_point_unix"]
+    assert summary["time_lost_s"] == pytest.approx(lost) and lost > 0
+
+    # The wall clock is the first attempt's: epoch 2 (the restarted attempt's first) ends after
+    # epoch 1, the time lost and its own training; a clock restarted with the attempt would give less.
+    wall = epochs["elapsed_wall_s"]
+    assert wall.is_monotonic_increasing
+    assert wall[2] >= wall[1] + lost + epochs.loc[2, "train_s"], (wall.to_dict(), lost)
+    assert wall[3] >= wall[2] + epochs.loc[3, "train_s"]
+    # and so is the training clock: epoch 2's elapsed training time starts from epoch 1's, not from 0
+    assert epochs["elapsed_train_s"].to_numpy() == pytest.approx(epochs["train_s"].cumsum().to_numpy())
+
+    # TTA for a target this run reached (its last epoch's accuracy; the run's own target, 1.0,
+    # is out of reach so that it runs all three epochs): what summary.json would say.
+    target = float(epochs.loc[3, "val_accuracy"])
+    reached = int(epochs.index[epochs["val_accuracy"] >= target][0])
+    profile = json.loads((run_dir / "compute_profile.json").read_text())
+    evals = pd.read_parquet(run_dir / "evals.parquet") if (run_dir / "evals.parquet").exists() else None
+    figures = summarize_run(steps, epochs.reset_index(), target, summary["num_workers"], profile, attempts, evals=evals)
+    assert figures["epochs_to_target"] == reached
+    assert figures["tta_s"] == pytest.approx(epochs.loc[:reached, "train_s"].sum() + lost)
+    assert figures["tta_includes_restarts"] and figures["restarts"] == 1
+    # the wall clock from the first attempt's first step holds all that training and the time lost
+    assert figures["tta_s"] <= figures["tta_wall_s"] <= wall[reached] + 1e-6
 
 
 def test_time_lost_to_restarts_counts_in_tta():

@@ -6,6 +6,8 @@ records, A/B calibration and timeline.
 Needs Horovod (`make horovod`); skips with the reason when it does not import.
 """
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -44,7 +46,10 @@ def test_horovod_run_trains_like_ddp_and_is_timed(ray_connected, tmp_path):
     nosync = steps[steps["kind"] == "calib_nosync"]
     assert len(nosync) > 0 and (nosync["num_buckets"] == 0).all() and (nosync["exposed_comm_s"] == 0).all()
     assert (steps.loc[steps["kind"] == "calib_sync", "num_buckets"] == params.iloc[0]).all()
-    assert hvd["exposed_comm_s"] > 0 and hvd["comm_overhead_pct"] == hvd["comm_overhead_pct"]  # measured, not NaN
+    # measured: a real number (None is what the summary holds when the A/B window found nothing, NaN
+    # what an empty mean gives); its sign is the noise's to choose on 2 cores
+    assert isinstance(hvd["exposed_comm_s"], float) and math.isfinite(hvd["exposed_comm_s"]) and hvd["exposed_comm_s"] > 0
+    assert isinstance(hvd["comm_overhead_pct"], float) and math.isfinite(hvd["comm_overhead_pct"]), hvd["comm_overhead_pct"]
 
     timeline = hb.parse_timeline(tmp_path / "hvd" / "horovod_timeline.json")
     assert timeline["tensor"].str.startswith("allreduce.").all()

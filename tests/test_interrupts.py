@@ -52,11 +52,23 @@ def test_ctrl_c_and_killed_driver_keep_finished_runs_and_resume(ray_cluster, tmp
     _wait_until_second_run_trains(out)
     process.kill()
     process.communicate(timeout=60)
+    # the kill is what ended it: a sweep that had finished first would make what follows vacuous
+    assert process.returncode == -signal.SIGKILL, process.returncode
+    # the finished run kept as it was, and still listed as finished in the index
+    assert first_summary.stat().st_mtime_ns == kept
+    assert json.loads(first_summary.read_text())["status"] == "max_epochs"
+    index = pd.read_parquet(out / "runs.parquet").set_index("run_key")
+    assert index.loc["w1-r0", "status"] == "max_epochs"
+    # the interrupted run left without a summary: the redo removed the old (interrupted) one, the
+    # killed driver wrote none, so nothing claims the run finished or says how it failed
+    second = out / "runs" / "w1-r1"
+    assert (second / "workers" / "rank0.json").exists() and not (second / "summary.json").exists()
 
     # the same command again: the finished run is kept as it was, the other one redone
     process = _sweep(out, ray_cluster["env"])
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output[-2000:]
+    assert "1 of 2 runs already finished, 1 to run" in output, output[-2000:]
     assert first_summary.stat().st_mtime_ns == kept
     index = pd.read_parquet(out / "runs.parquet")
     assert sorted(index["run_key"]) == ["w1-r0", "w1-r1"] and set(index["status"]) == {"max_epochs"}

@@ -49,37 +49,95 @@ def test_run_directory_matches_contract(ray_run):
     assert summary["num_workers"] == 2 and summary["num_nodes"] == 1 and summary["global_batch"] == 128
     assert summary["backend"] == "gloo"
     assert set(summary["versions"]) == {"python", "torch", "ray"} and summary["versions"]["ray"] == "2.60.0"
-    assert summary["hardware"]["cpu_count"] >= 1 and summary["hardware"]["gpu_count"] == 0
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["workers"]["num_workers"] == 2 and resolved["train"]["target_accuracy"] == 0.3
+    # A CPU run, whatever GPUs the host has (hardware.gpu_count describes the host, and a CI
+    # host may have an NVIDIA driver): the workers computed on the CPU and sampled no GPU.
+    assert resolved["workers"]["use_gpu"] is False
+    hardware = summary["hardware"]
+    assert hardware["cpu_count"] >= 1 and isinstance(hardware["gpu_count"], int)
+    assert (hardware["gpu_name"] is None) == (hardware["gpu_count"] == 0)
+    assert json.loads((run_dir / "compute_profile.json").read_text())["device_name"] == "cpu"
+    assert not (run_dir / "telemetry.parquet").exists()
 
 
 def test_records_are_complete_and_consistent(ray_run):
     run_dir, summary = ray_run
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())  # the run's own resolved config
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     steps = pd.read_parquet(run_dir / "steps.parquet")
     assert EPOCH_COLUMNS <= set(epochs.columns) and STEP_COLUMNS <= set(steps.columns)
     assert not (run_dir / "parts").exists()
     assert list(epochs["epoch"]) == list(range(1, summary["epochs_run"] + 1))
     assert summary["epochs_to_target"] == summary["epochs_run"]
-    assert summary["tta_s"] == pytest.approx(epochs["train_s"].sum())
+    # DAWNBench's TTA: all the training of the epochs up to the one that reached the target
+    assert summary["tta_epoch_end_s"] == pytest.approx(epochs["train_s"].sum())
     train = steps[steps["kind"] == "train"]
-    # both ranks, the same steps each: 2048 samples / 2 ranks / 64 per step = 16 steps per epoch
-    assert sorted(train["rank"].unique()) == [0, 1]
-    assert train.groupby("rank").size().tolist() == [16 * summary["epochs_run"]] * 2
-    assert train["warmup"].sum() == 2 * 5
-    phases = train[["data_s", "forward_s", "backward_s", "optimizer_s"]].sum(axis=1)
-    assert (phases - train["step_s"]).abs().max() < 1e-9
-    assert (train["exposed_comm_s"] <= train["backward_s"] + 1e-9).all()
-    assert (train["allreduce_s"] > 0).all() and (train["num_buckets"] >= 1).all()
+    world, batch = cfg["workers"]["num_workers"], cfg["train"]["per_worker_batch"]
+    per_epoch = cfg["data"]["train_samples"] // world // batch  # every rank its shard, whole batches only
+
+    # both ranks, the same steps each: per_epoch training steps per rank in every epoch
+    assert sorted(train["rank"].unique()) == list(range(world))
+    counts = train.groupby(["epoch", "rank"]).size()
+    assert (counts == per_epoch).all() and len(counts) == world * summary["epochs_run"], counts.to_dict()
+    assert train.groupby("rank")["warmup"].sum().tolist() == [cfg["instrument"]["warmup_steps"]] * world
+    assert (epochs["samples"] == per_epoch * world * batch).all()
+
+    # Step times against an independent clock: an epoch's train_s (rank 0, one perf_counter pair
+    # around the whole epoch, less the evaluations inside it) holds rank 0's training steps back
+    # to back, with only the loop's bookkeeping between them (a scheduler step and a record per
+    # step). Measured on this 2-core
+    # machine over 66 epochs of 8 and 16 steps, quiet and under load (load average up to 4.4):
+    # train_s - sum(step_s) = 0.02 to 0.68 ms per epoch. Allowed: 0.5 ms per step plus 10 ms (a
+    # preemption falling between two steps), over 25x the largest seen, far less than any one
+    # phase of the 16 steps. Time lost from the steps, or counted twice, breaks one side.
+    tolerance = 0.0005 * per_epoch + 0.010
+    train_s = epochs.set_index("epoch")["train_s"]
+    slack = train_s - train[train["rank"] == 0].groupby("epoch")["step_s"].sum()
+    assert (slack >= 0).all() and (slack <= tolerance).all(), slack.to_dict()
+    # The other ranks' first step of an epoch also holds their wait for rank 0 at the first
+    # all-reduce (rank 0 starts later: it measures the CPU's peak, writes the records); from the
+    # second step on, all-reduce keeps the ranks in step, so those steps fit in rank 0's epoch.
+    later = train[train.groupby(["epoch", "rank"])["step"].rank(method="first") > 1]
+    for rank, rank_steps in later.groupby("rank"):
+        assert (rank_steps.groupby("epoch")["step_s"].sum() <= train_s + tolerance).all(), rank
+
+    # The headline TTA, to the first evaluation at the target (the quickstart evaluates every
+    # quarter epoch): the training before that evaluation, which rank 0's steps before it add up
+    # to (within the same per-epoch bookkeeping slack), and no more than the epoch-end figure.
+    assert summary["tta_rule"] == "first_eval"
+    evals = pd.read_parquet(run_dir / "evals.parquet")
+    first = evals[evals["val_accuracy"] >= summary["target_accuracy"]].sort_values("elapsed_train_s").iloc[0]
+    assert summary["tta_s"] == pytest.approx(first["elapsed_train_s"])
+    before = train[(train["rank"] == 0) & (train["step"] < first["step"])]["step_s"].sum()
+    assert 0 <= first["elapsed_train_s"] - before <= tolerance * summary["epochs_run"], (first.to_dict(), before)
+    assert summary["tta_s"] <= summary["tta_epoch_end_s"]
+
+    # communication: every bucket's all-reduce starts and ends inside backward (DDP returns from
+    # backward only once all completed), and what is exposed lies inside the all-reduce time
+    assert (train["allreduce_s"] > 0).all()
+    assert (train["allreduce_s"] <= train["backward_s"] + 1e-6).all()
+    assert (train["exposed_comm_s"] <= train["allreduce_s"] + 1e-6).all()
+    # the same buckets on every rank, step by step (DDP all-reduces bucket by bucket, in step)
+    buckets = steps.pivot_table(index=["epoch", "kind", "step", "pair"], columns="rank", values="num_buckets")
+    assert buckets.notna().all().all() and (buckets.nunique(axis=1) == 1).all()
+    steady = train[~train["warmup"]]
+    assert steady["num_buckets"].nunique() == 1 and steady["num_buckets"].iloc[0] >= 1
+
+    # the A/B window: calibration_pairs pairs per epoch and rank, no all-reduce in the no_sync halves
     calib = steps[steps["kind"] != "train"]
-    assert set(calib["kind"]) == {"calib_sync", "calib_nosync"}
-    assert (calib.loc[calib["kind"] == "calib_nosync", "allreduce_s"] == 0).all()
+    pairs = cfg["instrument"]["calibration_pairs"]
+    calib_counts = calib.groupby(["epoch", "rank", "kind"]).size()
+    assert set(calib_counts.index.get_level_values("kind")) == {"calib_sync", "calib_nosync"}
+    assert (calib_counts == pairs).all() and len(calib_counts) == 2 * world * summary["epochs_run"]
+    assert (calib.loc[calib["kind"] == "calib_nosync", ["allreduce_s", "num_buckets"]] == 0).all().all()
+    assert (calib.loc[calib["kind"] == "calib_sync", "num_buckets"] >= 1).all()
     assert summary["comm_overhead_pct"] is not None and summary["allreduce_s"] > 0
-    # the training thread's CPU time: some, and never more than the epoch's wall time
+
+    # The training thread's CPU time: some, and never more than the epoch's wall time. (Its
+    # preemption and page-fault counts have nothing here to be checked against: left out.)
     assert (epochs["train_thread_cpu_s"] > 0).all()
-    assert (epochs["train_thread_cpu_s"] <= epochs["train_s"] + 0.01).all()
-    assert (epochs[["train_preemptions", "train_minor_faults"]] >= 0).all().all()
+    assert (epochs["train_thread_cpu_s"] <= epochs["train_s"] + 0.01).all(), epochs[["train_thread_cpu_s", "train_s"]].to_dict()
 
 
 def test_exports_dawnbench_and_mlperf(ray_run):
@@ -88,7 +146,7 @@ def test_exports_dawnbench_and_mlperf(ray_run):
     run_dir, summary = ray_run
     tsv = pd.read_csv(run_dir / "dawnbench.tsv", sep="\t")
     assert list(tsv.columns) == ["epoch", "hours", "top1Accuracy", "top5Accuracy"] and len(tsv) == summary["epochs_run"]
-    assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_s"], rel=1e-3)
+    assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_epoch_end_s"], rel=1e-3)  # DAWNBench's rule
     assert json.loads((run_dir / "dawnbench.json").read_text())["model"] == "small_cnn"
     events = read_mlperf_log((run_dir / "mlperf.log").read_text())
     keys = [e["key"] for e in events]

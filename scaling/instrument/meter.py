@@ -322,6 +322,7 @@ class StepMeter:
         self._paused_s = 0.0
         self._training_end = None
         self._thread_usage = ThreadUsage()
+        self._paused_usage: list[dict] = []
         self._train_started = time.perf_counter()
 
     def _close_step(self, end) -> None:
@@ -344,6 +345,11 @@ class StepMeter:
         if self.clock.cuda:
             torch.cuda.synchronize()
         self._training_end = time.perf_counter()
+        # the thread's counters over train_s only: without the evaluations it was paused for
+        usage = self._thread_usage.stop()
+        for paused in self._paused_usage:
+            usage = {k: v - paused[k] for k, v in usage.items()}
+        self._training_thread = usage
 
     # --- end of an epoch -----------------------------------------------------------------
 
@@ -361,7 +367,7 @@ class StepMeter:
             self._close_step(None)
             self._end_training()
         train_s = self._training_end - self._train_started - self._paused_s
-        training_thread = self._thread_usage.stop()
+        training_thread = self._training_thread
         # the job's own validation, between training and here, and any evaluation it paused training for
         eval_s = time.perf_counter() - self._training_end + self._paused_s
         self.elapsed_train_s += train_s
@@ -416,6 +422,7 @@ class StepMeter:
             torch.cuda.synchronize()
         self._close_step(None)
         start = time.perf_counter()
+        pause_usage = ThreadUsage()
         self._pause_started = start
         try:
             yield
@@ -423,6 +430,7 @@ class StepMeter:
             if self.clock.cuda:
                 torch.cuda.synchronize()
             self._paused_s += time.perf_counter() - start
+            self._paused_usage.append(pause_usage.stop())
             self._pause_started = None
 
     def record_eval(self, val_accuracy: float | None, epoch_progress: float, **columns) -> None:
