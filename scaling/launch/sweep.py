@@ -128,6 +128,10 @@ def plan_sweep(
                 except ConfigError as exc:
                     raise ConfigError(f"sweep run w{num_workers} {axis_values or ''}: {exc}") from None
                 planned.append(PlannedRun(run_key(num_workers, axis_values, repeat), repeat, axis_values, cfg))
+    largest = max(spec.workers)
+    if base.instrument.inject_straggler_s and base.instrument.straggler_rank >= largest:
+        raise ConfigError(f"instrument.straggler_rank={base.instrument.straggler_rank} is no rank of any run of this sweep "
+                          f"(at most {largest} workers)")
     return data, spec, planned
 
 

@@ -501,7 +501,7 @@ def roofline_figure(table: pd.DataFrame) -> Figure:
 @captioned("Who waits for whom",
            "Per rank of the sweep's largest run: its exposed communication per step split into waiting for the slowest "
            "rank to finish backward compute (no faster network helps) and the transfer once every rank was ready; "
-           "the line, right axis, is how often the rank was that slowest rank (the straggler).")
+           "the diamonds, right axis, say how often the rank was that slowest rank (the straggler).")
 def who_waits_figure(ranks: pd.DataFrame, run_label: str = "") -> Figure:
     """Stacked waiting and transfer per rank (ms per step), with each rank's straggler share."""
     with mpl.rc_context(STYLE):
@@ -521,8 +521,8 @@ def who_waits_figure(ranks: pd.DataFrame, run_label: str = "") -> Figure:
             ax.set_xlabel("rank")
             ax.set_ylabel("exposed communication per step (ms)")
             share = ax.twinx()
-            share.plot(positions, ranks["straggler_share"].to_numpy(dtype=float) * 100, color="black", marker="o",
-                       linewidth=1.0, label="straggler (share of steps)")
+            share.plot(positions, ranks["straggler_share"].to_numpy(dtype=float) * 100, color="black", marker="D",
+                       linestyle="none", label="straggler (share of steps)")
             share.set_ylim(0, 105)
             share.set_ylabel("steps as the straggler (%)")
             share.yaxis.set_major_formatter(PercentFormatter(decimals=0))
