@@ -215,6 +215,8 @@ class RunDir:
     def __fspath__(self) -> str:
         return str(self.path)
 
+    __str__ = __fspath__  # a path wherever a string is made of it
+
     @property
     def name(self) -> str:
         return self.path.name
@@ -382,6 +384,8 @@ class SweepDir:
 
     def __fspath__(self) -> str:
         return str(self.path)
+
+    __str__ = __fspath__  # a path wherever a string is made of it
 
     spec_path = property(lambda self: self.path / SWEEP_YAML)
     index_path = property(lambda self: self.path / RUNS_PARQUET)
