@@ -179,7 +179,12 @@ def _read_columns(path: Path, columns: list[str] | None) -> pd.DataFrame:
 
 
 def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 20):
-    """steps.parquet's `columns` (those present), as DataFrames of at most `batch_rows` rows: memory bounded by a batch."""
+    """steps.parquet's `columns` (those present), as DataFrames of about `batch_rows` rows: memory bounded by a batch.
+
+    Small parts (one per rank and epoch: a few hundred rows each) are coalesced into batches of
+    about `batch_rows` before they become DataFrames, so the cost per row stays low with 10^5 parts.
+    """
+    import pyarrow as pa
     import pyarrow.dataset as ds
 
     path = Path(run_dir) / STEPS_PARQUET
@@ -187,8 +192,15 @@ def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 20):
         return
     dataset = ds.dataset(str(path), format="parquet")
     present = [c for c in columns if c in dataset.schema.names]
+    pending, rows = [], 0
     for batch in dataset.to_batches(columns=present, batch_size=batch_rows):
-        yield batch.to_pandas()
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= batch_rows:
+            yield pa.Table.from_batches(pending).to_pandas()
+            pending, rows = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending).to_pandas()
 
 
 def read_epochs(run_dir: Path) -> pd.DataFrame:

@@ -109,6 +109,8 @@ class StepAccumulator:
             grouped = steady.groupby("rank")[present]
             self.per_rank.append(pd.concat([grouped.sum().add_suffix("_sum"), grouped.count().add_suffix("_n"), squares],
                                            axis=1))
+            if len(self.per_rank) > 64:  # keep it small whatever the number of batches: one frame of sums per rank
+                self.per_rank = [pd.concat(self.per_rank).groupby(level=0).sum()]
             if "straggler_rank" in steady.columns:
                 # every rank's row of a step names the same straggler: count each step once, on one rank
                 one_rank = steady[steady["rank"] == steady["rank"].min()]["straggler_rank"].dropna()
@@ -116,7 +118,9 @@ class StepAccumulator:
                     self.stragglers[int(rank)] = self.stragglers.get(int(rank), 0) + int(count)
         calib = batch[batch["kind"].isin(["calib_sync", "calib_nosync"])]
         if not calib.empty:
-            self.calibration.append(calib)
+            # only what the A/B pairing reads (a few rows per rank and epoch)
+            self.calibration.append(calib[[c for c in ("epoch", "rank", "pair", "kind", "step_s", "exposed_comm_s")
+                                           if c in calib.columns]])
         if "node_rank" in batch.columns:
             self.node_ranks.update(batch["node_rank"].dropna().unique().tolist())
 
