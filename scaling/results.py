@@ -178,29 +178,39 @@ def _read_columns(path: Path, columns: list[str] | None) -> pd.DataFrame:
     return dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]).to_pandas()
 
 
-def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 20):
+def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 18):
     """steps.parquet's `columns` (those present), as DataFrames of about `batch_rows` rows: memory bounded by a batch.
 
-    Small parts (one per rank and epoch: a few hundred rows each) are coalesced into batches of
-    about `batch_rows` before they become DataFrames, so the cost per row stays low with 10^5 parts.
+    Parts (one per rank and epoch: a few hundred rows each) are read a group at a time and
+    coalesced into batches of about `batch_rows` rows before they become DataFrames, and each
+    group's readers are dropped before the next: neither the rows nor per-file metadata pile up
+    with 10^5 parts (bench/records_scale.py). A single-file steps.parquet (schema 1-2) is read
+    in row groups.
     """
     import pyarrow as pa
-    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     path = Path(run_dir) / STEPS_PARQUET
-    if not path.exists() or (path.is_dir() and not rank_parts(path)):
+    if path.is_file():
+        reader = pq.ParquetFile(path)
+        present = [c for c in columns if c in reader.schema_arrow.names]
+        for batch in reader.iter_batches(batch_size=batch_rows, columns=present):
+            yield batch.to_pandas()
         return
-    dataset = ds.dataset(str(path), format="parquet")
-    present = [c for c in columns if c in dataset.schema.names]
+    parts = rank_parts(path)
+    if not parts:
+        return
+    present = [c for c in columns if c in pq.read_schema(parts[0]).names]
     pending, rows = [], 0
-    for batch in dataset.to_batches(columns=present, batch_size=batch_rows):
-        pending.append(batch)
-        rows += batch.num_rows
+    for part in parts:
+        table = pq.read_table(part, columns=present)
+        pending.append(table)
+        rows += table.num_rows
         if rows >= batch_rows:
-            yield pa.Table.from_batches(pending).to_pandas()
+            yield pa.concat_tables(pending, promote_options="default").to_pandas()
             pending, rows = [], 0
     if pending:
-        yield pa.Table.from_batches(pending).to_pandas()
+        yield pa.concat_tables(pending, promote_options="default").to_pandas()
 
 
 def read_epochs(run_dir: Path) -> pd.DataFrame:
@@ -284,7 +294,7 @@ class RunDir:
         """Every step record (or only `columns`, those present); empty when there are none."""
         return _read_columns(self.steps_path, columns)
 
-    def step_batches(self, columns: list[str], batch_rows: int = 1 << 20):
+    def step_batches(self, columns: list[str], batch_rows: int = 1 << 18):
         return step_batches(self.path, columns, batch_rows)
 
     def telemetry(self, columns: list[str] | None = None) -> pd.DataFrame:

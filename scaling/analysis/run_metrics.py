@@ -163,13 +163,16 @@ class StepAccumulator:
 
 
 def _pairs(steps: pd.DataFrame) -> pd.DataFrame | None:
-    calib = steps[steps["kind"].isin(["calib_sync", "calib_nosync"])]
-    if calib.empty:
-        return None
-    per_pair = calib.pivot_table(index=["epoch", "rank", "pair"], columns="kind", values="step_s", aggfunc="first")
-    if not {"calib_sync", "calib_nosync"} <= set(per_pair.columns):
-        return None
-    return per_pair
+    """Per calibration pair (epoch, rank, pair): the sync and no_sync halves' step_s, side by side."""
+    keys = ["epoch", "rank", "pair"]
+    halves = {}
+    for kind in ("calib_sync", "calib_nosync"):
+        half = steps.loc[steps["kind"] == kind, keys + ["step_s"]]
+        if half.empty:
+            return None
+        # index alignment, not pivot_table: a 1,024-rank run has about a million pairs
+        halves[kind] = half.drop_duplicates(keys).set_index(keys)["step_s"]
+    return pd.DataFrame(halves)
 
 
 def _pooled(per_pair: pd.Series) -> float | None:
