@@ -65,20 +65,21 @@ def _resample(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return values[indices]  # (RESAMPLES, n)
 
 
-def _nanmedian(samples: np.ndarray) -> np.ndarray:
+def _nan_reduce(samples: np.ndarray, reduce) -> np.ndarray:
+    """`reduce` (np.nanmedian, np.nanmean) of each resample's row; NaN where a row has no finite value."""
     with np.errstate(all="ignore"):
         out = np.full(samples.shape[0], np.nan)
         finite = np.isfinite(samples).any(axis=1)
-        out[finite] = np.nanmedian(samples[finite], axis=1)
+        out[finite] = reduce(samples[finite], axis=1)
         return out
+
+
+def _nanmedian(samples: np.ndarray) -> np.ndarray:
+    return _nan_reduce(samples, np.nanmedian)
 
 
 def _nanmean(samples: np.ndarray) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        out = np.full(samples.shape[0], np.nan)
-        finite = np.isfinite(samples).any(axis=1)
-        out[finite] = np.nanmean(samples[finite], axis=1)
-        return out
+    return _nan_reduce(samples, np.nanmean)
 
 
 def _percentiles(samples: np.ndarray) -> tuple[float, float]:
