@@ -134,40 +134,18 @@ def _cmd_minicluster(args) -> int:
     return mc.exec_in(command, args.name, args.node)
 
 
-def _check_capacity(cfg, launcher: str, log_to_driver: bool = True) -> None:
-    """Refuse at once what the cluster (or this host) cannot place."""
-    if cfg.workers.link_bandwidth:
-        from scaling.launch import minicluster
-
-        if minicluster.current() is None:
-            raise UsageError("workers.link_bandwidth needs a minicluster: run through 'scaling minicluster exec -- ...'")
-    if launcher == "ray":
-        from scaling.launch.ray_train import check_capacity, connect
-
-        connect(log_to_driver=log_to_driver)
-        check_capacity(cfg)
-    else:
-        import os
-
-        from scaling.launch.local import check_local_gpus
-
-        if cfg.workers.num_workers * cfg.workers.cpus_per_worker > (os.cpu_count() or 1):
-            raise UsageError(
-                f"{cfg.workers.num_workers} workers x {cfg.workers.cpus_per_worker} CPU exceed this host's {os.cpu_count()} CPUs"
-            )
-        check_local_gpus(cfg)  # NCCL needs a GPU per worker; bf16 needs a GPU that has it
-
-
 def _cmd_run(args) -> int:
     from scaling.config import load_config
+    from scaling.launch.preflight import preflight
     from scaling.launch.run import check_run_dir, default_run_name, execute_run, resolve_out
 
     cfg = load_config(args.config, overrides=args.overrides, num_workers=args.workers)
     run_dir = resolve_out(args.out, default_run_name(cfg))
     check_run_dir(run_dir)
-    _check_capacity(cfg, args.launcher)
+    for note in preflight(cfg, args.launcher):
+        print(note, flush=True)
     print(f"run directory: {run_dir}", flush=True)
-    summary = execute_run(cfg, run_dir, launcher=args.launcher)
+    summary = execute_run(cfg, run_dir, launcher=args.launcher, preflighted=True)
     print_summary(summary, run_dir)
     return 0 if summary["status"] != "failed" else 1
 
@@ -175,9 +153,10 @@ def _cmd_run(args) -> int:
 def _cmd_sweep(args) -> int:
     from rich.console import Console
 
+    from scaling.launch.preflight import preflight_sweep
     from scaling.launch.run import check_run_dir, resolve_out
     from scaling.launch.sweep import (
-        parse_repeats, parse_workers, plan_more_repeats, plan_sweep, prepare_sweep_dir, run_sweep, sweep_max_workers,
+        parse_repeats, parse_workers, plan_more_repeats, plan_sweep, prepare_sweep_dir, run_sweep,
     )
 
     workers = parse_workers(args.workers) if args.workers is not None else None
@@ -187,7 +166,8 @@ def _cmd_sweep(args) -> int:
     sweep_dir = resolve_out(args.out, f"{planned[0].config.name}-sweep")
     check_run_dir(sweep_dir)
     # Ray's worker logs would tear the progress display; each run's errors land in its summary.
-    _check_capacity(sweep_max_workers(planned), args.launcher, log_to_driver=False)
+    for note in preflight_sweep(planned, args.launcher, log_to_driver=False):
+        print(note, flush=True)
     prepare_sweep_dir(sweep_dir, data, spec)
     console = Console()
     # plain print: rich would wrap a long path, and job logs are read by scripts

@@ -6,6 +6,12 @@ are checked for sense (`validate`). The resolved tree is written into every run 
 (`to_yaml`), so a result can always be traced to exactly what produced it.
 
     cfg = load_config("experiments/quickstart.yaml", overrides=["optim.lr=0.2"])
+
+This module is data and shape only: closed choices are `Literal` types refused when the tree is
+built, `validate` checks values against each other, and nothing here reads a file other than the
+config itself, imports a user's code, or asks the machine or the cluster anything. Whatever looks
+at the world (datasets, import paths, cluster YAMLs, Horovod, GPUs, capacity) is the preflight,
+`scaling/launch/preflight.py`, which runs before any file of a run is written.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -22,6 +29,16 @@ from scaling.errors import UsageError
 
 class ConfigError(UsageError):
     """A config that cannot be run. The message is one line meant for the user."""
+
+
+# Closed choices, as types: `_coerce` refuses any other value when the tree is built.
+Backend = Literal["auto", "gloo", "nccl", "horovod"]
+Schedule = Literal["constant", "cosine"]
+TtaRule = Literal["first_eval", "epoch_end"]
+TargetMetric = Literal["top1", "top5"]
+Precision = Literal["fp32", "fp16", "bf16"]
+GradCompression = Literal["none", "fp16", "bf16"]
+HOROVOD_COMPRESSIONS = ("none", "fp16")  # horovod.torch.Compression has no bf16
 
 
 @dataclass
@@ -49,7 +66,7 @@ class OptimConfig:
     momentum: float = 0.9  # SGD momentum (Nesterov)
     weight_decay: float = 5e-4
     warmup_epochs: float = 1.0  # linear ramp from `lr` to the scaled lr over this many epochs
-    schedule: str = "constant"  # after warm-up: constant | cosine (to 0 at train.max_epochs)
+    schedule: Schedule = "constant"  # after warm-up: constant | cosine (to 0 at train.max_epochs)
 
 
 @dataclass
@@ -59,9 +76,9 @@ class TrainConfig:
     target_accuracy: float = 0.8  # validation top-1 accuracy in (0, 1] that stops the run (TTA)
     seed: int = 0  # model init and data order
     eval_every: float = 1.0  # validate every this fraction of an epoch (0.25: four times per epoch), and at every epoch's end; 1/eval_every must be a whole number
-    tta_rule: str = "first_eval"  # TTA = training time to: first_eval (the first evaluation at the target) | epoch_end (the end of the first epoch at the target: DAWNBench's rule, always in tta_epoch_end_s)
-    target_metric: str = "top1"  # validation accuracy that target_accuracy applies to: top1 | top5 (DAWNBench ImageNet: top5)
-    precision: str = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
+    tta_rule: TtaRule = "first_eval"  # TTA = training time to: first_eval (the first evaluation at the target) | epoch_end (the end of the first epoch at the target: DAWNBench's rule, always in tta_epoch_end_s)
+    target_metric: TargetMetric = "top1"  # validation accuracy that target_accuracy applies to: top1 | top5 (DAWNBench ImageNet: top5)
+    precision: Precision = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
     compile: bool = False  # torch.compile the model (first steps pay compilation; they are warm-up)
     label_smoothing: float = 0.0  # cross-entropy label smoothing (0.1 in the MLPerf ResNet-50 reference)
@@ -90,7 +107,7 @@ class InstrumentConfig:
     trace_steps: int = 20  # training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none
     ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
     step_timing: bool = True  # per-step records and the A/B window; false = epoch timing only (to measure the lab's own cost)
-    grad_compression: str = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
+    grad_compression: GradCompression = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
     telemetry_interval_s: float = 1.0  # GPU telemetry sampling period (NVML); 0 = off
     horovod_fusion_threshold_mb: float = 128.0  # backend horovod: tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB; 0 = no fusion; 128 is Horovod's default
     horovod_cycle_time_ms: float = 1.0  # backend horovod: how often Horovod's background thread negotiates and launches (HOROVOD_CYCLE_TIME), ms; 1 is Horovod's default
@@ -107,7 +124,7 @@ class FailureConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
-    backend: str = "auto"  # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's DistributedOptimizer; gloo, NCCL on GPU)
+    backend: Backend = "auto"  # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's DistributedOptimizer; gloo, NCCL on GPU)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -145,7 +162,13 @@ def _field_types(cls) -> dict[str, type]:
 
 def _coerce(value, expected: type, key: str):
     """Check `value` against a field's type. ints are accepted for floats, and for strings as their
-    digits (`--set workers.pin_cpus=0` is the CPU list "0"); nothing else is converted."""
+    digits (`--set workers.pin_cpus=0` is the CPU list "0"); nothing else is converted. A `Literal`
+    field takes one of its values only."""
+    if typing.get_origin(expected) is Literal:
+        choices = typing.get_args(expected)
+        if value not in choices or isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
     if dataclasses.is_dataclass(expected):
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
@@ -242,42 +265,26 @@ def parse_cpu_list(text: str) -> list[int]:
 
 
 def validate(cfg: ExperimentConfig) -> None:
-    """Refuse values that cannot give a meaningful run, naming the key and the fix."""
+    """Refuse values that cannot give a meaningful run, naming the key and the fix.
+
+    Shape only: values against their ranges and against each other. A model or dataset named by
+    import path is checked by the preflight (scaling/launch/preflight.py), which imports it."""
     from scaling.data import dataset_names
+    from scaling.import_path import is_import_path
     from scaling.models import model_names
 
     def require(ok: bool, message: str) -> None:
         if not ok:
             raise ConfigError(message)
 
-    from scaling.import_path import is_import_path, load_callable
-
-    if is_import_path(cfg.model.name):
-        from scaling.models import build_model
-
-        try:
-            build_model(cfg.model.name, cfg.data.num_classes)  # a model that does not build: one line, now
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the user's constructor failed
-            raise ConfigError(f"model.name={cfg.model.name!r} does not build: {type(exc).__name__}: {exc}") from None
-    else:
+    if not is_import_path(cfg.model.name):
         require(cfg.model.name in model_names(), f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())} "
                 "or a model of your own as package.module:callable")
-    if is_import_path(cfg.data.name):
-        load_callable(cfg.data.name, "data.name", required_args=1)
-    else:
+    if not is_import_path(cfg.data.name):
         require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())} "
                 "or a dataset of your own as package.module:callable")
-    if cfg.train.function:
-        load_callable(cfg.train.function, "train.function", required_args=1)
-    require(cfg.backend in ("auto", "gloo", "nccl", "horovod"), f"backend must be auto, gloo, nccl or horovod, got {cfg.backend!r}")
     if cfg.backend == "horovod":
-        from scaling.train.horovod_backend import COMPRESSIONS, available
-
-        ok, why_not = available(use_gpu=cfg.workers.use_gpu)
-        require(ok, f"backend horovod: {why_not}")
-        require(cfg.instrument.grad_compression in COMPRESSIONS,
+        require(cfg.instrument.grad_compression in HOROVOD_COMPRESSIONS,
                 f"backend horovod compresses gradients as none or fp16, got instrument.grad_compression={cfg.instrument.grad_compression!r}")
         require(cfg.instrument.horovod_fusion_threshold_mb >= 0, f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}")
         require(cfg.instrument.horovod_cycle_time_ms > 0, f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
@@ -295,44 +302,22 @@ def validate(cfg: ExperimentConfig) -> None:
     require(0.0 <= cfg.optim.momentum < 1.0, f"optim.momentum must be in [0, 1), got {cfg.optim.momentum}")
     require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
     require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
-    require(cfg.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {cfg.optim.schedule!r}")
     if cfg.workers.pin_cpus:
         cpus = parse_cpu_list(cfg.workers.pin_cpus)
         require(len(cpus) >= cfg.workers.cpus_per_worker,
                 f"workers.pin_cpus={cfg.workers.pin_cpus!r} names {len(cpus)} CPU(s), fewer than workers.cpus_per_worker={cfg.workers.cpus_per_worker}")
-    if cfg.workers.link_bandwidth not in ("", "uncapped"):
-        from scaling.launch.minicluster import rate_bits_per_s
-
-        rate_bits_per_s(cfg.workers.link_bandwidth)  # refuses anything tc would not take
-    if cfg.workers.cluster:
-        from scaling.projection.cluster import load_cluster
-
-        load_cluster(cfg.workers.cluster)  # an unknown preset or a bad cluster YAML: one line, before any worker starts
     require(cfg.workers.node_price_per_hour >= 0, f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}")
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")
     require(cfg.data.difficulty > 0, f"data.difficulty must be > 0, got {cfg.data.difficulty}")
+    require(cfg.data.train_samples >= 1, f"data.train_samples must be >= 1, got {cfg.data.train_samples}")
     require(0 < cfg.train.eval_every <= 1 and abs(1 / cfg.train.eval_every - round(1 / cfg.train.eval_every)) < 1e-9,
             f"train.eval_every must be 1/k for a whole k (1, 0.5, 0.25, ...), got {cfg.train.eval_every}")
-    require(cfg.train.tta_rule in ("first_eval", "epoch_end"), f"train.tta_rule must be first_eval or epoch_end, got {cfg.train.tta_rule!r}")
-    require(cfg.train.target_metric in ("top1", "top5"), f"train.target_metric must be top1 or top5, got {cfg.train.target_metric!r}")
     require(not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5), "train.target_metric top5 needs more than 5 classes")
-    require(cfg.train.precision in ("fp32", "fp16", "bf16"), f"train.precision must be fp32, fp16 or bf16, got {cfg.train.precision!r}")
     require(0.0 <= cfg.train.label_smoothing < 1.0, f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
-    require(cfg.instrument.grad_compression in ("none", "fp16", "bf16"), f"instrument.grad_compression must be none, fp16 or bf16, got {cfg.instrument.grad_compression!r}")
     require(cfg.instrument.telemetry_interval_s >= 0, f"instrument.telemetry_interval_s must be >= 0, got {cfg.instrument.telemetry_interval_s}")
     require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")
-    from scaling.data import check_dataset
-
-    counts = check_dataset(cfg.data)  # path datasets: read and checked here, before any worker starts
-    num_train = counts.get("train", cfg.data.train_samples)
-    source = f"{cfg.data.path}/train" if counts else "data.train_samples"
-    require(
-        num_train // cfg.global_batch >= 1,
-        f"the training set ({source}: {num_train} samples) is smaller than the global batch "
-        f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch",
-    )
     require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
@@ -343,21 +328,7 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.instrument.straggler_rank >= 0, f"instrument.straggler_rank must be >= 0, got {cfg.instrument.straggler_rank}")
     require(cfg.instrument.trace_steps >= 0, f"instrument.trace_steps must be >= 0, got {cfg.instrument.trace_steps}")
     require(cfg.instrument.inject_comm_delay_s >= 0, f"instrument.inject_comm_delay_s must be >= 0, got {cfg.instrument.inject_comm_delay_s}")
-    _validate_gpu_settings(cfg, require)
     require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
-
-
-def _validate_gpu_settings(cfg: ExperimentConfig, require) -> None:
-    """Settings that cannot give a meaningful GPU run, or any run (docs/gpu.md says why each)."""
-    from scaling.instrument.timing import GPU_INJECTION_CHECKED
-
-    if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu:
-        require(cfg.backend != "horovod",
-                "instrument.inject_comm_delay_s with backend horovod is a host sleep, which is no GPU delay (the host runs "
-                "ahead of the device): on GPU runs inject with DDP, or run the ground truth on CPU workers")
-        require(GPU_INJECTION_CHECKED,
-                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a GPU "
-                "(scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now")
     # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
     # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such
     # step is skipped and the scale pushed down, a different training from the uncompressed one.

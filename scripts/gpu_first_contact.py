@@ -158,18 +158,18 @@ def _read_steps(run_dir: Path):
 def lab_run(ctx: Ctx, name: str, overrides: list[str], workers: int = 1) -> dict:
     """One lab run through the plain launcher, preflight included, as `scaling run --launcher local` does."""
     from scaling.config import load_config
-    from scaling.launch.local import check_local_gpus
+    from scaling.launch.preflight import preflight
     from scaling.launch.run import execute_run
 
     common = ["train.target_accuracy=1.0", "instrument.warmup_steps=3"]
     device = (["workers.use_gpu=true", f"workers.cpus_per_worker={ctx.args.cpus_per_worker}",
                "instrument.telemetry_interval_s=0.5"] if ctx.gpu else ["workers.use_gpu=false", "workers.cpus_per_worker=1"])
     cfg = load_config(QUICKSTART, overrides=common + device + overrides, num_workers=workers)
-    note = check_local_gpus(cfg)
+    notes = preflight(cfg, "local")
     run_dir = ctx.out / "runs" / name
     started = time.perf_counter()
-    summary = execute_run(cfg, run_dir, launcher="local")
-    result = {"run_dir": str(run_dir.relative_to(ctx.out)), "wall_s": time.perf_counter() - started, "note": note,
+    summary = execute_run(cfg, run_dir, launcher="local", preflighted=True)
+    result = {"run_dir": str(run_dir.relative_to(ctx.out)), "wall_s": time.perf_counter() - started, "note": " ".join(notes) or None,
               "overrides": overrides, "workers": workers}
     result.update({("run_status" if key == "status" else key): summary.get(key) for key in RUN_FIGURES})
     return result

@@ -49,12 +49,70 @@ def test_wrong_type_is_refused():
         ("model.name=resnet9000", "model.name"),
         ("data.name=imagenet21k", "data.name"),
         ("backend=mpi", "backend"),
-        ("data.train_samples=10", "data.train_samples"),
+        ("optim.schedule=linear", "optim.schedule"),
+        ("train.precision=fp8", "train.precision"),
+        ("train.tta_rule=last", "train.tta_rule"),
+        ("train.target_metric=top3", "train.target_metric"),
+        ("instrument.grad_compression=int8", "instrument.grad_compression"),
     ],
 )
 def test_impossible_values_are_refused(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(QUICKSTART, overrides=[override])
+
+
+def test_closed_choices_are_types_refused_when_the_tree_is_built():
+    with pytest.raises(ConfigError, match=r"config key 'backend' must be one of auto, gloo, nccl, horovod; got 'mpi'"):
+        from_dict({"backend": "mpi"})
+    with pytest.raises(ConfigError, match="train.precision"):
+        from_dict({"train": {"precision": True}})
+    assert from_dict({"train": {"precision": "bf16"}}).train.precision == "bf16"
+
+
+def test_config_is_data_it_imports_nothing_that_looks_at_the_world():
+    """Loading and validating a config imports neither the launchers, the training code, the
+    projection nor Ray: whatever looks at the world is the preflight's (scaling/launch/preflight.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from scaling.config import load_config, validate; "
+            f"validate(load_config({str(QUICKSTART)!r}, overrides=['workers.cluster=p9.huge', 'data.name=cifar10', "
+            "'data.path=/nonexistent', 'workers.link_bandwidth=fast', 'model.name=no_such.module:net'])); "
+            "print(sorted(m for m in sys.modules if m.startswith(('scaling.launch', 'scaling.train', 'scaling.projection', 'ray'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.train_samples=10", "smaller than the global batch"),
+    ("workers.link_bandwidth=fast", "tc rate"),
+    ("workers.link_bandwidth=1gbit", "needs a minicluster"),
+    ("workers.cluster=p9.huge", "p9.huge"),
+    ("data.path=/nonexistent/cifar", "does not exist"),
+    ("model.name=tests.user_callables:broken_model", "does not build"),
+])
+def test_what_looks_at_the_world_is_the_preflights(override, message):
+    from scaling.errors import UsageError
+    from scaling.launch.preflight import preflight
+
+    overrides = [override, "data.name=cifar10", "data.image_size=32"] if override.startswith("data.path") else [override]
+    cfg = load_config(QUICKSTART, overrides=overrides)  # the shape is fine
+    with pytest.raises(UsageError, match=message):  # a ConfigError, or the dataset's own error
+        preflight(cfg, "local", capacity=False)
+
+
+def test_a_sweep_preflights_each_distinct_config_once(monkeypatch):
+    from scaling.launch import preflight as preflight_module
+    from scaling.launch.sweep import plan_sweep
+
+    checked = []
+    monkeypatch.setattr(preflight_module, "check_user_code", lambda cfg: checked.append((cfg.workers.num_workers, cfg.train.seed)))
+    monkeypatch.setattr(preflight_module, "check_capacity", lambda cfg, launcher, log_to_driver=True: None)
+    _, _, planned = plan_sweep(QUICKSTART, [1, 2], 3)
+    assert len(planned) == 6
+    preflight_module.preflight_sweep(planned, "local")
+    assert sorted(w for w, _ in checked) == [1, 2]  # three repeats of each point differ only in the seed
 
 
 def test_workers_below_one_refused():

@@ -282,12 +282,14 @@ def test_cifar10_missing_batch_and_wrong_shape_refused(tmp_path):
         check_dataset(cifar_cfg(root))
 
 
-def test_dataset_problems_surface_as_config_errors_before_any_worker(tmp_path):
-    # load_config is what `scaling run` calls first; a DatasetError is a UsageError (exit 2).
+def test_dataset_problems_surface_at_preflight_before_any_worker(tmp_path):
+    # The preflight is what `scaling run` runs before writing anything; a DatasetError is a UsageError (exit 2).
+    from scaling.launch.preflight import preflight
+
     with pytest.raises(DatasetError, match="does not exist"):
-        load_config(QUICKSTART, overrides=["data.name=cifar10", f"data.path={tmp_path / 'nope'}"])
+        preflight(load_config(QUICKSTART, overrides=["data.name=cifar10", f"data.path={tmp_path / 'nope'}"]), "local", capacity=False)
     with pytest.raises(UsageError, match="needs data.path"):
-        load_config(QUICKSTART, overrides=["data.name=cifar10"])
+        preflight(load_config(QUICKSTART, overrides=["data.name=cifar10"]), "local", capacity=False)
 
 
 @pytest.mark.parametrize("config, fake", [
@@ -298,5 +300,8 @@ def test_dataset_problems_surface_as_config_errors_before_any_worker(tmp_path):
 def test_experiment_configs_load_against_a_dataset_in_their_format(config, fake, cifar_dir, imagenet_dir):
     # The real datasets are not here; the same keys must validate against a tiny one.
     overrides = [f"data.path={cifar_dir}"] if fake == "cifar10" else [f"data.path={imagenet_dir}", "data.num_classes=6"]
+    from scaling.launch.preflight import preflight
+
     cfg = load_config(config, overrides=overrides + ["train.per_worker_batch=2"], num_workers=2)
+    preflight(cfg, "ray", capacity=False)  # the dataset read and counted, as before a run
     assert cfg.workers.use_gpu and cfg.data.name == fake

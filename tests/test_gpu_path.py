@@ -59,6 +59,15 @@ def _gpu_cfg(workers: int, *overrides: str):
     return load_config(QUICKSTART, overrides=["workers.use_gpu=true", *overrides], num_workers=workers)
 
 
+def _preflighted_gpu_cfg(workers: int, *overrides: str):
+    """A GPU config through the preflight's checks of the config (this host's GPUs are left out)."""
+    from scaling.launch.preflight import preflight
+
+    cfg = _gpu_cfg(workers, *overrides)
+    preflight(cfg, "local", capacity=False)
+    return cfg
+
+
 def test_more_nccl_workers_than_gpus_refused_naming_gloo():
     from scaling.launch.local import check_local_gpus
 
@@ -117,15 +126,18 @@ def test_bf16_on_a_gpu_without_native_bf16_refused():
 
 def test_injection_on_gpu_runs_refused_at_preflight(monkeypatch):
     from scaling.instrument import timing
+    from scaling.launch.preflight import preflight
 
     monkeypatch.setattr(timing, "GPU_INJECTION_CHECKED", False)
+    assert _gpu_cfg(2, "instrument.inject_comm_delay_s=0.05")  # the config's shape is fine: the world decides
     with pytest.raises(ConfigError) as refused:
-        _gpu_cfg(2, "instrument.inject_comm_delay_s=0.05")
+        _preflighted_gpu_cfg(2, "instrument.inject_comm_delay_s=0.05")
     message = _one_line(str(refused.value))
     assert "inject_comm_delay_s on GPU runs is refused" in message and "gpu_first_contact.py" in message
-    load_config(QUICKSTART, overrides=["instrument.inject_comm_delay_s=0.05"], num_workers=2)  # CPU: as before
+    cpu = load_config(QUICKSTART, overrides=["instrument.inject_comm_delay_s=0.05"], num_workers=2)
+    preflight(cpu, "local", capacity=False)  # CPU: as before
     monkeypatch.setattr(timing, "GPU_INJECTION_CHECKED", True)  # once a GPU run has checked it (docs/gpu.md)
-    assert _gpu_cfg(2, "instrument.inject_comm_delay_s=0.05").instrument.inject_comm_delay_s == 0.05
+    assert _preflighted_gpu_cfg(2, "instrument.inject_comm_delay_s=0.05").instrument.inject_comm_delay_s == 0.05
 
 
 @pytest.mark.skipif(GPU_INJECTION_CHECKED,
@@ -142,7 +154,7 @@ def test_cli_refuses_injection_on_gpu_before_the_run_directory_exists(tmp_path):
 def test_horovod_injection_on_gpu_refused_as_a_host_sleep(fake_horovod):
     fake_horovod(nccl=True)
     with pytest.raises(ConfigError, match="host sleep, which is no GPU delay"):
-        _gpu_cfg(2, "backend=horovod", "instrument.inject_comm_delay_s=0.05")
+        _preflighted_gpu_cfg(2, "backend=horovod", "instrument.inject_comm_delay_s=0.05")
 
 
 class _HostCudaClock:
@@ -365,11 +377,11 @@ def test_horovod_on_gpu_without_nccl_refused(fake_horovod):
     ok, why = available(use_gpu=True)
     assert not ok and "built without NCCL" in why and "\n" not in why
     with pytest.raises(ConfigError) as refused:
-        _gpu_cfg(2, "backend=horovod")
+        _preflighted_gpu_cfg(2, "backend=horovod")
     assert "backend horovod: horovod was built without NCCL" in _one_line(str(refused.value))
     fake_horovod(nccl=True)
     assert available(use_gpu=True) == (True, "")
-    assert _gpu_cfg(2, "backend=horovod").backend == "horovod"
+    assert _preflighted_gpu_cfg(2, "backend=horovod").backend == "horovod"
 
 
 def _build_check(tmp_path, check: bool = True, **env) -> subprocess.CompletedProcess:

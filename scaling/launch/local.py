@@ -90,10 +90,8 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
 
 
 def run_local(cfg: ExperimentConfig, run_dir: Path) -> None:
-    """Run `cfg` on `cfg.workers.num_workers` local processes; raises if any worker fails."""
-    note = check_local_gpus(cfg)  # also at preflight (scaling/cli.py); here for callers of run_local
-    if note:
-        print(note, flush=True)
+    """Run `cfg` on `cfg.workers.num_workers` local processes; raises if any worker fails. The
+    caller has preflighted `cfg` (`execute_run` does), GPUs included (`check_local_gpus`)."""
     world_size = cfg.workers.num_workers
     mp.start_processes(
         _worker, args=(world_size, cfg.to_dict(), str(Path(run_dir).resolve()), free_port()),

@@ -1,7 +1,7 @@
 """One run, end to end: run directory, launch, records -> summary.json.
 
 Shared by `scaling run` (and the sweep). The order matters for clean failures: the config
-is validated and the cluster checked *before* the run directory exists, so a refused run
+is validated and preflighted (scaling/launch/preflight.py) *before* the run directory exists, so a refused run
 leaves nothing behind; once training started, any failure still ends in a `summary.json`
 with `status: failed` and the error.
 """
@@ -56,20 +56,22 @@ def apply_link_bandwidth(cfg: ExperimentConfig) -> str | None:
 
     cluster = minicluster.current()
     if cluster is None:
-        if cfg.workers.link_bandwidth:
-            raise UsageError("workers.link_bandwidth needs a minicluster: run through 'scaling minicluster exec -- ...'")
-        return None
+        return None  # the preflight refused a link cap outside a minicluster
     if cfg.workers.link_bandwidth:
         cluster = minicluster.set_bandwidth(cfg.workers.link_bandwidth, cluster.name)
     return cluster.bandwidth or "uncapped"
 
 
-def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> dict:
-    """Launch `cfg`, then write summary.json from the records, whatever happened."""
-    if cfg.train.function and launcher != "ray":
-        # checked before the run directory exists: a refused run leaves nothing behind
-        raise UsageError("train.function is a Ray Train function (prepare_model, ray.train.report): "
-                         "run it with the Ray launcher (--launcher ray)")
+def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray", preflighted: bool = False) -> dict:
+    """Launch `cfg`, then write summary.json from the records, whatever happened.
+
+    The preflight (scaling/launch/preflight.py) runs first unless the caller ran it
+    (`preflighted`): a refused run leaves nothing behind."""
+    if not preflighted:
+        from scaling.launch.preflight import preflight
+
+        for note in preflight(cfg, launcher):
+            print(note, flush=True)
     link_bandwidth = apply_link_bandwidth(cfg)
     run = RunDir(run_dir)
     run.path.mkdir(parents=True, exist_ok=True)

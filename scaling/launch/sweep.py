@@ -106,7 +106,7 @@ def parse_repeats(text: str | None) -> int | str | None:
 def plan_sweep(
     config_path: Path, workers: list[int] | None, repeats: int | str | None, overrides: list[str] | None = None
 ) -> tuple[dict, SweepSpec, list[PlannedRun]]:
-    """Every run of the sweep, each config validated before anything runs."""
+    """Every run of the sweep, each config's shape validated before anything runs (the world: `preflight_sweep`)."""
     data = read_config_file(config_path)
     spec = _parse_spec(data.pop("sweep", None), workers, repeats)
     data = apply_overrides(data, overrides or [])
@@ -228,7 +228,8 @@ class _EpochWatcher(threading.Thread):
 
 
 def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console) -> pd.DataFrame:
-    """Run every planned run not yet done; returns the index (runs.parquet)."""
+    """Run every planned run not yet done; returns the index (runs.parquet). The caller has
+    preflighted the runs (`scaling.launch.preflight.preflight_sweep`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from scaling.launch.run import execute_run
@@ -251,7 +252,7 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
             watcher = _EpochWatcher(run_dir, lambda text, key=run.key: progress.update(task, current=f"{key}: {text}"))
             watcher.start()
             try:
-                summary = execute_run(run.config, run_dir, launcher=launcher)
+                summary = execute_run(run.config, run_dir, launcher=launcher, preflighted=True)
             finally:
                 watcher.stopped.set()
                 write_index(sweep_dir, planned)
@@ -266,8 +267,3 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed[/red]: {', '.join(failed)} (re-run the same command to redo them)")
     return index
-
-
-def sweep_max_workers(planned: list[PlannedRun]):
-    return max(planned, key=lambda run: run.config.workers.num_workers * run.config.workers.cpus_per_worker).config
-

@@ -28,6 +28,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from scaling.config import HOROVOD_COMPRESSIONS
+
 # Every variable this module sets; cleared before a new init so that nothing of an earlier
 # configuration in the same process leaks into the next.
 _PLACEMENT_KEYS = (
@@ -41,8 +43,6 @@ _TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_TIMEL
 # Horovod 0.28.1's defaults (horovod/common/operations.cc), for records.
 DEFAULT_FUSION_THRESHOLD_BYTES = 128 * 1024 * 1024
 DEFAULT_CYCLE_TIME_MS = 1.0
-
-COMPRESSIONS = ("none", "fp16")  # horovod.torch.Compression has no bf16
 
 
 def available(use_gpu: bool = False) -> tuple[bool, str]:
@@ -364,8 +364,8 @@ def wrap_optimizer(
         if wanted is not None and wanted != have:
             raise ValueError(f"{name}={wanted} must be set before hvd.init() (init applied {have}); "
                              "pass it in setup_horovod_env_and_init(tuning=HorovodTuning(...))")
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"horovod compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if compression not in HOROVOD_COMPRESSIONS:
+        raise ValueError(f"horovod compression must be one of {HOROVOD_COMPRESSIONS}, got {compression!r}")
     comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     had_state = len(optimizer.state_dict()["state"]) > 0
