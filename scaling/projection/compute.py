@@ -263,6 +263,28 @@ def straggler_wait_s(per_run_samples, draws: int = STRAGGLER_DRAWS, seed: int = 
     return max(0.0, expected_max - mean)
 
 
+def expected_max_standard_normal(n: int) -> float:
+    """E[max of n independent standard normal variables]: 0 for 1, 1/sqrt(pi) = 0.5642 for 2,
+    1.4236 for 8, 2.6 for 128 (numerical integration of n x phi(x) Phi(x)^(n-1))."""
+    import numpy as np
+
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 48_001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    density = n * phi * cdf ** (n - 1)
+    return float(np.sum(x * density) * (x[1] - x[0]))
+
+
+def jitter_straggler_s(compute_s: float, jitter_cv: float, n: int) -> float:
+    """The wait for the slowest of n ranks when each rank's compute before the all-reduce varies
+    independently from step to step with standard deviation jitter_cv x compute_s (normal):
+    E[max] - mean = jitter_cv x compute_s x E[max of n standard normals]. It grows with n
+    (about sqrt(2 ln n)): the jitter at large scale that a measured pair of runs cannot show."""
+    return jitter_cv * compute_s * expected_max_standard_normal(n)
+
+
 def compute_from_concurrent_runs(run_dirs) -> StepCompute:
     """One worker's step, and the straggler wait, from K one-worker runs made at the same time.
 
