@@ -567,7 +567,7 @@ def test_jitter_straggler_wait_by_hand():
 def test_horovod_backend_in_the_projection():
     ddp = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32")
     hvd = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", backend="horovod",
-                         horovod_cycle_ms=5, horovod_fusion_mb=64)
+                         horovod_cycle_time_ms=5, horovod_fusion_threshold_mb=64)
     assert (hvd["backend"] == "horovod").all() and hvd.attrs["backend"] == "horovod"
     # Horovod all-reduces fused buffers, not DDP's 4-5 buckets, and waits for its cycles
     assert hvd["num_buckets"].iloc[-1] != ddp["num_buckets"].iloc[-1]
@@ -575,7 +575,7 @@ def test_horovod_backend_in_the_projection():
     with pytest.raises(UsageError, match="backend must be one of"):
         run_projection("resnet50", "p3.16xlarge", [1], backend="mpi")
     with pytest.raises(UsageError, match="cycle time"):
-        run_projection("resnet50", "p3.16xlarge", [1], backend="horovod", horovod_cycle_ms=0)
+        run_projection("resnet50", "p3.16xlarge", [1], backend="horovod", horovod_cycle_time_ms=0)
 
 
 def test_fitted_cluster_has_no_extra_terms():

@@ -50,7 +50,7 @@ every rank has ready (one latency-bound round: `negotiation_s`), fuses them into
 most `fusion_bytes` (Horovod's Tensor Fusion: first tensors that fit, in order) and all-reduces
 them one after the other; the next cycle starts `cycle_time_s` after the last one started, or
 when its all-reduces are done, whichever is later (horovod/common/operations.cc `RunLoopOnce`).
-Defaults differ by release: 5 ms and 64 MB until 0.21, 1 ms and 128 MB since (Horovod's
+Defaults differ by release: 5 ms and 64 MiB until 0.21, 1 ms and 128 MiB since (Horovod's
 changelog, v0.21.0).
 
 Not modelled (each makes the projection optimistic): NCCL's lower bandwidth on small messages

@@ -68,7 +68,7 @@ from scaling.projection.compute import (
 )
 from scaling.projection.cost import allreduce_s, horovod_schedule, overlap_schedule
 from scaling.projection.layers import (
-    BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, load_layer_table, model_buckets,
+    BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, load_layer_table, model_buckets,
     tensor_schedule,
 )
 from scaling.results import BUCKETS_PARQUET, STEPS_PARQUET
@@ -77,7 +77,7 @@ COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient elem
 BACKENDS = ("ddp", "horovod")
 # Horovod's defaults since 0.21 (its changelog: cycle time 5 -> 1 ms, fusion buffer 64 -> 128 MB)
 HOROVOD_CYCLE_MS = 1.0
-HOROVOD_FUSION_MB = 128.0
+HOROVOD_FUSION_MB = 128.0  # MiB (HOROVOD_FUSION_THRESHOLD = 128 x 2**20 bytes)
 TTA_CAVEAT = ("TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
               "may need many more epochs, or not reach the target at all, beyond what was measured")
 COLUMNS = (
@@ -212,8 +212,8 @@ def run_projection(
     bucket_cap_mb: float | None = None,
     straggler_s: float | None = None,
     backend: str = "ddp",
-    horovod_cycle_ms: float | None = None,
-    horovod_fusion_mb: float | None = None,
+    horovod_cycle_time_ms: float | None = None,
+    horovod_fusion_threshold_mb: float | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -236,8 +236,9 @@ def run_projection(
     straggler_s: seconds per synchronous step spent waiting for the slowest rank (default: what
     concurrent runs measured, else the cluster's step jitter at each worker count), added to
     every multi-worker row's exposed communication.
-    backend: "ddp" (buckets) or "horovod" (cycles and Tensor Fusion; `horovod_cycle_ms`,
-    `horovod_fusion_mb`, default Horovod's current 1 ms and 128 MB).
+    backend: "ddp" (buckets) or "horovod" (cycles and Tensor Fusion; `horovod_cycle_time_ms`,
+    `horovod_fusion_threshold_mb` in MiB as the lab's `instrument.*` of the same names, default
+    Horovod's current 1 ms and 128 MiB).
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
     links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
@@ -255,8 +256,8 @@ def run_projection(
     b = compute.per_worker_batch
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    cycle_ms = HOROVOD_CYCLE_MS if horovod_cycle_ms is None else horovod_cycle_ms
-    fusion_mb = HOROVOD_FUSION_MB if horovod_fusion_mb is None else horovod_fusion_mb
+    cycle_ms = HOROVOD_CYCLE_MS if horovod_cycle_time_ms is None else horovod_cycle_time_ms
+    fusion_mb = HOROVOD_FUSION_MB if horovod_fusion_threshold_mb is None else horovod_fusion_threshold_mb
     if backend == "horovod" and not (isinstance(cycle_ms, (int, float)) and cycle_ms > 0
                                      and isinstance(fusion_mb, (int, float)) and fusion_mb >= 0):
         raise UsageError(f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}")
@@ -311,7 +312,7 @@ def run_projection(
     tensors = tensor_schedule(table)
     if backend == "horovod":
         notes.append(f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
-                     f"{fusion_mb:g} MB, one latency-bound negotiation per cycle (no DDP buckets)")
+                     f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)")
 
     samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
     if not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
@@ -335,7 +336,7 @@ def run_projection(
         elif n > 1:
             # negotiation: one latency-bound collective among all ranks per cycle
             sched = horovod_schedule([f for _, f in tensors], [e * wire for e, _ in tensors], compute.backward_s,
-                                     cost, cycle_ms / 1e3, fusion_mb * 1e6, negotiation_s=cost(0.0),
+                                     cost, cycle_ms / 1e3, fusion_mb * MIB, negotiation_s=cost(0.0),
                                      slowdown=cluster.overlap_slowdown)
         if sched is None:
             wait = 0.0
