@@ -420,6 +420,7 @@ def test_main_prints_json_rows(capsys):
     assert [r["num_workers"] for r in rows] == [1, 8, 16, 32, 64, 128]
     assert rows[0]["speedup_throughput"] == 1.0 and rows[0]["comm_overhead_pct"] == 0.0
     assert set(COLUMNS) <= set(rows[0])
+    assert all(r["allreduce_pct"] >= r["exposed_comm_pct"] for r in rows)
 
 
 def test_main_table_and_figure(tmp_path, capsys):
@@ -428,7 +429,18 @@ def test_main_table_and_figure(tmp_path, capsys):
                  "--epochs-to-target", "256:30"]) == 0
     text = capsys.readouterr().out
     assert "p3.16xlarge" in text and "caveat" in text
+    # each table says which communication figure it shows
+    assert "communicating %" in text and "exposed %" in text and "A/B overhead %" in text
     assert (tmp_path / "fig" / "proj.png").stat().st_size > 0 and (tmp_path / "fig" / "proj.svg").stat().st_size > 0
+
+
+def test_main_horovod_backend(capsys):
+    assert main(["--cluster", "p3.16xlarge", "--nodes", "1,2", "--backend", "horovod", "--horovod-cycle-time-ms", "5",
+                 "--horovod-fusion-threshold-mb", "64", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert {r["backend"] for r in rows} == {"horovod"}
+    assert "cycle 5 ms, fusion buffer 64 MiB" in captured.err
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -303,9 +303,12 @@ def run_projection(
                      f"the estimate has {len(elements)}")
     wire = COMPRESSION_BYTES[grad_compression]
     wire_bytes = [e * wire for e in elements]
-    notes.append(f"buckets: {len(elements)} ({bucket_note}); {sum(wire_bytes) / 1e6:.1f} MB of gradients per step "
-                 f"on the wire ({'fp32' if grad_compression == 'none' else grad_compression}); "
-                 f"ready times {schedule_source}")
+    on_wire = f"{sum(wire_bytes) / 1e6:.1f} MB of gradients per step on the wire " \
+              f"({'fp32' if grad_compression == 'none' else grad_compression})"
+    if backend == "ddp":
+        notes.append(f"buckets: {len(elements)} ({bucket_note}); {on_wire}; ready times {schedule_source}")
+    else:
+        notes.append(f"{on_wire}; tensor ready times estimated from layer FLOPs")
     notes.append(f"cluster {cluster.name}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
                  + describe_link(cluster.intra_node, "intra-node") + "; " + describe_link(cluster.inter_node, "inter-node")
                  + "; " + describe_terms(cluster))
