@@ -188,10 +188,12 @@ def markdown(points: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print the README's table")
+    parser.add_argument("--quick", action="store_true",
+                        help="the same benchmark (it takes seconds), written to bench/results/quick/ as `make bench QUICK=1` expects")
     args = parser.parse_args(argv)
     started, load_start = time.time(), load_average()
     points = [evaluate(anchor) for anchor in ANCHORS]
-    path = write_result("projection_anchors", __doc__, False, started, load_start, [], anchors=points,
+    path = write_result("projection_anchors", __doc__, args.quick, started, load_start, [], anchors=points,
                         goal={"efficiency_pp": EFFICIENCY_GOAL_PP, "share_ratio": SHARE_GOAL_RATIO},
                         met=sum(p["meets_goal"] for p in points), of=len(points))
     for p in points:

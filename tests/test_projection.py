@@ -10,6 +10,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -598,3 +599,21 @@ def test_fitted_cluster_has_no_extra_terms():
     df = project_cluster_from_alpha_beta(1e-4, 1e7, [1, 2], 1, model="small_cnn", samples_per_s=1000.0,
                                          per_gpu_batch=64)
     assert df["straggler_s"].iloc[-1] == 0.0 and df["interference_s"].iloc[-1] == 0.0
+
+
+def test_committed_anchor_results_are_what_the_model_gives():
+    """bench/results/projection_anchors.json (the README's anchor table) is the current model's output:
+    a change to a preset or a term that moves an anchor must come with a re-run of the benchmark."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "projection_anchors.py"
+    spec = importlib.util.spec_from_file_location("projection_anchors", path)
+    anchors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(anchors)
+    committed = json.loads((path.parent / "results" / "projection_anchors.json").read_text())["anchors"]
+    assert [a["name"] for a in committed] == [a["name"] for a in anchors.ANCHORS]
+    for anchor, before in zip(anchors.ANCHORS, committed):
+        now = anchors.evaluate(anchor)
+        assert now["projected"]["allreduce_pct"] == pytest.approx(before["projected"]["allreduce_pct"], rel=1e-6)
+        assert now.get("projected_efficiency") == pytest.approx(before.get("projected_efficiency"), rel=1e-6)
+        assert now["meets_goal"] == before["meets_goal"]
