@@ -618,3 +618,25 @@ def test_committed_anchor_results_are_what_the_model_gives():
         if "projected_efficiency" in before:
             assert now["projected_efficiency"] == pytest.approx(before["projected_efficiency"], rel=1e-6)
         assert now["meets_goal"] == before["meets_goal"]
+
+
+def test_the_minicluster_predictions_are_unchanged():
+    """The minicluster proof (bench/projection_vs_minicluster.py, results committed) still holds:
+    today's model, on the fitted alpha-beta cluster and the compute the benchmark recorded,
+    gives the predictions it committed (one 1.15 MB bucket, ready at the end of backward)."""
+    from scaling.projection.cost import overlap_schedule
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "results" / "projection_vs_minicluster.json"
+    record = json.loads(path.read_text())
+    compute = record["baseline"]["concurrent"]
+    for cap, fit in record["fits"].items():
+        predicted = record["predictions"][cap]["concurrent+straggler"]
+        cluster = cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], gpus_per_node=1)
+        cost = allreduce_s(predicted["grad_bytes"], 2, 1, cluster.intra_node, cluster.inter_node, cluster.allreduce,
+                           cluster.collective_latency_s)
+        sched = overlap_schedule([1.0], [cost], compute["backward_s"], cluster.overlap_slowdown)
+        exposed = sched.exposed_s + compute["straggler_s"]
+        step = compute["data_s"] + compute["forward_s"] + compute["backward_s"] + compute["optimizer_s"] + exposed
+        assert exposed == pytest.approx(predicted["exposed_comm_s"], rel=1e-9)
+        assert step == pytest.approx(predicted["step_s"], rel=1e-9)
+        assert 100 * exposed / step == pytest.approx(predicted["comm_overhead_pct"], rel=1e-9)
