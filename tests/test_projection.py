@@ -640,3 +640,28 @@ def test_the_minicluster_predictions_are_unchanged():
         assert exposed == pytest.approx(predicted["exposed_comm_s"], rel=1e-9)
         assert step == pytest.approx(predicted["step_s"], rel=1e-9)
         assert 100 * exposed / step == pytest.approx(predicted["comm_overhead_pct"], rel=1e-9)
+
+
+def test_overlap_slowdown_measured_from_a_run(tmp_path):
+    from scaling.projection.compute import measured_overlap_slowdown
+
+    run = tmp_path / "w2"
+    run.mkdir()
+    # 12 ms with an all-reduce in flight, 6 of them after backward compute: 6 ms of overlap;
+    # the A/B beyond the exposed time (interference) 1.5 ms: slowdown 1.5 / 6 = 0.25
+    summary = {"num_workers": 2, "interference_s": 0.0015, "allreduce_s": 0.012, "exposed_comm_s": 0.006}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert measured_overlap_slowdown(run) == pytest.approx(0.25)
+    (run / "summary.json").write_text(json.dumps({**summary, "allreduce_s": 0.006}))
+    with pytest.raises(UsageError, match="did not overlap"):
+        measured_overlap_slowdown(run)
+    (run / "summary.json").write_text(json.dumps({**summary, "num_workers": 1}))
+    with pytest.raises(UsageError, match="multi-worker run"):
+        measured_overlap_slowdown(run)
+    # given to the projection, it stretches backward and shows as interference, in the A/B figure only
+    plain = run_projection("resnet50", "p3.16xlarge", [1], 64, "fp32")
+    slowed = run_projection("resnet50", "p3.16xlarge", [1], 64, "fp32", overlap_slowdown=0.25)
+    assert (plain["interference_s"] == 0).all() and slowed["interference_s"].iloc[-1] > 0
+    assert (slowed["comm_overhead_pct"] > slowed["exposed_comm_pct"]).iloc[-1]
+    with pytest.raises(UsageError, match="overlap_slowdown"):
+        run_projection("resnet50", "p3.16xlarge", [1], overlap_slowdown=-1)

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--straggler-ms", type=float, default=None,
                         help="wait for the slowest rank per synchronous step, added to exposed communication "
                              "(default: what concurrent --from-run runs measured, else the cluster's step jitter)")
+    parser.add_argument("--overlap-slowdown", type=float, default=None,
+                        help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
+                             "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)")
     parser.add_argument("--samples-per-s", type=float, default=None,
                         help="one GPU's training throughput, instead of the device table or a run")
     parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
@@ -148,7 +151,7 @@ def run_from_args(args: argparse.Namespace, console=None) -> int:
         bucket_cap_mb=args.bucket_cap_mb,
         straggler_s=None if getattr(args, "straggler_ms", None) is None else args.straggler_ms / 1e3,
         backend=args.backend, horovod_cycle_time_ms=args.horovod_cycle_time_ms,
-        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb,
+        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
     )
     written = []
     if args.out is not None:

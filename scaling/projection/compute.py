@@ -263,6 +263,28 @@ def straggler_wait_s(per_run_samples, draws: int = STRAGGLER_DRAWS, seed: int = 
     return max(0.0, expected_max - mean)
 
 
+def measured_overlap_slowdown(run_dir: str | Path) -> float:
+    """The interference term a multi-worker run measured (cost.py's `overlap_slowdown`):
+
+        slowdown = interference_s / (allreduce_s - exposed_comm_s)
+
+    interference_s is the A/B difference beyond the exposed communication (what overlapped
+    communication took from compute, scaling/analysis/run_metrics.py) and allreduce_s -
+    exposed_comm_s the time an all-reduce was in flight while backward still computed: the
+    stretch per second of overlap. UsageError for a one-worker run, or one whose all-reduces
+    never overlapped backward (then the run cannot tell the slowdown).
+    """
+    summary = RunDir(run_dir).summary()
+    needed = ("num_workers", "interference_s", "allreduce_s", "exposed_comm_s")
+    if any(not _finite(summary.get(k)) for k in needed) or summary["num_workers"] < 2:
+        raise UsageError(f"{run_dir}: a multi-worker run with interference_s, allreduce_s and exposed_comm_s is needed "
+                         "to measure the overlap slowdown")
+    overlapped = summary["allreduce_s"] - summary["exposed_comm_s"]
+    if not overlapped > 1e-6:
+        raise UsageError(f"{run_dir}: its all-reduces did not overlap backward; it cannot measure the overlap slowdown")
+    return max(0.0, summary["interference_s"]) / overlapped
+
+
 def expected_max_standard_normal(n: int) -> float:
     """E[max of n independent standard normal variables]: 0 for 1, 1/sqrt(pi) = 0.5642 for 2,
     1.4236 for 8, 2.6 for 128 (numerical integration of n x phi(x) Phi(x)^(n-1))."""

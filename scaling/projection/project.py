@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -214,6 +215,7 @@ def run_projection(
     backend: str = "ddp",
     horovod_cycle_time_ms: float | None = None,
     horovod_fusion_threshold_mb: float | None = None,
+    overlap_slowdown: float | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -239,6 +241,8 @@ def run_projection(
     backend: "ddp" (buckets) or "horovod" (cycles and Tensor Fusion; `horovod_cycle_time_ms`,
     `horovod_fusion_threshold_mb` in MiB as the lab's `instrument.*` of the same names, default
     Horovod's current 1 ms and 128 MiB).
+    overlap_slowdown: the interference term instead of the cluster's (e.g. what a multi-worker
+    run measured: compute.measured_overlap_slowdown).
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
     links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
@@ -247,6 +251,10 @@ def run_projection(
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     cluster = cluster.with_algorithm(allreduce)
+    if overlap_slowdown is not None:
+        if not (isinstance(overlap_slowdown, (int, float)) and math.isfinite(overlap_slowdown) and overlap_slowdown >= 0):
+            raise UsageError(f"overlap_slowdown must be a number >= 0, got {overlap_slowdown!r}")
+        cluster = replace(cluster, overlap_slowdown=float(overlap_slowdown))
     if grad_compression is not None and grad_compression not in COMPRESSION_BYTES:
         raise UsageError(f"grad_compression must be one of {', '.join(COMPRESSION_BYTES)}, got {grad_compression!r}")
     rows_at = placements(nodes, workers, cluster.gpus_per_node)
