@@ -454,6 +454,25 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
     assert "from run w1-r2" in notes[0]
 
 
+def test_the_overlay_projects_horovod_runs_with_their_settings(tmp_path):
+    """A Horovod sweep is projected with Horovod's cycles and fusion, at the runs' settings, as
+    `scaling project --backend horovod` would: the same model in both places."""
+    from scaling.analysis.scaling_tables import prepare_runs
+    from scaling.projection.overlay import project_sweep
+    from scaling.projection.project import run_projection
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER_YAML)
+    sweep = make_fake_sweep(tmp_path, backend="horovod", cluster=str(cluster))
+    runs, _, _ = load_sweep(sweep)
+    runs = runs.assign(horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
+    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: sweep / run["run_dir"])
+    assert not warnings and "backend horovod" in notes[0] and "cycle 3 ms, fusion buffer 8 MiB" in notes[0]
+    direct = run_projection("small_cnn", str(cluster), workers=[1, 2, 4], from_run=sweep / "runs" / "w1-r2",
+                            backend="horovod", horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
+    assert projected.set_index("num_workers")["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
+
+
 def test_a_sweep_without_a_cluster_has_no_projection(sweep, reported):
     path, _ = reported
     assert "Measured against projected" not in path.read_text()
