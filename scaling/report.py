@@ -88,10 +88,16 @@ def _tta_columns(keys) -> list[tuple]:
     ]
 
 
+# The three communication figures (scaling/analysis/run_metrics.py), always named for what they are.
+COMM_FIGURES = (
+    ("allreduce_pct", "communicating: all-reduce in flight (% of step)"),
+    ("exposed_comm_pct", "exposed comm (% of step)"),
+    ("comm_overhead_pct", "comm overhead A/B (% of step)"),
+)
+
+
 def _comm_columns(keys) -> list[tuple]:
-    return _key_columns(keys) + [
-        ("comm_overhead_pct", "comm overhead A/B (%)", _num(".1f")),
-        ("exposed_comm_pct", "exposed comm (%)", _num(".1f")),
+    return _key_columns(keys) + [(column, header, _num(".1f")) for column, header in COMM_FIGURES] + [
         ("step_s", "step (ms)", _num(".2f", 1e3)),
         ("data_s", "data (ms)", _num(".2f", 1e3)),
         ("forward_s", "forward (ms)", _num(".2f", 1e3)),
@@ -180,8 +186,12 @@ def _projection_columns(keys) -> list[tuple]:
     return _key_columns(keys) + [
         ("step_s", "step measured (ms)", _num(".1f", 1e3)),
         ("projected_step_s", "step projected (ms)", _num(".1f", 1e3)),
-        ("comm_overhead_pct", "comm overhead measured (%)", _num(".1f")),
-        ("projected_comm_overhead_pct", "comm overhead projected (%)", _num(".1f")),
+        ("allreduce_pct", "communicating measured (%)", _num(".1f")),
+        ("projected_allreduce_pct", "communicating projected (%)", _num(".1f")),
+        ("exposed_comm_pct", "exposed measured (%)", _num(".1f")),
+        ("projected_exposed_comm_pct", "exposed projected (%)", _num(".1f")),
+        ("comm_overhead_pct", "comm overhead A/B measured (%)", _num(".1f")),
+        ("projected_comm_overhead_pct", "comm overhead A/B projected (%)", _num(".1f")),
         ("speedup_throughput", "speedup measured", _num(".2f", suffix="×")),
         ("projected_speedup_throughput", "speedup projected", _num(".2f", suffix="×")),
     ]

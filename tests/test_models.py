@@ -23,6 +23,8 @@ def _num_params(model: torch.nn.Module) -> int:
         ("resnet56", 10, 853_018),
         ("resnet18", 1000, 11_689_512),
         ("resnet50", 1000, 25_557_032),
+        ("resnet101", 1000, 44_549_160),
+        ("vgg16", 1000, 138_357_544),
     ],
 )
 def test_parameter_counts(name, num_classes, expected):
@@ -64,6 +66,8 @@ _INPUT_SIZE = {
     "resnet56": 32,
     "resnet18": 64,
     "resnet50": 64,
+    "resnet101": 64,
+    "vgg16": 32,
     "amoebanet_d_6_64": 32,
     "amoebanet_d_18_208": 32,
     "amoebanet_d_18_256": 32,

@@ -10,7 +10,9 @@ import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -65,14 +67,18 @@ def test_a_bucket_waits_for_the_previous_one():
 def test_hierarchical_vs_flat_two_nodes_by_hand():
     # 2 nodes x 2 GPUs, S = 1 MB; NVLink-ish 1 us / 10 GB/s inside, 10 us / 1 GB/s between nodes
     intra, inter, S = Link(1e10, 1e-6), Link(1e9, 1e-5), 1e6
-    # flat ring over n = 4, paced by the inter-node link: 2*3*10us + 2*3/4 * 1MB / 1GB/s
-    flat = 6e-5 + 1.5e-3
+    # flat ring over n = 4, bandwidth paced by the inter-node link; latency as NCCL's tuning.cc
+    # splits it: of the 2*3 steps, 2*(2-1) cross the network (10 us), 2*(4-2) stay inside (1 us)
+    flat = 2 * 1e-5 + 4 * 1e-6 + 1.5e-3
     # hierarchical: reduce-scatter + all-gather inside (each (2-1)*1us + 1/2 * 1MB / 10GB/s),
     # then an all-reduce across the 2 nodes: 2*1*10us + 2*1/2 * 1MB / 1GB/s
     hier = 2 * (1e-6 + 0.5 * 1e6 / 1e10) + (2e-5 + 1e-3)
     assert allreduce_s(S, 2, 2, intra, inter, "ring") == pytest.approx(flat)
     assert allreduce_s(S, 2, 2, intra, inter, "hierarchical") == pytest.approx(hier)
-    assert hier == pytest.approx(1.122e-3) and flat == pytest.approx(1.56e-3)
+    assert hier == pytest.approx(1.122e-3) and flat == pytest.approx(1.524e-3)
+    # a fixed collective latency is paid once per all-reduce, whatever the algorithm
+    assert allreduce_s(S, 2, 2, intra, inter, "ring", 8.4e-6) == pytest.approx(flat + 8.4e-6)
+    assert allreduce_s(S, 2, 2, intra, inter, "hierarchical", 8.4e-6) == pytest.approx(hier + 8.4e-6)
     # one node: the intra-node ring, whatever the algorithm; one GPU: nothing
     assert allreduce_s(S, 1, 4, intra, inter, "hierarchical") == pytest.approx(ring_allreduce_s(S, 4, 1e-6, 1e10))
     assert allreduce_s(S, 1, 1, intra, inter) == 0.0
@@ -121,8 +127,9 @@ def test_presets_load_and_validate():
         assert cluster.name == name and cluster.gpus_per_node >= 1 and cluster.inter_node is not None
     p3 = load_cluster("p3.16xlarge")
     assert p3.gpus_per_node == 8 and p3.device == "V100 SXM2 16GB"
-    assert p3.inter_node.bandwidth_bytes_per_s == pytest.approx(25e9 / 8 * 0.8)  # 25 Gbps at 80%
-    assert p3.inter_node.latency_s == pytest.approx(30e-6)
+    assert p3.inter_node.bandwidth_bytes_per_s == pytest.approx(25e9 / 8 * 0.58)  # 25 Gbps at TCP's 58%
+    assert p3.inter_node.latency_s == pytest.approx(37e-6)
+    assert p3.collective_latency_s == pytest.approx(8.4e-6) and p3.step_jitter_cv == 0.02
     assert p3.intra_node.bandwidth_bytes_per_s == pytest.approx(130e9)
     assert load_cluster("p3.2xlarge").intra_node is None
     assert device_throughput("V100 SXM2 16GB", "resnet50", "amp")["samples_per_s"] == 1200
@@ -218,17 +225,28 @@ def test_run_projection_table():
     assert df["step_s"].iloc[0] == pytest.approx(64 / 367)
     # the phases add up, as in the lab's records
     assert (df["data_s"] + df["forward_s"] + df["backward_s"] + df["optimizer_s"]).to_numpy() == pytest.approx(df["step_s"].to_numpy())
-    assert (df["backward_s"] - df["backward_compute_s"]).to_numpy() == pytest.approx(df["exposed_comm_s"].to_numpy())
+    assert (df["backward_s"] - df["backward_compute_s"]).to_numpy() == pytest.approx(
+        (df["exposed_comm_s"] + df["interference_s"]).to_numpy())
     # sanity: credible efficiency at 16 nodes, overhead rising with the nodes
     assert 0.5 < df["efficiency_throughput"].iloc[-1] < 1.0
     assert df["comm_overhead_pct"].iloc[1:].is_monotonic_increasing
     assert (df["efficiency_throughput"] <= 1.0 + 1e-12).all()
     # by hand: at 2 nodes the buckets before the last are done before backward ends, so the
-    # exposed time is the last bucket's ring all-reduce over 16 GPUs at the inter-node link:
-    # 2*15*30 us + 2*15/16 * 7,885,056 B / (25 Gbps * 0.8)
+    # exposed time is the last bucket's ring all-reduce over 16 GPUs at the inter-node link,
+    # 8.4 us + 2*(2-1) network steps * 37 us + 2*(16-2) NVLink steps * 3.4 us
+    # + 2*15/16 * 7,885,056 B / (25 Gbps * 0.58), plus the slowest-of-16 wait of a 2% jitter
+    # on the compute before the all-reduce (E[max of 16 standard normals] = 1.7660)
     last = model_buckets("resnet50")[-1].bytes
     assert last == 7_885_056
-    assert df["exposed_comm_s"].iloc[2] == pytest.approx(2 * 15 * 30e-6 + 2 * 15 / 16 * last / 2.5e9)
+    before = df["data_s"].iloc[2] + df["forward_s"].iloc[2] + df["backward_compute_s"].iloc[2]
+    wait = 0.02 * before * 1.7660
+    assert df["straggler_s"].iloc[2] == pytest.approx(wait, rel=1e-4)
+    ring = 8.4e-6 + 2 * 37e-6 + 28 * 3.4e-6 + 2 * 15 / 16 * last / (25e9 / 8 * 0.58)
+    assert df["exposed_comm_s"].iloc[2] == pytest.approx(ring + wait, rel=1e-4)
+    # the three communication figures: time communicating >= exposed; no interference here
+    assert (df["interference_s"] == 0).all()
+    assert (df["comm_overhead_pct"] == df["exposed_comm_pct"]).all()
+    assert (df["allreduce_pct"].iloc[1:] >= df["exposed_comm_pct"].iloc[1:]).all()
     # time per epoch: floor(ImageNet / global batch) steps
     assert df["steps_per_epoch"].iloc[0] == 1_281_167 // 64
     assert df["time_per_epoch_s"].iloc[0] == pytest.approx(df["steps_per_epoch"].iloc[0] * df["step_s"].iloc[0])
@@ -268,7 +286,7 @@ def test_tta_projection_and_its_caveat():
 
 
 @pytest.mark.parametrize("kwargs, says", [
-    (dict(model="vgg16", cluster="p3.16xlarge", nodes=[1]), "no layer table for model 'vgg16'"),
+    (dict(model="vgg19", cluster="p3.16xlarge", nodes=[1]), "no layer table for model 'vgg19'"),
     (dict(model="resnet50", cluster="p9.big", nodes=[1]), "unknown cluster 'p9.big'"),
     (dict(model="resnet50", cluster="p3.16xlarge", nodes="1,two"), "comma-separated positive integers"),
     (dict(model="resnet50", cluster="p3.16xlarge", nodes=[0, 1]), "positive integers"),
@@ -403,6 +421,7 @@ def test_main_prints_json_rows(capsys):
     assert [r["num_workers"] for r in rows] == [1, 8, 16, 32, 64, 128]
     assert rows[0]["speedup_throughput"] == 1.0 and rows[0]["comm_overhead_pct"] == 0.0
     assert set(COLUMNS) <= set(rows[0])
+    assert all(r["allreduce_pct"] >= r["exposed_comm_pct"] for r in rows)
 
 
 def test_main_table_and_figure(tmp_path, capsys):
@@ -411,7 +430,18 @@ def test_main_table_and_figure(tmp_path, capsys):
                  "--epochs-to-target", "256:30"]) == 0
     text = capsys.readouterr().out
     assert "p3.16xlarge" in text and "caveat" in text
+    # each table says which communication figure it shows
+    assert "communicating %" in text and "exposed %" in text and "A/B overhead %" in text
     assert (tmp_path / "fig" / "proj.png").stat().st_size > 0 and (tmp_path / "fig" / "proj.svg").stat().st_size > 0
+
+
+def test_main_horovod_backend(capsys):
+    assert main(["--cluster", "p3.16xlarge", "--nodes", "1,2", "--backend", "horovod", "--horovod-cycle-time-ms", "5",
+                 "--horovod-fusion-threshold-mb", "64", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert {r["backend"] for r in rows} == {"horovod"}
+    assert "cycle 5 ms, fusion buffer 64 MiB" in captured.err
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -480,3 +510,158 @@ def test_speedup_and_efficiency_at_n_workers_by_hand():
     assert df.loc[1, "time_per_epoch_s"] == pytest.approx(10.0)
     assert df.loc[4, "time_per_epoch_s"] == pytest.approx(3.380998, rel=1e-9)
     assert df.loc[4, "speedup_time_per_epoch"] == pytest.approx(2.9577066, rel=1e-6)  # 10 / 3.380998
+
+
+# ---------------------------------------------------------------------------- real-cluster terms
+
+
+def test_interference_stretches_backward_by_hand():
+    from scaling.projection.cost import overlap_schedule
+
+    # backward of 100 ms; bucket 0 ready at 20% of its compute, costs 30 ms; bucket 1 at 100%, 10 ms.
+    # slowdown 0.5: compute runs at 2/3 speed while bucket 0 is in flight (20..50 ms), so by 50 ms
+    # it has done 20 + 20 = 40 ms of work; the remaining 60 ms end at 110 ms. Bucket 1 then
+    # runs 110..120: exposed 10 ms, interference 10 ms, A/B overhead 20 ms.
+    sched = overlap_schedule([0.2, 1.0], [0.03, 0.01], backward_s=0.1, slowdown=0.5)
+    assert sched.ready_s == pytest.approx((0.02, 0.11))
+    assert sched.backward_s == pytest.approx(0.11)
+    assert sched.exposed_s == pytest.approx(0.01)
+    assert sched.interference_s == pytest.approx(0.01)
+    assert sched.ab_overhead_s == pytest.approx(0.02)
+    assert sched.busy_s == pytest.approx(0.04)
+    # no slowdown: exactly the plain bucket schedule
+    plain = schedule_buckets([0.02, 0.1], [0.03, 0.01], backward_s=0.1)
+    same = overlap_schedule([0.2, 1.0], [0.03, 0.01], backward_s=0.1)
+    assert same.finish_s == pytest.approx(plain.finish_s) and same.interference_s == 0.0
+
+
+def test_time_communicating_counts_queueing_once():
+    # bucket 1 is handed over at 10 ms but waits behind bucket 0 (0..50 ms): in flight from its
+    # hand-over, as the lab's comm hook measures; the union counts 0..60 ms once
+    sched = schedule_buckets([0.0, 0.01], [0.05, 0.01], backward_s=0.04)
+    assert sched.busy_s == pytest.approx(0.06)
+
+
+def test_horovod_cycles_and_fusion_by_hand():
+    from scaling.projection.cost import fuse, horovod_schedule
+
+    assert fuse([30, 30, 50, 20], 64) == [60, 50, 20]
+    assert fuse([30, 30, 50, 10], 64) == [60, 60]
+    assert fuse([100, 10], 64) == [100, 10]  # a tensor over the buffer goes alone
+    assert fuse([10, 10], 0) == [10, 10]  # threshold 0: no fusion
+    # backward 10 ms; tensors ready at 2, 4 and 10 ms; 5 ms cycles from 0; negotiation 1 ms;
+    # an all-reduce costs 1 ms per 100 bytes. Cycle at 0: nothing ready. Cycle at 5: tensors 0
+    # and 1 (fused, 200 B): negotiate 5..6, all-reduce 6..8. Cycle at 10: tensor 2: 10..11,
+    # 11..12. Exposed = 12 - 10 = 2 ms (the cycle wait is not hidden); time communicating counts
+    # each cycle from its start: 5..8 and 10..12 = 5 ms.
+    sched = horovod_schedule([0.2, 0.4, 1.0], [100, 100, 100], 0.010, lambda b: b / 100 * 1e-3,
+                             cycle_time_s=0.005, fusion_bytes=1000, negotiation_s=0.001)
+    assert sched.start_s == pytest.approx((0.006, 0.011))
+    assert sched.finish_s == pytest.approx((0.008, 0.012))
+    assert sched.exposed_s == pytest.approx(0.002)
+    assert sched.busy_s == pytest.approx(0.005)
+
+
+def test_jitter_straggler_wait_by_hand():
+    from scaling.projection.compute import expected_max_standard_normal, jitter_straggler_s
+
+    assert expected_max_standard_normal(1) == 0.0
+    assert expected_max_standard_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-5)
+    assert expected_max_standard_normal(8) == pytest.approx(1.4236, rel=1e-4)  # tables of normal order statistics
+    assert jitter_straggler_s(0.2, 0.02, 8) == pytest.approx(0.2 * 0.02 * 1.4236, rel=1e-4)
+    # the lab's own estimator of the wait, on normal samples, agrees with the formula
+    from scaling.projection.compute import straggler_wait_s
+
+    rng = np.random.default_rng(0)
+    samples = [0.2 + 0.004 * rng.standard_normal(2000) for _ in range(2)]
+    assert straggler_wait_s(samples) == pytest.approx(jitter_straggler_s(0.2, 0.02, 2), rel=0.1)
+
+
+def test_horovod_backend_in_the_projection():
+    ddp = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32")
+    hvd = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", backend="horovod",
+                         horovod_cycle_time_ms=5, horovod_fusion_threshold_mb=64)
+    assert (hvd["backend"] == "horovod").all() and hvd.attrs["backend"] == "horovod"
+    # Horovod all-reduces fused buffers, not DDP's 4-5 buckets, and waits for its cycles
+    assert hvd["num_buckets"].iloc[-1] != ddp["num_buckets"].iloc[-1]
+    assert hvd["step_s"].iloc[0] == ddp["step_s"].iloc[0]
+    with pytest.raises(UsageError, match="backend must be one of"):
+        run_projection("resnet50", "p3.16xlarge", [1], backend="mpi")
+    with pytest.raises(UsageError, match="cycle time"):
+        run_projection("resnet50", "p3.16xlarge", [1], backend="horovod", horovod_cycle_time_ms=0)
+
+
+def test_fitted_cluster_has_no_extra_terms():
+    """The minicluster's proof projects on a fitted alpha-beta cluster: no collective latency,
+    interference or jitter beyond what the fit and the concurrent runs measured."""
+    cluster = cluster_from_alpha_beta(1e-4, 1e7, gpus_per_node=1)
+    assert (cluster.collective_latency_s, cluster.overlap_slowdown, cluster.step_jitter_cv) == (0.0, 0.0, 0.0)
+    df = project_cluster_from_alpha_beta(1e-4, 1e7, [1, 2], 1, model="small_cnn", samples_per_s=1000.0,
+                                         per_gpu_batch=64)
+    assert df["straggler_s"].iloc[-1] == 0.0 and df["interference_s"].iloc[-1] == 0.0
+
+
+def test_committed_anchor_results_are_what_the_model_gives():
+    """bench/results/projection_anchors.json (the README's anchor table) is the current model's output:
+    a change to a preset or a term that moves an anchor must come with a re-run of the benchmark."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "projection_anchors.py"
+    spec = importlib.util.spec_from_file_location("projection_anchors", path)
+    anchors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(anchors)
+    committed = json.loads((path.parent / "results" / "projection_anchors.json").read_text())["anchors"]
+    assert [a["name"] for a in committed] == [a["name"] for a in anchors.ANCHORS]
+    for anchor, before in zip(anchors.ANCHORS, committed):
+        now = anchors.evaluate(anchor)
+        assert now["projected"]["allreduce_pct"] == pytest.approx(before["projected"]["allreduce_pct"], rel=1e-6)
+        if "projected_efficiency" in before:
+            assert now["projected_efficiency"] == pytest.approx(before["projected_efficiency"], rel=1e-6)
+        assert now["meets_goal"] == before["meets_goal"]
+
+
+def test_the_minicluster_predictions_are_unchanged():
+    """The minicluster proof (bench/projection_vs_minicluster.py, results committed) still holds:
+    today's model, on the fitted alpha-beta cluster and the compute the benchmark recorded,
+    gives the predictions it committed (one 1.15 MB bucket, ready at the end of backward)."""
+    from scaling.projection.cost import overlap_schedule
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "results" / "projection_vs_minicluster.json"
+    record = json.loads(path.read_text())
+    compute = record["baseline"]["concurrent"]
+    for cap, fit in record["fits"].items():
+        predicted = record["predictions"][cap]["concurrent+straggler"]
+        cluster = cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], gpus_per_node=1)
+        cost = allreduce_s(predicted["grad_bytes"], 2, 1, cluster.intra_node, cluster.inter_node, cluster.allreduce,
+                           cluster.collective_latency_s)
+        sched = overlap_schedule([1.0], [cost], compute["backward_s"], cluster.overlap_slowdown)
+        exposed = sched.exposed_s + compute["straggler_s"]
+        step = compute["data_s"] + compute["forward_s"] + compute["backward_s"] + compute["optimizer_s"] + exposed
+        assert exposed == pytest.approx(predicted["exposed_comm_s"], rel=1e-9)
+        assert step == pytest.approx(predicted["step_s"], rel=1e-9)
+        assert 100 * exposed / step == pytest.approx(predicted["comm_overhead_pct"], rel=1e-9)
+
+
+def test_overlap_slowdown_measured_from_a_run(tmp_path):
+    from scaling.projection.compute import measured_overlap_slowdown
+
+    run = tmp_path / "w2"
+    run.mkdir()
+    # 12 ms with an all-reduce in flight, 6 of them after backward compute: 6 ms of overlap;
+    # the A/B beyond the exposed time (interference) 1.5 ms: slowdown 1.5 / 6 = 0.25
+    summary = {"num_workers": 2, "interference_s": 0.0015, "allreduce_s": 0.012, "exposed_comm_s": 0.006}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert measured_overlap_slowdown(run) == pytest.approx(0.25)
+    (run / "summary.json").write_text(json.dumps({**summary, "allreduce_s": 0.006}))
+    with pytest.raises(UsageError, match="did not overlap"):
+        measured_overlap_slowdown(run)
+    (run / "summary.json").write_text(json.dumps({**summary, "num_workers": 1}))
+    with pytest.raises(UsageError, match="multi-worker run"):
+        measured_overlap_slowdown(run)
+    # given to the projection, it stretches backward and shows as interference, in the A/B figure only
+    plain = run_projection("resnet50", "p3.16xlarge", [1], 64, "fp32")
+    slowed = run_projection("resnet50", "p3.16xlarge", [1], 64, "fp32", overlap_slowdown=0.25)
+    assert (plain["interference_s"] == 0).all() and slowed["interference_s"].iloc[-1] > 0
+    assert (slowed["comm_overhead_pct"] > slowed["exposed_comm_pct"]).iloc[-1]
+    with pytest.raises(UsageError, match="overlap_slowdown"):
+        run_projection("resnet50", "p3.16xlarge", [1], overlap_slowdown=-1)

@@ -330,10 +330,11 @@ KNOWN_RUNS = [
          forward_s=0.030, backward_s=0.050, optimizer_s=0.010, exposed_comm_s=0.0),
     dict(num_workers=2, repeat=0, time_per_epoch_s=6.0, throughput_samples_per_s=190.0, tta_s=36.0, tta_wall_s=40.0,
          epochs_to_target=6, comm_overhead_pct=10.0, exposed_comm_pct=8.0, step_s=0.130, data_s=0.010,
-         forward_s=0.040, backward_s=0.070, optimizer_s=0.010, exposed_comm_s=0.010),
+         forward_s=0.040, backward_s=0.070, optimizer_s=0.010, exposed_comm_s=0.010, allreduce_pct=20.0),
     dict(num_workers=2, repeat=1, time_per_epoch_s=7.0, throughput_samples_per_s=170.0, tta_s=42.0, tta_wall_s=46.0,
          epochs_to_target=6, comm_overhead_pct=14.0, exposed_comm_pct=12.0, step_s=0.140, data_s=0.010,
-         forward_s=0.040, backward_s=0.080, optimizer_s=0.010, exposed_comm_s=0.020),
+         forward_s=0.040, backward_s=0.080, optimizer_s=0.010, exposed_comm_s=0.020,
+         allreduce_s=0.042),  # a summary from before allreduce_pct: 42 of 140 ms, 30%
 ]
 
 
@@ -369,13 +370,15 @@ def test_report_md_cells_by_hand(tmp_path):
     assert headers[-2] == "TTA wall mean (s)" and rows["1"][-2] == "53.0" and rows["2"][-2] == "43.0"
 
     headers, rows = _parsed_table(text, "Communication and step time")
-    assert headers == ["workers", "comm overhead A/B (%)", "exposed comm (%)", "step (ms)", "data (ms)", "forward (ms)",
+    assert headers == ["workers", "communicating: all-reduce in flight (% of step)", "exposed comm (% of step)",
+                       "comm overhead A/B (% of step)", "step (ms)", "data (ms)", "forward (ms)",
                        "backward compute (ms)", "exposed comm (ms)", "optimizer (ms)"]
     # 1 worker: steps (120 + 100) / 2 = 110 ms; forward (40 + 30) / 2 = 35; backward (60 + 50) / 2 = 55, none exposed
-    assert rows["1"] == ["1", "0.0", "0.0", "110.00", "10.00", "35.00", "55.00", "0.00", "10.00"]
+    assert rows["1"] == ["1", "0.0", "0.0", "0.0", "110.00", "10.00", "35.00", "55.00", "0.00", "10.00"]
     # 2 workers: overhead median(10, 14) = 12%, exposed median(8, 12) = 10%; step (130 + 140) / 2 = 135 ms;
     # backward compute mean(70 - 10, 80 - 20) = 60 ms, exposed (10 + 20) / 2 = 15 ms: 10 + 40 + 60 + 15 + 10 = 135
-    assert rows["2"] == ["2", "12.0", "10.0", "135.00", "10.00", "40.00", "60.00", "15.00", "10.00"]
+    # time communicating: median(20, 42 / 140 = 30) = 25%
+    assert rows["2"] == ["2", "25.0", "10.0", "12.0", "135.00", "10.00", "40.00", "60.00", "15.00", "10.00"]
 
     headers, rows = _parsed_table(text, "Runs")
     assert headers[:3] == ["run", "workers", "seed"] and headers[-5:] == [
@@ -404,8 +407,10 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
     path = write_report(sweep, console)
     text = path.read_text()
     rows = _table_rows(text, "Measured against projected")
-    assert rows[0] == ("| workers | step measured (ms) | step projected (ms) | comm overhead measured (%) "
-                       "| comm overhead projected (%) | speedup measured | speedup projected |")
+    assert rows[0] == ("| workers | step measured (ms) | step projected (ms) | communicating measured (%) "
+                       "| communicating projected (%) | exposed measured (%) | exposed projected (%) "
+                       "| comm overhead A/B measured (%) | comm overhead A/B projected (%) "
+                       "| speedup measured | speedup projected |")
     assert len(rows) - 1 == len(WORKERS)
     assert "Dotted lines with crosses are projections" in text and "two-hosts-100mbit" in text
 
@@ -431,17 +436,41 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
     #   overhead = 64.85%; speedup = 4 x 61 / 173.5508 = 1.4059.
     # (From the fastest run the 1-worker step would read 59.0, from the slowest 65.0; the
     # measured column is the mean over the three runs, 61.7.)
+    # Time communicating (union of hand-over to finish): n = 2, 2.7911 .. 95.5642 ms = 92.7731 ms,
+    #   73.30% of the step; n = 4, 2.7911 .. 142.5508 ms = 139.7597 ms, 80.53%. No interference
+    #   in this cluster, so the A/B overhead is the exposed share.
     cells = {int(r.split("|")[1]): [c.strip() for c in r.split("|")[2:-1]] for r in rows[1:]}
-    assert cells[1] == ["61.7", "61.0", "0.0", "0.0", "1.00×", "1.00×"]
-    assert cells[2][1:4:2] == ["126.6", "51.8"] and cells[2][5] == "0.96×"
-    assert cells[4][1:4:2] == ["173.6", "64.9"] and cells[4][5] == "1.41×"
+    assert cells[1][:2] + cells[1][3:4] + cells[1][5:6] + cells[1][7:] == ["61.7", "61.0", "0.0", "0.0", "0.0",
+                                                                            "1.00×", "1.00×"]
+    assert [cells[2][i] for i in (1, 3, 5, 7, 9)] == ["126.6", "73.3", "51.8", "51.8", "0.96×"]
+    assert [cells[4][i] for i in (1, 3, 5, 7, 9)] == ["173.6", "80.5", "64.9", "64.9", "1.41×"]
     projected, notes, _ = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: sweep / run["run_dir"])
     projected = projected.set_index("num_workers")
     assert projected["projected_step_s"].tolist() == pytest.approx([0.061, 0.1265642, 0.1735508], rel=1e-6)
     assert projected["projected_comm_overhead_pct"].tolist() == pytest.approx([0.0, 51.8031, 64.8518], rel=1e-5)
+    assert projected["projected_allreduce_pct"].tolist() == pytest.approx([0.0, 73.3009, 80.5298], rel=1e-4)
     assert projected["projected_speedup_throughput"].tolist() == pytest.approx([1.0, 0.963938, 1.405929], rel=1e-5)
     assert projected["projected_efficiency_throughput"].tolist() == pytest.approx([1.0, 0.481969, 0.351482], rel=1e-5)
     assert "from run w1-r2" in notes[0]
+
+
+def test_the_overlay_projects_horovod_runs_with_their_settings(tmp_path):
+    """A Horovod sweep is projected with Horovod's cycles and fusion, at the runs' settings, as
+    `scaling project --backend horovod` would: the same model in both places."""
+    from scaling.analysis.scaling_tables import prepare_runs
+    from scaling.projection.overlay import project_sweep
+    from scaling.projection.project import run_projection
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER_YAML)
+    sweep = make_fake_sweep(tmp_path, backend="horovod", cluster=str(cluster))
+    runs, _, _ = load_sweep(sweep)
+    runs = runs.assign(horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
+    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: sweep / run["run_dir"])
+    assert not warnings and "backend horovod" in notes[0] and "cycle 3 ms, fusion buffer 8 MiB" in notes[0]
+    direct = run_projection("small_cnn", str(cluster), workers=[1, 2, 4], from_run=sweep / "runs" / "w1-r2",
+                            backend="horovod", horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
+    assert projected.set_index("num_workers")["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
 
 
 def test_a_sweep_without_a_cluster_has_no_projection(sweep, reported):

@@ -62,6 +62,24 @@ def test_summary_excludes_warmup_and_calibration_from_step_figures():
     assert out["exposed_comm_pct"] == pytest.approx(100 * 0.1 / 1.1)
 
 
+def test_three_communication_figures_side_by_side():
+    # per training step: 0.4 s with an all-reduce in flight, 0.1 s of it exposed; the A/B pairs
+    # differ by 0.25 s (interference: 0.15 s beyond the calibration steps' own 0.1 s exposed)
+    steps = pd.DataFrame(
+        [_step(1, s, r, step_s=1.0, exposed=0.1, allreduce=0.4) for s in (1, 2) for r in (0, 1)]
+        + [_step(1, 3, r, kind="calib_sync", step_s=0.9, exposed=0.1, pair=p) for r in (0, 1) for p in range(3)]
+        + [_step(1, 3, r, kind="calib_nosync", step_s=0.65, exposed=0.0, pair=p) for r in (0, 1) for p in range(3)]
+    )
+    out = summarize_run(steps, _epochs([10.0], [0.5]), target_accuracy=0.9, num_workers=2)
+    assert out["allreduce_pct"] == pytest.approx(40.0)  # time communicating (DAWNBench's figure)
+    assert out["exposed_comm_pct"] == pytest.approx(10.0)  # what backward did not hide
+    assert out["comm_overhead_pct"] == pytest.approx(25.0)  # A/B: what communication costs the step
+    assert out["interference_pct"] == pytest.approx(15.0)
+    one = summarize_run(steps[steps["rank"] == 0].assign(allreduce_s=0.0, exposed_comm_s=0.0),
+                        _epochs([10.0], [0.5]), target_accuracy=0.9, num_workers=1)
+    assert (one["allreduce_pct"], one["exposed_comm_pct"], one["comm_overhead_pct"]) == (0.0, 0.0, 0.0)
+
+
 def test_comm_delta_is_median_over_epochs_of_rank_means():
     rows = []
     for epoch, (sync, nosync) in enumerate([(1.0, 0.5), (1.0, 0.8), (1.0, 0.7)], start=1):

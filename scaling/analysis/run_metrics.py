@@ -6,7 +6,14 @@ Every figure in `summary.json` is defined here, once:
 - `step_s`, `data_s`, `forward_s`, `backward_s`, `optimizer_s`, `compute_s`, `allreduce_s`,
   `exposed_comm_s`: **means** over steady-state steps, so the phases add up:
   step_s = data_s + forward_s + backward_s + optimizer_s, and exposed_comm_s is inside backward_s.
-- `exposed_comm_pct` = 100 x exposed_comm_s / step_s.
+- Three communication figures, side by side, never one for another:
+  `allreduce_pct` = 100 x allreduce_s / step_s: **time communicating**, the share of the step
+  with a gradient all-reduce in flight, hidden or not (the DAWNBench analysis' "communication
+  overhead", Coleman et al. 2019; as the means are over steps, also the share of the epoch's
+  training time); `exposed_comm_pct` = 100 x exposed_comm_s / step_s: **exposed
+  communication**, what backward did not hide; `comm_overhead_pct` (below): the **A/B
+  overhead**, what communication costs the step. Hidden communication counts in the first only;
+  interference (communication slowing compute) in the third only.
 - `comm_delta_s`: the A/B difference. Per calibration pair (the same batch run with and without
   gradient sync, back to back): sync minus no_sync forward+backward time; the median over the
   pairs of an (epoch, rank), paired so that slow drift and a noisy neighbour cancel; then the
@@ -323,6 +330,7 @@ def summarize_run(
     out.update(ddp_second_opinion(epochs, *accumulator.rank_mean_and_se(0, "comm_span_s")))
     step_s = out["step_s"]
     out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
+    out["allreduce_pct"] = 100.0 * out["allreduce_s"] / step_s if (step_s and out["allreduce_s"] is not None) else None
 
     out["comm_overhead_note"] = None
     if num_workers == 1:

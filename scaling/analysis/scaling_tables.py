@@ -13,8 +13,10 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
 - Failed runs (`status == "failed"`) are counted (`n_failed`) and left out of every figure;
   `n_runs` counts all runs, `n_ok` the others. A run that never reached the target
   (`status == "max_epochs"`) counts in every figure except the TTA ones.
-- `time_per_epoch_s`, `throughput_samples_per_s`, `comm_overhead_pct`, `exposed_comm_pct`:
-  the **median** over the group's runs of the run's figure (docs/results.md).
+- `time_per_epoch_s`, `throughput_samples_per_s`, and the three communication figures
+  `allreduce_pct` (time communicating: all-reduce in flight, % of step), `exposed_comm_pct`
+  (exposed) and `comm_overhead_pct` (A/B): the **median** over the group's runs of the run's
+  figure (defined once in scaling/analysis/run_metrics.py; docs/results.md).
 - `reached_fraction` = n_reached / n_ok: the fraction of (non-failed) repeats that reached
   the target accuracy.
 - `tta_mean_s`, `tta_std_s`: mean and sample standard deviation (ddof=1) of `tta_s` over the
@@ -72,7 +74,7 @@ _NUMERIC = (
     "num_workers", "num_nodes", "global_batch", "per_worker_batch", "seed", "repeat", "target_accuracy",
     "epochs_run", "epochs_to_target", "tta_s", "tta_wall_s", "time_per_epoch_s", "throughput_samples_per_s",
     "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "exposed_comm_pct",
-    "comm_overhead_pct", "node_price_per_hour",
+    "comm_overhead_pct", "allreduce_s", "allreduce_pct", "node_price_per_hour",
     "mfu", "achieved_flops_per_s", "arithmetic_intensity", "peak_flops_per_s", "mem_bytes_per_s",
     "link_bandwidth_bits_per_s",
 )
@@ -150,6 +152,14 @@ def _cost_usd(ok: pd.DataFrame) -> pd.Series:
     return _col(ok, "tta_s") / 3600.0 * _col(ok, "num_nodes") * price
 
 
+def _allreduce_pct(ok: pd.DataFrame) -> pd.Series:
+    """Each run's time communicating (% of step): its `allreduce_pct`, or from `allreduce_s` /
+    `step_s` for summaries written before the field existed; 0 by definition at one worker."""
+    pct = _col(ok, "allreduce_pct")
+    pct = pct.where(pct.notna(), 100.0 * _col(ok, "allreduce_s") / _col(ok, "step_s"))
+    return pct.where(pct.notna() | (_col(ok, "num_workers") != 1), 0.0)
+
+
 def _group_figures(group: pd.DataFrame) -> dict:
     """The figures of one group of runs (all statuses; failed ones are only counted)."""
     failed = group["status"] == "failed"
@@ -177,6 +187,7 @@ def _group_figures(group: pd.DataFrame) -> dict:
         "tta_cv_ratio": _ratio(epochs_cv, time_cv),
         "comm_overhead_pct": _col(ok, "comm_overhead_pct").median(),
         "exposed_comm_pct": _col(ok, "exposed_comm_pct").median(),
+        "allreduce_pct": _allreduce_pct(ok).median(),
         "step_s": _col(ok, "step_s").mean(),
         "data_s": _col(ok, "data_s").mean(),
         "forward_s": _col(ok, "forward_s").mean(),
@@ -302,13 +313,13 @@ def bandwidth_series(table: pd.DataFrame) -> pd.DataFrame:
     """Rows of a per_worker_count table that ran under different link caps (empty if only one).
 
     Columns: num_workers, link_bandwidth (the cap as written: a tc rate or "uncapped"),
-    link_bandwidth_bits_per_s (NaN for uncapped), comm_overhead_pct, exposed_comm_pct,
-    time_per_epoch_s, step_s.
+    link_bandwidth_bits_per_s (NaN for uncapped), allreduce_pct, exposed_comm_pct,
+    comm_overhead_pct, time_per_epoch_s, step_s.
     """
     axis = "sweep.workers.link_bandwidth"
     if axis not in table.columns or table[axis].nunique(dropna=True) < 2:
         return pd.DataFrame()
-    columns = ["num_workers", axis, "link_bandwidth_bits_per_s", "comm_overhead_pct", "exposed_comm_pct",
-               "time_per_epoch_s", "step_s"]
+    columns = ["num_workers", axis, "link_bandwidth_bits_per_s", "allreduce_pct", "exposed_comm_pct",
+               "comm_overhead_pct", "time_per_epoch_s", "step_s"]
     out = table[[c for c in columns if c in table.columns]].rename(columns={axis: "link_bandwidth"})
     return out.sort_values(["num_workers", "link_bandwidth_bits_per_s"], na_position="last").reset_index(drop=True)

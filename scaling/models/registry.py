@@ -10,8 +10,9 @@ from collections.abc import Callable
 from torch import nn
 
 from scaling.models.amoebanet import amoebanet_d_6_64, amoebanet_d_18_208, amoebanet_d_18_256
-from scaling.models.resnet import resnet18, resnet20, resnet50, resnet56
+from scaling.models.resnet import resnet18, resnet20, resnet50, resnet56, resnet101
 from scaling.models.small import SmallCNN
+from scaling.models.vgg import vgg16
 
 
 class UnknownModelError(ValueError):
@@ -25,6 +26,9 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
     "resnet56": resnet56,
     "resnet18": resnet18,
     "resnet50": resnet50,
+    # the models of Horovod's published 512-GPU benchmark (the projection's anchors)
+    "resnet101": resnet101,
+    "vgg16": vgg16,
     # AmoebaNet-D (L, D), GPipe's model: 81.5M / 122.5M parameters at 1000 classes, and a
     # 3.7M-parameter (6, 64) that trains on a CPU.
     "amoebanet_d_18_208": amoebanet_d_18_208,

@@ -8,10 +8,10 @@
   (ResNet-20, the paper's 0.27M) and 853,018 (ResNet-56, 0.85M). The often-quoted 272,474 and
   855,770 are option B counts (1x1 conv + BN projections on the two shape-changing blocks,
   2,752 parameters more), which the paper does not use on CIFAR. Meant for 32x32 inputs.
-- `resnet18`, `resnet50`: the ImageNet networks, layer for layer and name for name the same as
-  torchvision's `resnet18` / `resnet50` (v1.5: the stride of a bottleneck sits on its 3x3 conv),
-  so a torchvision state dict loads into them. With 1000 classes: 11,689,512 and 25,557,032
-  parameters. Adaptive average pooling lets them take any input size of at least 32x32.
+- `resnet18`, `resnet50`, `resnet101`: the ImageNet networks, layer for layer and name for name
+  the same as torchvision's `resnet18` / `resnet50` / `resnet101` (v1.5: the stride of a
+  bottleneck sits on its 3x3 conv), so a torchvision state dict loads into them. With 1000
+  classes: 11,689,512, 25,557,032 and 44,549,160 parameters. Adaptive average pooling lets them take any input size of at least 32x32.
 
 torchvision itself is not a dependency; these are written out so the lab needs only torch.
 """
@@ -216,3 +216,8 @@ def resnet18(num_classes: int = 1000) -> ResNet:
 
 def resnet50(num_classes: int = 1000) -> ResNet:
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
+
+
+def resnet101(num_classes: int = 1000) -> ResNet:
+    # Horovod's published 512-GPU benchmark model (Sergeev & Del Balso 2018), for the projection's anchors
+    return ResNet(Bottleneck, [3, 4, 23, 3], num_classes)

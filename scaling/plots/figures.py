@@ -64,7 +64,7 @@ PHASES = (  # column, legend label, colour: bottom of the stack first
     ("exposed_comm_s", "exposed communication", "#D55E00"),
     ("optimizer_s", "optimizer", "#F0E442"),
 )
-COMM_AB_COLOUR, COMM_EXPOSED_COLOUR = "#CC79A7", "#D55E00"
+COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR = "#CC79A7", "#D55E00", "#0072B2"
 # Projected curves (scaling/projection/overlay.py) over measured points: thin, dotted, grey-toned.
 PROJECTED_LINE = dict(linestyle=":", linewidth=1.4, marker="x", markersize=6, zorder=5)
 IDEAL = dict(color="black", linestyle="--", linewidth=1.0)
@@ -254,10 +254,12 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
 
 
 @captioned("Communication overhead",
-           "Median over repeats of the A/B communication overhead, (t_sync − t_no_sync) / t_step, and of the "
-           "exposed communication (all-reduce not hidden behind backward) as a share of the step time.")
+           "Three figures, medians over repeats, each a share of the step time: time communicating (an all-reduce "
+           "in flight, hidden or not: the DAWNBench analysis' \"communication overhead\"), the A/B communication "
+           "overhead, (t_sync − t_no_sync) / t_step, and the exposed communication (all-reduce not hidden behind "
+           "backward).")
 def comm_overhead_figure(table: pd.DataFrame) -> Figure:
-    """Communication overhead (A/B, headline) and exposed communication, % of step time, vs workers."""
+    """Time communicating, communication overhead (A/B, headline) and exposed communication, % of step time."""
     with mpl.rc_context(STYLE):
         panels = _series(table)
         fig, axes = _figure(len(panels))
@@ -267,9 +269,12 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
             counts = part["num_workers"].to_numpy(dtype=float)
             drawn = False
             for column, label, colour, marker, style in (
+                ("allreduce_pct", "communicating: all-reduce in flight / t_step", COMM_IN_FLIGHT_COLOUR, "^", ":"),
                 ("comm_overhead_pct", "comm overhead, A/B: (t_sync − t_no_sync) / t_step", COMM_AB_COLOUR, "o", "-"),
                 ("exposed_comm_pct", "exposed communication / t_step", COMM_EXPOSED_COLOUR, "s", "--"),
             ):
+                if column not in part.columns:
+                    continue
                 values = part[column].to_numpy(dtype=float)
                 keep = np.isfinite(values)
                 if keep.any():
@@ -277,15 +282,18 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
                     yerr = _yerr(part, column, values)
                     _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None, colour)
                     drawn = True
-            drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead, projected (α–β model)",
+            drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead A/B, projected (model)",
                                COMM_AB_COLOUR) or drawn
+            drawn = _projected(ax, part, "projected_allreduce_pct", "communicating, projected (model)",
+                               COMM_IN_FLIGHT_COLOUR) or drawn
             if not drawn:
                 _no_data(ax, "no communication figures")
             worker_axis(ax, counts, log)
             ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
             ax.set_title(title, fontsize=9, fontweight="normal")
         # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
-        values = table[[c for c in ("comm_overhead_pct", "exposed_comm_pct", "projected_comm_overhead_pct")
+        values = table[[c for c in ("allreduce_pct", "comm_overhead_pct", "exposed_comm_pct",
+                                    "projected_comm_overhead_pct", "projected_allreduce_pct")
                         if c in table.columns]].to_numpy(dtype=float)
         highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
         axes[0].set_ylim(0, max(5.0, highest * 1.15))

@@ -8,7 +8,8 @@ backward makes them ready, and an alpha-beta model of the cluster's all-reduce.
 Pure Python: pandas, numpy, PyYAML (matplotlib for the figure); no torch or ray on import.
 
 - layers.py   layer tables (layers/*.json), DDP's bucket assignment, bucket ready fractions
-- cost.py     alpha-beta costs (ring, hierarchical), the overlapped bucket schedule, fit_alpha_beta
+- cost.py     alpha-beta costs (ring, hierarchical, NCCL's latency split), the overlapped bucket schedule with
+              compute interference, Horovod's cycles and Tensor Fusion, fit_alpha_beta
 - cluster.py  cluster presets (presets/*.yaml) and the per-device throughput table (devices.yaml)
 - compute.py  one worker's step (data, forward, backward, optimizer) from a run or a device
 - project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
@@ -19,14 +20,16 @@ Pure Python: pandas, numpy, PyYAML (matplotlib for the figure); no torch or ray 
 """
 
 from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, load_cluster, preset_names
-from scaling.projection.cost import AlphaBeta, Link, allreduce_s, fit_alpha_beta, ring_allreduce_s, schedule_buckets
+from scaling.projection.cost import (
+    AlphaBeta, Link, allreduce_s, fit_alpha_beta, horovod_schedule, overlap_schedule, ring_allreduce_s, schedule_buckets,
+)
 from scaling.projection.layers import available_models, model_buckets
 from scaling.projection.project import project_cluster_from_alpha_beta, run_projection
 
 __all__ = [
     "AlphaBeta", "Cluster", "Link", "allreduce_s", "available_models", "cluster_from_alpha_beta", "fit_alpha_beta",
-    "load_cluster", "main", "model_buckets", "preset_names", "project_cluster_from_alpha_beta", "ring_allreduce_s",
-    "run_projection", "schedule_buckets",
+    "horovod_schedule", "load_cluster", "main", "model_buckets", "overlap_schedule", "preset_names",
+    "project_cluster_from_alpha_beta", "ring_allreduce_s", "run_projection", "schedule_buckets",
 ]
 
 

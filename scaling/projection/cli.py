@@ -3,6 +3,7 @@
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16
     scaling project --cluster p3.16xlarge --nodes 1,2,4 --precision amp --per-gpu-batch 256 --out proj
     scaling project --cluster my_cluster.yaml --from-run results/r50-w1 --nodes 1,2,4 --json
+    scaling project --model resnet101 --cluster horovod_p100x4 --nodes 1,128 --backend horovod --horovod-cycle-time-ms 5
     python -m scaling.projection.cli ...        # the same (`main` runs `scaling project ...`)
 
 Prints a table (rich) or, with --json, one JSON array of rows (notes and caveats go to
@@ -41,11 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "1-worker runs made at the same time, one per future rank, also measure the straggler wait")
     parser.add_argument("--straggler-ms", type=float, default=None,
                         help="wait for the slowest rank per synchronous step, added to exposed communication "
-                             "(default: what concurrent --from-run runs measured, else 0)")
+                             "(default: what concurrent --from-run runs measured, else the cluster's step jitter)")
+    parser.add_argument("--overlap-slowdown", type=float, default=None,
+                        help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
+                             "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)")
     parser.add_argument("--samples-per-s", type=float, default=None,
                         help="one GPU's training throughput, instead of the device table or a run")
     parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
                         help="all-reduce algorithm (default: the cluster's)")
+    parser.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
+                        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion (default ddp)")
+    parser.add_argument("--horovod-cycle-time-ms", type=float, default=None,
+                        help="--backend horovod: HOROVOD_CYCLE_TIME (default 1, Horovod's since 0.21; 5 before)")
+    parser.add_argument("--horovod-fusion-threshold-mb", type=float, default=None,
+                        help="--backend horovod: fusion buffer in MiB (default 128, Horovod's since 0.21; 64 before)")
     parser.add_argument("--grad-compression", choices=("none", "fp16", "bf16"), default=None,
                         help="DDP compression hook: gradients on the wire in 2 bytes (default: the run's, else none)")
     parser.add_argument("--bucket-cap-mb", type=float, default=None,
@@ -95,22 +105,26 @@ def print_table(df, console=None) -> None:
     # A pipe or a job log is 80 columns to rich; the table needs about 100.
     console = console if console is not None else Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title=projection_title(df), title_justify="left", header_style="bold")
-    headers = ["nodes", "GPUs", "batch", "step ms", "exposed ms", "comm %", "samples/s", "speedup", "effic.",
-               "epoch"]
+    # the three communication figures, each named for what it is (scaling/projection/project.py)
+    headers = ["nodes", "GPUs", "batch", "step ms", "communicating %", "exposed %", "A/B overhead %", "samples/s",
+               "speedup", "effic.", "epoch"]
     tta = "tta_s" in df.columns
     if tta:
         headers += ["epochs", "TTA", "TTA x"]
     for h in headers:
         table.add_column(h, justify="right", no_wrap=True)
     for _, r in df.iterrows():
-        row = [f"{r.num_nodes}", f"{r.num_workers}", f"{r.global_batch:,}", _ms(r.step_s), _ms(r.exposed_comm_s),
-               f"{r.comm_overhead_pct:.1f}", f"{r.throughput_samples_per_s:,.0f}", f"{r.speedup_throughput:.2f}",
-               f"{r.efficiency_throughput:.3f}", _duration(r.time_per_epoch_s)]
+        row = [f"{r.num_nodes}", f"{r.num_workers}", f"{r.global_batch:,}", _ms(r.step_s), f"{r.allreduce_pct:.1f}",
+               f"{r.exposed_comm_pct:.1f}", f"{r.comm_overhead_pct:.1f}", f"{r.throughput_samples_per_s:,.0f}",
+               f"{r.speedup_throughput:.2f}", f"{r.efficiency_throughput:.3f}", _duration(r.time_per_epoch_s)]
         if tta:
             row += [f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""), _duration(r.tta_s),
                     f"{r.speedup_tta:.2f}"]
         table.add_row(*row)
     console.print(table)
+    console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
+                  "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) / t_sync, "
+                  "exposed + interference[/dim]", highlight=False)
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
     for caveat in df.attrs.get("caveats", []):
@@ -136,6 +150,8 @@ def run_from_args(args: argparse.Namespace, console=None) -> int:
         epochs_to_target=args.epochs_to_target, allreduce=args.allreduce, grad_compression=args.grad_compression,
         bucket_cap_mb=args.bucket_cap_mb,
         straggler_s=None if getattr(args, "straggler_ms", None) is None else args.straggler_ms / 1e3,
+        backend=args.backend, horovod_cycle_time_ms=args.horovod_cycle_time_ms,
+        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
     )
     written = []
     if args.out is not None:

@@ -19,10 +19,17 @@ A cluster file:
     inter_node:                            # required to span more than one node
       name: 25 Gbps Ethernet (ENA), TCP
       bandwidth_Gbps: 25                   # ... or in 1e9 bits/s (exactly one of the two)
-      efficiency: 0.8                      # optional, default 1: the fraction of it NCCL gets
-      latency_us: 30
+      efficiency: 0.58                     # optional, default 1: the fraction of it NCCL gets
+      latency_us: 40                       # per ring step that crosses this link
+    collective_latency_us: 8.4             # optional, default 0: fixed cost of every all-reduce
+    overlap_slowdown: 0.0                  # optional, default 0: backward compute runs at
+                                           #   1/(1 + this) while an all-reduce is in flight
+    step_jitter_cv: 0.02                   # optional, default 0: per-step compute time's
+                                           #   coefficient of variation across ranks
 
-The effective bandwidth used is bandwidth x efficiency (bytes/s).
+The effective bandwidth used is bandwidth x efficiency (bytes/s): the transport's share of line
+rate (TCP sockets get much less of it than RDMA). What each term does is in cost.py
+(collective latency, interference) and compute.py (jitter: the wait for the slowest of n ranks).
 
 devices.yaml: per device, `memory_bandwidth_GBps` (for the optimizer step's time) and
 `throughput: {model: {precision: {samples_per_s, batch, source}}}`: published training
@@ -44,7 +51,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PRESET_DIR = PACKAGE_DIR / "presets"
 DEVICES_FILE = PACKAGE_DIR / "devices.yaml"
 
-CLUSTER_KEYS = ("name", "description", "device", "gpus_per_node", "allreduce", "intra_node", "inter_node")
+CLUSTER_KEYS = ("name", "description", "device", "gpus_per_node", "allreduce", "intra_node", "inter_node",
+                "collective_latency_us", "overlap_slowdown", "step_jitter_cv")
 LINK_KEYS = ("name", "bandwidth_GBps", "bandwidth_Gbps", "efficiency", "latency_us")
 DEVICE_KEYS = ("memory_bandwidth_GBps", "throughput", "note")
 THROUGHPUT_KEYS = ("samples_per_s", "batch", "source")
@@ -62,6 +70,9 @@ class Cluster:
     device: str | None = None
     description: str = ""
     source: str = ""  # the preset name or file it came from
+    collective_latency_s: float = 0.0  # fixed cost of every all-reduce (cost.py)
+    overlap_slowdown: float = 0.0  # backward compute slowdown while an all-reduce is in flight (cost.py)
+    step_jitter_cv: float = 0.0  # coefficient of variation of a rank's step compute (compute.py)
 
     def with_algorithm(self, algorithm: str | None) -> "Cluster":
         if algorithm is None:
@@ -144,9 +155,13 @@ def parse_cluster(data, source: str) -> Cluster:
         if device not in devices:
             raise UsageError(f"{where}: unknown device {device!r}; known: {', '.join(sorted(devices))} (or null)")
     default_name = Path(source).stem if source.endswith((".yaml", ".yml")) else source
+    terms = {key: _number(data.get(key, 0.0), key, where, positive=False)
+             for key in ("collective_latency_us", "overlap_slowdown", "step_jitter_cv")}
     return Cluster(name=str(data.get("name") or default_name), gpus_per_node=gpus, intra_node=intra,
                    inter_node=inter, allreduce=algorithm, device=device,
-                   description=str(data.get("description", "")), source=source)
+                   description=str(data.get("description", "")), source=source,
+                   collective_latency_s=terms["collective_latency_us"] * 1e-6,
+                   overlap_slowdown=terms["overlap_slowdown"], step_jitter_cv=terms["step_jitter_cv"])
 
 
 def _read_yaml(path: Path, what: str):
@@ -223,6 +238,13 @@ def cluster_from_alpha_beta(alpha_s: float, beta_bytes_per_s: float, gpus_per_no
                  float(alpha_s if inter_alpha_s is None else inter_alpha_s), "fitted")
     return Cluster(name=name, gpus_per_node=int(gpus_per_node), intra_node=intra, inter_node=inter,
                    allreduce="ring", device=device, source=name)
+
+
+def describe_terms(cluster: Cluster) -> str:
+    """The cluster's terms beyond alpha-beta, in one line."""
+    return (f"collective latency {cluster.collective_latency_s * 1e6:.3g} us per all-reduce; backward slowed "
+            f"{100 * cluster.overlap_slowdown:.3g}% while an all-reduce overlaps it; step jitter "
+            f"{100 * cluster.step_jitter_cv:.3g}% (CV)")
 
 
 def describe_link(link: Link | None, nodes_label: str) -> str:

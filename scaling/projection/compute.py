@@ -263,6 +263,50 @@ def straggler_wait_s(per_run_samples, draws: int = STRAGGLER_DRAWS, seed: int = 
     return max(0.0, expected_max - mean)
 
 
+def measured_overlap_slowdown(run_dir: str | Path) -> float:
+    """The interference term a multi-worker run measured (cost.py's `overlap_slowdown`):
+
+        slowdown = interference_s / (allreduce_s - exposed_comm_s)
+
+    interference_s is the A/B difference beyond the exposed communication (what overlapped
+    communication took from compute, scaling/analysis/run_metrics.py) and allreduce_s -
+    exposed_comm_s the time an all-reduce was in flight while backward still computed: the
+    stretch per second of overlap. UsageError for a one-worker run, or one whose all-reduces
+    never overlapped backward (then the run cannot tell the slowdown).
+    """
+    summary = RunDir(run_dir).summary()
+    needed = ("num_workers", "interference_s", "allreduce_s", "exposed_comm_s")
+    if any(not _finite(summary.get(k)) for k in needed) or summary["num_workers"] < 2:
+        raise UsageError(f"{run_dir}: a multi-worker run with interference_s, allreduce_s and exposed_comm_s is needed "
+                         "to measure the overlap slowdown")
+    overlapped = summary["allreduce_s"] - summary["exposed_comm_s"]
+    if not overlapped > 1e-6:
+        raise UsageError(f"{run_dir}: its all-reduces did not overlap backward; it cannot measure the overlap slowdown")
+    return max(0.0, summary["interference_s"]) / overlapped
+
+
+def expected_max_standard_normal(n: int) -> float:
+    """E[max of n independent standard normal variables]: 0 for 1, 1/sqrt(pi) = 0.5642 for 2,
+    1.4236 for 8, 2.6 for 128 (numerical integration of n x phi(x) Phi(x)^(n-1))."""
+    import numpy as np
+
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 48_001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    density = n * phi * cdf ** (n - 1)
+    return float(np.sum(x * density) * (x[1] - x[0]))
+
+
+def jitter_straggler_s(compute_s: float, jitter_cv: float, n: int) -> float:
+    """The wait for the slowest of n ranks when each rank's compute before the all-reduce varies
+    independently from step to step with standard deviation jitter_cv x compute_s (normal):
+    E[max] - mean = jitter_cv x compute_s x E[max of n standard normals]. It grows with n
+    (about sqrt(2 ln n)): the jitter at large scale that a measured pair of runs cannot show."""
+    return jitter_cv * compute_s * expected_max_standard_normal(n)
+
+
 def compute_from_concurrent_runs(run_dirs) -> StepCompute:
     """One worker's step, and the straggler wait, from K one-worker runs made at the same time.
 

@@ -11,8 +11,16 @@ Notation: a link has a latency alpha (seconds per message step) and an effective
 - Reduce-scatter (or all-gather) alone: T_rs(S, n) = (n-1) alpha + (n-1)/n * S / B.
 - Flat ring over N nodes x g GPUs (n = N g): the ring crosses each node boundary once per
   ring, and every step moves S/n bytes over every edge in lock-step, so the slowest edge sets
-  the pace: the inter-node link when N > 1 (alpha_inter, B_inter), NVLink/PCIe when N = 1.
+  the bandwidth term: the inter-node link when N > 1 (B_inter), NVLink/PCIe when N = 1.
   B_inter is the node's network bandwidth: NCCL's several rings (channels) share the NIC.
+  The latency term is NCCL's own ring model (src/graph/tuning.cc, `ncclTopoTuneModel`): of the
+  2(n-1) steps, nInterSteps = 2(N-1) cross the network and pay alpha_inter, the other
+  2(n-N) stay inside a node and pay alpha_intra:
+      T_flat = 2(N-1) alpha_inter + 2(n-N) alpha_intra + 2(n-1)/n * S / B_inter
+  (with one GPU per node every step is an inter-node step: 2(n-1) alpha_inter, as before).
+- Every collective also pays a fixed `collective_latency_s` (NCCL's baseLat: launch and
+  protocol set-up, 8.4 us for the Simple protocol's ring in tuning.cc), once per bucket: a model
+  with many small buckets or fused buffers pays it many times.
 - Hierarchical (2-level): reduce-scatter inside each node (each GPU then owns S/g summed over
   its node), g concurrent ring all-reduces of S/g across the N nodes (one per local rank;
   together they push S/N per step through the node's NIC), then all-gather inside the node:
@@ -26,10 +34,27 @@ stream), each as soon as it is ready and the previous one is done:
 and exposed communication = max(0, finish_last - end of backward compute): the part backward
 did not hide, which the step waits for (DDP's backward returns when every bucket is reduced).
 
-Not modelled (each makes the projection optimistic): contention between NCCL kernels and
-compute for SMs and memory bandwidth while they overlap; NCCL's lower bandwidth on small
-messages (protocol switch-over, fewer channels); stragglers and jitter at large n; network
-congestion from other tenants.
+Interference (`overlap_schedule`): while an all-reduce is in flight during backward, backward
+compute runs slower, at 1 / (1 + slowdown) of its speed (Echo, Feng et al. 2024, "Echo:
+Simulating Distributed Training At Scale", models this interference-induced computation
+slowdown of overlapped compute and communication kernels; on GPUs NCCL's kernels take SMs and
+memory bandwidth, on the lab's CPUs gloo's threads take cores). Ready times and the end of
+backward compute stretch by it; the A/B overhead (t_sync - t_no_sync) is then
+      exposed communication + (stretched backward - backward compute),
+so it exceeds the exposed time by the stretch, as the lab measures (`interference_s`).
+With slowdown = 0 the schedule is `schedule_buckets` exactly.
+
+Horovod (`horovod_schedule`): no DDP buckets. Each gradient tensor is submitted when backward
+produces it; Horovod's background thread wakes every `cycle_time_s`, negotiates which tensors
+every rank has ready (one latency-bound round: `negotiation_s`), fuses them into buffers of at
+most `fusion_bytes` (Horovod's Tensor Fusion: first tensors that fit, in order) and all-reduces
+them one after the other; the next cycle starts `cycle_time_s` after the last one started, or
+when its all-reduces are done, whichever is later (horovod/common/operations.cc `RunLoopOnce`).
+Defaults differ by release: 5 ms and 64 MiB until 0.21, 1 ms and 128 MiB since (Horovod's
+changelog, v0.21.0).
+
+Not modelled (each makes the projection optimistic): NCCL's lower bandwidth on small messages
+(protocol switch-over, fewer channels); network congestion from other tenants.
 """
 
 from __future__ import annotations
@@ -67,7 +92,7 @@ def reduce_scatter_s(nbytes: float, n: int, alpha_s: float, bandwidth_bytes_per_
 
 
 def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
-                algorithm: str = "ring") -> float:
+                algorithm: str = "ring", collective_latency_s: float = 0.0) -> float:
     """Time of one all-reduce of `nbytes` over `nodes` x `gpus_per_node` ranks (definitions: module docstring)."""
     n = nodes * gpus_per_node
     if n <= 1:
@@ -77,24 +102,46 @@ def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | Non
     if nodes == 1:
         if intra is None:
             raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
-        return ring_allreduce_s(nbytes, n, intra.latency_s, intra.bandwidth_bytes_per_s)
+        return collective_latency_s + ring_allreduce_s(nbytes, n, intra.latency_s, intra.bandwidth_bytes_per_s)
     if inter is None:
         raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
-    if algorithm == "ring" or gpus_per_node == 1:
-        return ring_allreduce_s(nbytes, n, inter.latency_s, inter.bandwidth_bytes_per_s)
+    if gpus_per_node == 1:
+        return collective_latency_s + ring_allreduce_s(nbytes, n, inter.latency_s, inter.bandwidth_bytes_per_s)
     if intra is None:
         raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
+    if algorithm == "ring":
+        inter_steps, intra_steps = 2 * (nodes - 1), 2 * (n - nodes)
+        latency = inter_steps * inter.latency_s + intra_steps * intra.latency_s
+        return collective_latency_s + latency + 2 * (n - 1) / n * nbytes / inter.bandwidth_bytes_per_s
     inside = 2 * reduce_scatter_s(nbytes, gpus_per_node, intra.latency_s, intra.bandwidth_bytes_per_s)
-    return inside + ring_allreduce_s(nbytes, nodes, inter.latency_s, inter.bandwidth_bytes_per_s)
+    return collective_latency_s + inside + ring_allreduce_s(nbytes, nodes, inter.latency_s, inter.bandwidth_bytes_per_s)
+
+
+def interval_union_s(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """When each bucket's all-reduce ran, relative to the start of backward."""
+    """When each collective ran, relative to the start of backward.
+
+    `ready_s`: when its gradients were handed over (DDP: the bucket's ready time; Horovod: the
+    cycle that launched the fused buffer); `start_s`/`finish_s`: when the all-reduce ran;
+    `backward_s`: when backward compute ended (stretched by interference, see the module
+    docstring); `compute_backward_s`: backward compute alone, with no communication.
+    """
 
     start_s: tuple[float, ...]
     finish_s: tuple[float, ...]
     backward_s: float
+    ready_s: tuple[float, ...] = ()
+    compute_backward_s: float | None = None
 
     @property
     def exposed_s(self) -> float:
@@ -103,8 +150,21 @@ class Schedule:
 
     @property
     def busy_s(self) -> float:
-        """Time with an all-reduce in flight (the buckets run one at a time: the sum of their costs)."""
-        return sum(f - s for s, f in zip(self.start_s, self.finish_s))
+        """Time communicating: the union of the intervals from hand-over to finish (an all-reduce
+        queued behind another counts from its hand-over, as the lab's `allreduce_s` does)."""
+        starts = self.ready_s or self.start_s
+        return interval_union_s(list(zip(starts, self.finish_s)))
+
+    @property
+    def interference_s(self) -> float:
+        """How much longer backward compute took because communication overlapped it."""
+        base = self.backward_s if self.compute_backward_s is None else self.compute_backward_s
+        return max(0.0, self.backward_s - base)
+
+    @property
+    def ab_overhead_s(self) -> float:
+        """t_sync - t_no_sync of the lab's A/B: exposed communication + interference."""
+        return self.exposed_s + self.interference_s
 
 
 def schedule_buckets(ready_s: Sequence[float], cost_s: Sequence[float], backward_s: float) -> Schedule:
@@ -118,13 +178,107 @@ def schedule_buckets(ready_s: Sequence[float], cost_s: Sequence[float], backward
         finish = start + cost
         starts.append(start)
         finishes.append(finish)
-    return Schedule(tuple(starts), tuple(finishes), backward_s)
+    return Schedule(tuple(starts), tuple(finishes), backward_s, ready_s=tuple(ready_s), compute_backward_s=backward_s)
 
 
-def simulate(bucket_bytes: Sequence[float], ready_s: Sequence[float], backward_s: float,
-             cost: Callable[[float], float]) -> Schedule:
-    """The schedule of buckets of `bucket_bytes` ready at `ready_s`, each costing `cost(bytes)`."""
-    return schedule_buckets(ready_s, [cost(b) for b in bucket_bytes], backward_s)
+def _time_at_work(work_s: float, busy: Sequence[tuple[float, float]], slowdown: float) -> float:
+    """When backward has done `work_s` seconds of its compute, running at 1/(1 + slowdown) of its
+    speed inside the `busy` intervals (all-reduces in flight, one at a time, in time order)."""
+    t, done = 0.0, 0.0
+    for start, end in busy:
+        if start > t:
+            free = start - t
+            if done + free >= work_s:
+                return t + (work_s - done)
+            done, t = done + free, start
+        if end > t:
+            slow = (end - t) / (1.0 + slowdown)
+            if done + slow >= work_s:
+                return t + (work_s - done) * (1.0 + slowdown)
+            done, t = done + slow, end
+    return t + (work_s - done)
+
+
+def overlap_schedule(ready_fractions: Sequence[float], cost_s: Sequence[float], backward_s: float,
+                     slowdown: float = 0.0) -> Schedule:
+    """DDP's bucket schedule with compute interference: start_k = max(ready_k, finish_{k-1}),
+    where ready_k is when backward has done ready_fraction_k of its compute, slowed by
+    `slowdown` while an all-reduce is in flight (module docstring). slowdown = 0 gives
+    `schedule_buckets` with ready_k = fraction_k x backward_s.
+    """
+    if len(ready_fractions) != len(cost_s):
+        raise ValueError("one ready fraction per bucket cost")
+    busy: list[tuple[float, float]] = []
+    readies, starts, finishes = [], [], []
+    finish = 0.0
+    for fraction, cost in zip(ready_fractions, cost_s):
+        ready = _time_at_work(fraction * backward_s, busy, slowdown)
+        start = max(ready, finish)
+        finish = start + cost
+        busy.append((start, finish))
+        readies.append(ready)
+        starts.append(start)
+        finishes.append(finish)
+    end = _time_at_work(backward_s, busy, slowdown)
+    return Schedule(tuple(starts), tuple(finishes), end, ready_s=tuple(readies), compute_backward_s=backward_s)
+
+
+def fuse(tensor_bytes: Sequence[float], fusion_bytes: float) -> list[float]:
+    """Horovod's Tensor Fusion of the tensors ready in one cycle, in order: a buffer takes tensors
+    while they fit in `fusion_bytes`; a tensor larger than the buffer goes alone (0 disables fusion)."""
+    buffers: list[float] = []
+    current = 0.0
+    for nbytes in tensor_bytes:
+        if current and current + nbytes > fusion_bytes:
+            buffers.append(current)
+            current = 0.0
+        current += nbytes
+        if fusion_bytes <= 0:
+            buffers.append(current)
+            current = 0.0
+    if current:
+        buffers.append(current)
+    return buffers
+
+
+def horovod_schedule(tensor_fractions: Sequence[float], tensor_bytes: Sequence[float], backward_s: float,
+                     cost: Callable[[float], float], cycle_time_s: float, fusion_bytes: float,
+                     negotiation_s: float = 0.0, slowdown: float = 0.0) -> Schedule:
+    """Horovod's cycles over the gradient tensors (module docstring); one entry per fused buffer.
+
+    tensor_fractions: per tensor, in the order backward produces them, the fraction of backward
+    compute done when it is ready. The first cycle starts with backward (Horovod's thread runs
+    all along; where in its cycle backward begins is chance, and the start is the simplest
+    deterministic choice). A buffer's `ready_s` is its cycle's start, so the time
+    communicating counts negotiation and the all-reduce, as Horovod's timeline draws them.
+    """
+    if len(tensor_fractions) != len(tensor_bytes):
+        raise ValueError("one ready fraction per tensor")
+    if not cycle_time_s > 0:
+        raise UsageError(f"Horovod cycle time must be > 0, got {cycle_time_s!r}")
+    busy: list[tuple[float, float]] = []
+    readies, starts, finishes = [], [], []
+    sent = 0
+    cycle_start = 0.0
+    while sent < len(tensor_bytes):
+        ready_now = sent
+        while ready_now < len(tensor_bytes) and \
+                _time_at_work(tensor_fractions[ready_now] * backward_s, busy, slowdown) <= cycle_start + 1e-15:
+            ready_now += 1
+        t = cycle_start
+        if ready_now > sent:
+            t += negotiation_s
+            for nbytes in fuse(tensor_bytes[sent:ready_now], fusion_bytes):
+                start, finish = t, t + cost(nbytes)
+                busy.append((start, finish))
+                readies.append(cycle_start)
+                starts.append(start)
+                finishes.append(finish)
+                t = finish
+            sent = ready_now
+        cycle_start = max(cycle_start + cycle_time_s, t)
+    end = _time_at_work(backward_s, busy, slowdown)
+    return Schedule(tuple(starts), tuple(finishes), end, ready_s=tuple(readies), compute_backward_s=backward_s)
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,22 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from scaling.plots.figures import COMM_EXPOSED_COLOUR, IDEAL, METRIC_COLOUR, STYLE, style_axes, use_log, worker_axis
+from scaling.plots.figures import (
+    COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR, IDEAL, METRIC_COLOUR, STYLE, style_axes, use_log,
+    worker_axis,
+)
 from scaling.plots.figures import save as _save
 
 # The lab's colours (Okabe-Ito): throughput orange, TTA green, exposed communication vermillion
 THROUGHPUT = dict(color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.0, marker="s", markersize=5)
 TTA = dict(color=METRIC_COLOUR["tta"], linestyle="-", linewidth=1.6, marker="^", markersize=6)
-COMM = dict(color=COMM_EXPOSED_COLOUR, linestyle="-", linewidth=1.8, marker="o", markersize=5)
+# the three communication figures, as the report draws them (scaling/plots/figures.py)
+COMM_LINES = (
+    ("allreduce_pct", "communicating: all-reduce in flight", dict(color=COMM_IN_FLIGHT_COLOUR, linestyle=":", marker="^")),
+    ("comm_overhead_pct", "comm overhead A/B (exposed + interference)", dict(color=COMM_AB_COLOUR, linestyle="-",
+                                                                             marker="o")),
+    ("exposed_comm_pct", "exposed communication", dict(color=COMM_EXPOSED_COLOUR, linestyle="--", marker="s")),
+)
 GPUS = "GPUs (data-parallel workers)"
 
 
@@ -36,7 +45,7 @@ def projection_title(df: pd.DataFrame) -> str:
 
 
 def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
-    """Left: throughput (and TTA) speedup over 1 GPU with the ideal line; right: comm overhead %."""
+    """Left: throughput (and TTA) speedup over 1 GPU with the ideal line; right: the three communication figures."""
     with mpl.rc_context(STYLE):
         fig = Figure(figsize=(8.0, 3.8), layout="constrained")
         left, right = fig.subplots(1, 2)
@@ -67,12 +76,14 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         left.set_title("Speedup", fontsize=9)
         left.legend(loc="upper left")
 
-        right.plot(n, df["comm_overhead_pct"], label="exposed communication (% of step)", **COMM)
-        right.set_ylim(0, max(5.0, float(df["comm_overhead_pct"].max()) * 1.15))
+        for column, label, line in COMM_LINES:
+            right.plot(n, df[column], label=label, linewidth=1.8, markersize=5, **line)
+        highest = float(df[[c for c, _, _ in COMM_LINES]].max().max())
+        right.set_ylim(0, max(5.0, highest * 1.15))
         right.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}%"))
         worker_axis(right, n, log, label=GPUS)
-        right.set_ylabel("communication overhead")
-        right.set_title("Communication overhead", fontsize=9)
+        right.set_ylabel("share of step time")
+        right.set_title("Communication: three figures", fontsize=9)
         right.legend(loc="upper left")
         fig.suptitle(title or projection_title(df), fontweight="bold", fontsize=10)
     return fig

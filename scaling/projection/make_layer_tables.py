@@ -49,6 +49,8 @@ OUT_DIR = Path(__file__).resolve().parent / "layers"
 MODELS = {
     "resnet50": (1000, 224, 64, "imagenet", 1_281_167),
     "resnet18": (1000, 224, 64, "imagenet", 1_281_167),
+    "resnet101": (1000, 224, 64, "imagenet", 1_281_167),
+    "vgg16": (1000, 224, 32, "imagenet", 1_281_167),
     "resnet20": (10, 32, 32, "cifar10", 50_000),
     "resnet56": (10, 32, 32, "cifar10", 50_000),
     "small_cnn": (10, 32, 32, "cifar10", 50_000),

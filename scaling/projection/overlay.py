@@ -12,10 +12,15 @@ at the series' measured worker counts:
 - cluster: the runs' `cluster` (the most common, if they differ).
 
 Columns added to the report's per-worker-count table, per (series, num_workers):
-`projected_step_s`, `projected_comm_overhead_pct` (the model's exposed / step: the lab's A/B
-figure), `projected_speedup_throughput` = projected throughput(N) / projected throughput(base),
-rebased to the series' base worker count as the measured speedup is, and
-`projected_efficiency_throughput` = that speedup / (N / base).
+`projected_step_s`; the three communication figures, as the lab measures them
+(scaling/projection/project.py defines the model's): `projected_allreduce_pct` (time
+communicating), `projected_exposed_comm_pct` (exposed) and `projected_comm_overhead_pct` (the
+A/B figure: exposed + interference); `projected_speedup_throughput` = projected throughput(N) /
+projected throughput(base), rebased to the series' base worker count as the measured speedup
+is, and `projected_efficiency_throughput` = that speedup / (N / base).
+
+The projection is `run_projection`, the same model and cluster terms as `scaling project`, with
+the runs' backend (DDP or Horovod, and Horovod's cycle time and fusion threshold).
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ import pandas as pd
 
 from scaling.errors import UsageError
 
-PROJECTED = ("projected_step_s", "projected_comm_overhead_pct", "projected_speedup_throughput",
-             "projected_efficiency_throughput")
+PROJECTED = ("projected_step_s", "projected_allreduce_pct", "projected_exposed_comm_pct", "projected_comm_overhead_pct",
+             "projected_speedup_throughput", "projected_efficiency_throughput")
 
 
 def _mode(values: pd.Series):
@@ -70,8 +75,15 @@ def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tupl
             continue
         base = _base_run(part)
         counts = sorted(int(n) for n in part["num_workers"].unique())
+        horovod = {}
+        if str(base.get("backend")) == "horovod":
+            horovod = {"backend": "horovod"}
+            for key in ("horovod_cycle_time_ms", "horovod_fusion_threshold_mb"):
+                value = pd.to_numeric(base.get(key), errors="coerce")
+                if pd.notna(value):
+                    horovod[key] = float(value)
         try:
-            df = run_projection(str(base["model"]), str(cluster), workers=counts, from_run=run_dir_of(base))
+            df = run_projection(str(base["model"]), str(cluster), workers=counts, from_run=run_dir_of(base), **horovod)
         except (UsageError, ValueError, OSError, KeyError) as exc:
             warnings.append(f"no projection for {label} on {cluster}: {exc}")
             continue
@@ -81,6 +93,8 @@ def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tupl
         for n in counts:
             rows.append({**dict(zip(others, values)), "num_workers": n, "cluster": str(cluster),
                          "projected_step_s": float(df.loc[n, "step_s"]),
+                         "projected_allreduce_pct": float(df.loc[n, "allreduce_pct"]),
+                         "projected_exposed_comm_pct": float(df.loc[n, "exposed_comm_pct"]),
                          "projected_comm_overhead_pct": float(df.loc[n, "comm_overhead_pct"]),
                          "projected_speedup_throughput": float(speedup.loc[n]),
                          "projected_efficiency_throughput": float(speedup.loc[n]) / (n / base_workers)})

@@ -5,25 +5,35 @@ time per epoch, throughput, speedup, communication overhead, scaling efficiency,
 
 The model, per worker count (weak scaling: the per-GPU batch is fixed, the global batch grows):
 
-    step_s = data_s + forward_s + backward_compute_s + exposed_comm_s + optimizer_s
+    step_s = data_s + forward_s + backward_compute_s + interference_s + exposed_comm_s + optimizer_s
 
 - data, forward, backward compute, optimizer: one worker's, the same at every worker count
   (scaling/projection/compute.py: from a run or a published throughput).
-- exposed_comm_s: the DDP buckets (scaling/projection/layers.py) become ready during backward
+- backend "ddp": the DDP buckets (scaling/projection/layers.py) become ready during backward
   and are all-reduced in order, one at a time, each at max(its ready time, the previous
-  bucket's finish), costed with the alpha-beta model of the cluster's algorithm
-  (scaling/projection/cost.py); exposed = finish of the last bucket - end of backward compute,
-  >= 0, plus straggler_s. At one worker there is no all-reduce: exposed = 0.
-- straggler_s: the wait for the slowest rank per synchronous step, mean over ranks: 0 unless
-  measured (compute from concurrent one-worker runs, scaling/projection/compute.py) or given.
-  The lab's per-rank exposed communication and A/B difference both contain it (a fast rank's
-  all-reduce ends with the slow rank's), so it is part of exposed_comm_s here.
-- comm_overhead_pct = 100 x exposed_comm_s / step_s. The lab measures (t_sync - t_no_sync) /
-  t_sync (scaling/analysis/run_metrics.py); in this model t_sync - t_no_sync is the exposed
-  communication (hidden communication costs nothing), so the two coincide: exposed_comm_pct
-  and comm_overhead_pct are the same number here.
-- allreduce_s: time with an all-reduce in flight (the sum of the bucket costs: they run one at
-  a time, plus straggler_s, which a fast rank spends inside its all-reduce), the lab's `allreduce_s`.
+  bucket's finish); backend "horovod": every gradient tensor is handed to Horovod when ready
+  and its cycles negotiate, fuse and all-reduce them (cost.horovod_schedule). Each all-reduce
+  is costed with the cluster's algorithm, link latencies and bandwidths (transport efficiency
+  included) and the fixed collective latency (scaling/projection/cost.py).
+- interference_s: how much longer backward compute takes because all-reduces overlap it
+  (the cluster's overlap_slowdown; cost.overlap_schedule). 0 at one worker.
+- exposed_comm_s = finish of the last all-reduce - end of (stretched) backward compute, >= 0,
+  plus straggler_s. At one worker there is no all-reduce: exposed = 0.
+- straggler_s: the wait for the slowest rank per synchronous step, mean over ranks: measured
+  (concurrent one-worker runs, compute.py) or given; else from the cluster's step jitter,
+  growing with the worker count (compute.jitter_straggler_s). The lab's per-rank exposed
+  communication and A/B difference both contain it (a fast rank's all-reduce ends with the
+  slow rank's), so it is part of exposed_comm_s here.
+
+Three communication figures, the lab's three (scaling/analysis/run_metrics.py), never one number:
+- allreduce_s / allreduce_pct: time communicating, an all-reduce in flight (from a bucket's
+  hand-over, or a Horovod cycle's start, to its finish; union over the step) plus straggler_s
+  (a fast rank spends the wait inside its all-reduce), as a share of the step: the DAWNBench
+  analysis' "communication overhead" (Coleman et al. 2019), overlapped or not. Equally the
+  share of an epoch (every step of an epoch is the same here).
+- exposed_comm_s / exposed_comm_pct: the part backward did not hide.
+- comm_overhead_pct: the A/B overhead, (t_sync - t_no_sync) / t_sync = 100 x (exposed_comm_s
+  + interference_s) / step_s: what communication costs the step, hidden or not.
 - throughput_samples_per_s = num_workers x per-GPU batch / step_s;
   speedup_throughput = throughput(N) / throughput(1 GPU); efficiency_throughput = speedup / N.
 - steps_per_epoch = floor(samples per epoch / global batch) (DistributedSampler with
@@ -45,31 +55,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from scaling.errors import UsageError
-from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, describe_link, load_cluster, normalize_precision
-from scaling.projection.compute import (
-    StepCompute, compute_from_concurrent_runs, compute_from_device, compute_from_run, run_model,
+from scaling.projection.cluster import (
+    Cluster, cluster_from_alpha_beta, describe_link, describe_terms, load_cluster, normalize_precision,
 )
-from scaling.projection.cost import allreduce_s, simulate
+from scaling.projection.compute import (
+    StepCompute, compute_from_concurrent_runs, compute_from_device, compute_from_run, jitter_straggler_s, run_model,
+)
+from scaling.projection.cost import allreduce_s, horovod_schedule, overlap_schedule
 from scaling.projection.layers import (
-    BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, load_layer_table, model_buckets,
+    BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, load_layer_table, model_buckets,
+    tensor_schedule,
 )
 from scaling.results import BUCKETS_PARQUET, STEPS_PARQUET
 
 COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
+BACKENDS = ("ddp", "horovod")
+# Horovod's defaults since 0.21 (its changelog: cycle time 5 -> 1 ms, fusion buffer 64 -> 128 MB)
+HOROVOD_CYCLE_MS = 1.0
+HOROVOD_FUSION_MB = 128.0  # MiB (HOROVOD_FUSION_THRESHOLD = 128 x 2**20 bytes)
 TTA_CAVEAT = ("TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
               "may need many more epochs, or not reach the target at all, beyond what was measured")
 COLUMNS = (
     "num_nodes", "workers_per_node", "num_workers", "per_worker_batch", "global_batch",
     "data_s", "forward_s", "backward_compute_s", "backward_s", "optimizer_s", "step_s",
-    "allreduce_s", "straggler_s", "exposed_comm_s", "exposed_comm_pct", "comm_overhead_pct",
+    "interference_s", "allreduce_s", "allreduce_pct", "straggler_s", "exposed_comm_s", "exposed_comm_pct",
+    "comm_overhead_pct",
     "throughput_samples_per_s", "speedup_throughput", "efficiency_throughput",
     "steps_per_epoch", "time_per_epoch_s", "speedup_time_per_epoch",
-    "num_buckets", "grad_bytes", "allreduce_algorithm",
+    "num_buckets", "grad_bytes", "allreduce_algorithm", "backend",
 )
 TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
 
@@ -193,6 +212,10 @@ def run_projection(
     grad_compression: str | None = None,
     bucket_cap_mb: float | None = None,
     straggler_s: float | None = None,
+    backend: str = "ddp",
+    horovod_cycle_time_ms: float | None = None,
+    horovod_fusion_threshold_mb: float | None = None,
+    overlap_slowdown: float | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -213,7 +236,13 @@ def run_projection(
     else DDP's own default (no argument: 25 MiB, first bucket 1 MiB). The lab always passes it
     (25.0 by default), so projections from its runs have no 1 MiB first bucket.
     straggler_s: seconds per synchronous step spent waiting for the slowest rank (default: what
-    concurrent runs measured, else 0), added to every multi-worker row's exposed communication.
+    concurrent runs measured, else the cluster's step jitter at each worker count), added to
+    every multi-worker row's exposed communication.
+    backend: "ddp" (buckets) or "horovod" (cycles and Tensor Fusion; `horovod_cycle_time_ms`,
+    `horovod_fusion_threshold_mb` in MiB as the lab's `instrument.*` of the same names, default
+    Horovod's current 1 ms and 128 MiB).
+    overlap_slowdown: the interference term instead of the cluster's (e.g. what a multi-worker
+    run measured: compute.measured_overlap_slowdown).
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
     links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
@@ -222,6 +251,10 @@ def run_projection(
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     cluster = cluster.with_algorithm(allreduce)
+    if overlap_slowdown is not None:
+        if not (isinstance(overlap_slowdown, (int, float)) and math.isfinite(overlap_slowdown) and overlap_slowdown >= 0):
+            raise UsageError(f"overlap_slowdown must be a number >= 0, got {overlap_slowdown!r}")
+        cluster = replace(cluster, overlap_slowdown=float(overlap_slowdown))
     if grad_compression is not None and grad_compression not in COMPRESSION_BYTES:
         raise UsageError(f"grad_compression must be one of {', '.join(COMPRESSION_BYTES)}, got {grad_compression!r}")
     rows_at = placements(nodes, workers, cluster.gpus_per_node)
@@ -229,15 +262,26 @@ def run_projection(
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
     compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s)
     b = compute.per_worker_batch
-    if straggler_s is None:
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    cycle_ms = HOROVOD_CYCLE_MS if horovod_cycle_time_ms is None else horovod_cycle_time_ms
+    fusion_mb = HOROVOD_FUSION_MB if horovod_fusion_threshold_mb is None else horovod_fusion_threshold_mb
+    if backend == "horovod" and not (isinstance(cycle_ms, (int, float)) and cycle_ms > 0
+                                     and isinstance(fusion_mb, (int, float)) and fusion_mb >= 0):
+        raise UsageError(f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}")
+    if straggler_s is None and compute.straggler_ranks:
         straggler_s = compute.straggler_s
-    elif not (isinstance(straggler_s, (int, float)) and math.isfinite(straggler_s) and straggler_s >= 0):
+    elif straggler_s is not None and not (isinstance(straggler_s, (int, float)) and math.isfinite(straggler_s)
+                                          and straggler_s >= 0):
         raise UsageError(f"straggler_s must be a number >= 0, got {straggler_s!r}")
     if straggler_s:
         measured = (f"measured by {compute.straggler_ranks} concurrent 1-worker runs"
                     if compute.straggler_ranks and straggler_s == compute.straggler_s else "given")
         notes.append(f"straggler: {1e3 * straggler_s:.1f} ms per step at every worker count > 1 ({measured}): "
                      f"the wait for the slowest rank, counted as exposed communication, as the lab measures it")
+    elif straggler_s is None and cluster.step_jitter_cv:
+        notes.append(f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
+                     f"per rank and step), the expected wait for the slowest of n ranks, growing with n")
     if grad_compression is None:
         grad_compression = compute.grad_compression or "none"
     cap_from_run = bucket_cap_mb is None and compute.bucket_cap_mb is not None
@@ -267,11 +311,19 @@ def run_projection(
                      f"the estimate has {len(elements)}")
     wire = COMPRESSION_BYTES[grad_compression]
     wire_bytes = [e * wire for e in elements]
-    notes.append(f"buckets: {len(elements)} ({bucket_note}); {sum(wire_bytes) / 1e6:.1f} MB of gradients per step "
-                 f"on the wire ({'fp32' if grad_compression == 'none' else grad_compression}); "
-                 f"ready times {schedule_source}")
+    on_wire = f"{sum(wire_bytes) / 1e6:.1f} MB of gradients per step on the wire " \
+              f"({'fp32' if grad_compression == 'none' else grad_compression})"
+    if backend == "ddp":
+        notes.append(f"buckets: {len(elements)} ({bucket_note}); {on_wire}; ready times {schedule_source}")
+    else:
+        notes.append(f"{on_wire}; tensor ready times estimated from layer FLOPs")
     notes.append(f"cluster {cluster.name}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
-                 + describe_link(cluster.intra_node, "intra-node") + "; " + describe_link(cluster.inter_node, "inter-node"))
+                 + describe_link(cluster.intra_node, "intra-node") + "; " + describe_link(cluster.inter_node, "inter-node")
+                 + "; " + describe_terms(cluster))
+    tensors = tensor_schedule(table)
+    if backend == "horovod":
+        notes.append(f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
+                     f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)")
 
     samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
     if not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
@@ -285,27 +337,43 @@ def run_projection(
         n = n_nodes * per_node
 
         def cost(nbytes, n_nodes=n_nodes, per_node=per_node):
-            return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce)
+            return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce,
+                               cluster.collective_latency_s)
 
-        ready = [f * compute.backward_s for f in fractions]
-        sched = simulate(wire_bytes, ready, compute.backward_s, cost) if n > 1 else None
-        wait = straggler_s if sched else 0.0
+        sched = None
+        if n > 1 and backend == "ddp":
+            sched = overlap_schedule(fractions, [cost(b) for b in wire_bytes], compute.backward_s,
+                                     cluster.overlap_slowdown)
+        elif n > 1:
+            # negotiation: one latency-bound collective among all ranks per cycle
+            sched = horovod_schedule([f for _, f in tensors], [e * wire for e, _ in tensors], compute.backward_s,
+                                     cost, cycle_ms / 1e3, fusion_mb * MIB, negotiation_s=cost(0.0),
+                                     slowdown=cluster.overlap_slowdown)
+        if sched is None:
+            wait = 0.0
+        elif straggler_s is not None:
+            wait = straggler_s
+        else:
+            wait = jitter_straggler_s(compute.data_s + compute.forward_s + compute.backward_s,
+                                      cluster.step_jitter_cv, n)
         exposed = sched.exposed_s + wait if sched else 0.0
+        interference = sched.interference_s if sched else 0.0
         busy = sched.busy_s + wait if sched else 0.0
-        step = compute.step_s + exposed
+        step = compute.step_s + interference + exposed
         throughput = n * b / step
         steps_per_epoch = samples_per_epoch // (n * b)
         rows.append({
             "num_nodes": n_nodes, "workers_per_node": per_node, "num_workers": n, "per_worker_batch": b,
             "global_batch": n * b, "data_s": compute.data_s, "forward_s": compute.forward_s,
-            "backward_compute_s": compute.backward_s, "backward_s": compute.backward_s + exposed,
-            "optimizer_s": compute.optimizer_s, "step_s": step, "allreduce_s": busy, "straggler_s": wait,
-            "exposed_comm_s": exposed,
-            "exposed_comm_pct": 100 * exposed / step, "comm_overhead_pct": 100 * exposed / step,
+            "backward_compute_s": compute.backward_s, "backward_s": compute.backward_s + interference + exposed,
+            "optimizer_s": compute.optimizer_s, "step_s": step, "interference_s": interference,
+            "allreduce_s": busy, "allreduce_pct": 100 * busy / step, "straggler_s": wait,
+            "exposed_comm_s": exposed, "exposed_comm_pct": 100 * exposed / step,
+            "comm_overhead_pct": 100 * (exposed + interference) / step,
             "throughput_samples_per_s": throughput, "steps_per_epoch": steps_per_epoch,
             "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,
-            "num_buckets": len(wire_bytes) if n > 1 else 0, "grad_bytes": sum(wire_bytes) if n > 1 else 0,
-            "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring",
+            "num_buckets": len(sched.finish_s) if sched else 0, "grad_bytes": sum(wire_bytes) if n > 1 else 0,
+            "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring", "backend": backend,
         })
     df = pd.DataFrame(rows)
     base = df.iloc[0]
@@ -331,7 +399,8 @@ def run_projection(
             caveats.append(TTA_CAVEAT)
     df = df[columns]
     df.attrs.update(model=model, cluster=cluster.name, precision=compute.precision, per_gpu_batch=b,
-                    allreduce=cluster.allreduce, notes=notes, caveats=caveats, schedule=schedule_source)
+                    allreduce=cluster.allreduce, backend=backend, notes=notes, caveats=caveats,
+                    schedule=schedule_source)
     return df
 
 
