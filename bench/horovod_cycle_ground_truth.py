@@ -85,10 +85,13 @@ def fit_allreduce(quick: bool) -> dict:
                                    target_s=0.1 if quick else 0.3)
     gloo = [bl.median(times["torch_gloo"][s]) for s in sizes]
     fit = fit_alpha_beta(sizes, gloo, WORLD)
-    horovod = {str(s): bl.median(times["horovod_gloo"][s]) for s in sizes} if "horovod_gloo" in times else None
+    horovod = [bl.median(times["horovod_gloo"][s]) for s in sizes] if "horovod_gloo" in times else None
+    # the model's isolated Horovod all-reduce: handed over at a random point of the 1 ms cycle (half
+    # a cycle's wait on average), one negotiation (the fit's latency term), then the transfer
+    model = [0.5e-3 + fit.predict_s(0.0) + fit.predict_s(s) for s in sizes]
     return {"sizes_bytes": sizes, "gloo_median_s": gloo, "horovod_1ms_median_s": horovod,
-            "horovod_error": horovod_error, "alpha_s": fit.alpha_s, "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
-            "fit_rms_relative_error": fit.rms_relative_error}
+            "horovod_1ms_model_s": model, "horovod_error": horovod_error, "alpha_s": fit.alpha_s,
+            "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "fit_rms_relative_error": fit.rms_relative_error}
 
 
 def one_worker_runs(run_dirs: list[Path], overrides: list[str], env: dict) -> None:
@@ -148,6 +151,11 @@ def main() -> None:
     from scaling.launch.local_cluster import private_ray_head
     from scaling.launch.ray_train import connect
     from scaling.launch.run import execute_run
+    from scaling.train import horovod_backend
+
+    usable, why = horovod_backend.available()
+    if not usable:
+        raise SystemExit(f"[{NAME}] needs Horovod (`make horovod`): {why}")
 
     started, load_start = time.time(), bl.load_average()
     data = ["train.target_accuracy=1.0", "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
@@ -155,6 +163,10 @@ def main() -> None:
     fit = fit_allreduce(args.quick)
     log(f"alpha {fit['alpha_s'] * 1e6:.0f} us, bandwidth {fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
         f"(rms {100 * fit['fit_rms_relative_error']:.0f}%)")
+    if fit["horovod_1ms_median_s"]:
+        log("isolated Horovod all-reduce at its 1 ms cycle, measured / model: " + ", ".join(
+            f"{s // 1024} KiB {1e3 * m:.2f} / {1e3 * p:.2f} ms" for s, m, p in
+            zip(fit["sizes_bytes"], fit["horovod_1ms_median_s"], fit["horovod_1ms_model_s"])))
     record = {"config": CONFIG, "model": MODEL, "world_size": WORLD, "arms": {a: {"horovod_cycle_time_ms": c,
               "horovod_fusion_threshold_mb": f} for a, (c, f) in ARMS.items()}, "repeats": repeats,
               "epochs_per_run": epochs, "allreduce_fit": fit, "status": "started"}

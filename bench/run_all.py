@@ -1,6 +1,6 @@
 """Run every benchmark in bench/, one after the other, then write the summary table.
 
-    .venv/bin/python bench/run_all.py            # full: results in bench/results/ (about 14 min here)
+    .venv/bin/python bench/run_all.py            # full: results in bench/results/ (about 26 min here)
     .venv/bin/python bench/run_all.py --quick    # few minutes: results in bench/results/quick/
     .venv/bin/python bench/run_all.py --only allreduce,analysis_speed
 
@@ -22,7 +22,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # Shortest first: a broken set-up shows within a minute.
 BENCHMARKS = ("projection_anchors", "allreduce", "analysis_speed", "instrumentation_overhead", "instrumentation_overhead_own_job",
-              "ray_overhead", "cpu_scaling")
+              "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth")
 # A benchmark that is another's script with arguments: name -> (script, arguments).
 VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["--job", "own"])}
 

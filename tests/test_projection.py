@@ -549,17 +549,41 @@ def test_horovod_cycles_and_fusion_by_hand():
     assert fuse([30, 30, 50, 10], 64) == [60, 60]
     assert fuse([100, 10], 64) == [100, 10]  # a tensor over the buffer goes alone
     assert fuse([10, 10], 0) == [10, 10]  # threshold 0: no fusion
-    # backward 10 ms; tensors ready at 2, 4 and 10 ms; 5 ms cycles from 0; negotiation 1 ms;
-    # an all-reduce costs 1 ms per 100 bytes. Cycle at 0: nothing ready. Cycle at 5: tensors 0
-    # and 1 (fused, 200 B): negotiate 5..6, all-reduce 6..8. Cycle at 10: tensor 2: 10..11,
-    # 11..12. Exposed = 12 - 10 = 2 ms (the cycle wait is not hidden); time communicating counts
-    # each cycle from its start: 5..8 and 10..12 = 5 ms.
+    # backward 10 ms; tensors ready at 2, 4 and 10 ms; 5 ms cycles; negotiation 1 ms; an
+    # all-reduce costs 1 ms per 100 bytes; the rest of the step (optimizer, data, forward) 4 ms.
+    # First step, a cycle at backward's start: cycles at 0 (nothing ready), 5 (tensors 0 and 1,
+    # fused: 5..6..8), 10 (tensor 2: 10..11..12); the next cycle is at 15 and the next backward
+    # at 12 + 4 = 16, so the idle cycle at 20 is 4 ms into it. Steady state, cycles at 4, 9, 14:
+    # at 4 tensors 0 and 1 (ready at 2 and 4, fused, 200 B): negotiate 4..5, all-reduce 5..7; at
+    # 9 nothing; at 14 tensor 2: 14..15, 15..16. Then the next cycle is at 19, the next backward
+    # at 20, the cycle at 24 again 4 ms into it: the phase repeats. Exposed = 16 - 10 = 6 ms;
+    # time communicating counts each cycle from its start: 4..7 and 14..16 = 5 ms; the step
+    # (backward start to the next) is 16 + 4 = 20 ms, 4 whole cycles.
     sched = horovod_schedule([0.2, 0.4, 1.0], [100, 100, 100], 0.010, lambda b: b / 100 * 1e-3,
-                             cycle_time_s=0.005, fusion_bytes=1000, negotiation_s=0.001)
-    assert sched.start_s == pytest.approx((0.006, 0.011))
-    assert sched.finish_s == pytest.approx((0.008, 0.012))
-    assert sched.exposed_s == pytest.approx(0.002)
+                             cycle_time_s=0.005, fusion_bytes=1000, negotiation_s=0.001, rest_of_step_s=0.004)
+    assert sched.ready_s == pytest.approx((0.004, 0.014))
+    assert sched.start_s == pytest.approx((0.005, 0.015))
+    assert sched.finish_s == pytest.approx((0.007, 0.016))
+    assert sched.exposed_s == pytest.approx(0.006)
     assert sched.busy_s == pytest.approx(0.005)
+
+
+def test_horovod_step_locks_onto_the_cycle():
+    """The lab's measured case (bench/horovod_cycle_ground_truth.py): a 50 ms cycle and about 50
+    ms of compute per step. By hand: backward 20 ms, its one tensor ready at its end, a 2 ms
+    all-reduce, no negotiation, 30 ms of the step outside backward. The first step (a cycle at
+    backward's start) sends at 50 ms, finishes at 52; the next backward starts at 82 and the
+    next cycle is at 100, 18 ms into it. Steady state: cycles at 18 (nothing ready) and 68:
+    68..70, exposed 50 ms, the step 70 + 30 = 100 ms = 2 cycles (and the phase repeats: the
+    next cycle at 118 is 18 ms into the next backward at 100). The first step alone would give
+    exposed 32 ms and a step of 82 ms, which the 2-worker runs contradict (they step every 100 ms)."""
+    from scaling.projection.cost import horovod_schedule
+
+    sched = horovod_schedule([1.0], [1.0], 0.020, lambda b: 0.002, cycle_time_s=0.050, fusion_bytes=1e9,
+                             rest_of_step_s=0.030)
+    assert sched.start_s == pytest.approx((0.068,))
+    assert sched.exposed_s == pytest.approx(0.050)
+    assert sched.finish_s[-1] + 0.030 == pytest.approx(0.100)
 
 
 def test_jitter_straggler_wait_by_hand():

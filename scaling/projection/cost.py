@@ -51,7 +51,14 @@ most `fusion_bytes` (Horovod's Tensor Fusion: first tensors that fit, in order) 
 them one after the other; the next cycle starts `cycle_time_s` after the last one started, or
 when its all-reduces are done, whichever is later (horovod/common/operations.cc `RunLoopOnce`).
 Defaults differ by release: 5 ms and 64 MiB until 0.21, 1 ms and 128 MiB since (Horovod's
-changelog, v0.21.0).
+changelog, v0.21.0). The thread cycles all along, idle between steps too, so where a step's
+backward starts in the cycle is set by the step before: `optimizer.synchronize()` returns when
+a cycle's all-reduces finish, and the next backward starts `rest_of_step_s` later (optimizer,
+the next step's data and forward). The schedule is the steady state of that: steps are chained
+until the phase repeats. A step then lasts a whole number of cycles whenever its all-reduces
+fit in a cycle (the training loop locks onto the cycle): with compute C per step and the last
+cycle's negotiation and all-reduce c, the step is ceil((C + c) / cycle) cycles, not C plus a
+fraction of a cycle (measured on this machine: bench/horovod_cycle_ground_truth.py).
 
 Not modelled (each makes the projection optimistic): NCCL's lower bandwidth on small messages
 (protocol switch-over, fewer channels); network congestion from other tenants.
@@ -243,23 +250,51 @@ def fuse(tensor_bytes: Sequence[float], fusion_bytes: float) -> list[float]:
 
 def horovod_schedule(tensor_fractions: Sequence[float], tensor_bytes: Sequence[float], backward_s: float,
                      cost: Callable[[float], float], cycle_time_s: float, fusion_bytes: float,
-                     negotiation_s: float = 0.0, slowdown: float = 0.0) -> Schedule:
-    """Horovod's cycles over the gradient tensors (module docstring); one entry per fused buffer.
+                     negotiation_s: float = 0.0, slowdown: float = 0.0, rest_of_step_s: float = 0.0) -> Schedule:
+    """Horovod's cycles over the gradient tensors in the steady state (module docstring); one entry
+    per fused buffer, times relative to the start of backward.
 
     tensor_fractions: per tensor, in the order backward produces them, the fraction of backward
-    compute done when it is ready. The first cycle starts with backward (Horovod's thread runs
-    all along; where in its cycle backward begins is chance, and the start is the simplest
-    deterministic choice). A buffer's `ready_s` is its cycle's start, so the time
-    communicating counts negotiation and the all-reduce, as Horovod's timeline draws them.
+    compute done when it is ready. rest_of_step_s: from the end of a step's last all-reduce to
+    the start of the next step's backward (optimizer, data, forward, and any wait for a slower
+    rank). A buffer's `ready_s` is its cycle's start, so the time communicating counts
+    negotiation and the all-reduce, as Horovod's timeline draws them.
+
+    The first step assumes a cycle starts with backward; each step sets the next one's phase (the
+    next cycle after the last all-reduce, then one every `cycle_time_s`), and steps are chained
+    until a phase comes back (a few steps: the phase depends only on what the last cycle of a
+    step carries). The step at which it comes back is returned; where the phases cycle through
+    several values (a step within rounding of a whole number of cycles), that is one of them.
     """
     if len(tensor_fractions) != len(tensor_bytes):
         raise ValueError("one ready fraction per tensor")
     if not cycle_time_s > 0:
         raise UsageError(f"Horovod cycle time must be > 0, got {cycle_time_s!r}")
+    phases: list[float] = []
+    phase = 0.0
+    while True:
+        schedule, next_cycle_s = _horovod_step(tensor_fractions, tensor_bytes, backward_s, cost, cycle_time_s,
+                                               fusion_bytes, negotiation_s, slowdown, phase)
+        if not schedule.finish_s:
+            return schedule
+        next_backward_s = max(schedule.finish_s[-1], schedule.backward_s) + rest_of_step_s
+        # idle cycles tick every cycle_time_s until the next backward has begun
+        waits = max(0, math.ceil((next_backward_s - next_cycle_s) / cycle_time_s - 1e-9))
+        phase = next_cycle_s + waits * cycle_time_s - next_backward_s
+        if any(abs(phase - seen) <= 1e-9 * cycle_time_s for seen in phases) or len(phases) > 100:
+            return schedule
+        phases.append(phase)
+
+
+def _horovod_step(tensor_fractions: Sequence[float], tensor_bytes: Sequence[float], backward_s: float,
+                  cost: Callable[[float], float], cycle_time_s: float, fusion_bytes: float, negotiation_s: float,
+                  slowdown: float, first_cycle_s: float) -> tuple[Schedule, float]:
+    """One step whose first cycle starts `first_cycle_s` after backward starts; with the start of
+    the cycle after its last one (both relative to this step's backward start)."""
     busy: list[tuple[float, float]] = []
     readies, starts, finishes = [], [], []
     sent = 0
-    cycle_start = 0.0
+    cycle_start = first_cycle_s
     while sent < len(tensor_bytes):
         ready_now = sent
         while ready_now < len(tensor_bytes) and \
@@ -278,7 +313,8 @@ def horovod_schedule(tensor_fractions: Sequence[float], tensor_bytes: Sequence[f
             sent = ready_now
         cycle_start = max(cycle_start + cycle_time_s, t)
     end = _time_at_work(backward_s, busy, slowdown)
-    return Schedule(tuple(starts), tuple(finishes), end, ready_s=tuple(readies), compute_backward_s=backward_s)
+    schedule = Schedule(tuple(starts), tuple(finishes), end, ready_s=tuple(readies), compute_backward_s=backward_s)
+    return schedule, cycle_start
 
 
 @dataclass(frozen=True)

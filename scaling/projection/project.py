@@ -12,7 +12,8 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
 - backend "ddp": the DDP buckets (scaling/projection/layers.py) become ready during backward
   and are all-reduced in order, one at a time, each at max(its ready time, the previous
   bucket's finish); backend "horovod": every gradient tensor is handed to Horovod when ready
-  and its cycles negotiate, fuse and all-reduce them (cost.horovod_schedule). Each all-reduce
+  and its cycles negotiate, fuse and all-reduce them, in the steady state where each step's
+  phase in the cycle follows from the step before (cost.horovod_schedule). Each all-reduce
   is costed with the cluster's algorithm, link latencies and bandwidths (transport efficiency
   included) and the fixed collective latency (scaling/projection/cost.py).
 - interference_s: how much longer backward compute takes because all-reduces overlap it
@@ -340,22 +341,25 @@ def run_projection(
             return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce,
                                cluster.collective_latency_s)
 
-        sched = None
-        if n > 1 and backend == "ddp":
-            sched = overlap_schedule(fractions, [cost(b) for b in wire_bytes], compute.backward_s,
-                                     cluster.overlap_slowdown)
-        elif n > 1:
-            # negotiation: one latency-bound collective among all ranks per cycle
-            sched = horovod_schedule([f for _, f in tensors], [e * wire for e, _ in tensors], compute.backward_s,
-                                     cost, cycle_ms / 1e3, fusion_mb * MIB, negotiation_s=cost(0.0),
-                                     slowdown=cluster.overlap_slowdown)
-        if sched is None:
+        if n == 1:
             wait = 0.0
         elif straggler_s is not None:
             wait = straggler_s
         else:
             wait = jitter_straggler_s(compute.data_s + compute.forward_s + compute.backward_s,
                                       cluster.step_jitter_cv, n)
+        sched = None
+        if n > 1 and backend == "ddp":
+            sched = overlap_schedule(fractions, [cost(b) for b in wire_bytes], compute.backward_s,
+                                     cluster.overlap_slowdown)
+        elif n > 1:
+            # negotiation: one latency-bound collective among all ranks per cycle; the cycle's phase
+            # at backward's start follows from the rest of the step, the wait for the slower rank
+            # included (that rank's gradients are the last a cycle waits for)
+            sched = horovod_schedule([f for _, f in tensors], [e * wire for e, _ in tensors], compute.backward_s,
+                                     cost, cycle_ms / 1e3, fusion_mb * MIB, negotiation_s=cost(0.0),
+                                     slowdown=cluster.overlap_slowdown,
+                                     rest_of_step_s=compute.data_s + compute.forward_s + compute.optimizer_s + wait)
         exposed = sched.exposed_s + wait if sched else 0.0
         interference = sched.interference_s if sched else 0.0
         busy = sched.busy_s + wait if sched else 0.0
