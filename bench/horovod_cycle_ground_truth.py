@@ -102,8 +102,9 @@ def one_worker_runs(run_dirs: list[Path], overrides: list[str], env: dict) -> No
         command = [scaling, "run", CONFIG, "--workers", "1", "--launcher", "ray", "--out", str(d)]
         for override in overrides:
             command += ["--set", override]
-        processes.append(subprocess.Popen(command, cwd=bl.REPO, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=open(d.with_suffix(".log"), "w")))
+        with open(d.with_suffix(".log"), "w") as log_file:  # the child keeps its own copy of the descriptor
+            processes.append(subprocess.Popen(command, cwd=bl.REPO, env=env, stdout=subprocess.DEVNULL,
+                                              stderr=log_file))
     for d, p in zip(run_dirs, processes):
         if p.wait(timeout=RUN_TIMEOUT_S) != 0:
             raise RuntimeError(f"1-worker run {d.name} failed: {d.with_suffix('.log').read_text()[-600:]}")
