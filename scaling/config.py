@@ -100,7 +100,8 @@ class InstrumentConfig:
 
 @dataclass
 class FailureConfig:
-    max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies (Ray launcher); 0 = fail at once
+    max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies or its node is lost (Ray launcher); 0 = fail at once
+    capacity_wait_s: float = 300.0  # per restart, seconds to wait for the workers' resources (a lost node back, or its replacement started) before the run fails with one line
     checkpoint_every_epochs: int = 1  # checkpoint (model, optimizer, schedule, counters, RNG, records) every N epochs; 0 = never
 
 
@@ -334,6 +335,7 @@ def validate(cfg: ExperimentConfig) -> None:
         f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch",
     )
     require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
+    require(cfg.failure.capacity_wait_s > 0, f"failure.capacity_wait_s must be > 0, got {cfg.failure.capacity_wait_s}")
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
     require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")

@@ -13,10 +13,12 @@ Being root is not enough: a container's root often lacks CAP_NET_ADMIN / CAP_SYS
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,39 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
         [str(BIN / "scaling"), *args], cwd=REPO, env=env or os.environ.copy(),
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+# --- waiting on a run in another process (tests/test_failures.py, tests/test_node_loss.py)
+
+POLL_S = 0.02  # epochs here last seconds; a fast machine's still last far longer than this
+
+
+def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before {what}")
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def registered_checkpoint_epoch(run_dir) -> int | None:
+    """The epoch of the latest checkpoint Ray Train's controller has registered, i.e. the one a
+    restarted worker group would be handed; None before any.
+
+    Read from the controller's own record (RunConfig(name="ray_train", storage_path=run_dir) puts
+    it in run_dir/ray_train/): a checkpoint directory on disk alone may not be registered yet,
+    and a kill before registration would restart from scratch.
+    """
+    path = run_dir / "ray_train" / "checkpoint_manager_snapshot.json"
+    try:
+        latest = json.loads(path.read_text())["latest_checkpoint_result"]
+    except (OSError, ValueError, KeyError):  # not there yet, or being rewritten in place this instant
+        return None
+    return int(latest["metrics"]["epoch"]) if latest else None
 
 
 # --- test tiers ----------------------------------------------------------------------------------

@@ -46,6 +46,12 @@ Every figure in `summary.json` is defined here, once:
   failure detection, restart and restore; summed. `tta_s` includes `time_lost_s` (a figure
   never hides a failure) and `tta_includes_restarts` flags it; `tta_wall_s` includes it by
   construction (the run's clock starts at the first attempt's first step).
+- `workers_first_attempt`, `workers_last_attempt`: the worker group's size when the run
+  started and in its last attempt (after its last restart); `worker_count_changed`: whether
+  any attempt ran with another count than the first (an elastic run that lost a node and went
+  on with fewer workers, `workers.min_workers`): such a run is no fixed-count point and the
+  report keeps it out of speedups (scaling/analysis/scaling_tables.py). None for records
+  made before attempts kept their size. Per epoch, `num_workers` in epochs.parquet.
 - `train_flops_per_sample`: forward + backward FLOPs of one training sample, counted once per
   input size with PyTorch's FlopCounterMode (a multiply-add is 2 FLOPs; model FLOPs, so
   recomputation or padding would not count). From `compute_profile.json`.
@@ -286,6 +292,15 @@ def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
     return len(attempts) - 1, float(lost)
 
 
+def worker_counts(attempts: list[dict] | None) -> dict:
+    """`workers_first_attempt`, `workers_last_attempt`, `worker_count_changed` (see the module docstring)."""
+    counts = [a.get("num_workers") for a in attempts or []]
+    if not counts or any(c is None for c in counts):
+        return {"workers_first_attempt": None, "workers_last_attempt": None, "worker_count_changed": None}
+    return {"workers_first_attempt": int(counts[0]), "workers_last_attempt": int(counts[-1]),
+            "worker_count_changed": any(c != counts[0] for c in counts)}
+
+
 def summarize_run(
     steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
     compute_profile: dict | None = None, attempts: list[dict] | None = None, ab_calibration: bool = True,
@@ -305,6 +320,7 @@ def summarize_run(
     out["restarts"] = restarts
     out["time_lost_s"] = time_lost_s
     out["tta_includes_restarts"] = restarts > 0
+    out.update(worker_counts(attempts))
     accumulator = StepAccumulator()
     for batch in [steps] if isinstance(steps, pd.DataFrame) else steps:
         accumulator.add(batch)

@@ -71,7 +71,8 @@ class RunRecorder:
 
         An attempt is one start of the worker group: the first, and one per restart after a
         failure. `resume_point_unix` is when the checkpoint it resumed from was taken (None on
-        the first attempt); the summary derives the restart count and time lost from these.
+        the first attempt), `num_workers` the group's size; the summary derives the restart count,
+        the time lost and the worker counts before and after from these.
         """
         if self.run_dir is None:
             return
@@ -97,6 +98,8 @@ class RunRecorder:
             "first_step_unix": first_step_unix,
             "resumed_from_epoch": resumed_from["epoch"] if resumed_from else None,
             "resume_point_unix": resumed_from["saved_unix"] if resumed_from else None,
+            # the worker group's size in this attempt: an elastic restart may have fewer (or more) workers
+            "num_workers": self.world_size,
         })
         write_json_atomic(path, {"attempts": attempts})
 

@@ -160,10 +160,41 @@ def _worker_entry(loop_config: dict) -> dict:
     return run_worker(cfg, ctx, run_dir, checkpoints=RayCheckpoints(ctx.rank))
 
 
+# Ray Train V2 reads this in its controller (propagated there from the driver's environment):
+# how long starting a worker group waits for its placement group before it gives up.
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
+class CapacityTimeout(RuntimeError):
+    """A restart found no room for its workers within `failure.capacity_wait_s` (a lost node not back)."""
+
+
+def capacity_timeout(exc: BaseException, cfg: ExperimentConfig) -> CapacityTimeout | None:
+    """The lab's one line for Ray Train's worker-group start timeout, or None for any other failure."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    cause = getattr(exc, "controller_failure", None)
+    if not isinstance(cause, WorkerGroupStartupTimeoutError):
+        return None
+    return CapacityTimeout(
+        f"no room for {cause.num_workers} workers within failure.capacity_wait_s={cfg.failure.capacity_wait_s:g} s "
+        "after the worker group was lost (a node gone and not back); the latest checkpoint is kept in the run directory"
+    )
+
+
 def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
-    """Run `cfg` with TorchTrainer; raises whatever made training fail."""
+    """Run `cfg` with TorchTrainer; raises whatever made training fail.
+
+    After a failure (a worker killed, a node lost) Ray Train restarts the worker group from
+    the latest checkpoint, at most `failure.max_failures` times. Each restart waits for its
+    workers' resources at most `failure.capacity_wait_s`: left alone, Ray Train's controller
+    retries a start that timed out for ever (`controller_failure_limit` -1), so a run that lost
+    a node for good would wait for ever; here it fails with `CapacityTimeout`.
+    """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    os.environ[WORKER_GROUP_START_TIMEOUT_ENV] = str(cfg.failure.capacity_wait_s)
 
     trainer = TorchTrainer(
         train_loop_per_worker=_worker_entry,
@@ -176,7 +207,11 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
         ),
         run_config=RunConfig(
             name="ray_train", storage_path=str(Path(run_dir).resolve()),
-            failure_config=FailureConfig(max_failures=cfg.failure.max_failures),
+            # one bound for every restart: a node drained ahead of a preemption (Ray's own budget,
+            # unlimited by default) counts like a worker that died; a start that found no room
+            # within capacity_wait_s is not retried
+            failure_config=FailureConfig(max_failures=cfg.failure.max_failures,
+                                         max_preemption_failures=cfg.failure.max_failures, controller_failure_limit=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),  # the latest is all a restart needs
         ),
     )
@@ -204,8 +239,11 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
     previous = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit()
-    except Exception:
+    except Exception as exc:
         if not interrupted:
+            timeout = capacity_timeout(exc, cfg)
+            if timeout is not None:
+                raise timeout from exc
             raise
     finally:
         signal.signal(signal.SIGINT, previous)  # Ray leaves its handler installed after fit()
