@@ -74,7 +74,8 @@ class WorkersConfig:
     num_workers: int = 1  # data-parallel workers (ranks); `--workers N` sets it
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
-    node_price_per_hour: float = 0.0  # USD per node-hour, for cost-to-accuracy (DAWNBench); 0 = unknown
+    node_price_per_hour: float = 0.0  # USD per node-hour actually paid, for cost-to-accuracy (DAWNBench); 0 = unknown
+    market: str = "on_demand"  # on_demand | spot: the market the nodes (and node_price_per_hour) are on; spot: the price paid, not the on-demand list price
     cluster: str = ""  # the cluster this runs on, for projection: a preset (p3.16xlarge, scaling/projection/presets) or a cluster YAML; `scaling report` then draws projected curves over the measured points; "" = none
     pin_cpus: str = ""  # CPU list (taskset syntax: "0-3,6") the training threads are pinned to, on each node: local rank r takes the r-th group of cpus_per_worker CPUs; keep the cluster's own processes off them (start Ray under `taskset -c`); "" = no pinning
     link_bandwidth: str = ""  # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
@@ -309,6 +310,7 @@ def validate(cfg: ExperimentConfig) -> None:
         from scaling.projection.cluster import load_cluster
 
         load_cluster(cfg.workers.cluster)  # an unknown preset or a bad cluster YAML: one line, before any worker starts
+    require(cfg.workers.market in ("on_demand", "spot"), f"workers.market must be on_demand or spot, got {cfg.workers.market!r}")
     require(cfg.workers.node_price_per_hour >= 0, f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}")
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")

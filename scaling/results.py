@@ -637,7 +637,7 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     from the records (scaling.analysis.run_metrics.summarize_run). `status` None: reached_target
     or max_epochs, from the records.
     """
-    from scaling.analysis.run_metrics import STEP_COLUMNS, summarize_run
+    from scaling.analysis.run_metrics import STEP_COLUMNS, run_costs, summarize_run
     from scaling.instrument.machine import describe_hardware, describe_versions
 
     run = RunDir(run_dir)
@@ -653,6 +653,7 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     hardware = run.machine() or describe_hardware()
     num_nodes = figures.pop("num_nodes")
     ranks = figures.pop("ranks")
+    figures.update(run_costs(figures["tta_s"], figures["time_lost_s"], num_nodes, description.get("node_price_per_hour")))
     workers_dir = Path(run_dir) / WORKERS_DIR
     if not ranks.empty:
         write_parquet_atomic(Path(run_dir) / RANKS_PARQUET, ranks)

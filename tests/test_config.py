@@ -50,6 +50,8 @@ def test_wrong_type_is_refused():
         ("data.name=imagenet21k", "data.name"),
         ("backend=mpi", "backend"),
         ("data.train_samples=10", "data.train_samples"),
+        ("failure.capacity_wait_s=0", "failure.capacity_wait_s"),
+        ("workers.market=reserved", "workers.market"),
     ],
 )
 def test_impossible_values_are_refused(override, key):

@@ -152,3 +152,40 @@ def test_run_fails_in_one_line_when_the_node_stays_away(two_nodes, tmp_path):
     # bounded: detection of the lost node plus the wait, with room for a slow machine, not for ever
     print(f"failed {ended_unix - lost_unix:.1f} s after the preemption: {error}")
     assert ended_unix - lost_unix < capacity_wait_s + 180
+
+
+# ---- without a minicluster ----------------------------------------------------------------------
+
+
+def test_capacity_timeout_is_one_line_naming_the_setting():
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from scaling.config import ExperimentConfig
+    from scaling.launch.ray_train import capacity_timeout
+
+    cfg = ExperimentConfig()
+    cfg.failure.capacity_wait_s = 45.0
+    error = capacity_timeout(ControllerError(WorkerGroupStartupTimeoutError(num_workers=4)), cfg)
+    assert "\n" not in str(error) and "no room for 4 workers within failure.capacity_wait_s=45 s" in str(error)
+    assert capacity_timeout(ControllerError(RuntimeError("something else")), cfg) is None
+    assert capacity_timeout(RuntimeError("a worker's own error"), cfg) is None
+
+
+def test_the_head_cannot_be_preempted(monkeypatch, tmp_path):
+    import os
+
+    from scaling.errors import UsageError
+    from scaling.launch import minicluster as mc
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(mc, "STATE_ROOT", tmp_path)
+    cluster = mc.MiniCluster(name="n24x", subnet=SUBNET, bridge="smn24xbr", bridge_ip="10.216.0.1", bandwidth=None,
+                             cpus_per_node=1, nodes=[mc.Node(i, f"scaling-n24x-n{i}", f"10.216.0.{10 + i}", f"smn24xh{i}")
+                                                     for i in range(2)])
+    mc._save(cluster)
+    for action in (mc.preempt, mc.rejoin):
+        with pytest.raises(UsageError, match="node 0 is the head"):
+            action("n24x", 0)
+        with pytest.raises(UsageError, match="1 to 1"):
+            action("n24x", 2)

@@ -52,6 +52,13 @@ Every figure in `summary.json` is defined here, once:
   on with fewer workers, `workers.min_workers`): such a run is no fixed-count point and the
   report keeps it out of speedups (scaling/analysis/scaling_tables.py). None for records
   made before attempts kept their size. Per epoch, `num_workers` in epochs.parquet.
+- `cost_to_accuracy_usd` = tta_s / 3600 x num_nodes x node_price_per_hour (DAWNBench's cost, at
+  the price actually paid: `workers.market` says on demand or spot); tta_s holds the time lost
+  to restarts, so a preemption's cost is in it: `time_lost_cost_usd` = time_lost_s / 3600 x
+  num_nodes x node_price_per_hour is that part. Every node is counted for the time lost: the
+  survivors are billed while they wait, a replacement from its launch; the lost node's seconds
+  between its loss and its replacement's launch are not billed, so this is an upper bound by
+  at most those seconds. None when the price is unknown (0) or the target was not reached.
 - `train_flops_per_sample`: forward + backward FLOPs of one training sample, counted once per
   input size with PyTorch's FlopCounterMode (a multiply-add is 2 FLOPs; model FLOPs, so
   recomputation or padding would not count). From `compute_profile.json`.
@@ -290,6 +297,26 @@ def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
     first = attempts[0]["first_step_unix"]
     lost = sum(a["first_step_unix"] - (a["resume_point_unix"] or first) for a in attempts[1:])
     return len(attempts) - 1, float(lost)
+
+
+def node_cost_usd(seconds, num_nodes, price_per_node_hour):
+    """USD for `num_nodes` nodes held `seconds` at `price_per_node_hour` (numbers or pandas Series);
+    NaN where the price is unknown (0) or either other figure is missing."""
+    if isinstance(price_per_node_hour, pd.Series):
+        price = price_per_node_hour.where(price_per_node_hour > 0)
+    else:
+        price = price_per_node_hour if price_per_node_hour and price_per_node_hour > 0 else math.nan
+    if seconds is None or num_nodes is None:
+        return math.nan
+    return seconds / 3600.0 * num_nodes * price
+
+
+def run_costs(tta_s: float | None, time_lost_s: float, num_nodes: int | None, price_per_node_hour: float | None) -> dict:
+    """`cost_to_accuracy_usd` and `time_lost_cost_usd` of one run (see the module docstring)."""
+    if tta_s is None:
+        return {"cost_to_accuracy_usd": None, "time_lost_cost_usd": None}
+    return {"cost_to_accuracy_usd": _finite_or_none(node_cost_usd(tta_s, num_nodes, price_per_node_hour)),
+            "time_lost_cost_usd": _finite_or_none(node_cost_usd(time_lost_s, num_nodes, price_per_node_hour))}
 
 
 def worker_counts(attempts: list[dict] | None) -> dict:

@@ -35,7 +35,8 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
   `exposed_comm_s`, `optimizer_s`; they add up to `step_s`. At one worker exposed_comm_s is
   0 by definition.
 - `cost_to_accuracy_usd` = tta_s / 3600 x num_nodes x node_price_per_hour per run (DAWNBench's
-  cost), mean over the repeats that reached the target; NaN when the price is unknown (0).
+  cost at the price paid, the time lost to restarts included: `run_metrics.node_cost_usd`), mean
+  over the repeats that reached the target; NaN when the price is unknown (0).
 - Speedup over the baseline, the smallest worker count with a non-failed run among the
   groups that share the other group keys (`base_workers`):
   `speedup_time_per_epoch` = time_per_epoch_s(base) / time_per_epoch_s(N),
@@ -62,6 +63,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from scaling.analysis.run_metrics import node_cost_usd
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
 # `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
@@ -145,9 +148,7 @@ def _col(frame: pd.DataFrame, name: str) -> pd.Series:
 
 
 def _cost_usd(ok: pd.DataFrame) -> pd.Series:
-    price = _col(ok, "node_price_per_hour")
-    price = price.where(price > 0)
-    return _col(ok, "tta_s") / 3600.0 * _col(ok, "num_nodes") * price
+    return node_cost_usd(_col(ok, "tta_s"), _col(ok, "num_nodes"), _col(ok, "node_price_per_hour"))
 
 
 def _group_figures(group: pd.DataFrame) -> dict:

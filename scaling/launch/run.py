@@ -132,6 +132,7 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "link_bandwidth": link_bandwidth,
         "link_bandwidth_bits_per_s": _bits_per_s(link_bandwidth),
         "node_price_per_hour": cfg.workers.node_price_per_hour,
+        "market": cfg.workers.market,
         "cluster": cfg.workers.cluster or None,  # a projection's cluster description (scaling/projection/overlay.py)
     }
 
