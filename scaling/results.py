@@ -21,6 +21,7 @@ A run directory holds:
                        that only aggregate (a 1,024-rank run's records never need to fit in memory).
     telemetry.parquet/ the same layout, GPU runs with NVML
     ranks.parquet      per rank, who waits for whom; trace.json, a sample of steps (Chrome trace)
+    ray_train/         Ray Train's run state: its checkpoints and the record of them (`checkpoint_epoch`)
     machine.json, compute_profile.json, attempts.json, job.json, workers/, error.txt,
     dawnbench.tsv, dawnbench.json, mlperf.log (scaling/exports.py)
 
@@ -79,6 +80,9 @@ BUCKETS_PARQUET = "buckets.parquet"  # per-bucket ready times, read by the proje
 RANKS_PARQUET = "ranks.parquet"  # per rank: who waits for whom (scaling.analysis.run_metrics)
 TRACE_JSON = "trace.json"  # a sample of steps, all ranks, Chrome trace format (scaling/instrument/trace.py)
 HOROVOD_TIMELINE_JSON = "horovod_timeline.json"  # Horovod's own timeline, Horovod runs
+RAY_TRAIN_DIR = "ray_train"  # Ray Train's own run state: RunConfig(name=RAY_TRAIN_DIR, storage_path=<run dir>)
+# inside it, Ray Train's controller's record of the checkpoints it registered (the latest is what a restart gets)
+CHECKPOINT_SNAPSHOT_JSON = "checkpoint_manager_snapshot.json"
 # a sweep directory
 SWEEP_YAML = "sweep.yaml"
 RUNS_PARQUET = "runs.parquet"
@@ -315,6 +319,19 @@ class RunDir:
 
     def machine(self) -> dict | None:
         return self._json(self.machine_path)
+
+    def checkpoint_epoch(self) -> int | None:
+        """The epoch of the latest checkpoint Ray Train's controller registered for this run (the one a
+        restart, or a resumed run, is handed); None before any, or for a run without Ray checkpoints.
+
+        Read from the controller's own record: a checkpoint directory on disk alone may not be
+        registered yet, and a run restarted before registration starts from scratch."""
+        path = self.path / RAY_TRAIN_DIR / CHECKPOINT_SNAPSHOT_JSON
+        try:
+            latest = json.loads(path.read_text())["latest_checkpoint_result"]
+        except (OSError, ValueError, KeyError):  # not there yet, or being rewritten in place this instant
+            return None
+        return int(latest["metrics"]["epoch"]) if latest else None
 
     def job(self) -> dict | None:
         return self._json(self.job_path)

@@ -13,7 +13,6 @@ Being root is not enough: a container's root often lacks CAP_NET_ADMIN / CAP_SYS
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -133,19 +132,11 @@ def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen):
 
 
 def registered_checkpoint_epoch(run_dir) -> int | None:
-    """The epoch of the latest checkpoint Ray Train's controller has registered, i.e. the one a
-    restarted worker group would be handed; None before any.
+    """The epoch of the latest checkpoint Ray Train's controller has registered (`RunDir.checkpoint_epoch`):
+    a kill before registration would restart from scratch."""
+    from scaling.results import RunDir
 
-    Read from the controller's own record (RunConfig(name="ray_train", storage_path=run_dir) puts
-    it in run_dir/ray_train/): a checkpoint directory on disk alone may not be registered yet,
-    and a kill before registration would restart from scratch.
-    """
-    path = run_dir / "ray_train" / "checkpoint_manager_snapshot.json"
-    try:
-        latest = json.loads(path.read_text())["latest_checkpoint_result"]
-    except (OSError, ValueError, KeyError):  # not there yet, or being rewritten in place this instant
-        return None
-    return int(latest["metrics"]["epoch"]) if latest else None
+    return RunDir(run_dir).checkpoint_epoch()
 
 
 # --- test tiers ----------------------------------------------------------------------------------

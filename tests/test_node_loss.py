@@ -8,7 +8,9 @@ SIGKILLed (`minicluster.preempt`), no clean shutdown. Two outcomes, one run each
   `failure.capacity_wait_s`: the run waits, resumes from epoch 1's checkpoint on 2 workers and
   finishes with every epoch once; the summary holds the restart, the time lost (at least the
   outage) and the worker counts, and TTA counts the time lost;
-- it does not: the run fails once `failure.capacity_wait_s` has run out, with one line saying so.
+- it does not: the run fails once `failure.capacity_wait_s` has run out, with one line saying so,
+  and the sweep it belongs to goes on; re-run once the node is back, the sweep resumes that run
+  from its checkpoint and keeps the run that had finished.
 
 Needs root with network-admin rights; skips with the reason where the probe (tests/conftest.py)
 finds none. The numbers of a run are printed (pytest -s) for the README's measured example.
@@ -42,15 +44,20 @@ def two_nodes(netns_capable):
     assert f"scaling-{NAME}-" not in namespaces
 
 
+RUN_SETTINGS = ["--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
+                # out of reach, so that a run trains all three epochs; TTA is checked for a reached target below
+                "--set", "train.target_accuracy=1.0", "--set", "train.eval_every=1",
+                "--set", "instrument.calibration_pairs=2", "--set", "failure.max_failures=1"]
+
+
+def _in_cluster(*command: str) -> list[str]:
+    return [str(BIN / "scaling"), "minicluster", "exec", "--name", NAME, "--", str(BIN / "scaling"), *command]
+
+
 def _start_run(run_dir, capacity_wait_s: float, log) -> subprocess.Popen:
     return subprocess.Popen(
-        [str(BIN / "scaling"), "minicluster", "exec", "--name", NAME, "--",
-         str(BIN / "scaling"), "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir),
-         "--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
-         # out of reach, so that the run trains all three epochs; TTA is checked for a reached target below
-         "--set", "train.target_accuracy=1.0", "--set", "train.eval_every=1",
-         "--set", "instrument.calibration_pairs=2", "--set", "failure.max_failures=1",
-         "--set", f"failure.capacity_wait_s={capacity_wait_s}"],
+        _in_cluster("run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
+                    "--set", f"failure.capacity_wait_s={capacity_wait_s}"),
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -127,31 +134,57 @@ def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
           f"+ {summary['time_lost_s']:.1f} s lost; wall {figures['tta_wall_s']:.1f} s")
 
 
-def test_run_fails_in_one_line_when_the_node_stays_away(two_nodes, tmp_path):
+def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(two_nodes, tmp_path):
+    """The node stays away longer than failure.capacity_wait_s: the run fails with one line, the
+    sweep goes on; once the node is back, re-running the sweep resumes that run from its
+    checkpoint and keeps the finished one."""
     from scaling.launch import minicluster as mc
 
     capacity_wait_s = 20
-    run_dir = tmp_path / "not_back"
+    sweep_dir = tmp_path / "sweep"
+    sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", str(sweep_dir),
+             *RUN_SETTINGS, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
     log_path = tmp_path / "output.log"
     with open(log_path, "w") as log:
-        process = _start_run(run_dir, capacity_wait_s, log)
+        process = subprocess.Popen(_in_cluster(*sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        lost_unix = _preempt_in_epoch_2(run_dir, process)
+        lost_unix = _preempt_in_epoch_2(sweep_dir / "runs" / "w2-r0", process)
         process.wait(timeout=RUN_TIMEOUT_S)
         ended_unix = time.time()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-        mc.rejoin(NAME, 1)  # the cluster whole again for whatever runs next
-    assert process.returncode == 1, log_path.read_text()[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["epochs_run"] == 1
-    error = summary["error"]
+    mc.rejoin(NAME, 1)
+    back_unix = time.time()
+    assert process.returncode == 1, log_path.read_text()[-3000:]  # a run failed; the sweep finished
+    runs = pd.read_parquet(sweep_dir / "runs.parquet").set_index("run_key")
+    assert runs.loc["w1-r0", "status"] == "max_epochs" and runs.loc["w2-r0", "status"] == "failed"
+    assert runs.loc["w2-r0", "epochs_run"] == 1
+    error = runs.loc["w2-r0", "error"]
     assert "\n" not in error and f"failure.capacity_wait_s={capacity_wait_s} s" in error and "2 workers" in error, error
-    # bounded: detection of the lost node plus the wait, with room for a slow machine, not for ever
+    # bounded: Ray noticing the lost node, then the wait; room for a slow machine, not for ever
     print(f"failed {ended_unix - lost_unix:.1f} s after the preemption: {error}")
     assert ended_unix - lost_unix < capacity_wait_s + 180
+
+    kept_started_at = json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"]
+    again = subprocess.run(_in_cluster(*sweep), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming: 1 of 2 runs already finished, 1 to run" in again.stdout
+    assert "run w2-r0: resuming from its epoch 1 checkpoint" in again.stdout
+    assert json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"] == kept_started_at
+    run_dir = sweep_dir / "runs" / "w2-r0"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 3 and summary["error"] is None
+    attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
+    assert [a["resumed_from_epoch"] for a in attempts] == [None, 1]
+    # the time lost runs from epoch 1's checkpoint to the resumed run's first step: the failed wait,
+    # the node's absence and the gap before the sweep was re-run, all of it
+    assert summary["restarts"] == 1 and summary["time_lost_s"] >= back_unix - lost_unix
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    assert list(epochs["epoch"]) == [1, 2, 3]
+    train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
+    assert not train.duplicated(["rank", "step"]).any() and sorted(train["epoch"].unique()) == [1, 2, 3]
 
 
 # ---- without a minicluster ----------------------------------------------------------------------

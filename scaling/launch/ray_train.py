@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scaling.config import ExperimentConfig, from_dict
 from scaling.errors import UsageError
-from scaling.results import MACHINE_JSON, write_json_atomic
+from scaling.results import MACHINE_JSON, RAY_TRAIN_DIR, write_json_atomic
 
 # ray.train.report() is a barrier whose latency follows the controller's health-check
 # interval (about 2 s by default); the lab reports once per epoch, and this keeps the
@@ -206,7 +206,7 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
             resources_per_worker={"CPU": cfg.workers.cpus_per_worker, **({"GPU": 1} if cfg.workers.use_gpu else {})},
         ),
         run_config=RunConfig(
-            name="ray_train", storage_path=str(Path(run_dir).resolve()),
+            name=RAY_TRAIN_DIR, storage_path=str(Path(run_dir).resolve()),
             # one bound for every restart: a node drained ahead of a preemption (Ray's own budget,
             # unlimited by default) counts like a worker that died; a start that found no room
             # within capacity_wait_s is not retried
