@@ -528,6 +528,14 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
     if not failed.empty:
         named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
         warnings.append(f"failed runs, counted but left out of the figures: {named}")
+    from scaling.analysis.scaling_tables import resized
+
+    changed = runs[resized(runs) & (runs["status"] != "failed")]
+    if not changed.empty:
+        named = ", ".join(f"{row.run_key} ({row.workers_first_attempt:.0f} -> {row.workers_last_attempt:.0f} workers)"
+                          for row in changed.itertuples())
+        warnings.append(f"runs whose worker count changed mid-way (elastic), counted but left out of the fixed-count "
+                        f"figures: {named}")
 
     epochs, corrupt = _read_epochs(sweep_dir, runs, warnings)
     if corrupt:
