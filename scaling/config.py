@@ -72,6 +72,7 @@ class TrainConfig:
 @dataclass
 class WorkersConfig:
     num_workers: int = 1  # data-parallel workers (ranks); `--workers N` sets it
+    min_workers: int = 0  # elastic (Ray launcher): after losing workers (a node), go on with as few as this many instead of waiting for the capacity, with the same global batch (each worker's batch grows); back to num_workers when the capacity returns; 0 = a fixed count
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
     node_price_per_hour: float = 0.0  # USD per node-hour actually paid, for cost-to-accuracy (DAWNBench); 0 = unknown
@@ -337,6 +338,17 @@ def validate(cfg: ExperimentConfig) -> None:
         f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch",
     )
     require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
+    require(0 <= cfg.workers.min_workers <= cfg.workers.num_workers,
+            f"workers.min_workers must be between 0 (a fixed count) and workers.num_workers ({cfg.workers.num_workers}), "
+            f"got {cfg.workers.min_workers}")
+    if cfg.workers.min_workers:
+        # the global batch is kept at every count an elastic run may take, so each must divide it
+        uneven = [k for k in range(cfg.workers.min_workers, cfg.workers.num_workers + 1) if cfg.global_batch % k]
+        require(not uneven, f"workers.min_workers={cfg.workers.min_workers}: an elastic run keeps the global batch "
+                f"({cfg.global_batch}), which {uneven[0] if uneven else 0} workers cannot share evenly; choose "
+                "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides it")
+        require(cfg.backend != "horovod" and not cfg.train.function,
+                "workers.min_workers (elastic) is for the lab's own DDP loop: not with backend horovod or train.function")
     require(cfg.failure.capacity_wait_s > 0, f"failure.capacity_wait_s must be > 0, got {cfg.failure.capacity_wait_s}")
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")

@@ -158,6 +158,10 @@ def part_epoch(part: Path) -> int:
     return int(Path(part).stem.rsplit("-epoch", 1)[1])
 
 
+def part_rank(part: Path) -> int:
+    return int(Path(part).stem.split("-epoch", 1)[0].removeprefix("rank"))
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A whole table: a file, a directory of parts, or empty when absent (e.g. step timing off)."""
     path = Path(path)
@@ -204,10 +208,12 @@ def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 18):
     parts = rank_parts(path)
     if not parts:
         return
-    present = [c for c in columns if c in pq.read_schema(parts[0]).names]
     pending, rows = [], 0
     for part in parts:
-        table = pq.read_table(part, columns=present)
+        # each part's own columns: an elastic run's parts from a 1-worker attempt lack the
+        # cross-rank ones (straggler_rank, ...), which the concatenation fills with nulls
+        reader = pq.ParquetFile(part)
+        table = reader.read(columns=[c for c in columns if c in reader.schema_arrow.names])
         pending.append(table)
         rows += table.num_rows
         if rows >= batch_rows:

@@ -187,6 +187,41 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(two_nodes
     assert not train.duplicated(["rank", "step"]).any() and sorted(train["epoch"].unique()) == [1, 2, 3]
 
 
+def test_an_elastic_run_goes_on_with_the_workers_left(two_nodes, tmp_path):
+    """workers.min_workers=1: the run does not wait for node 1; it resumes from epoch 1's checkpoint
+    on the one worker left, with the same global batch, and says so per epoch and in the summary."""
+    from scaling.launch import minicluster as mc
+
+    run_dir = tmp_path / "elastic"
+    log_path = tmp_path / "output.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            _in_cluster("run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
+                        "--set", "workers.min_workers=1", "--set", "failure.capacity_wait_s=300"),
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        _preempt_in_epoch_2(run_dir, process)
+        process.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        mc.rejoin(NAME, 1)
+    assert process.returncode == 0, log_path.read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print({k: summary[k] for k in ("status", "restarts", "time_lost_s", "workers_first_attempt", "workers_last_attempt",
+                                   "worker_count_changed", "global_batch")})
+    assert summary["status"] == "max_epochs" and summary["restarts"] == 1
+    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 1, True)
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    assert list(epochs["epoch"]) == [1, 2, 3] and list(epochs["num_workers"]) == [2, 1, 1]
+    # the same global batch throughout: the same samples and steps per epoch at either count
+    assert epochs["samples"].nunique() == 1 and epochs["steps"].nunique() == 1
+    train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
+    assert sorted(train.groupby("epoch")["rank"].nunique()) == [1, 1, 2]
+    assert not train.duplicated(["rank", "step"]).any()
+
+
 # ---- without a minicluster ----------------------------------------------------------------------
 
 

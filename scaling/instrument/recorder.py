@@ -24,7 +24,7 @@ import pandas as pd
 
 from scaling.instrument.timing import Clock, StepMarks
 from scaling.results import (
-    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, WORKERS_DIR, part_epoch,
+    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, WORKERS_DIR, part_epoch, part_rank,
     rank_part_path, rank_parts, worker_record_path, write_json_atomic, write_parquet_atomic,
 )
 
@@ -56,10 +56,12 @@ class RunRecorder:
         last_epoch = self.epoch_rows[-1]["epoch"] if self.epoch_rows else 0
         if self.run_dir is None:
             return
-        # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates.
+        # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates;
+        # so would those of ranks the restarted group no longer has (an elastic restart with fewer workers),
+        # which rank 0 removes.
         for table in (STEPS_PARQUET, TELEMETRY_PARQUET):
-            for part in rank_parts(self.run_dir / table, self.rank):
-                if part_epoch(part) > last_epoch:
+            for part in rank_parts(self.run_dir / table, None if self.rank == 0 else self.rank):
+                if part_epoch(part) > last_epoch and (part_rank(part) == self.rank or part_rank(part) >= self.world_size):
                     part.unlink()
         if self.rank == 0:
             write_parquet_atomic(self.run_dir / EPOCHS_PARQUET, pd.DataFrame(self.epoch_rows))

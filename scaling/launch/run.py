@@ -70,6 +70,8 @@ def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray") -> 
         # checked before the run directory exists: a refused run leaves nothing behind
         raise UsageError("train.function is a Ray Train function (prepare_model, ray.train.report): "
                          "run it with the Ray launcher (--launcher ray)")
+    if cfg.workers.min_workers and launcher != "ray":
+        raise UsageError("workers.min_workers (elastic) needs Ray Train's restarts: run it with the Ray launcher (--launcher ray)")
     link_bandwidth = apply_link_bandwidth(cfg)
     run = RunDir(run_dir)
     run.path.mkdir(parents=True, exist_ok=True)
@@ -113,6 +115,7 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "backend": "horovod" if cfg.backend == "horovod" else cfg.resolved_backend,
         "launcher": launcher,
         "num_workers": cfg.workers.num_workers,
+        "min_workers": cfg.workers.min_workers,  # > 0: elastic (workers_first_attempt / workers_last_attempt: what it got)
         "per_worker_batch": cfg.train.per_worker_batch,
         "global_batch": cfg.global_batch,
         "seed": cfg.train.seed,
