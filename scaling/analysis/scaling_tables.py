@@ -265,8 +265,8 @@ def batch_tradeoff(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (global_batch, num_workers): epochs to target, throughput and TTA; empty unless global_batch varies."""
     runs = prepare_runs(runs)
     keys = ["global_batch", "num_workers"]
-    columns = keys + ["per_worker_batch", "n_runs", "n_failed", "n_reached", "reached_fraction", "epochs_to_target",
-                      "time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "tta_std_s"]
+    columns = keys + ["per_worker_batch", "n_runs", "n_failed", "n_resized", "n_ok", "n_reached", "reached_fraction",
+                      "epochs_to_target", "time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "tta_std_s"]
     ok = runs[in_fixed_count_figures(runs)] if "global_batch" in runs.columns else runs.iloc[0:0]
     if "global_batch" not in runs.columns or ok["global_batch"].nunique() < 2:
         return pd.DataFrame(columns=columns)
