@@ -269,9 +269,14 @@ def print_summary(summary: dict, run_dir: Path) -> None:
          + f" ({summary.get('precision', 'fp32')}, peak " + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s") + ")"),
         ("results", str(run_dir)),
     ]
+    after_tta = [key for key, _ in rows].index("TTA") + 1
+    if summary.get("cost_to_accuracy_usd") is not None:
+        rows.insert(after_tta, ("cost to accuracy", f"${summary['cost_to_accuracy_usd']:,.2f} at ${summary['node_price_per_hour']:g}"
+                                                    f"/node-hour ({summary.get('market', 'on_demand')}), "
+                                                    f"${summary['time_lost_cost_usd']:,.2f} of it time lost"))
     if summary.get("restarts"):
-        rows.insert(5, ("restarts", f"{summary['restarts']}, {summary['time_lost_s']:.1f} s lost (counted in TTA), workers "
-                                    f"{summary.get('workers_first_attempt')} -> {summary.get('workers_last_attempt')}"))
+        rows.insert(after_tta, ("restarts", f"{summary['restarts']}, {summary['time_lost_s']:.1f} s lost (counted in TTA), "
+                                            f"workers {summary.get('workers_first_attempt')} -> {summary.get('workers_last_attempt')}"))
     if summary.get("error"):
         rows.insert(0, ("error", summary["error"]))
     for key, value in rows:

@@ -236,7 +236,8 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
         scaling_config=ScalingConfig(
             # elastic: Ray Train starts (and restarts) the group with as many workers as fit, from
             # min_workers to num_workers, and grows it again when room appears
-            num_workers=(cfg.workers.min_workers, cfg.workers.num_workers) if cfg.workers.min_workers else cfg.workers.num_workers,
+            num_workers=((cfg.workers.min_workers, cfg.workers.num_workers) if cfg.workers.min_workers
+                         else cfg.workers.num_workers),
             use_gpu=cfg.workers.use_gpu,
             resources_per_worker={"CPU": cfg.workers.cpus_per_worker, **({"GPU": 1} if cfg.workers.use_gpu else {})},
         ),
