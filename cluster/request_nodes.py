@@ -4,13 +4,15 @@ The YAMLs start with no workers (min_workers 0), and `scaling run|sweep` refuses
 cluster cannot place yet, so scale up before a sweep:
 
     ray submit cluster/aws-p3.16xlarge.yaml cluster/request_nodes.py 4    # 4 nodes, wait for them
+    ray submit cluster/aws-p3.16xlarge.yaml cluster/request_nodes.py 4 --market spot   # 4 spot nodes
     ray submit cluster/aws-p3.16xlarge.yaml cluster/request_nodes.py 0    # release the request
 
 It runs on the head: it reads the GPUs per worker node from the autoscaler's config there
 (~/ray_bootstrap_config.yaml), asks the autoscaler for N whole nodes' worth of GPU bundles
 (ray.autoscaler.sdk.request_resources; a later call replaces the request) and waits until the
 cluster has them. Nodes launched this way stay until the request is released and they have been
-idle for idle_timeout_minutes.
+idle for idle_timeout_minutes. The request stands: a spot node AWS takes back is replaced by the
+autoscaler to meet it again.
 """
 
 from __future__ import annotations
@@ -31,15 +33,23 @@ def gpus_per_worker_node(config: dict) -> int:
     return gpus.pop()
 
 
-def bundles(nodes: int, gpus: int) -> list[dict]:
-    """One bundle per node, as large as a node, so that N bundles need N nodes."""
-    return [{"GPU": gpus}] * nodes
+SPOT_RESOURCE = "spot_node"  # only the YAMLs' spot worker type has it (scaling/cluster_check.py)
+
+
+def bundles(nodes: int, gpus: int, market: str = "on_demand") -> list[dict]:
+    """One bundle per node, as large as a node, so that N bundles need N nodes. Spot bundles name
+    the resource only spot nodes have, so the autoscaler launches spot nodes for them; on-demand
+    bundles match the on-demand type exactly, which its scorer prefers."""
+    bundle = {"GPU": gpus, SPOT_RESOURCE: 1} if market == "spot" else {"GPU": gpus}
+    return [bundle] * nodes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("nodes", type=int, help="GPU worker nodes to hold (0 releases the request)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="how long to wait for the nodes")
+    parser.add_argument("--market", choices=("on_demand", "spot"), default="on_demand",
+                        help="on-demand nodes (gpu_worker) or spot nodes (gpu_worker_spot); a later call replaces the request")
     args = parser.parse_args(argv)
     if args.nodes < 0:
         parser.error("nodes must be >= 0")
@@ -50,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gpus = gpus_per_worker_node(yaml.safe_load(BOOTSTRAP_CONFIG.read_text()))
     ray.init(address="auto", logging_level="WARNING")
-    request_resources(bundles=bundles(args.nodes, gpus))
+    request_resources(bundles=bundles(args.nodes, gpus, args.market))
     if args.nodes == 0:
         print("request released; idle workers go after idle_timeout_minutes")
         return 0

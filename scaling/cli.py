@@ -5,7 +5,7 @@
     scaling report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
-    scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | down
+    scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
 directory) ends with exit status 2 and one line on stderr, before anything is written.
@@ -84,6 +84,11 @@ def _build_parser() -> argparse.ArgumentParser:
     for sub in (mini_up, mini_commands.add_parser("status", help="nodes, IPs, caps, liveness"),
                 mini_commands.add_parser("down", help="remove exactly what up made")):
         sub.add_argument("--name", default="lab", help="which minicluster (default: lab)")
+    for action, text in (("preempt", "take a worker node away as a spot preemption does (link down, processes killed)"),
+                         ("rejoin", "bring a preempted node back (link up, Ray started)")):
+        sub = mini_commands.add_parser(action, help=text)
+        sub.add_argument("--name", default="lab")
+        sub.add_argument("--node", type=int, required=True, help="which worker node (1..N-1; node 0 is the head)")
     mini_exec = mini_commands.add_parser("exec", help="run a command inside the cluster (head namespace, RAY_ADDRESS set)")
     mini_exec.add_argument("--name", default="lab")
     mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: the head)")
@@ -129,6 +134,14 @@ def _cmd_minicluster(args) -> int:
         return 0
     if args.action == "down":
         mc.down(args.name)
+        return 0
+    if args.action == "preempt":
+        mc.preempt(args.name, args.node)
+        print(f"node {args.node} of minicluster {args.name!r} preempted: link down, its processes killed")
+        return 0
+    if args.action == "rejoin":
+        mc.rejoin(args.name, args.node)
+        print(f"node {args.node} of minicluster {args.name!r} back: every node alive")
         return 0
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     return mc.exec_in(command, args.name, args.node)
@@ -238,6 +251,14 @@ def print_summary(summary: dict, run_dir: Path) -> None:
          + f" ({summary.get('precision', 'fp32')}, peak " + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s") + ")"),
         ("results", str(run_dir)),
     ]
+    after_tta = [key for key, _ in rows].index("TTA") + 1
+    if summary.get("cost_to_accuracy_usd") is not None:
+        rows.insert(after_tta, ("cost to accuracy", f"${summary['cost_to_accuracy_usd']:,.2f} at ${summary['node_price_per_hour']:g}"
+                                                    f"/node-hour ({summary.get('market', 'on_demand')}), "
+                                                    f"${summary['time_lost_cost_usd']:,.2f} of it time lost"))
+    if summary.get("restarts"):
+        rows.insert(after_tta, ("restarts", f"{summary['restarts']}, {summary['time_lost_s']:.1f} s lost (counted in TTA), "
+                                            f"workers {summary.get('workers_first_attempt')} -> {summary.get('workers_last_attempt')}"))
     if summary.get("error"):
         rows.insert(0, ("error", summary["error"]))
     for key, value in rows:

@@ -8,7 +8,8 @@ Two layers (the tests in tests/test_cluster_yamls.py hold both):
 - This project's checks, each returning its problems: worker resources match the instance
   table, shared storage is set in one place, nothing but SSH is open to the internet, the
   control plane is not exposed, the image is pinned, the node count covers 1..16-node sweeps,
-  and torch comes from a build with V100 (sm_70) kernels.
+  a spot worker type stands beside the on-demand one (the same node, spot market), and torch
+  comes from a build with V100 (sm_70) kernels.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ INSTANCES = {
     "p3dn.24xlarge": (8, 96),
 }
 WORKER = "gpu_worker"  # the GPU node type's name in every file
+SPOT_WORKER = "gpu_worker_spot"  # the same node on the spot market
+SPOT_RESOURCE = "spot_node"  # only the spot type has it: a request naming it launches spot nodes (cluster/request_nodes.py)
 SHARED_MOUNT = "/mnt/efs"
 MIN_NODES = 16  # sweeps go from 1 to 16 nodes
 
@@ -222,6 +225,32 @@ def size_problems(config: dict) -> list[str]:
     return problems
 
 
+def spot_problems(config: dict) -> list[str]:
+    """A spot worker type beside the on-demand one: the same node (image, disk, placement, resources)
+    on the spot market, told apart by one resource only it has; the on-demand type stays on demand."""
+    types = config["available_node_types"]
+    if SPOT_WORKER not in types:
+        return [f"no '{SPOT_WORKER}' node type beside '{WORKER}'"]
+    worker, spot = types[WORKER], types[SPOT_WORKER]
+    problems = []
+    market = (spot["node_config"].get("InstanceMarketOptions") or {}).get("MarketType")
+    if market != "spot":
+        problems.append(f"{SPOT_WORKER}: InstanceMarketOptions.MarketType is {market!r}, not 'spot'")
+    if "InstanceMarketOptions" in worker["node_config"]:
+        problems.append(f"{WORKER} sets InstanceMarketOptions: the on-demand type must stay on demand")
+    same = {k: v for k, v in spot["node_config"].items() if k != "InstanceMarketOptions"}
+    if same != worker["node_config"]:
+        differing = sorted(k for k in set(same) | set(worker["node_config"]) if same.get(k) != worker["node_config"].get(k))
+        problems.append(f"{SPOT_WORKER} differs from {WORKER} in {', '.join(differing)}, not only in its market")
+    if spot.get("resources") != {**worker.get("resources", {}), SPOT_RESOURCE: 1}:
+        problems.append(f"{SPOT_WORKER} resources must be {WORKER}'s plus {{{SPOT_RESOURCE}: 1}}, got {spot.get('resources')}")
+    if SPOT_RESOURCE in worker.get("resources", {}):
+        problems.append(f"{WORKER} advertises {SPOT_RESOURCE}: a spot request could land on demand")
+    if spot.get("min_workers", 0) != 0:
+        problems.append(f"{SPOT_WORKER}.min_workers is {spot.get('min_workers')}: idle GPUs would be billed")
+    return problems
+
+
 _TORCH_INSTALL = re.compile(r"\binstall\b.*\btorch==(?P<version>[^\s'\"]+)")
 
 
@@ -275,7 +304,7 @@ def check_cluster_yaml(path: str | Path) -> list[str]:
         problems.append(f"no '{WORKER}' node type with a known p3 InstanceType ({', '.join(INSTANCES)})")
     else:
         problems += resource_problems(config, instance)
-    for check in (ingress_problems, control_plane_problems, image_problems, size_problems, torch_problems):
+    for check in (ingress_problems, control_plane_problems, image_problems, size_problems, spot_problems, torch_problems):
         try:
             problems += check(config)
         except (KeyError, TypeError, AttributeError) as exc:

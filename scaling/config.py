@@ -38,6 +38,7 @@ TtaRule = Literal["first_eval", "epoch_end"]
 TargetMetric = Literal["top1", "top5"]
 Precision = Literal["fp32", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16"]
+Market = Literal["on_demand", "spot"]
 HOROVOD_COMPRESSIONS = ("none", "fp16")  # horovod.torch.Compression has no bf16
 
 
@@ -89,9 +90,11 @@ class TrainConfig:
 @dataclass
 class WorkersConfig:
     num_workers: int = 1  # data-parallel workers (ranks); `--workers N` sets it
+    min_workers: int = 0  # elastic (Ray launcher): after losing workers (a node), go on with as few as this many instead of waiting for the capacity, with the same global batch (each worker's batch grows); back to num_workers when the capacity returns; 0 = a fixed count
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
-    node_price_per_hour: float = 0.0  # USD per node-hour, for cost-to-accuracy (DAWNBench); 0 = unknown
+    node_price_per_hour: float = 0.0  # USD per node-hour actually paid, for cost-to-accuracy (DAWNBench); 0 = unknown
+    market: Market = "on_demand"  # on_demand | spot: the market the nodes (and node_price_per_hour) are on; spot: the price paid, not the on-demand list price
     cluster: str = ""  # the cluster this runs on, for projection: a preset (p3.16xlarge, scaling/projection/presets) or a cluster YAML; `scaling report` then draws projected curves over the measured points; "" = none
     pin_cpus: str = ""  # CPU list (taskset syntax: "0-3,6") the training threads are pinned to, on each node: local rank r takes the r-th group of cpus_per_worker CPUs; keep the cluster's own processes off them (start Ray under `taskset -c`); "" = no pinning
     link_bandwidth: str = ""  # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
@@ -117,7 +120,8 @@ class InstrumentConfig:
 
 @dataclass
 class FailureConfig:
-    max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies (Ray launcher); 0 = fail at once
+    max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies or its node is lost (Ray launcher); 0 = fail at once
+    capacity_wait_s: float = 300.0  # per restart, seconds to wait for the workers' resources (a lost node back, or its replacement started) before the run fails with one line
     checkpoint_every_epochs: int = 1  # checkpoint (model, optimizer, schedule, counters, RNG, records) every N epochs; 0 = never
 
 
@@ -319,6 +323,18 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")
     require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
+    require(0 <= cfg.workers.min_workers <= cfg.workers.num_workers,
+            f"workers.min_workers must be between 0 (a fixed count) and workers.num_workers ({cfg.workers.num_workers}), "
+            f"got {cfg.workers.min_workers}")
+    if cfg.workers.min_workers:
+        # the global batch is kept at every count an elastic run may take, so each must divide it
+        uneven = [k for k in range(cfg.workers.min_workers, cfg.workers.num_workers + 1) if cfg.global_batch % k]
+        require(not uneven, f"workers.min_workers={cfg.workers.min_workers}: an elastic run keeps the global batch "
+                f"({cfg.global_batch}), which {uneven[0] if uneven else 0} workers cannot share evenly; choose "
+                "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides it")
+        require(cfg.backend != "horovod" and not cfg.train.function,
+                "workers.min_workers (elastic) is for the lab's own DDP loop: not with backend horovod or train.function")
+    require(cfg.failure.capacity_wait_s > 0, f"failure.capacity_wait_s must be > 0, got {cfg.failure.capacity_wait_s}")
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
     require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")

@@ -201,7 +201,7 @@ BATCH_COLUMNS = [
     ("global_batch", "global batch", _text),
     ("num_workers", "workers", _text),
     ("per_worker_batch", "per-worker batch", _text),
-    (lambda r: f"{int(r['n_reached'])}/{int(r['n_runs'] - r['n_failed'])}", "reached target", None),
+    (lambda r: f"{int(r['n_reached'])}/{int(r['n_ok'])}", "reached target", None),
     ("epochs_to_target", "epochs to target (median)", _num(".1f")),
     ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")),
     ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),

@@ -21,6 +21,7 @@ A run directory holds:
                        that only aggregate (a 1,024-rank run's records never need to fit in memory).
     telemetry.parquet/ the same layout, GPU runs with NVML
     ranks.parquet      per rank, who waits for whom; trace.json, a sample of steps (Chrome trace)
+    ray_train/         Ray Train's run state: its checkpoints and the record of them (`checkpoint_epoch`)
     machine.json, compute_profile.json, attempts.json, job.json, workers/, error.txt,
     dawnbench.tsv, dawnbench.json, mlperf.log (scaling/exports.py)
 
@@ -79,6 +80,9 @@ BUCKETS_PARQUET = "buckets.parquet"  # per-bucket ready times, read by the proje
 RANKS_PARQUET = "ranks.parquet"  # per rank: who waits for whom (scaling.analysis.run_metrics)
 TRACE_JSON = "trace.json"  # a sample of steps, all ranks, Chrome trace format (scaling/instrument/trace.py)
 HOROVOD_TIMELINE_JSON = "horovod_timeline.json"  # Horovod's own timeline, Horovod runs
+RAY_TRAIN_DIR = "ray_train"  # Ray Train's own run state: RunConfig(name=RAY_TRAIN_DIR, storage_path=<run dir>)
+# inside it, Ray Train's controller's record of the checkpoints it registered (the latest is what a restart gets)
+CHECKPOINT_SNAPSHOT_JSON = "checkpoint_manager_snapshot.json"
 # a sweep directory
 SWEEP_YAML = "sweep.yaml"
 RUNS_PARQUET = "runs.parquet"
@@ -154,6 +158,10 @@ def part_epoch(part: Path) -> int:
     return int(Path(part).stem.rsplit("-epoch", 1)[1])
 
 
+def part_rank(part: Path) -> int:
+    return int(Path(part).stem.split("-epoch", 1)[0].removeprefix("rank"))
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A whole table: a file, a directory of parts, or empty when absent (e.g. step timing off)."""
     path = Path(path)
@@ -200,10 +208,12 @@ def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 18):
     parts = rank_parts(path)
     if not parts:
         return
-    present = [c for c in columns if c in pq.read_schema(parts[0]).names]
     pending, rows = [], 0
     for part in parts:
-        table = pq.read_table(part, columns=present)
+        # each part's own columns: an elastic run's parts from a 1-worker attempt lack the
+        # cross-rank ones (straggler_rank, ...), which the concatenation fills with nulls
+        reader = pq.ParquetFile(part)
+        table = reader.read(columns=[c for c in columns if c in reader.schema_arrow.names])
         pending.append(table)
         rows += table.num_rows
         if rows >= batch_rows:
@@ -315,6 +325,19 @@ class RunDir:
 
     def machine(self) -> dict | None:
         return self._json(self.machine_path)
+
+    def checkpoint_epoch(self) -> int | None:
+        """The epoch of the latest checkpoint Ray Train's controller registered for this run (the one a
+        restart, or a resumed run, is handed); None before any, or for a run without Ray checkpoints.
+
+        Read from the controller's own record: a checkpoint directory on disk alone may not be
+        registered yet, and a run restarted before registration starts from scratch."""
+        path = self.path / RAY_TRAIN_DIR / CHECKPOINT_SNAPSHOT_JSON
+        try:
+            latest = json.loads(path.read_text())["latest_checkpoint_result"]
+        except (OSError, ValueError, KeyError):  # not there yet, or being rewritten in place this instant
+            return None
+        return int(latest["metrics"]["epoch"]) if latest else None
 
     def job(self) -> dict | None:
         return self._json(self.job_path)
@@ -511,6 +534,14 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
     if not failed.empty:
         named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
         warnings.append(f"failed runs, counted but left out of the figures: {named}")
+    from scaling.analysis.scaling_tables import resized
+
+    changed = runs[resized(runs) & (runs["status"] != "failed")]
+    if not changed.empty:
+        named = ", ".join(f"{row.run_key} ({row.workers_first_attempt:.0f} -> {row.workers_last_attempt:.0f} workers)"
+                          for row in changed.itertuples())
+        warnings.append(f"runs whose worker count changed mid-way (elastic), counted but left out of the fixed-count "
+                        f"figures: {named}")
 
     epochs, corrupt = _read_epochs(sweep_dir, runs, warnings)
     if corrupt:
@@ -637,7 +668,7 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     from the records (scaling.analysis.run_metrics.summarize_run). `status` None: reached_target
     or max_epochs, from the records.
     """
-    from scaling.analysis.run_metrics import STEP_COLUMNS, summarize_run
+    from scaling.analysis.run_metrics import STEP_COLUMNS, run_costs, summarize_run
     from scaling.instrument.machine import describe_hardware, describe_versions
 
     run = RunDir(run_dir)
@@ -653,6 +684,7 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     hardware = run.machine() or describe_hardware()
     num_nodes = figures.pop("num_nodes")
     ranks = figures.pop("ranks")
+    figures.update(run_costs(figures["tta_s"], figures["time_lost_s"], num_nodes, description.get("node_price_per_hour")))
     workers_dir = Path(run_dir) / WORKERS_DIR
     if not ranks.empty:
         write_parquet_atomic(Path(run_dir) / RANKS_PARQUET, ranks)

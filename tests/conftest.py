@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,31 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
         [str(BIN / "scaling"), *args], cwd=REPO, env=env or os.environ.copy(),
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+# --- waiting on a run in another process (tests/test_failures.py, tests/test_node_loss.py)
+
+POLL_S = 0.02  # epochs here last seconds; a fast machine's still last far longer than this
+
+
+def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before {what}")
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def registered_checkpoint_epoch(run_dir) -> int | None:
+    """The epoch of the latest checkpoint Ray Train's controller has registered (`RunDir.checkpoint_epoch`):
+    a kill before registration would restart from scratch."""
+    from scaling.results import RunDir
+
+    return RunDir(run_dir).checkpoint_epoch()
 
 
 # --- test tiers ----------------------------------------------------------------------------------

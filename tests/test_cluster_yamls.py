@@ -51,6 +51,8 @@ from scaling.cluster_check import (  # noqa: E402
     image_problems,
     size_problems,
     torch_problems,
+    spot_problems,
+    SPOT_WORKER,
     check_cluster_yaml,
     _mount_commands,
 )
@@ -124,8 +126,9 @@ def test_yamls_differ_only_where_the_instance_does():
     def normalized(raw: dict) -> dict:
         raw = copy.deepcopy(raw)
         raw.pop("cluster_name")
-        worker = raw["available_node_types"][WORKER]
-        worker["resources"] = worker["node_config"]["InstanceType"] = None
+        for name in (WORKER, SPOT_WORKER):
+            worker = raw["available_node_types"][name]
+            worker["resources"] = worker["node_config"]["InstanceType"] = None
         return raw
 
     first, *rest = [load(p) for p in yaml_paths()]
@@ -133,6 +136,15 @@ def test_yamls_differ_only_where_the_instance_does():
         assert normalized(other) == normalized(first)
     names = [load(p)["cluster_name"] for p in yaml_paths()]
     assert len(set(names)) == len(names)
+
+
+def test_spot_worker_beside_the_on_demand_one(cluster_yaml):
+    _, raw, prepared = cluster_yaml
+    assert spot_problems(prepared) == []
+    spot = prepared["available_node_types"][SPOT_WORKER]
+    assert spot["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert resource_problems({**prepared, "available_node_types": {**prepared["available_node_types"], WORKER: spot}},
+                             spot["node_config"]["InstanceType"]) == []
 
 
 def test_index_table():
@@ -153,6 +165,10 @@ def test_request_nodes_reads_gpus_per_node():
         assert module.gpus_per_worker_node(prepared) == gpus
         assert module.bundles(3, gpus) == [{"GPU": gpus}] * 3
         assert module.bundles(0, gpus) == []
+        assert module.bundles(2, gpus, "spot") == [{"GPU": gpus, "spot_node": 1}] * 2
+        # the resource a spot request names is the one only the spot type has
+        types = prepared["available_node_types"]
+        assert [n for n, t in types.items() if module.SPOT_RESOURCE in t.get("resources", {})] == [SPOT_WORKER]
 
 
 # ---- the checks can fail ----------------------------------------------------------------------
@@ -220,6 +236,16 @@ def test_second_mount_and_small_cluster_are_caught(p3_16):
     prepared = ray_checks(p3_16)
     assert storage_problems(p3_16) == ["worker_setup_commands mounts /mnt/efs too: set shared storage in one place"]
     assert size_problems(prepared) == ["gpu_worker.max_workers 8 < 16"]
+
+
+def test_spot_type_that_is_not_spot_or_not_the_same_node_is_caught(p3_16):
+    spot = p3_16["available_node_types"][SPOT_WORKER]
+    spot["node_config"]["InstanceMarketOptions"]["MarketType"] = "capacity-block"
+    spot["node_config"]["InstanceType"] = "p3.8xlarge"
+    problems = spot_problems(ray_checks(p3_16))
+    assert any("not 'spot'" in p for p in problems) and any("InstanceType" in p for p in problems)
+    del p3_16["available_node_types"][SPOT_WORKER]
+    assert spot_problems(ray_checks(p3_16)) == [f"no '{SPOT_WORKER}' node type beside '{WORKER}'"]
 
 
 def test_cli_checks_a_cluster_yaml(tmp_path):

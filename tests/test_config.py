@@ -54,6 +54,8 @@ def test_wrong_type_is_refused():
         ("train.tta_rule=last", "train.tta_rule"),
         ("train.target_metric=top3", "train.target_metric"),
         ("instrument.grad_compression=int8", "instrument.grad_compression"),
+        ("failure.capacity_wait_s=0", "failure.capacity_wait_s"),
+        ("workers.market=reserved", "workers.market"),
     ],
 )
 def test_impossible_values_are_refused(override, key):

@@ -19,38 +19,7 @@ import pandas as pd
 import pytest
 
 from scaling.analysis.run_metrics import restarts_and_time_lost, summarize_run
-from tests.conftest import BIN, REPO
-
-POLL_S = 0.02  # epochs here last seconds; a fast machine's still last far longer than this
-
-
-def _wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended (exit {process.returncode}) before {what}")
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _registered_checkpoint_epoch(run_dir) -> int | None:
-    """The epoch of the latest checkpoint Ray Train's controller has registered, i.e. the one a
-    restarted worker group would be handed; None before any.
-
-    Read from the controller's own record (RunConfig(name="ray_train", storage_path=run_dir) puts
-    it in run_dir/ray_train/): a checkpoint directory on disk alone may not be registered yet,
-    and a kill before registration would restart from scratch.
-    """
-    path = run_dir / "ray_train" / "checkpoint_manager_snapshot.json"
-    try:
-        latest = json.loads(path.read_text())["latest_checkpoint_result"]
-    except (OSError, ValueError, KeyError):  # not there yet, or being rewritten in place this instant
-        return None
-    return int(latest["metrics"]["epoch"]) if latest else None
-
+from tests.conftest import BIN, REPO, registered_checkpoint_epoch, wait_for
 
 @pytest.fixture(scope="module")
 def restarted_run(ray_cluster, tmp_path_factory):
@@ -68,7 +37,7 @@ def restarted_run(ray_cluster, tmp_path_factory):
         )
     try:
         # Epoch 1's checkpoint registered: epoch 1 is over and epoch 2 is under way (or about to be).
-        epoch = _wait_for(lambda: _registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
+        epoch = wait_for(lambda: registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
         victim = json.loads((run_dir / "workers" / "rank1.json").read_text())
         kill_unix = time.time()
         os.kill(victim["pid"], signal.SIGKILL)

@@ -121,3 +121,32 @@ def test_empty_records_give_none_not_nan():
     out = summarize_run(pd.DataFrame(), pd.DataFrame(), 0.9, 2)
     assert out["epochs_run"] == 0 and out["step_s"] is None and out["comm_overhead_pct"] is None
     assert not any(isinstance(v, float) and math.isnan(v) for v in out.values())
+
+
+def test_worker_counts_before_and_after_restarts():
+    from scaling.analysis.run_metrics import worker_counts
+
+    kept = [{"num_workers": 2, "first_step_unix": 0.0, "resume_point_unix": None},
+            {"num_workers": 2, "first_step_unix": 50.0, "resume_point_unix": 20.0}]
+    assert worker_counts(kept) == {"workers_first_attempt": 2, "workers_last_attempt": 2, "worker_count_changed": False}
+    shrunk_and_back = [{"num_workers": 4}, {"num_workers": 2}, {"num_workers": 4}]
+    assert worker_counts(shrunk_and_back) == {"workers_first_attempt": 4, "workers_last_attempt": 4,
+                                              "worker_count_changed": True}
+    # records from before attempts kept their size: unknown, not guessed
+    assert worker_counts([{"first_step_unix": 0.0}])["worker_count_changed"] is None
+    assert worker_counts(None)["workers_first_attempt"] is None
+
+
+def test_cost_to_accuracy_at_the_price_paid_with_the_time_lost():
+    from scaling.analysis.run_metrics import node_cost_usd, run_costs
+
+    # 2 spot p3.16xlarge at $7.344/h; 3000 s of training + 600 s lost = 3600 s of TTA
+    costs = run_costs(3600.0, 600.0, 2, 7.344)
+    assert costs["cost_to_accuracy_usd"] == pytest.approx(14.688)  # 1 h x 2 nodes x $7.344
+    assert costs["time_lost_cost_usd"] == pytest.approx(2.448)  # 600/3600 h x 2 x $7.344
+    assert run_costs(3600.0, 0.0, 2, 0.0) == {"cost_to_accuracy_usd": None, "time_lost_cost_usd": None}  # price unknown
+    assert run_costs(None, 600.0, 2, 7.344)["cost_to_accuracy_usd"] is None  # the target not reached
+    # the report's per-run cost is the same function over columns
+    tta, nodes, price = pd.Series([1800.0, 1800.0]), pd.Series([4, 4]), pd.Series([24.48, 0.0])
+    cost = node_cost_usd(tta, nodes, price)
+    assert cost.iloc[0] == pytest.approx(48.96) and math.isnan(cost.iloc[1])

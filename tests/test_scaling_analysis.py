@@ -223,3 +223,17 @@ def test_json_nulls_from_parquet_are_handled(runs):
     assert table["n_reached"].tolist() == [0, 0]
     assert table["tta_mean_s"].isna().all() and table["speedup_tta"].isna().all()
     assert table.loc[1, "speedup_throughput"] == pytest.approx(1.8)
+
+
+def test_a_run_whose_worker_count_changed_is_no_fixed_count_point(runs):
+    """An elastic run that lost a node (2 workers, then 1) finished, but it belongs to no worker count:
+    counted (n_resized), left out of every figure, and the fixed-count runs' figures unchanged."""
+    before = per_worker_count(runs).set_index("num_workers")
+    elastic = _run(2, 4, tpe=40.0, thr=50.0, tta=500.0, epochs=8, worker_count_changed=True,
+                   workers_first_attempt=2, workers_last_attempt=1)
+    with_elastic = pd.concat([runs.assign(worker_count_changed=False), pd.DataFrame([elastic])], ignore_index=True)
+    table = per_worker_count(with_elastic).set_index("num_workers")
+    assert table.loc[2, ["n_runs", "n_failed", "n_resized", "n_ok", "n_reached"]].tolist() == [5, 1, 1, 3, 2]
+    for figure in ("time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "speedup_throughput", "speedup_tta"):
+        assert table.loc[2, figure] == pytest.approx(before.loc[2, figure]), figure
+    assert "w2-r4" not in set(tta_spread(with_elastic)["run_key"])

@@ -15,11 +15,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scaling.analysis.scaling_tables import in_fixed_count_figures
+
 PARTS = ("waiting_pct", "transfer_pct", "interference_pct")
 
 
 def parts_per_worker_count(runs: pd.DataFrame, keys: tuple[str, ...] | list[str]) -> pd.DataFrame:
-    ok = runs[runs["status"] != "failed"] if "status" in runs.columns else runs
+    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
     ok = ok[pd.to_numeric(ok["num_workers"], errors="coerce") > 1]
     columns = list(keys) + [*PARTS, "straggler_rank", "straggler_share", "n_runs"]
     if ok.empty or not any(p in ok.columns for p in PARTS):
@@ -41,7 +43,7 @@ def parts_per_worker_count(runs: pd.DataFrame, keys: tuple[str, ...] | list[str]
 
 def largest_run(runs: pd.DataFrame) -> pd.Series | None:
     """The non-failed run with the most workers (the first by run key among those): the one drawn per rank."""
-    ok = runs[runs["status"] != "failed"] if "status" in runs.columns else runs
+    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
     ok = ok[pd.to_numeric(ok["num_workers"], errors="coerce") > 1]
     if ok.empty:
         return None

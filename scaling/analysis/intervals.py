@@ -39,6 +39,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from scaling.analysis.scaling_tables import in_fixed_count_figures
+
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 SEED = 0
@@ -125,7 +127,7 @@ def repeats_needed(estimate: float, lo: float, hi: float, n: int, width: float =
 
 
 def _ok(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs[runs["status"] != "failed"] if "status" in runs.columns else runs
+    return runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
 
 
 def scaling_intervals(runs: pd.DataFrame, table: pd.DataFrame, width: float = DEFAULT_WIDTH) -> pd.DataFrame:

@@ -53,6 +53,19 @@ Every figure in `summary.json` is defined here, once:
   failure detection, restart and restore; summed. `tta_s` includes `time_lost_s` (a figure
   never hides a failure) and `tta_includes_restarts` flags it; `tta_wall_s` includes it by
   construction (the run's clock starts at the first attempt's first step).
+- `workers_first_attempt`, `workers_last_attempt`: the worker group's size when the run
+  started and in its last attempt (after its last restart); `worker_count_changed`: whether
+  any attempt ran with another count than the first (an elastic run that lost a node and went
+  on with fewer workers, `workers.min_workers`): such a run is no fixed-count point and the
+  report keeps it out of speedups (scaling/analysis/scaling_tables.py). None for records
+  made before attempts kept their size. Per epoch, `num_workers` in epochs.parquet.
+- `cost_to_accuracy_usd` = tta_s / 3600 x num_nodes x node_price_per_hour (DAWNBench's cost, at
+  the price actually paid: `workers.market` says on demand or spot); tta_s holds the time lost
+  to restarts, so a preemption's cost is in it: `time_lost_cost_usd` = time_lost_s / 3600 x
+  num_nodes x node_price_per_hour is that part. Every node is counted for the time lost: the
+  survivors are billed while they wait, a replacement from its launch; the lost node's seconds
+  between its loss and its replacement's launch are not billed, so this is an upper bound by
+  at most those seconds. None when the price is unknown (0) or the target was not reached.
 - `train_flops_per_sample`: forward + backward FLOPs of one training sample, counted once per
   input size with PyTorch's FlopCounterMode (a multiply-add is 2 FLOPs; model FLOPs, so
   recomputation or padding would not count). From `compute_profile.json`.
@@ -293,6 +306,35 @@ def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
     return len(attempts) - 1, float(lost)
 
 
+def node_cost_usd(seconds, num_nodes, price_per_node_hour):
+    """USD for `num_nodes` nodes held `seconds` at `price_per_node_hour` (numbers or pandas Series);
+    NaN where the price is unknown (0) or either other figure is missing."""
+    if isinstance(price_per_node_hour, pd.Series):
+        price = price_per_node_hour.where(price_per_node_hour > 0)
+    else:
+        price = price_per_node_hour if price_per_node_hour and price_per_node_hour > 0 else math.nan
+    if seconds is None or num_nodes is None:
+        return math.nan
+    return seconds / 3600.0 * num_nodes * price
+
+
+def run_costs(tta_s: float | None, time_lost_s: float, num_nodes: int | None, price_per_node_hour: float | None) -> dict:
+    """`cost_to_accuracy_usd` and `time_lost_cost_usd` of one run (see the module docstring)."""
+    if tta_s is None:
+        return {"cost_to_accuracy_usd": None, "time_lost_cost_usd": None}
+    return {"cost_to_accuracy_usd": _finite_or_none(node_cost_usd(tta_s, num_nodes, price_per_node_hour)),
+            "time_lost_cost_usd": _finite_or_none(node_cost_usd(time_lost_s, num_nodes, price_per_node_hour))}
+
+
+def worker_counts(attempts: list[dict] | None) -> dict:
+    """`workers_first_attempt`, `workers_last_attempt`, `worker_count_changed` (see the module docstring)."""
+    counts = [a.get("num_workers") for a in attempts or []]
+    if not counts or any(c is None for c in counts):
+        return {"workers_first_attempt": None, "workers_last_attempt": None, "worker_count_changed": None}
+    return {"workers_first_attempt": int(counts[0]), "workers_last_attempt": int(counts[-1]),
+            "worker_count_changed": any(c != counts[0] for c in counts)}
+
+
 def summarize_run(
     steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
     compute_profile: dict | None = None, attempts: list[dict] | None = None, ab_calibration: bool = True,
@@ -312,6 +354,7 @@ def summarize_run(
     out["restarts"] = restarts
     out["time_lost_s"] = time_lost_s
     out["tta_includes_restarts"] = restarts > 0
+    out.update(worker_counts(attempts))
     accumulator = StepAccumulator()
     for batch in [steps] if isinstance(steps, pd.DataFrame) else steps:
         accumulator.add(batch)

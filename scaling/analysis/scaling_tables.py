@@ -11,7 +11,10 @@ Every figure below is defined here, once. A *group* is one combination of the gr
 report's and the notebooks' rule for merged sweeps); its *repeats* are its runs with different seeds.
 
 - Failed runs (`status == "failed"`) are counted (`n_failed`) and left out of every figure;
-  `n_runs` counts all runs, `n_ok` the others. A run that never reached the target
+  so are runs whose worker count changed mid-way (`worker_count_changed`, an elastic run that
+  lost a node and went on with fewer workers: `n_resized`), as they belong to no fixed-count
+  point (`in_fixed_count_figures`; the report names them in a warning); `n_runs` counts all
+  runs, `n_ok` those in the figures. A run that never reached the target
   (`status == "max_epochs"`) counts in every figure except the TTA ones.
 - `time_per_epoch_s`, `throughput_samples_per_s`, and the three communication figures
   `allreduce_pct` (time communicating: all-reduce in flight, % of step), `exposed_comm_pct`
@@ -37,7 +40,8 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
   `exposed_comm_s`, `optimizer_s`; they add up to `step_s`. At one worker exposed_comm_s is
   0 by definition.
 - `cost_to_accuracy_usd` = tta_s / 3600 x num_nodes x node_price_per_hour per run (DAWNBench's
-  cost), mean over the repeats that reached the target; NaN when the price is unknown (0).
+  cost at the price paid, the time lost to restarts included: `run_metrics.node_cost_usd`), mean
+  over the repeats that reached the target; NaN when the price is unknown (0).
 - Speedup over the baseline, the smallest worker count with a non-failed run among the
   groups that share the other group keys (`base_workers`):
   `speedup_time_per_epoch` = time_per_epoch_s(base) / time_per_epoch_s(N),
@@ -64,6 +68,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from scaling.analysis.run_metrics import node_cost_usd
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
 # `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
@@ -128,6 +134,18 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def resized(runs: pd.DataFrame) -> pd.Series:
+    """Runs whose worker count changed mid-way (run_metrics.worker_counts); False where unknown."""
+    if "worker_count_changed" not in runs.columns:
+        return pd.Series(False, index=runs.index)
+    return runs["worker_count_changed"].map(lambda v: v is True or v == 1.0)
+
+
+def in_fixed_count_figures(runs: pd.DataFrame) -> pd.Series:
+    """The runs every figure is made of: not failed, and at one worker count from start to end."""
+    return (runs["status"] != "failed") & ~resized(runs)
+
+
 def _cv(values: pd.Series) -> float:
     values = values.dropna()
     if len(values) < 2:
@@ -147,9 +165,7 @@ def _col(frame: pd.DataFrame, name: str) -> pd.Series:
 
 
 def _cost_usd(ok: pd.DataFrame) -> pd.Series:
-    price = _col(ok, "node_price_per_hour")
-    price = price.where(price > 0)
-    return _col(ok, "tta_s") / 3600.0 * _col(ok, "num_nodes") * price
+    return node_cost_usd(_col(ok, "tta_s"), _col(ok, "num_nodes"), _col(ok, "node_price_per_hour"))
 
 
 def _allreduce_pct(ok: pd.DataFrame) -> pd.Series:
@@ -163,7 +179,7 @@ def _allreduce_pct(ok: pd.DataFrame) -> pd.Series:
 def _group_figures(group: pd.DataFrame) -> dict:
     """The figures of one group of runs (all statuses; failed ones are only counted)."""
     failed = group["status"] == "failed"
-    ok = group[~failed]
+    ok = group[in_fixed_count_figures(group)]
     reached = ok[ok["tta_s"].notna()] if "tta_s" in ok.columns else ok.iloc[0:0]
     exposed = _col(ok, "exposed_comm_s")
     exposed = exposed.where(exposed.notna() | (_col(ok, "num_workers") != 1), 0.0)  # 0 by definition at 1 worker
@@ -172,6 +188,7 @@ def _group_figures(group: pd.DataFrame) -> dict:
     out = {
         "n_runs": len(group),
         "n_failed": int(failed.sum()),
+        "n_resized": int((resized(group) & ~failed).sum()),
         "n_ok": len(ok),
         "n_reached": len(reached),
         "reached_fraction": len(reached) / len(ok) if len(ok) else np.nan,
@@ -203,7 +220,7 @@ def _group_figures(group: pd.DataFrame) -> dict:
         # minicluster runs: each node's link cap (NaN = uncapped or not a minicluster run)
         "link_bandwidth_bits_per_s": _col(ok, "link_bandwidth_bits_per_s").median(),
     }
-    return {k: (float(v) if k not in ("n_runs", "n_failed", "n_ok", "n_reached") else int(v)) for k, v in out.items()}
+    return {k: (float(v) if k not in ("n_runs", "n_failed", "n_resized", "n_ok", "n_reached") else int(v)) for k, v in out.items()}
 
 
 def _aggregate(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -259,9 +276,9 @@ def batch_tradeoff(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (global_batch, num_workers): epochs to target, throughput and TTA; empty unless global_batch varies."""
     runs = prepare_runs(runs)
     keys = ["global_batch", "num_workers"]
-    columns = keys + ["per_worker_batch", "n_runs", "n_failed", "n_reached", "reached_fraction", "epochs_to_target",
-                      "time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "tta_std_s"]
-    ok = runs[runs["status"] != "failed"] if "global_batch" in runs.columns else runs.iloc[0:0]
+    columns = keys + ["per_worker_batch", "n_runs", "n_failed", "n_resized", "n_ok", "n_reached", "reached_fraction",
+                      "epochs_to_target", "time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "tta_std_s"]
+    ok = runs[in_fixed_count_figures(runs)] if "global_batch" in runs.columns else runs.iloc[0:0]
     if "global_batch" not in runs.columns or ok["global_batch"].nunique() < 2:
         return pd.DataFrame(columns=columns)
     table = _aggregate(runs, keys)
@@ -296,7 +313,7 @@ def tta_spread(runs: pd.DataFrame, group_by: tuple[str, ...] | list[str] = ("num
     """One row per non-failed run: group keys, repeat, seed, status, tta_s, epochs_to_target, time_per_epoch_s."""
     runs = prepare_runs(runs)
     wanted = list(group_by) + ["repeat", "seed", "run_key", "status", "tta_s", "epochs_to_target", "time_per_epoch_s"]
-    ok = runs[runs["status"] != "failed"]
+    ok = runs[in_fixed_count_figures(runs)]
     out = pd.DataFrame({c: (ok[c] if c in ok.columns else np.nan) for c in wanted}, index=ok.index)
     return out.sort_values(list(group_by) + (["repeat"] if "repeat" in ok.columns else []), ignore_index=True)
 

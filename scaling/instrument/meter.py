@@ -392,6 +392,7 @@ class StepMeter:
             "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy),
             "samples": samples,
             "steps": self._epoch_steps,
+            "num_workers": self.world_size,  # per epoch: an elastic run's worker count can change at a restart
             "throughput_samples_per_s": samples / train_s if train_s > 0 else float("nan"),
             "elapsed_train_s": self.elapsed_train_s,
             # wall time from the run's first step (first attempt) to the end of this epoch's validation

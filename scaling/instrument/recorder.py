@@ -24,7 +24,7 @@ import pandas as pd
 
 from scaling.instrument.timing import Clock, StepMarks
 from scaling.results import (
-    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, WORKERS_DIR, part_epoch,
+    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, WORKERS_DIR, part_epoch, part_rank,
     rank_part_path, rank_parts, worker_record_path, write_json_atomic, write_parquet_atomic,
 )
 
@@ -56,10 +56,12 @@ class RunRecorder:
         last_epoch = self.epoch_rows[-1]["epoch"] if self.epoch_rows else 0
         if self.run_dir is None:
             return
-        # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates.
+        # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates;
+        # so would those of ranks the restarted group no longer has (an elastic restart with fewer workers),
+        # which rank 0 removes.
         for table in (STEPS_PARQUET, TELEMETRY_PARQUET):
-            for part in rank_parts(self.run_dir / table, self.rank):
-                if part_epoch(part) > last_epoch:
+            for part in rank_parts(self.run_dir / table, None if self.rank == 0 else self.rank):
+                if part_epoch(part) > last_epoch and (part_rank(part) == self.rank or part_rank(part) >= self.world_size):
                     part.unlink()
         if self.rank == 0:
             write_parquet_atomic(self.run_dir / EPOCHS_PARQUET, pd.DataFrame(self.epoch_rows))
@@ -71,7 +73,8 @@ class RunRecorder:
 
         An attempt is one start of the worker group: the first, and one per restart after a
         failure. `resume_point_unix` is when the checkpoint it resumed from was taken (None on
-        the first attempt); the summary derives the restart count and time lost from these.
+        the first attempt), `num_workers` the group's size; the summary derives the restart count,
+        the time lost and the worker counts before and after from these.
         """
         if self.run_dir is None:
             return
@@ -97,6 +100,8 @@ class RunRecorder:
             "first_step_unix": first_step_unix,
             "resumed_from_epoch": resumed_from["epoch"] if resumed_from else None,
             "resume_point_unix": resumed_from["saved_unix"] if resumed_from else None,
+            # the worker group's size in this attempt: an elastic restart may have fewer (or more) workers
+            "num_workers": self.world_size,
         })
         write_json_atomic(path, {"attempts": attempts})
 

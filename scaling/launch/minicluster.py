@@ -3,6 +3,8 @@
     scaling minicluster up --nodes 2 --bandwidth 1gbit
     scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2 --out results/mc
     scaling minicluster status
+    scaling minicluster preempt --node 1      # a spot preemption: link down, every process killed
+    scaling minicluster rejoin --node 1       # the node back, as an autoscaler's replacement
     scaling minicluster down
 
 Each node is a network namespace with its own IP on a private /24, joined to the host by a
@@ -47,7 +49,7 @@ NODE_IFACE = "lab0"  # the node end of each veth, the same name in every namespa
 GCS_PORT = 6390
 DASHBOARD_PORT = 8270
 BIN = Path(sys.executable).parent
-START_TIMEOUT_S = 120
+START_TIMEOUT_S = 300  # a node starting on a loaded 2-core machine (other test suites running) took over 120 s
 
 
 @dataclass
@@ -259,7 +261,7 @@ def _build_network(cluster: MiniCluster) -> None:
 
 def _start_ray(cluster: MiniCluster, log) -> None:
     env = cluster.env()
-    common = [f"--num-cpus={cluster.cpus_per_node}", "--num-gpus=0", "--disable-usage-stats", "--block"]
+    common = _ray_start_options(cluster)
     head = cluster.head
     Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
     log(f"starting the head in {head.namespace} ({head.ip})")
@@ -274,18 +276,83 @@ def _start_ray(cluster: MiniCluster, log) -> None:
     _wait_for_head(cluster, process)
     for node in cluster.nodes[1:]:
         log(f"starting node {node.index} in {node.namespace} ({node.ip})")
-        worker = subprocess.Popen(
-            ["ip", "netns", "exec", node.namespace, str(BIN / "ray"), "start", f"--address={cluster.address}",
-             f"--node-ip-address={node.ip}", *common],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        node.pid = worker.pid
-        _save(cluster)
+        _start_worker_node(cluster, node)
+    _wait_for_nodes(cluster, len(cluster.nodes))
+
+
+def _ray_start_options(cluster: MiniCluster) -> list[str]:
+    return [f"--num-cpus={cluster.cpus_per_node}", "--num-gpus=0", "--disable-usage-stats", "--block"]
+
+
+def _start_worker_node(cluster: MiniCluster, node: Node) -> None:
+    """`ray start` in a non-head node's namespace, joining the head; its process id recorded."""
+    worker = subprocess.Popen(
+        ["ip", "netns", "exec", node.namespace, str(BIN / "ray"), "start", f"--address={cluster.address}",
+         f"--node-ip-address={node.ip}", *_ray_start_options(cluster)],
+        env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    node.pid = worker.pid
+    _save(cluster)
+
+
+def _wait_for_nodes(cluster: MiniCluster, count: int) -> None:
     deadline = time.time() + START_TIMEOUT_S
-    while (alive := alive_nodes(cluster)) < len(cluster.nodes):
+    while (alive := alive_nodes(cluster)) < count:
         if time.time() > deadline:
-            raise RuntimeError(f"only {alive} of {len(cluster.nodes)} Ray nodes joined within {START_TIMEOUT_S} s")
+            raise RuntimeError(f"only {alive} of {count} Ray nodes alive within {START_TIMEOUT_S} s")
         time.sleep(1)
+
+
+# --------------------------------------------------------------------------- losing a node
+
+
+def preempt(name: str, node_index: int) -> float:
+    """Take a node away as a spot preemption does, not as a clean shutdown; returns when (unix time).
+
+    Its link goes down first, so nothing it might still say (a raylet's goodbye, a closing
+    connection) reaches the other nodes, then every process in its namespace (its raylet, its
+    Ray workers, the training workers on it) is SIGKILLed. The rest of the cluster finds out
+    the way it would on AWS: the head's health checks of that node go unanswered.
+    The head (node 0) cannot be preempted: it holds the cluster's state (GCS), as an
+    on-demand head does in the spot YAML (cluster/).
+    """
+    _require_root()
+    cluster = load(name)
+    if not 1 <= node_index < len(cluster.nodes):
+        raise UsageError(f"--node must be a worker node, 1 to {len(cluster.nodes) - 1} (node 0 is the head)")
+    node = cluster.nodes[node_index]
+    lost_unix = time.time()
+    _in_ns(node.namespace, "ip", "link", "set", NODE_IFACE, "down")
+    _kill(_namespace_pids(node.namespace), signal.SIGKILL)
+    if node.pid:
+        try:
+            os.killpg(node.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 10
+    while time.time() < deadline and _namespace_pids(node.namespace):
+        time.sleep(0.2)  # SIGKILLed processes leave the namespace once the kernel reaped them
+    node.pid = 0
+    _save(cluster)
+    return lost_unix
+
+
+def rejoin(name: str, node_index: int) -> MiniCluster:
+    """Bring a preempted node back (as the autoscaler's replacement would come): link up, Ray started,
+    and wait until the head counts every node alive again."""
+    _require_root()
+    cluster = load(name)
+    if not 1 <= node_index < len(cluster.nodes):
+        raise UsageError(f"--node must be a worker node, 1 to {len(cluster.nodes) - 1} (node 0 is the head)")
+    node = cluster.nodes[node_index]
+    if _pid_alive(node.pid):
+        raise UsageError(f"node {node_index} of minicluster {name!r} is running; 'minicluster preempt' it first")
+    _in_ns(node.namespace, "ip", "link", "set", NODE_IFACE, "up")
+    # the default route left with the link; the address stayed
+    _in_ns(node.namespace, "ip", "route", "replace", "default", "via", cluster.bridge_ip)
+    _start_worker_node(cluster, node)
+    _wait_for_nodes(cluster, len(cluster.nodes))
+    return cluster
 
 
 def set_bandwidth(rate: str | None, name: str = "lab") -> MiniCluster:

@@ -11,7 +11,7 @@ each other). What can only be known by looking is here, in one place:
 - the minicluster link cap (a rate `tc` takes, and a minicluster to apply it in);
 - Horovod (built, with gloo; with NCCL for GPU workers);
 - GPU-only rules (the communication-delay injection on GPUs, docs/gpu.md);
-- the launcher: a Ray Train function needs the Ray launcher;
+- the launcher: a Ray Train function, and an elastic run, need the Ray launcher;
 - capacity: the Ray cluster's CPUs and GPUs, or this host's for the plain launcher.
 
 `scaling run` preflights its config; `scaling sweep` preflights each distinct config of the sweep
@@ -72,7 +72,9 @@ def preflight_sweep(runs: list, launcher: str, log_to_driver: bool = False) -> l
 def check_launcher(cfg: ExperimentConfig, launcher: str) -> None:
     if cfg.train.function and launcher != "ray":
         raise ConfigError("train.function is a Ray Train function (prepare_model, ray.train.report): "
-                         "run it with the Ray launcher (--launcher ray)")
+                          "run it with the Ray launcher (--launcher ray)")
+    if cfg.workers.min_workers and launcher != "ray":
+        raise ConfigError("workers.min_workers (elastic) needs Ray Train's restarts: run it with the Ray launcher (--launcher ray)")
 
 
 def check_user_code(cfg: ExperimentConfig) -> None:

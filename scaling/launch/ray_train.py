@@ -12,13 +12,14 @@ must therefore be on storage every node sees (a shared filesystem on multi-node 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 from pathlib import Path
 
 from scaling.config import ExperimentConfig, from_dict
 from scaling.errors import UsageError
-from scaling.results import MACHINE_JSON, write_json_atomic
+from scaling.results import MACHINE_JSON, RAY_TRAIN_DIR, write_json_atomic
 
 # ray.train.report() is a barrier whose latency follows the controller's health-check
 # interval (about 2 s by default); the lab reports once per epoch, and this keeps the
@@ -132,6 +133,17 @@ class RayCheckpoints:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
 
+def at_world_size(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
+    """An elastic run's config for the worker group it got: the same global batch, shared by
+    `world_size` workers (workers.min_workers); unchanged at the config's own count."""
+    if world_size == cfg.workers.num_workers:
+        return cfg
+    resized = from_dict(cfg.to_dict())
+    resized.train.per_worker_batch = cfg.global_batch // world_size
+    resized.workers.num_workers = world_size
+    return resized
+
+
 def _worker_entry(loop_config: dict) -> dict:
     """Runs on every Ray Train worker."""
     import ray.train
@@ -148,6 +160,7 @@ def _worker_entry(loop_config: dict) -> dict:
     run_dir = Path(loop_config["run_dir"])  # absolute: Ray workers chdir into their own folder
     context = ray.train.get_context()
     device = ray.train.torch.get_device()
+    cfg = at_world_size(cfg, context.get_world_size())
     ctx = WorkerContext(
         rank=context.get_world_rank(),
         world_size=context.get_world_size(),
@@ -160,23 +173,82 @@ def _worker_entry(loop_config: dict) -> dict:
     return run_worker(cfg, ctx, run_dir, checkpoints=RayCheckpoints(ctx.rank))
 
 
+# Ray Train V2 reads this in its controller (propagated there from the driver's environment):
+# how long starting a worker group waits for its placement group before it gives up.
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+# An elastic run's tries at starting its group: Ray Train's elastic policy sees the cluster through
+# Ray's AutoscalingCoordinator, which refreshes its view every 20 s, so its first try after a lost
+# node may still count the node's resources and wait for them; short tries let it count again.
+ELASTIC_START_TRY_S = 30.0
+
+
+def capacity_wait(cfg: ExperimentConfig) -> tuple[float, int]:
+    """(seconds one worker-group start may wait, start timeouts Ray Train may retry) for `cfg`.
+
+    A fixed count: one try of failure.capacity_wait_s, never retried. Elastic: tries of at most
+    ELASTIC_START_TRY_S, as many as fit in failure.capacity_wait_s (a budget for the whole run,
+    as Ray Train counts start timeouts over the run).
+    """
+    wait_s = cfg.failure.capacity_wait_s
+    if not cfg.workers.min_workers:
+        return wait_s, 0
+    try_s = min(wait_s, ELASTIC_START_TRY_S)
+    return try_s, math.ceil(wait_s / try_s) - 1
+
+
+class CapacityTimeout(RuntimeError):
+    """A restart found no room for its workers within `failure.capacity_wait_s` (a lost node not back)."""
+
+
+def capacity_timeout(exc: BaseException, cfg: ExperimentConfig) -> CapacityTimeout | None:
+    """The lab's one line for Ray Train's worker-group start timeout, or None for any other failure."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    cause = getattr(exc, "controller_failure", None)
+    if not isinstance(cause, WorkerGroupStartupTimeoutError):
+        return None
+    return CapacityTimeout(
+        f"no room for {cause.num_workers} workers within failure.capacity_wait_s={cfg.failure.capacity_wait_s:g} s "
+        "after the worker group was lost (a node gone and not back); the latest checkpoint is kept in the run directory"
+    )
+
+
 def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
-    """Run `cfg` with TorchTrainer; raises whatever made training fail."""
+    """Run `cfg` with TorchTrainer; raises whatever made training fail.
+
+    After a failure (a worker killed, a node lost) Ray Train restarts the worker group from
+    the latest checkpoint, at most `failure.max_failures` times. Each restart waits for its
+    workers' resources at most `failure.capacity_wait_s` (`capacity_wait`): left alone, Ray
+    Train's controller retries a start that timed out for ever (`controller_failure_limit` -1),
+    so a run that lost a node for good would wait for ever; here it fails with `CapacityTimeout`.
+    An elastic run (`workers.min_workers`) goes on with the workers that fit instead.
+    """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    start_timeout_s, start_retries = capacity_wait(cfg)
+    os.environ[WORKER_GROUP_START_TIMEOUT_ENV] = str(start_timeout_s)
 
     trainer = TorchTrainer(
         train_loop_per_worker=_worker_entry,
         train_loop_config={"config": cfg.to_dict(), "run_dir": str(Path(run_dir).resolve()), "import_root": os.getcwd()},
         torch_config=TorchConfig(backend=cfg.resolved_backend),
         scaling_config=ScalingConfig(
-            num_workers=cfg.workers.num_workers,
+            # elastic: Ray Train starts (and restarts) the group with as many workers as fit, from
+            # min_workers to num_workers, and grows it again when room appears
+            num_workers=((cfg.workers.min_workers, cfg.workers.num_workers) if cfg.workers.min_workers
+                         else cfg.workers.num_workers),
             use_gpu=cfg.workers.use_gpu,
             resources_per_worker={"CPU": cfg.workers.cpus_per_worker, **({"GPU": 1} if cfg.workers.use_gpu else {})},
         ),
         run_config=RunConfig(
-            name="ray_train", storage_path=str(Path(run_dir).resolve()),
-            failure_config=FailureConfig(max_failures=cfg.failure.max_failures),
+            name=RAY_TRAIN_DIR, storage_path=str(Path(run_dir).resolve()),
+            # one bound for every restart: a node drained ahead of a preemption (Ray's own budget,
+            # unlimited by default) counts like a worker that died; starts that found no room are
+            # retried only within capacity_wait_s (`capacity_wait`)
+            failure_config=FailureConfig(max_failures=cfg.failure.max_failures,
+                                         max_preemption_failures=cfg.failure.max_failures,
+                                         controller_failure_limit=start_retries),
             checkpoint_config=CheckpointConfig(num_to_keep=2),  # the latest is all a restart needs
         ),
     )
@@ -204,8 +276,11 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
     previous = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit()
-    except Exception:
+    except Exception as exc:
         if not interrupted:
+            timeout = capacity_timeout(exc, cfg)
+            if timeout is not None:
+                raise timeout from exc
             raise
     finally:
         signal.signal(signal.SIGINT, previous)  # Ray leaves its handler installed after fit()

@@ -115,6 +115,7 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "backend": "horovod" if cfg.backend == "horovod" else cfg.resolved_backend,
         "launcher": launcher,
         "num_workers": cfg.workers.num_workers,
+        "min_workers": cfg.workers.min_workers,  # > 0: elastic (workers_first_attempt / workers_last_attempt: what it got)
         "per_worker_batch": cfg.train.per_worker_batch,
         "global_batch": cfg.global_batch,
         "seed": cfg.train.seed,
@@ -134,6 +135,7 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "link_bandwidth": link_bandwidth,
         "link_bandwidth_bits_per_s": _bits_per_s(link_bandwidth),
         "node_price_per_hour": cfg.workers.node_price_per_hour,
+        "market": cfg.workers.market,
         "cluster": cfg.workers.cluster or None,  # a projection's cluster description (scaling/projection/overlay.py)
     }
 

@@ -22,8 +22,10 @@ throughput or of its mean TTA is wider than ±`--interval-width` (default 5%) of
 until every point is that narrow or has `--max-repeats` (default 6) runs; it says which.
 
 Re-running the same command resumes: runs whose summary.json says reached_target or
-max_epochs are kept; failed, interrupted or never-finished runs are redone. A failed run
-is recorded and the sweep goes on. Every file is written atomically.
+max_epochs are kept; failed, interrupted or never-finished runs are run again, from their
+latest checkpoint where Ray Train registered one (a run that lost a node for longer than
+failure.capacity_wait_s goes on from there), else from scratch. A failed run is recorded and
+the sweep goes on. Every file is written atomically.
 """
 
 from __future__ import annotations
@@ -197,6 +199,28 @@ def is_done(run_dir: Path) -> bool:
     return RunDir(run_dir).status() in DONE_STATUSES
 
 
+def prepare_rerun(run_dir: Path, launcher: str) -> int | None:
+    """Make a run that is not done ready to run again; returns the epoch it resumes from, or None.
+
+    A Ray run that left a registered checkpoint (it lost a node and found no room within
+    failure.capacity_wait_s, ran out of restarts, or was interrupted) keeps its directory: Ray
+    Train finds its own record of the checkpoints there (same RunConfig name and storage path)
+    and hands the latest to the new workers, so the run resumes with every epoch before it kept,
+    and its attempts record the resume (its time lost runs to the resumed first step). Anything
+    else is redone from scratch.
+    """
+    run = RunDir(run_dir)
+    if not run_dir.exists():
+        return None
+    epoch = run.checkpoint_epoch() if launcher == "ray" else None
+    if epoch is None:
+        shutil.rmtree(run_dir)
+        return None
+    run.summary_path.unlink(missing_ok=True)  # the failed attempt's; the resumed run writes its own
+    run.error_path.unlink(missing_ok=True)
+    return epoch
+
+
 def write_index(sweep_dir: Path, planned: list[PlannedRun]) -> pd.DataFrame:
     """runs.parquet: one row per run that has a summary (finished or failed)."""
     sweep = SweepDir(sweep_dir)
@@ -246,8 +270,9 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
         task = progress.add_task("sweep", total=len(planned), completed=kept, current="")
         for run in todo:
             run_dir = sweep.run(run.key).path
-            if run_dir.exists():
-                shutil.rmtree(run_dir)  # failed or incomplete: redo from scratch
+            resume_epoch = prepare_rerun(run_dir, launcher)
+            if resume_epoch is not None:
+                progress.console.print(f"run {run.key}: resuming from its epoch {resume_epoch} checkpoint")
             progress.update(task, current=f"{run.key}: starting")
             watcher = _EpochWatcher(run_dir, lambda text, key=run.key: progress.update(task, current=f"{key}: {text}"))
             watcher.start()

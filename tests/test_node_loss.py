@@ -1,0 +1,259 @@
+"""A node lost mid-run, as a spot preemption loses it, on the minicluster (2 namespaced Ray nodes).
+
+While a 2-worker run is in its second epoch (epoch 1's checkpoint registered by Ray Train's
+controller), node 1 is preempted: its link goes down and every process in its namespace is
+SIGKILLed (`minicluster.preempt`), no clean shutdown. Two outcomes, one run each:
+
+- the node comes back (`minicluster.rejoin`, as an autoscaler's replacement would) within
+  `failure.capacity_wait_s`: the run waits, resumes from epoch 1's checkpoint on 2 workers and
+  finishes with every epoch once; the summary holds the restart, the time lost (at least the
+  outage) and the worker counts, and TTA counts the time lost;
+- it does not: the run fails once `failure.capacity_wait_s` has run out, with one line saying so,
+  and the sweep it belongs to goes on; re-run once the node is back, the sweep resumes that run
+  from its checkpoint and keeps the run that had finished.
+
+Needs root with network-admin rights; skips with the reason where the probe (tests/conftest.py)
+finds none. The numbers of a run are printed (pytest -s) for the README's measured example.
+"""
+
+import json
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+
+from scaling.analysis.run_metrics import summarize_run
+from tests.conftest import BIN, REPO, registered_checkpoint_epoch, run_cli, wait_for
+
+NAME = "n24a"
+SUBNET = "10.216.0.0/24"
+RUN_TIMEOUT_S = 480
+
+
+@pytest.fixture(scope="module")
+def two_nodes(netns_capable):
+    result = run_cli("minicluster", "up", "--nodes", "2", "--name", NAME, "--subnet", SUBNET)
+    assert result.returncode == 0, result.stderr
+    try:
+        yield NAME
+    finally:
+        down = run_cli("minicluster", "down", "--name", NAME)
+        assert down.returncode == 0, down.stderr
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"scaling-{NAME}-" not in namespaces
+
+
+RUN_SETTINGS = ["--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
+                # out of reach, so that a run trains all three epochs; TTA is checked for a reached target below
+                "--set", "train.target_accuracy=1.0", "--set", "train.eval_every=1",
+                "--set", "instrument.calibration_pairs=2", "--set", "failure.max_failures=1"]
+
+
+def _in_cluster(*command: str) -> list[str]:
+    return [str(BIN / "scaling"), "minicluster", "exec", "--name", NAME, "--", str(BIN / "scaling"), *command]
+
+
+def _start_run(run_dir, capacity_wait_s: float, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        _in_cluster("run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
+                    "--set", f"failure.capacity_wait_s={capacity_wait_s}"),
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _preempt_in_epoch_2(run_dir, process) -> float:
+    """Preempt node 1 once epoch 1's checkpoint is registered; returns when."""
+    from scaling.launch import minicluster as mc
+
+    epoch = wait_for(lambda: registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
+    lost_unix = mc.preempt(NAME, 1)
+    assert epoch == 1, f"epoch {epoch}'s checkpoint was the first seen: the preemption came too late for epoch 2"
+    return lost_unix
+
+
+@pytest.fixture(scope="module")
+def node_back_in_time(two_nodes, tmp_path_factory):
+    """Node 1 lost in epoch 2 and back 20 s after the head saw it gone; the run waits (up to 300 s)."""
+    from scaling.launch import minicluster as mc
+
+    run_dir = tmp_path_factory.mktemp("node_loss") / "rejoined"
+    log_path = run_dir.parent / "output.log"
+    with open(log_path, "w") as log:
+        process = _start_run(run_dir, 300, log)
+    try:
+        lost_unix = _preempt_in_epoch_2(run_dir, process)
+        cluster = mc.load(NAME)
+        wait_for(lambda: mc.alive_nodes(cluster) == 1, 120, "the head to see node 1 gone", process)
+        seen_gone_unix = time.time()
+        time.sleep(20)  # the restart is waiting for capacity now
+        mc.rejoin(NAME, 1)
+        back_unix = time.time()
+        process.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log_path.read_text()
+    assert process.returncode == 0, output[-3000:]
+    print(f"node 1 lost; head saw it gone after {seen_gone_unix - lost_unix:.1f} s; back after {back_unix - lost_unix:.1f} s")
+    return {"run_dir": run_dir, "lost_unix": lost_unix, "back_unix": back_unix, "output": output}
+
+
+def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
+    run_dir, lost_unix, back_unix = node_back_in_time["run_dir"], node_back_in_time["lost_unix"], node_back_in_time["back_unix"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print({k: summary[k] for k in ("status", "epochs_run", "restarts", "time_lost_s", "workers_first_attempt",
+                                   "workers_last_attempt", "worker_count_changed", "num_nodes", "time_per_epoch_s",
+                                   "run_wall_s")})
+    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 3 and summary["error"] is None
+    assert summary["restarts"] == 1 and summary["tta_includes_restarts"]
+    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 2, False)
+    # The time lost runs from epoch 1's checkpoint (taken before the preemption) to the restarted
+    # group's first step (after the node was back): it holds the whole outage.
+    assert summary["time_lost_s"] >= back_unix - lost_unix
+    attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
+    assert [a["resumed_from_epoch"] for a in attempts] == [None, 1]
+    assert attempts[1]["resume_point_unix"] < lost_unix < back_unix < attempts[1]["first_step_unix"]
+
+    # every epoch once, on both nodes, each with its worker count
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    assert list(epochs["epoch"]) == [1, 2, 3] and list(epochs["num_workers"]) == [2, 2, 2]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    train = steps[steps["kind"] == "train"]
+    assert not train.duplicated(["rank", "step"]).any()
+    assert train.groupby("epoch")["node_rank"].nunique().tolist() == [2, 2, 2]
+
+    # TTA for a target the run reached (its last epoch's accuracy) counts the time lost
+    target = float(epochs["val_accuracy"].iloc[-1])
+    reached = int(epochs.loc[epochs["val_accuracy"] >= target, "epoch"].iloc[0])
+    figures = summarize_run(steps, epochs, target, 2, attempts=attempts, evals=pd.read_parquet(run_dir / "evals.parquet"))
+    training = float(epochs.loc[epochs["epoch"] <= reached, "train_s"].sum())
+    assert figures["tta_s"] == pytest.approx(training + summary["time_lost_s"])
+    print(f"TTA to {target:.4f} (epoch {reached}): {figures['tta_s']:.1f} s = {training:.1f} s training "
+          f"+ {summary['time_lost_s']:.1f} s lost; wall {figures['tta_wall_s']:.1f} s")
+
+
+def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(two_nodes, tmp_path):
+    """The node stays away longer than failure.capacity_wait_s: the run fails with one line, the
+    sweep goes on; once the node is back, re-running the sweep resumes that run from its
+    checkpoint and keeps the finished one."""
+    from scaling.launch import minicluster as mc
+
+    capacity_wait_s = 20
+    sweep_dir = tmp_path / "sweep"
+    sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", str(sweep_dir),
+             *RUN_SETTINGS, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
+    log_path = tmp_path / "output.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(_in_cluster(*sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        lost_unix = _preempt_in_epoch_2(sweep_dir / "runs" / "w2-r0", process)
+        process.wait(timeout=RUN_TIMEOUT_S)
+        ended_unix = time.time()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    mc.rejoin(NAME, 1)
+    back_unix = time.time()
+    assert process.returncode == 1, log_path.read_text()[-3000:]  # a run failed; the sweep finished
+    runs = pd.read_parquet(sweep_dir / "runs.parquet").set_index("run_key")
+    assert runs.loc["w1-r0", "status"] == "max_epochs" and runs.loc["w2-r0", "status"] == "failed"
+    assert runs.loc["w2-r0", "epochs_run"] == 1
+    error = runs.loc["w2-r0", "error"]
+    assert "\n" not in error and f"failure.capacity_wait_s={capacity_wait_s} s" in error and "2 workers" in error, error
+    # bounded: Ray noticing the lost node, then the wait; room for a slow machine, not for ever
+    print(f"failed {ended_unix - lost_unix:.1f} s after the preemption: {error}")
+    assert ended_unix - lost_unix < capacity_wait_s + 180
+
+    kept_started_at = json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"]
+    again = subprocess.run(_in_cluster(*sweep), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming: 1 of 2 runs already finished, 1 to run" in again.stdout
+    assert "run w2-r0: resuming from its epoch 1 checkpoint" in again.stdout
+    assert json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"] == kept_started_at
+    run_dir = sweep_dir / "runs" / "w2-r0"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 3 and summary["error"] is None
+    attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
+    assert [a["resumed_from_epoch"] for a in attempts] == [None, 1]
+    # the time lost runs from epoch 1's checkpoint to the resumed run's first step: the failed wait,
+    # the node's absence and the gap before the sweep was re-run, all of it
+    assert summary["restarts"] == 1 and summary["time_lost_s"] >= back_unix - lost_unix
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    assert list(epochs["epoch"]) == [1, 2, 3]
+    train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
+    assert not train.duplicated(["rank", "step"]).any() and sorted(train["epoch"].unique()) == [1, 2, 3]
+
+
+def test_an_elastic_run_goes_on_with_the_workers_left(two_nodes, tmp_path):
+    """workers.min_workers=1: the run does not wait for node 1; it resumes from epoch 1's checkpoint
+    on the one worker left, with the same global batch, and says so per epoch and in the summary."""
+    from scaling.launch import minicluster as mc
+
+    run_dir = tmp_path / "elastic"
+    log_path = tmp_path / "output.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            _in_cluster("run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
+                        "--set", "workers.min_workers=1", "--set", "failure.capacity_wait_s=300"),
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        _preempt_in_epoch_2(run_dir, process)
+        process.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        mc.rejoin(NAME, 1)
+    assert process.returncode == 0, log_path.read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print({k: summary[k] for k in ("status", "restarts", "time_lost_s", "workers_first_attempt", "workers_last_attempt",
+                                   "worker_count_changed", "global_batch")})
+    assert summary["status"] == "max_epochs" and summary["restarts"] == 1
+    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 1, True)
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    assert list(epochs["epoch"]) == [1, 2, 3] and list(epochs["num_workers"]) == [2, 1, 1]
+    # the same global batch throughout: the same samples and steps per epoch at either count
+    assert epochs["samples"].nunique() == 1 and epochs["steps"].nunique() == 1
+    train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
+    assert sorted(train.groupby("epoch")["rank"].nunique()) == [1, 1, 2]
+    assert not train.duplicated(["rank", "step"]).any()
+
+
+# ---- without a minicluster ----------------------------------------------------------------------
+
+
+def test_capacity_timeout_is_one_line_naming_the_setting():
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from scaling.config import ExperimentConfig
+    from scaling.launch.ray_train import capacity_timeout
+
+    cfg = ExperimentConfig()
+    cfg.failure.capacity_wait_s = 45.0
+    error = capacity_timeout(ControllerError(WorkerGroupStartupTimeoutError(num_workers=4)), cfg)
+    assert "\n" not in str(error) and "no room for 4 workers within failure.capacity_wait_s=45 s" in str(error)
+    assert capacity_timeout(ControllerError(RuntimeError("something else")), cfg) is None
+    assert capacity_timeout(RuntimeError("a worker's own error"), cfg) is None
+
+
+def test_the_head_cannot_be_preempted(monkeypatch, tmp_path):
+    import os
+
+    from scaling.errors import UsageError
+    from scaling.launch import minicluster as mc
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(mc, "STATE_ROOT", tmp_path)
+    cluster = mc.MiniCluster(name="n24x", subnet=SUBNET, bridge="smn24xbr", bridge_ip="10.216.0.1", bandwidth=None,
+                             cpus_per_node=1, nodes=[mc.Node(i, f"scaling-n24x-n{i}", f"10.216.0.{10 + i}", f"smn24xh{i}")
+                                                     for i in range(2)])
+    mc._save(cluster)
+    for action in (mc.preempt, mc.rejoin):
+        with pytest.raises(UsageError, match="node 0 is the head"):
+            action("n24x", 0)
+        with pytest.raises(UsageError, match="1 to 1"):
+            action("n24x", 2)
