@@ -244,3 +244,12 @@ def test_a_users_model_by_import_path_builds_and_a_train_function_needs_ray(tmp_
     assert isinstance(build_model(cfg.model.name, 10)[1], torch.nn.Linear)
     result = run_cli("run", "examples/own_job/sweep.yaml", "--launcher", "local", "--out", str(tmp_path / "r"))
     assert result.returncode == 2 and "Ray launcher" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_an_elastic_run_needs_the_ray_launcher():
+    from scaling.launch.preflight import preflight
+
+    cfg = load_config(QUICKSTART, overrides=["workers.min_workers=1"], num_workers=2)  # the shape is fine
+    with pytest.raises(ConfigError, match="min_workers.*needs Ray Train's restarts"):
+        preflight(cfg, "local", capacity=False)
+    preflight(cfg, "ray", capacity=False)
