@@ -602,12 +602,28 @@ def test_jitter_straggler_wait_by_hand():
 
 
 def test_horovod_backend_in_the_projection():
+    """Horovod all-reduces fused buffers, not DDP's buckets: how many, by hand from the fusion
+    threshold and ResNet-50's gradients (161 tensors: 53 convolutions, 53 batch norms' weight
+    and bias, the classifier's weight and bias; 25,557,032 fp32 values = 102,228,128 bytes;
+    the largest, a 3x3 512-channel convolution, 9,437,184 bytes):
+    - fusion off (threshold 0): one buffer per tensor, 161, whatever the cycle;
+    - a cycle longer than the step (10 s), so every tensor is ready when its cycle comes (after
+      the first step the cycle falls after backward: the steady state), all fused in order into
+      buffers of at most the threshold: at 128 MiB (134,217,728 bytes > 102,228,128) one; at
+      64 MiB (67,108,864 bytes) two, as a buffer closes only when the next tensor does not fit,
+      so the first holds more than 67,108,864 - 9,437,184 bytes and leaves at most 44,556,448;
+    - DDP: 5 buckets (25 MiB, the first 1 MiB, as DDP made them:
+      test_bucketing_matches_what_ddp_reported)."""
     ddp = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32")
     hvd = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", backend="horovod",
-                         horovod_cycle_time_ms=5, horovod_fusion_threshold_mb=64)
+                         horovod_cycle_time_ms=5, horovod_fusion_threshold_mb=0)
     assert (hvd["backend"] == "horovod").all() and hvd.attrs["backend"] == "horovod"
-    # Horovod all-reduces fused buffers, not DDP's 4-5 buckets, and waits for its cycles
-    assert hvd["num_buckets"].iloc[-1] != ddp["num_buckets"].iloc[-1]
+    assert ddp["num_buckets"].iloc[-1] == 5 and hvd["num_buckets"].iloc[-1] == 161
+    assert (hvd["grad_bytes"].iloc[1:] == 102_228_128).all()
+    for fusion_mb, buffers in ((128, 1), (64, 2)):
+        fused = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", backend="horovod",
+                               horovod_cycle_time_ms=10_000, horovod_fusion_threshold_mb=fusion_mb)
+        assert (fused["num_buckets"].iloc[1:] == buffers).all(), fusion_mb
     assert hvd["step_s"].iloc[0] == ddp["step_s"].iloc[0]
     with pytest.raises(UsageError, match="backend must be one of"):
         run_projection("resnet50", "p3.16xlarge", [1], backend="mpi")
@@ -625,15 +641,22 @@ def test_fitted_cluster_has_no_extra_terms():
     assert df["straggler_s"].iloc[-1] == 0.0 and df["interference_s"].iloc[-1] == 0.0
 
 
-def test_committed_anchor_results_are_what_the_model_gives():
-    """bench/results/projection_anchors.json (the README's anchor table) is the current model's output:
-    a change to a preset or a term that moves an anchor must come with a re-run of the benchmark."""
+def _projection_anchors_module():
+    """bench/projection_anchors.py, imported by path (bench/ is no package)."""
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "bench" / "projection_anchors.py"
     spec = importlib.util.spec_from_file_location("projection_anchors", path)
     anchors = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(anchors)
+    return anchors
+
+
+def test_committed_anchor_results_are_what_the_model_gives():
+    """bench/results/projection_anchors.json (the README's anchor table) is the current model's output:
+    a change to a preset or a term that moves an anchor must come with a re-run of the benchmark."""
+    anchors = _projection_anchors_module()
+    path = Path(anchors.__file__)
     committed = json.loads((path.parent / "results" / "projection_anchors.json").read_text())["anchors"]
     assert [a["name"] for a in committed] == [a["name"] for a in anchors.ANCHORS]
     for anchor, before in zip(anchors.ANCHORS, committed):
@@ -642,6 +665,28 @@ def test_committed_anchor_results_are_what_the_model_gives():
         if "projected_efficiency" in before:
             assert now["projected_efficiency"] == pytest.approx(before["projected_efficiency"], rel=1e-6)
         assert now["meets_goal"] == before["meets_goal"]
+        assert (now["role"], now["sets"]) == (before["role"], before["sets"])
+
+
+def test_anchor_count_excludes_calibration_anchors():
+    """An anchor that sets a parameter meets its goal by construction: the count of anchors that
+    meet the goal is over the checks only, in the results, the printed count and the table."""
+    anchors = _projection_anchors_module()
+    made_up = [{"name": "sets a parameter", "role": "calibration", "meets_goal": True},
+               {"name": "a check that meets", "role": "check", "meets_goal": True},
+               {"name": "a check that misses", "role": "check", "meets_goal": False}]
+    assert anchors.tally(made_up) == {"met": 1, "of": 2, "calibration": ["sets a parameter"]}
+    assert anchors.count_line(made_up).startswith("1 of 2 checks meet the goal; 1 calibration anchor ")
+    committed = json.loads((Path(anchors.__file__).parent / "results" / "projection_anchors.json").read_text())
+    points = committed["anchors"]
+    # the DGX-1 fp32 speedup sets the V100 presets' step jitter (p3.16xlarge.yaml): the one calibration anchor
+    assert [p["name"] for p in points if p["role"] == "calibration"] == ["NVIDIA DGX-1, ResNet-50 fp32, 8 GPUs"]
+    assert all(p["role"] == "check" and p["sets"] is None for p in points[1:])
+    assert (committed["met"], committed["of"]) == (5, 7) == (sum(p["meets_goal"] for p in points[1:]), len(points) - 1)
+    assert committed["calibration"] == [points[0]["name"]]
+    table = anchors.markdown(points)
+    assert table.splitlines()[-1].startswith("5 of 7 checks meet the goal")
+    assert table.count("**calibration**") == 1 and table.count("| check |") == 7
 
 
 def test_the_minicluster_predictions_are_unchanged():
