@@ -1,13 +1,20 @@
-"""Shared fixtures: one real Ray cluster per test session, on loopback, private to the tests.
+"""Shared fixtures: one real Ray cluster and one minicluster per test session, the capabilities a
+runner must have, and the test tiers.
 
 The head is scaling.launch.local_cluster's `private_ray_head` (the benchmarks' too): `ray start
 --head --block` in its own process group with a private temp dir and free ports, so it never
 attaches to (or is attached by) any other Ray on the machine; it is stopped by its process id,
 never with `ray stop`.
 
-`netns_capable`: skips a test, with the kernel's own error as the reason, where this process
-cannot build what the minicluster builds (network namespace, veth pair, bridge, tc cap).
-Being root is not enough: a container's root often lacks CAP_NET_ADMIN / CAP_SYS_ADMIN.
+`minicluster`: one 2-node minicluster (network namespaces, one Ray node each) for every test that
+needs one; its tests run last (`pytest_collection_modifyitems`) so that its nodes idle beside no
+other test. A test that preempts a node gives it back (`whole_minicluster`).
+
+Capabilities (`CAPABILITIES`): where this process cannot build the minicluster's network, or
+Horovod does not import, the tests that need them skip with the reason — on a developer's
+machine. A runner that declares them required (`SCALING_TEST_REQUIRE=netns,horovod`, as `.ci/run`
+does) fails at once, in one line naming what is missing: a CI machine that lost a capability
+must not lose its proofs in silence.
 """
 
 from __future__ import annotations
@@ -107,6 +114,80 @@ def netns_capable():
         pytest.skip(why)
 
 
+def horovod_capability() -> str | None:
+    """None if Horovod imports with its torch extension (`make horovod`); otherwise why not."""
+    from scaling.train import horovod_backend
+
+    ok, why = horovod_backend.available()
+    return None if ok else (why or "horovod does not import")
+
+
+# What a runner may lack, each with its probe (None: present). `.ci/run` requires them all.
+CAPABILITIES = {"netns": netns_capability, "horovod": horovod_capability}
+REQUIRE_ENV = "SCALING_TEST_REQUIRE"
+
+
+def pytest_configure(config):
+    required = [name for name in os.environ.get(REQUIRE_ENV, "").replace(",", " ").split() if name]
+    unknown = sorted(set(required) - set(CAPABILITIES))
+    if unknown:
+        raise pytest.UsageError(f"{REQUIRE_ENV}: unknown capability {', '.join(unknown)} (known: {', '.join(CAPABILITIES)})")
+    missing = [(name, why) for name in required if (why := CAPABILITIES[name]()) is not None]
+    if missing:
+        raise pytest.UsageError("; ".join(f"required capability '{name}' is missing: {why}" for name, why in missing))
+
+
+# --- the session's minicluster ---------------------------------------------------------------------
+
+MINICLUSTER_NAME = "tests"  # not the default ("lab"): a user's own minicluster is left alone
+MINICLUSTER_SUBNET = "10.214.0.0/24"
+
+
+def minicluster_leftovers(name: str) -> list[str]:
+    """Namespaces and links of minicluster `name` that the kernel still has."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [line for line in (namespaces + links).splitlines() if f"scaling-{name}-" in line or f"sm{name}" in line]
+
+
+@pytest.fixture(scope="session")
+def minicluster(netns_capable):
+    """The name of a 2-node minicluster (uncapped, Ray up on both nodes), built once per session
+    through the CLI as a user builds one; `down` must remove exactly what `up` made."""
+    from scaling.cli import main
+
+    result = run_cli("minicluster", "up", "--nodes", "2", "--name", MINICLUSTER_NAME, "--subnet", MINICLUSTER_SUBNET)
+    assert result.returncode == 0, result.stderr
+    try:
+        assert minicluster_leftovers(MINICLUSTER_NAME), "the minicluster's namespaces and links should exist while it is up"
+        yield MINICLUSTER_NAME
+    finally:
+        down = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
+        assert down.returncode == 0, down.stderr
+    assert not minicluster_leftovers(MINICLUSTER_NAME)
+    assert main(["minicluster", "status", "--name", MINICLUSTER_NAME]) == 2  # gone for the CLI too
+
+
+def make_whole(name: str) -> None:
+    """Every node of minicluster `name` up and its links uncapped, whatever a test did to it."""
+    from scaling.launch import minicluster as mc
+
+    cluster = mc.load(name)
+    for node in cluster.nodes[1:]:
+        if not mc.node_running(cluster, node.index):
+            mc.rejoin(name, node.index)
+    if cluster.bandwidth is not None:
+        mc.set_bandwidth(None, name)
+
+
+@pytest.fixture
+def whole_minicluster(minicluster):
+    """The session's minicluster with both nodes up and uncapped, before and after the test."""
+    make_whole(minicluster)
+    yield minicluster
+    make_whole(minicluster)
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(BIN / "scaling"), *args], cwd=REPO, env=env or os.environ.copy(),
@@ -157,7 +238,7 @@ def pytest_collection_modifyitems(config, items):
         tiers = set()
         if fixtures & {"ray_cluster", "ray_connected"}:
             tiers.add("ray")
-        if fixtures & {"netns_capable", "minicluster"}:
+        if fixtures & {"netns_capable", "minicluster", "whole_minicluster"}:
             tiers.add("minicluster")
         if module.startswith("test_horovod"):
             tiers.add("horovod")
@@ -165,3 +246,34 @@ def pytest_collection_modifyitems(config, items):
             tiers.add("slow")
         for tier in tiers or {"unit"}:
             item.add_marker(getattr(pytest.mark, tier))
+    # The minicluster's tests last, together: its Ray nodes then idle beside no other test.
+    items.sort(key=lambda item: item.get_closest_marker("minicluster") is not None)
+
+
+class TierViolation(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_stays_in_process(request, monkeypatch):
+    """The unit tier means what it says: a unit test that starts a process or a process group
+    (training, a worker, the CLI as a subprocess, a notebook kernel) fails, naming the rule."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import multiprocessing.process
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            raise TierViolation(f"a unit-tier test may not {what}: mark it slow (tests/conftest.py)")
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("start a subprocess"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("start a process"))
+    try:
+        import torch.distributed as dist
+
+        monkeypatch.setattr(dist, "init_process_group", refuse("start a process group (train)"))
+    except ImportError:
+        pass
+    yield

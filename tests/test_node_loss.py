@@ -12,8 +12,11 @@ SIGKILLed (`minicluster.preempt`), no clean shutdown. Two outcomes, one run each
   and the sweep it belongs to goes on; re-run once the node is back, the sweep resumes that run
   from its checkpoint and keeps the run that had finished.
 
-Needs root with network-admin rights; skips with the reason where the probe (tests/conftest.py)
-finds none. The numbers of a run are printed (pytest -s) for the README's measured example.
+Runs on the session's minicluster (tests/conftest.py), whose head declares a silent node dead
+within seconds (`minicluster.HEALTH_CHECK`); each test waits on states it observes (a checkpoint
+registered, the node seen gone, the restart's placement group pending), never on a sleep. Needs
+root with network-admin rights: skips with the reason where the probe finds none, fails where
+`.ci/run` requires it. The numbers of a run are printed (pytest -s).
 """
 
 import json
@@ -24,70 +27,70 @@ import pandas as pd
 import pytest
 
 from scaling.analysis.run_metrics import summarize_run
-from tests.conftest import BIN, REPO, registered_checkpoint_epoch, run_cli, wait_for
+from tests.conftest import BIN, REPO, make_whole, registered_checkpoint_epoch, wait_for
 
-NAME = "n24a"
-SUBNET = "10.216.0.0/24"
 RUN_TIMEOUT_S = 480
 
 
-@pytest.fixture(scope="module")
-def two_nodes(netns_capable):
-    result = run_cli("minicluster", "up", "--nodes", "2", "--name", NAME, "--subnet", SUBNET)
-    assert result.returncode == 0, result.stderr
-    try:
-        yield NAME
-    finally:
-        down = run_cli("minicluster", "down", "--name", NAME)
-        assert down.returncode == 0, down.stderr
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"scaling-{NAME}-" not in namespaces
-
-
-RUN_SETTINGS = ["--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
-                # out of reach, so that a run trains all three epochs; TTA is checked for a reached target below
+RUN_SETTINGS = ["--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=2",
+                # out of reach, so that a run trains both epochs; TTA is checked for a reached target below
                 "--set", "train.target_accuracy=1.0", "--set", "train.eval_every=1",
                 "--set", "instrument.calibration_pairs=2", "--set", "failure.max_failures=1"]
 
 
-def _in_cluster(*command: str) -> list[str]:
-    return [str(BIN / "scaling"), "minicluster", "exec", "--name", NAME, "--", str(BIN / "scaling"), *command]
+def _in_cluster(name: str, *command: str) -> list[str]:
+    return [str(BIN / "scaling"), "minicluster", "exec", "--name", name, "--", str(BIN / "scaling"), *command]
 
 
-def _start_run(run_dir, capacity_wait_s: float, log) -> subprocess.Popen:
+def _start_run(name: str, run_dir, capacity_wait_s: float, log) -> subprocess.Popen:
     return subprocess.Popen(
-        _in_cluster("run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
+        _in_cluster(name, "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
                     "--set", f"failure.capacity_wait_s={capacity_wait_s}"),
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
 
 
-def _preempt_in_epoch_2(run_dir, process) -> float:
+def _restart_waits_for_capacity(name: str) -> bool:
+    """Ray Train's restarted worker group is waiting for room: its placement group is pending."""
+    from ray.util.state import list_placement_groups
+
+    from scaling.launch import minicluster as mc
+
+    pending = list_placement_groups(address=mc.load(name).dashboard, filters=[("state", "=", "PENDING")],
+                                    raise_on_missing_output=False)
+    return len(pending) > 0
+
+
+def _preempt_in_epoch_2(name: str, run_dir, process) -> float:
     """Preempt node 1 once epoch 1's checkpoint is registered; returns when."""
     from scaling.launch import minicluster as mc
 
     epoch = wait_for(lambda: registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
-    lost_unix = mc.preempt(NAME, 1)
+    lost_unix = mc.preempt(name, 1)
     assert epoch == 1, f"epoch {epoch}'s checkpoint was the first seen: the preemption came too late for epoch 2"
     return lost_unix
 
 
 @pytest.fixture(scope="module")
-def node_back_in_time(two_nodes, tmp_path_factory):
-    """Node 1 lost in epoch 2 and back 20 s after the head saw it gone; the run waits (up to 300 s)."""
+def node_back_in_time(minicluster, tmp_path_factory):
+    """Node 1 lost in epoch 2, back once the head saw it gone and the restart waits for room;
+    the run waits (up to 300 s)."""
     from scaling.launch import minicluster as mc
 
+    name = minicluster
+    make_whole(name)
     run_dir = tmp_path_factory.mktemp("node_loss") / "rejoined"
     log_path = run_dir.parent / "output.log"
     with open(log_path, "w") as log:
-        process = _start_run(run_dir, 300, log)
+        process = _start_run(name, run_dir, 300, log)
     try:
-        lost_unix = _preempt_in_epoch_2(run_dir, process)
-        cluster = mc.load(NAME)
+        lost_unix = _preempt_in_epoch_2(name, run_dir, process)
+        cluster = mc.load(name)
         wait_for(lambda: mc.alive_nodes(cluster) == 1, 120, "the head to see node 1 gone", process)
         seen_gone_unix = time.time()
-        time.sleep(20)  # the restart is waiting for capacity now
-        mc.rejoin(NAME, 1)
+        wait_for(lambda: _restart_waits_for_capacity(name), 120, "the restart to wait for capacity", process)
+        waiting_unix = time.time()
+        mc.rejoin(name, 1)
         back_unix = time.time()
         process.wait(timeout=RUN_TIMEOUT_S)
     finally:
@@ -96,7 +99,8 @@ def node_back_in_time(two_nodes, tmp_path_factory):
             process.wait()
     output = log_path.read_text()
     assert process.returncode == 0, output[-3000:]
-    print(f"node 1 lost; head saw it gone after {seen_gone_unix - lost_unix:.1f} s; back after {back_unix - lost_unix:.1f} s")
+    print(f"node 1 lost; head saw it gone after {seen_gone_unix - lost_unix:.1f} s; the restart waited for room "
+          f"after {waiting_unix - lost_unix:.1f} s; back after {back_unix - lost_unix:.1f} s")
     return {"run_dir": run_dir, "lost_unix": lost_unix, "back_unix": back_unix, "output": output}
 
 
@@ -106,7 +110,7 @@ def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
     print({k: summary[k] for k in ("status", "epochs_run", "restarts", "time_lost_s", "workers_first_attempt",
                                    "workers_last_attempt", "worker_count_changed", "num_nodes", "time_per_epoch_s",
                                    "run_wall_s")})
-    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 3 and summary["error"] is None
+    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 2 and summary["error"] is None
     assert summary["restarts"] == 1 and summary["tta_includes_restarts"]
     assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 2, False)
     # The time lost runs from epoch 1's checkpoint (taken before the preemption) to the restarted
@@ -118,11 +122,11 @@ def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
 
     # every epoch once, on both nodes, each with its worker count
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
-    assert list(epochs["epoch"]) == [1, 2, 3] and list(epochs["num_workers"]) == [2, 2, 2]
+    assert list(epochs["epoch"]) == [1, 2] and list(epochs["num_workers"]) == [2, 2]
     steps = pd.read_parquet(run_dir / "steps.parquet")
     train = steps[steps["kind"] == "train"]
     assert not train.duplicated(["rank", "step"]).any()
-    assert train.groupby("epoch")["node_rank"].nunique().tolist() == [2, 2, 2]
+    assert train.groupby("epoch")["node_rank"].nunique().tolist() == [2, 2]
 
     # TTA for a target the run reached (its last epoch's accuracy) counts the time lost
     target = float(epochs["val_accuracy"].iloc[-1])
@@ -134,28 +138,31 @@ def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
           f"+ {summary['time_lost_s']:.1f} s lost; wall {figures['tta_wall_s']:.1f} s")
 
 
-def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(two_nodes, tmp_path):
+def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_minicluster, tmp_path):
     """The node stays away longer than failure.capacity_wait_s: the run fails with one line, the
     sweep goes on; once the node is back, re-running the sweep resumes that run from its
     checkpoint and keeps the finished one."""
     from scaling.launch import minicluster as mc
 
-    capacity_wait_s = 20
+    name = whole_minicluster
+    capacity_wait_s = 10
     sweep_dir = tmp_path / "sweep"
     sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", str(sweep_dir),
              *RUN_SETTINGS, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
     log_path = tmp_path / "output.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(_in_cluster(*sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(_in_cluster(name, *sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        lost_unix = _preempt_in_epoch_2(sweep_dir / "runs" / "w2-r0", process)
+        lost_unix = _preempt_in_epoch_2(name, sweep_dir / "runs" / "w2-r0", process)
+        wait_for(lambda: _restart_waits_for_capacity(name), 120, "the restart to wait for capacity", process)
+        waiting_unix = time.time()
         process.wait(timeout=RUN_TIMEOUT_S)
         ended_unix = time.time()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    mc.rejoin(NAME, 1)
+    mc.rejoin(name, 1)
     back_unix = time.time()
     assert process.returncode == 1, log_path.read_text()[-3000:]  # a run failed; the sweep finished
     runs = pd.read_parquet(sweep_dir / "runs.parquet").set_index("run_key")
@@ -163,50 +170,50 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(two_nodes
     assert runs.loc["w2-r0", "epochs_run"] == 1
     error = runs.loc["w2-r0", "error"]
     assert "\n" not in error and f"failure.capacity_wait_s={capacity_wait_s} s" in error and "2 workers" in error, error
-    # bounded: Ray noticing the lost node, then the wait; room for a slow machine, not for ever
-    print(f"failed {ended_unix - lost_unix:.1f} s after the preemption: {error}")
-    assert ended_unix - lost_unix < capacity_wait_s + 180
+    # It waited for room as long as it was told, then gave up (a hang would have hit RUN_TIMEOUT_S);
+    # load can only make the run end later, so the bound that holds on any machine is the lower one.
+    print(f"failed {ended_unix - lost_unix:.1f} s after the preemption, {ended_unix - waiting_unix:.1f} s after "
+          f"its restart began to wait: {error}")
+    assert ended_unix - waiting_unix >= capacity_wait_s - 1  # the pending state is seen up to a poll late
 
     kept_started_at = json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"]
-    again = subprocess.run(_in_cluster(*sweep), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    again = subprocess.run(_in_cluster(name, *sweep), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming: 1 of 2 runs already finished, 1 to run" in again.stdout
     assert "run w2-r0: resuming from its epoch 1 checkpoint" in again.stdout
     assert json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"] == kept_started_at
     run_dir = sweep_dir / "runs" / "w2-r0"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 3 and summary["error"] is None
+    assert summary["status"] == "max_epochs" and summary["epochs_run"] == 2 and summary["error"] is None
     attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
     assert [a["resumed_from_epoch"] for a in attempts] == [None, 1]
     # the time lost runs from epoch 1's checkpoint to the resumed run's first step: the failed wait,
     # the node's absence and the gap before the sweep was re-run, all of it
     assert summary["restarts"] == 1 and summary["time_lost_s"] >= back_unix - lost_unix
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
-    assert list(epochs["epoch"]) == [1, 2, 3]
+    assert list(epochs["epoch"]) == [1, 2]
     train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
-    assert not train.duplicated(["rank", "step"]).any() and sorted(train["epoch"].unique()) == [1, 2, 3]
+    assert not train.duplicated(["rank", "step"]).any() and sorted(train["epoch"].unique()) == [1, 2]
 
 
-def test_an_elastic_run_goes_on_with_the_workers_left(two_nodes, tmp_path):
+def test_an_elastic_run_goes_on_with_the_workers_left(whole_minicluster, tmp_path):
     """workers.min_workers=1: the run does not wait for node 1; it resumes from epoch 1's checkpoint
     on the one worker left, with the same global batch, and says so per epoch and in the summary."""
-    from scaling.launch import minicluster as mc
-
+    name = whole_minicluster
     run_dir = tmp_path / "elastic"
     log_path = tmp_path / "output.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            _in_cluster("run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
+            _in_cluster(name, "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
                         "--set", "workers.min_workers=1", "--set", "failure.capacity_wait_s=300"),
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        _preempt_in_epoch_2(run_dir, process)
+        _preempt_in_epoch_2(name, run_dir, process)
         process.wait(timeout=RUN_TIMEOUT_S)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-        mc.rejoin(NAME, 1)
     assert process.returncode == 0, log_path.read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     print({k: summary[k] for k in ("status", "restarts", "time_lost_s", "workers_first_attempt", "workers_last_attempt",
@@ -214,11 +221,11 @@ def test_an_elastic_run_goes_on_with_the_workers_left(two_nodes, tmp_path):
     assert summary["status"] == "max_epochs" and summary["restarts"] == 1
     assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 1, True)
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
-    assert list(epochs["epoch"]) == [1, 2, 3] and list(epochs["num_workers"]) == [2, 1, 1]
+    assert list(epochs["epoch"]) == [1, 2] and list(epochs["num_workers"]) == [2, 1]
     # the same global batch throughout: the same samples and steps per epoch at either count
     assert epochs["samples"].nunique() == 1 and epochs["steps"].nunique() == 1
     train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
-    assert sorted(train.groupby("epoch")["rank"].nunique()) == [1, 1, 2]
+    assert sorted(train.groupby("epoch")["rank"].nunique()) == [1, 2]
     assert not train.duplicated(["rank", "step"]).any()
 
 
@@ -248,7 +255,7 @@ def test_the_head_cannot_be_preempted(monkeypatch, tmp_path):
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(mc, "STATE_ROOT", tmp_path)
-    cluster = mc.MiniCluster(name="n24x", subnet=SUBNET, bridge="smn24xbr", bridge_ip="10.216.0.1", bandwidth=None,
+    cluster = mc.MiniCluster(name="n24x", subnet="10.216.0.0/24", bridge="smn24xbr", bridge_ip="10.216.0.1", bandwidth=None,
                              cpus_per_node=1, nodes=[mc.Node(i, f"scaling-n24x-n{i}", f"10.216.0.{10 + i}", f"smn24xh{i}")
                                                      for i in range(2)])
     mc._save(cluster)

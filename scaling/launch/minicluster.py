@@ -51,6 +51,18 @@ DASHBOARD_PORT = 8270
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 300  # a node starting on a loaded 2-core machine (other test suites running) took over 120 s
 
+# How fast the head declares a silent node dead. Ray's defaults (a check every 3 s, 10 s to answer,
+# 5 misses in a row, after a 5 s grace) take about a minute; the minicluster's nodes share one
+# host, so a check answers in milliseconds and a lost node is seen in seconds: every second, 2 s
+# to answer, 3 misses (3-9 s). Ray reads them as RAY_<name> system-config variables (the GCS
+# server's health checks of each raylet); a preemption test waits for that, not for a minute.
+HEALTH_CHECK = {
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
+}
+
 
 @dataclass
 class Node:
@@ -91,6 +103,7 @@ class MiniCluster:
             **os.environ,
             "RAY_AUTH_MODE": "disabled",  # a private bridge no other machine reaches
             "RAY_USAGE_STATS_ENABLED": "0",
+            **HEALTH_CHECK,
             "GLOO_SOCKET_IFNAME": NODE_IFACE,
             "SCALING_MINICLUSTER": self.name,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -345,7 +358,7 @@ def rejoin(name: str, node_index: int) -> MiniCluster:
     if not 1 <= node_index < len(cluster.nodes):
         raise UsageError(f"--node must be a worker node, 1 to {len(cluster.nodes) - 1} (node 0 is the head)")
     node = cluster.nodes[node_index]
-    if _pid_alive(node.pid):
+    if node_running(cluster, node_index):
         raise UsageError(f"node {node_index} of minicluster {name!r} is running; 'minicluster preempt' it first")
     _in_ns(node.namespace, "ip", "link", "set", NODE_IFACE, "up")
     # the default route left with the link; the address stayed
@@ -452,6 +465,11 @@ def status(name: str = "lab") -> dict:
         })
     return {"name": cluster.name, "address": cluster.address, "dashboard": cluster.dashboard,
             "bandwidth": cluster.bandwidth, "ray_nodes_alive": alive_nodes(cluster), "nodes": rows}
+
+
+def node_running(cluster: MiniCluster, node_index: int) -> bool:
+    """Whether the node's `ray start` process is running (False once preempted)."""
+    return _pid_alive(cluster.nodes[node_index].pid)
 
 
 def _pid_alive(pid: int) -> bool:
