@@ -14,6 +14,7 @@ directory) ends with exit status 2 and one line on stderr, before anything is wr
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -215,39 +216,60 @@ def _fmt(value, spec: str = ".3f", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
+def _not_measured(summary: dict, figure: str) -> str | None:
+    """"not measured: <reason>" for a figure the summary names in `not_measured` (schema 4), or
+    an older summary's `comm_overhead_note`; None for a figure that was measured."""
+    reason = (summary.get("not_measured") or {}).get(figure)
+    if reason is None and figure == "comm_overhead_pct" and summary.get(figure) is None and summary.get("comm_overhead_note"):
+        return summary["comm_overhead_note"].replace("A/B not measured", "not measured")
+    return f"not measured: {reason}" if reason else None
+
+
 def print_summary(summary: dict, run_dir: Path) -> None:
     """One screen: what ran, whether it reached the target, and where the time went."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"run {summary['run_id']}  [{summary['status']}]", show_header=False, box=None)
+    # escaped: "[failed]" is otherwise read as a style tag and vanishes from the title
+    table = Table(title=escape(f"run {summary['run_id']}  [{summary['status']}]"), show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
+    absent = functools.partial(_not_measured, summary)  # a figure nothing measured: its reason, never a number
     rows = [
         ("model / data", f"{summary['model']} / {summary['dataset']}"),
-        ("workers (nodes)", f"{summary['num_workers']} ({summary['num_nodes']}), backend {summary['backend']}"),
+        ("workers (nodes)", f"{summary['num_workers']} ({_fmt(summary['num_nodes'], 'd')}), backend {summary['backend']}"),
         ("batch", f"{summary['per_worker_batch']} per worker, {summary['global_batch']} global"),
-        ("accuracy", f"best {_fmt(summary['best_accuracy'], '.4f')}, target {summary['target_accuracy']}"),
+        ("accuracy", (f"best {absent('best_accuracy')}" if absent("best_accuracy") else f"best {_fmt(summary['best_accuracy'], '.4f')}")
+         + f", target {summary['target_accuracy']}"),
         ("epochs", f"{summary['epochs_run']} run, target at {_fmt(summary['epochs_to_target'], 'd')}"),
-        ("TTA", f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)"),
-        ("time per epoch", _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)"),
-        ("throughput", _fmt(summary["throughput_samples_per_s"],
-                            ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g", " samples/s")),
-        ("step", _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
+        ("TTA", absent("tta_s")
+         or f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)"),
+        ("time per epoch", absent("time_per_epoch_s")
+         or _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)"),
+        ("throughput", absent("throughput_samples_per_s")
+         or _fmt(summary["throughput_samples_per_s"],
+                 ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g", " samples/s")),
+        ("step", absent("step_s")
+         or _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
          + "  = data " + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
          + " + fwd " + _fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
          + " + bwd " + _fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
          + " + opt " + _fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f") + " ms"),
         # the three communication figures (scaling/analysis/run_metrics.py), each by its name
-        ("communicating", _fmt(summary.get("allreduce_pct"), ".1f", "% of step") + " with an all-reduce in flight ("
+        ("communicating", absent("allreduce_pct")
+         or _fmt(summary.get("allreduce_pct"), ".1f", "% of step") + " with an all-reduce in flight ("
          + _fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step") + ")"),
-        ("exposed comm", _fmt(summary["exposed_comm_pct"], ".1f", "% of step") + " not hidden behind backward ("
+        ("exposed comm", absent("exposed_comm_pct")
+         or _fmt(summary["exposed_comm_pct"], ".1f", "% of step") + " not hidden behind backward ("
          + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms") + ")"),
-        ("comm overhead (A/B)", _fmt(summary["comm_overhead_pct"], ".1f", " %") + " (t_sync - t_no_sync) / t_sync"),
+        ("comm overhead (A/B)", absent("comm_overhead_pct")
+         or _fmt(summary["comm_overhead_pct"], ".1f", " %") + " (t_sync - t_no_sync) / t_sync"),
         ("compute", _fmt(summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9, ".3g", " GFLOP/sample")
-         + ", " + _fmt(summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12, ".3g", " TFLOP/s per worker")
-         + ", MFU " + _fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %")
+         + ", " + (f"rate and MFU {absent('achieved_flops_per_s')}" if absent("achieved_flops_per_s") else
+                   _fmt(summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12, ".3g", " TFLOP/s per worker")
+                   + ", MFU " + _fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %"))
          + f" ({summary.get('precision', 'fp32')}, peak " + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s") + ")"),
         ("results", str(run_dir)),
     ]

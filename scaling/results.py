@@ -46,12 +46,15 @@ import pandas as pd
 
 from scaling.errors import UsageError
 
-# Version 3 (this one): steps.parquet and telemetry.parquet are directories of per-rank parts,
-# evals.parquet and job.json are new. Version 2 added per-epoch top-1/top-5 and first_step_unix,
-# FLOPs/MFU, restarts and link bandwidth to the summary. Versions 1 and 2 are still read
-# (missing figures are null; a single-file steps.parquet reads like a directory of one part).
-SCHEMA_VERSION = 3
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+# Version 4 (this one): the summary's `not_measured` (figure -> why it is null: nothing was
+# observed for it), and a figure nothing measured is null, never 0 (a 1-worker run without steps
+# said A/B overhead 0 in version 3). Version 3 made steps.parquet and telemetry.parquet
+# directories of per-rank parts, and added evals.parquet and job.json. Version 2 added per-epoch
+# top-1/top-5 and first_step_unix, FLOPs/MFU, restarts and link bandwidth to the summary.
+# Versions 1 to 3 are still read (missing figures are null, a missing `not_measured` is empty; a
+# single-file steps.parquet reads like a directory of one part).
+SCHEMA_VERSION = 4
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 PARQUET_VERSION_KEY = b"scaling.schema_version"  # key in every Parquet file's metadata
 
 # Where relative result paths live: a relative --out is taken under it (scaling.launch.run.resolve_out;
@@ -666,7 +669,8 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     `description` says what the run was (the lab's: scaling.launch.run.run_description, from
     the config; a job on its own: scaling.instrument.meter.StepMeter.finish); the figures come
     from the records (scaling.analysis.run_metrics.summarize_run). `status` None: reached_target
-    or max_epochs, from the records.
+    or max_epochs, from the records. A figure nothing was observed for is null, and
+    `not_measured` names it with the reason (a run that finished no epoch: every figure).
     """
     from scaling.analysis.run_metrics import STEP_COLUMNS, run_costs, summarize_run
     from scaling.instrument.machine import describe_hardware, describe_versions
@@ -681,6 +685,13 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
                             tta_rule=description.get("tta_rule", "first_eval"))
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
+    if description.get("step_timing") is False:  # no step records by design: say so, not "none recorded"
+        from scaling.analysis.run_metrics import NO_STEP
+
+        figures["not_measured"] = {name: "instrument.step_timing is off (epoch timing only)" if why == NO_STEP else why
+                                   for name, why in figures["not_measured"].items()}
+        if "comm_overhead_pct" in figures["not_measured"]:
+            figures["comm_overhead_note"] = f"A/B not measured: {figures['not_measured']['comm_overhead_pct']}"
     hardware = run.machine() or describe_hardware()
     num_nodes = figures.pop("num_nodes")
     ranks = figures.pop("ranks")

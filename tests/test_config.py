@@ -253,3 +253,105 @@ def test_an_elastic_run_needs_the_ray_launcher():
     with pytest.raises(ConfigError, match="min_workers.*needs Ray Train's restarts"):
         preflight(cfg, "local", capacity=False)
     preflight(cfg, "ray", capacity=False)
+
+
+# --- the preflight's memory check: datasets and model against the memory the workers have -------
+
+GIB = 2**30
+TOO_BIG = "data.train_samples=1000000000"  # issue 28's typo: 12 TB of embedded float32 images per worker
+
+
+def test_a_dataset_that_cannot_fit_is_refused_in_one_line_before_the_run_directory(tmp_path, capsys):
+    from scaling import cli
+
+    out = tmp_path / "run"
+    code = cli.main(["run", str(QUICKSTART), "--launcher", "local", "--workers", "1", "--set", TOO_BIG, "--out", str(out)])
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    # the keys and the numbers: 1e9 x (3x32x32x4 + 8) + 2048 x 12,296 bytes held = 12,296 GB
+    for needle in ("data.train_samples=1,000,000,000", "data.val_samples=2,048", "model.name=small_cnn",
+                   "GB per worker", "datasets 12,296 GB held", "of memory available"):
+        assert needle in lines[0], stderr
+    assert not out.exists()
+
+
+def test_the_memory_estimate_is_the_hand_count():
+    """quickstart at 2 workers (DDP), counted by hand from scaling/data/embedded.py and SmallCNN."""
+    from scaling.launch.preflight import estimate_worker_memory
+
+    cfg = load_config(QUICKSTART, num_workers=2)
+    estimate = estimate_worker_memory(cfg)
+    image = 3 * 32 * 32 * 4  # float32
+    train_images, val_images = 8192 * image, 2048 * image
+    labels = (8192 + 2048) * 8  # int64
+    assert estimate.dataset_bytes == train_images + val_images + labels == 125_911_040
+    # the embedded generator holds six image-sized tensors of the training split at once
+    assert estimate.dataset_peak_bytes == 6 * train_images + 8192 * 8 == 604_045_312
+    # SmallCNN(10): convs 3*16*9 + 16*32*9 + 32*64*9, BN weights and biases 2*(16+32+64), linears
+    # 1024*256+256 and 256*10+10: 288,666 parameters; BN running stats 224 floats + 3 int64 counters
+    params = 432 + 4608 + 18432 + 2 * (16 + 32 + 64) + (1024 * 256 + 256) + (256 * 10 + 10)
+    assert params == 288_666
+    # weights, gradients, SGD momentum, DDP's gradient buckets (2 workers), and the buffers
+    assert estimate.model_bytes == 4 * params * 4 + 224 * 4 + 3 * 8
+    assert estimate.host_bytes == max(estimate.dataset_peak_bytes, estimate.dataset_bytes + estimate.model_bytes)
+    one = estimate_worker_memory(load_config(QUICKSTART, num_workers=1))
+    assert one.model_bytes == 3 * params * 4 + 224 * 4 + 3 * 8  # no buckets at one worker
+
+
+def test_the_shipped_configs_fit_a_24_gib_machine():
+    """Every experiments/*.yaml and examples/ config at each of its sweep's worker counts: the CPU
+    ones on one 24 GiB host (the plain launcher), every one on Ray nodes of 24 GiB that each take
+    eight workers, and GPU workers on 16 GB V100s."""
+    import math
+
+    from scaling.launch.preflight import check_gpu_memory, estimate_worker_memory, memory_refusal, workers_that_fit
+
+    paths = sorted((REPO / "experiments").glob("*.yaml")) + sorted((REPO / "examples").rglob("*.yaml"))
+    assert len(paths) >= 8
+    for path in paths:
+        for workers in (yaml.safe_load(path.read_text()).get("sweep") or {}).get("workers", [None]):
+            cfg = load_config(path, num_workers=workers)
+            # the counts check_data reads from a path dataset: ILSVRC-2012's (CIFAR-10's are the default)
+            estimate = estimate_worker_memory(cfg, {"train": 1_281_167, "val": 50_000} if cfg.data.name == "imagenet" else None)
+            if estimate is None:
+                assert cfg.train.function  # a user's function makes its own model and data
+                continue
+            n = cfg.workers.num_workers
+            if not cfg.workers.use_gpu:
+                assert memory_refusal(estimate, n, 24 * GIB) is None, (path.name, n)
+            nodes = [{"CPU": 8 * cfg.workers.cpus_per_worker, "GPU": 8, "memory": 24 * GIB}] * math.ceil(n / 8)
+            assert workers_that_fit(nodes, estimate.host_bytes, cfg.workers.cpus_per_worker, cfg.workers.use_gpu) >= n
+            if cfg.workers.use_gpu:
+                check_gpu_memory(estimate, min(n, 8), gpu_bytes=[16 * 10**9] * 8)
+
+
+def test_memory_refusals_on_a_ray_cluster_a_gpu_and_a_sweep(monkeypatch):
+    from scaling.errors import UsageError
+    from scaling.launch import preflight as preflight_module
+    from scaling.launch.preflight import check_gpu_memory, check_memory, estimate_worker_memory
+    from scaling.launch.sweep import plan_sweep
+
+    cfg = load_config(QUICKSTART, num_workers=4)  # 0.60 GB per worker at the embedded generator's peak
+    small_nodes = [{"CPU": 2.0, "memory": 1.0e9}, {"CPU": 2.0, "memory": 1.0e9}]  # one such worker each
+    with pytest.raises(UsageError, match=r"need 0.604 GB per worker .* the Ray cluster's nodes can hold 2 of the 4 "
+                                         r"workers \(memory per node as Ray reports it: 1.00 GB, 1.00 GB\)"):
+        check_memory(cfg, "ray", nodes=small_nodes)
+    check_memory(cfg, "ray", nodes=[{"CPU": 2.0, "memory": 2.0e9}] * 2)  # two each: fits
+    check_memory(cfg, "ray", nodes=[{"CPU": 1.0, "memory": 1.0e12}])  # too few CPUs: check_capacity's refusal
+    # the plain launcher: the host's memory shared by its workers
+    with pytest.raises(UsageError, match=r"has 2.00 GB of memory available, 0.500 GB for each of its 4 workers"):
+        check_memory(cfg, "local", available_bytes=2 * 10**9)
+    check_memory(cfg, "local", available_bytes=3 * 10**9)
+    # GPU workers: the held dataset and the model state in each GPU's memory, ranks sharing a GPU
+    # 0.131 GB on the GPU: the dataset held and the model state
+    estimate = estimate_worker_memory(load_config(QUICKSTART, overrides=["workers.use_gpu=true"], num_workers=4))
+    check_gpu_memory(estimate, 4, gpu_bytes=[0.2e9] * 4)
+    with pytest.raises(UsageError, match=r"need 0.131 GB of GPU memory per worker .* a GPU here has 0.500 GB shared by 4 workers"):
+        check_gpu_memory(estimate, 4, gpu_bytes=[0.5e9])
+    # a sweep: each distinct config, named by its run
+    monkeypatch.setattr(preflight_module, "check_capacity", lambda cfg, launcher, log_to_driver=True: None)
+    _, _, planned = plan_sweep(QUICKSTART, [1, 2], 1, [TOO_BIG])
+    with pytest.raises(UsageError, match=r"^sweep run w1-r0: data.name=embedded with data.train_samples=1,000,000,000"):
+        preflight_module.preflight_sweep(planned, "local")

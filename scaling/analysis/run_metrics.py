@@ -19,7 +19,8 @@ Every figure in `summary.json` is defined here, once:
   pairs of an (epoch, rank), paired so that slow drift and a noisy neighbour cancel; then the
   mean over ranks and the median over epochs.
 - `comm_overhead_pct` (headline) = 100 x comm_delta_s / step_s, i.e. (t_sync - t_nosync) / t_sync
-  with t the whole steady-state step. 0 by definition at one worker.
+  with t the whole steady-state step. 0 by definition at one worker, when the run recorded
+  training steps to say it of.
 - Why communication costs what it does (three parts, docs/method.md):
   `waiting_s`, `transfer_s`: means over steady-state steps and ranks of the split of each
   step's exposed communication into waiting for the slowest rank to finish its backward
@@ -78,6 +79,14 @@ Every figure in `summary.json` is defined here, once:
   ratio would be a guess); `mfu_note` says why it is absent.
 - `arithmetic_intensity` = train_flops_per_sample / estimated bytes moved per sample (see
   scaling/instrument/flops.py); with the device's memory roof it places the run on a roofline.
+- `not_measured`: figure -> why it is None, for every figure of STEP_FIGURES, AB_FIGURES and
+  EPOCH_FIGURES that had no observations: "no epoch finished" (a run that died before its first
+  epoch ended), "no training step recorded" (epochs without step records: step_timing off),
+  and for the A/B figures the job's lack of a forward_backward function or of calibration
+  steps. A figure nothing measured is None with its reason, never 0: the A/B overhead's
+  definitional 0 at one worker needs recorded steps. Empty when everything was measured.
+  `comm_overhead_note` ("A/B not measured: <reason>") and `mfu_note` repeat the reason of
+  those two figures.
 """
 
 from __future__ import annotations
@@ -92,6 +101,14 @@ STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", 
 STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
 RANK_FIELDS = ("step_s", "backward_s", "exposed_comm_s", "waiting_s", "transfer_s", "comm_span_s")
+# Figures made of observations, by what they are made of: with none of it recorded a figure is
+# None and `not_measured` says why (module docstring).
+STEP_FIGURES = (*PHASES, "step_s", "compute_s", "allreduce_s", "exposed_comm_s", "allreduce_pct", "exposed_comm_pct")
+AB_FIGURES = ("comm_delta_s", "comm_overhead_pct", "interference_s")
+EPOCH_FIGURES = ("time_per_epoch_s", "throughput_samples_per_s", "best_accuracy", "epochs_to_target", "tta_s",
+                 "calibration_s", "eval_s", "achieved_flops_per_s", "mfu")
+NO_EPOCH = "no epoch finished"
+NO_STEP = "no training step recorded"
 
 
 class StepAccumulator:
@@ -376,10 +393,14 @@ def summarize_run(
     out["allreduce_pct"] = 100.0 * out["allreduce_s"] / step_s if (step_s and out["allreduce_s"] is not None) else None
 
     out["comm_overhead_note"] = None
+    steps_recorded = accumulator.counts["train"]["step_s"] > 0
+    nothing = NO_EPOCH if epochs.empty else NO_STEP  # why a figure of the steps has no observations
+    ab_reason = None
     if num_workers == 1:
-        out["comm_delta_s"] = 0.0
-        out["comm_overhead_pct"] = 0.0
-        out["interference_s"] = 0.0
+        # 0 by definition (nothing to communicate), said only of a run that recorded steps
+        definitional = 0.0 if steps_recorded else None
+        out["comm_delta_s"] = out["comm_overhead_pct"] = out["interference_s"] = definitional
+        ab_reason = None if steps_recorded else nothing
     else:
         calibration = accumulator.calibration_frame()
         delta = comm_delta_s(calibration) if not calibration.empty else None
@@ -387,8 +408,8 @@ def summarize_run(
         out["comm_overhead_pct"] = 100.0 * delta / step_s if (delta is not None and step_s) else None
         out["interference_s"] = interference_s(calibration) if not calibration.empty else None
         if delta is None:
-            out["comm_overhead_note"] = ("A/B not measured: the job gave the instrument no forward_backward function"
-                                         if not ab_calibration else "A/B not measured: no calibration steps recorded")
+            ab_reason = ("the job gave the instrument no forward_backward function" if not ab_calibration
+                         else nothing if not steps_recorded else "no calibration steps recorded")
 
     for part in ("waiting", "transfer", "interference"):
         value = out[f"{part}_s"]
@@ -400,7 +421,7 @@ def summarize_run(
         out.update(best_accuracy=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
                    time_per_epoch_s=None, throughput_samples_per_s=None, calibration_s=None, eval_s=None)
         out.update(utilisation(None, num_workers, compute_profile))
-        return out
+        return _with_not_measured(out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason)
     steady_epochs = epochs.iloc[1:] if len(epochs) > 1 else epochs
     out["time_per_epoch_s"] = float(steady_epochs["train_s"].median())
     out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
@@ -428,4 +449,21 @@ def summarize_run(
             out["epochs_to_target_progress"] = float(first_eval["epoch_progress"])
             if "elapsed_wall_s" in first_eval.index and pd.notna(first_eval["elapsed_wall_s"]):
                 out["tta_wall_s"] = float(first_eval["elapsed_wall_s"])
+    return _with_not_measured(out, epochs_recorded=True, steps_recorded=steps_recorded, ab_reason=ab_reason)
+
+
+def _with_not_measured(out: dict, *, epochs_recorded: bool, steps_recorded: bool, ab_reason: str | None) -> dict:
+    """`out` with `not_measured` (figure -> why it is None) and the two notes that repeat it (module docstring)."""
+    reasons = {}
+    if not steps_recorded:
+        nothing = NO_STEP if epochs_recorded else NO_EPOCH
+        reasons.update({name: nothing for name in STEP_FIGURES if out.get(name) is None})
+    if ab_reason is not None:
+        reasons.update({name: ab_reason for name in AB_FIGURES if out.get(name) is None})
+    if not epochs_recorded:
+        reasons.update({name: NO_EPOCH for name in EPOCH_FIGURES if out.get(name) is None})
+        out["mfu_note"] = NO_EPOCH
+    out["not_measured"] = reasons
+    if "comm_overhead_pct" in reasons:
+        out["comm_overhead_note"] = f"A/B not measured: {reasons['comm_overhead_pct']}"
     return out
