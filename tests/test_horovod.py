@@ -269,24 +269,18 @@ def test_ddp_and_horovod_follow_the_same_loss_trajectory(hvd_job):
 
 
 @needs_horovod
-def test_two_nodes_of_the_minicluster(netns_capable, tmp_path):
+def test_two_nodes_of_the_minicluster(whole_minicluster, tmp_path):
     """One worker on each of two network-namespace nodes whose hostname resolves to 127.0.0.1:
     Horovod 0.28.1 as released binds its collectives' gloo device by hostname there and fails
     (`connect [127.0.0.1]`); the build's patch makes it use HOROVOD_GLOO_IFACE (lab0 here).
-    Skips (netns_capable, tests/conftest.py) where the minicluster's network cannot be built."""
-    from tests.conftest import REPO, run_cli
+    On the session's minicluster (tests/conftest.py): skips where its network cannot be built,
+    fails where `.ci/run` requires it."""
+    from tests.conftest import MINICLUSTER_SUBNET, REPO, run_cli
 
-    name = "hvd"
-    up = run_cli("minicluster", "up", "--nodes", "2", "--name", name, "--subnet", "10.215.0.0/24")
-    assert up.returncode == 0, up.stderr
-    try:
-        out = tmp_path / "outs.json"
-        run = run_cli("minicluster", "exec", "--name", name, "--", sys.executable, str(REPO / "tests" / "test_horovod.py"),
-                      str(out), str(tmp_path))
-        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    finally:
-        down = run_cli("minicluster", "down", "--name", name)
-        assert down.returncode == 0, down.stderr
+    out = tmp_path / "outs.json"
+    run = run_cli("minicluster", "exec", "--name", whole_minicluster, "--", sys.executable,
+                  str(REPO / "tests" / "test_horovod.py"), str(out), str(tmp_path))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     outs = json.loads(out.read_text())
     assert sorted(o["node_rank"] for o in outs) == [0, 1]
     for o in outs:
@@ -294,7 +288,7 @@ def test_two_nodes_of_the_minicluster(netns_capable, tmp_path):
         assert (rank, size, local_rank) == (o["rank"], 2, 0) and cross_rank == o["node_rank"]
         assert list(horovods) == [rank, size, local_rank, cross_rank]
         assert o["env"]["HOROVOD_GLOO_IFACE"] == "lab0" and o["env"]["HOROVOD_HOSTNAME"] == f"node{o['node_rank']}"
-        assert o["env"]["HOROVOD_GLOO_RENDEZVOUS_ADDR"].startswith("10.215.0.")
+        assert o["env"]["HOROVOD_GLOO_RENDEZVOUS_ADDR"].startswith(MINICLUSTER_SUBNET.rsplit(".", 1)[0] + ".")
         assert np.allclose(o["hvd_losses"], o["ddp_losses"], rtol=1e-4, atol=0)
     assert outs[0]["hvd_final"] == outs[1]["hvd_final"]
 
