@@ -355,3 +355,22 @@ def test_memory_refusals_on_a_ray_cluster_a_gpu_and_a_sweep(monkeypatch):
     _, _, planned = plan_sweep(QUICKSTART, [1, 2], 1, [TOO_BIG])
     with pytest.raises(UsageError, match=r"^sweep run w1-r0: data.name=embedded with data.train_samples=1,000,000,000"):
         preflight_module.preflight_sweep(planned, "local")
+
+
+def test_the_ray_launcher_checks_memory_against_the_nodes_ray_reports(ray_connected):
+    """The preflight reads each node's memory as Ray reports it (`ray.nodes()`) on the session's
+    real cluster: a dataset no node can hold is refused naming Ray's figure; quickstart passes."""
+    import ray
+
+    from scaling.errors import UsageError
+    from scaling.launch.preflight import _gb, check_memory, ray_node_resources
+
+    nodes = ray_node_resources()
+    reported = [n["memory"] for n in nodes]
+    assert len(nodes) == len([n for n in ray.nodes() if n["Alive"]]) and all(m > 0 for m in reported)
+    check_memory(load_config(QUICKSTART, num_workers=2), "ray")
+    with pytest.raises(UsageError) as refused:
+        check_memory(load_config(QUICKSTART, overrides=[TOO_BIG], num_workers=1), "ray")
+    message = str(refused.value)
+    assert "\n" not in message and "data.train_samples=1,000,000,000" in message
+    assert f"the Ray cluster's nodes can hold 0 of the 1 workers (memory per node as Ray reports it: {_gb(reported[0])}" in message
