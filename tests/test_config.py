@@ -71,6 +71,7 @@ def test_closed_choices_are_types_refused_when_the_tree_is_built():
     assert from_dict({"train": {"precision": "bf16"}}).train.precision == "bf16"
 
 
+@pytest.mark.slow  # a fresh interpreter: what importing the config pulls in can only be seen from an empty sys.modules
 def test_config_is_data_it_imports_nothing_that_looks_at_the_world():
     """Loading and validating a config imports neither the launchers, the training code, the
     projection nor Ray: whatever looks at the world is the preflight's (scaling/launch/preflight.py)."""
@@ -162,18 +163,22 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, 
     assert not out.exists()
 
 
+@pytest.mark.slow  # the console script itself, in a subprocess: its exit status and stderr as a user sees them
 def test_cli_missing_config_file(tmp_path):
     result = run_cli("run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "not found" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_cli_unwritable_output_directory(tmp_path):
+def test_cli_unwritable_output_directory(tmp_path, capsys):
+    from scaling import cli
+
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    result = run_cli("run", str(QUICKSTART), "--out", str(blocker / "run"), "--launcher", "local")
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "not writable" in result.stderr and "Traceback" not in result.stderr
+    code = cli.main(["run", str(QUICKSTART), "--out", str(blocker / "run"), "--launcher", "local"])
+    stderr = capsys.readouterr().err
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "not writable" in stderr and "Traceback" not in stderr
 
 
 def test_pin_cpus_is_a_cpu_list():
@@ -237,13 +242,16 @@ def test_a_bad_import_path_is_one_line_and_exit_2_before_anything_runs(tmp_path,
     assert not out.exists()
 
 
-def test_a_users_model_by_import_path_builds_and_a_train_function_needs_ray(tmp_path):
+def test_a_users_model_by_import_path_builds_and_a_train_function_needs_ray(tmp_path, capsys):
     cfg = load_config(QUICKSTART, overrides=["model.name=tests.user_callables:linear_model"])
+    from scaling import cli
     from scaling.models import build_model
 
     assert isinstance(build_model(cfg.model.name, 10)[1], torch.nn.Linear)
-    result = run_cli("run", "examples/own_job/sweep.yaml", "--launcher", "local", "--out", str(tmp_path / "r"))
-    assert result.returncode == 2 and "Ray launcher" in result.stderr and not (tmp_path / "r").exists()
+    code = cli.main(["run", str(REPO / "examples" / "own_job" / "sweep.yaml"), "--launcher", "local", "--out", str(tmp_path / "r")])
+    stderr = capsys.readouterr().err
+    assert code == 2 and "Ray launcher" in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
 
 
 def test_an_elastic_run_needs_the_ray_launcher():
