@@ -127,14 +127,26 @@ CAPABILITIES = {"netns": netns_capability, "horovod": horovod_capability}
 REQUIRE_ENV = "SCALING_TEST_REQUIRE"
 
 
-def pytest_configure(config):
-    required = [name for name in os.environ.get(REQUIRE_ENV, "").replace(",", " ").split() if name]
-    unknown = sorted(set(required) - set(CAPABILITIES))
+def missing_capabilities(declared: str, probes: dict = CAPABILITIES) -> str | None:
+    """One line naming each declared capability (comma- or space-separated names) that `probes`
+    finds missing, or None when all are present."""
+    required = [name for name in declared.replace(",", " ").split() if name]
+    unknown = sorted(set(required) - set(probes))
     if unknown:
-        raise pytest.UsageError(f"{REQUIRE_ENV}: unknown capability {', '.join(unknown)} (known: {', '.join(CAPABILITIES)})")
-    missing = [(name, why) for name in required if (why := CAPABILITIES[name]()) is not None]
-    if missing:
-        raise pytest.UsageError("; ".join(f"required capability '{name}' is missing: {why}" for name, why in missing))
+        return f"{REQUIRE_ENV}: unknown capability {', '.join(unknown)} (known: {', '.join(probes)})"
+    missing = [(name, why) for name in required if (why := probes[name]()) is not None]
+    if not missing:
+        return None
+    return f"{REQUIRE_ENV}: " + "; ".join(f"required capability '{name}' is missing: {why}" for name, why in missing)
+
+
+def pytest_configure(config):
+    why = missing_capabilities(os.environ.get(REQUIRE_ENV, ""))
+    if why is not None:
+        raise pytest.UsageError(why)
+    # matplotlib builds its font cache on first import by running fc-list: once, here, rather than
+    # inside whichever unit-tier test first draws a figure (where starting a process is refused)
+    import matplotlib.font_manager  # noqa: F401
 
 
 # --- the session's minicluster ---------------------------------------------------------------------

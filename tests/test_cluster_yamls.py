@@ -248,18 +248,19 @@ def test_spot_type_that_is_not_spot_or_not_the_same_node_is_caught(p3_16):
     assert spot_problems(ray_checks(p3_16)) == [f"no '{SPOT_WORKER}' node type beside '{WORKER}'"]
 
 
-def test_cli_checks_a_cluster_yaml(tmp_path):
-    from tests.conftest import run_cli
+def test_cli_checks_a_cluster_yaml(tmp_path, capsys):
+    from scaling.cli import main
 
-    ok = run_cli("cluster", "check", *[str(p) for p in yaml_paths()])
-    assert ok.returncode == 0 and ok.stdout.count(": ok") == 4, ok.stdout + ok.stderr
+    assert main(["cluster", "check", *[str(p) for p in yaml_paths()]]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": ok") == 4, out
     bad = copy.deepcopy(load(CLUSTER / "aws-p3.16xlarge.yaml"))
     bad["available_node_types"][WORKER]["resources"]["GPU"] = 4
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    refused = run_cli("cluster", "check", str(path))
-    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-    assert "8 GPUs" in refused.stderr and "Traceback" not in refused.stderr
+    assert main(["cluster", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "8 GPUs" in err and "Traceback" not in err
     (tmp_path / "unknown.yaml").write_text(yaml.safe_dump({**load(CLUSTER / "aws-p3.16xlarge.yaml"), "colour": "red"}))
-    unknown = run_cli("cluster", "check", str(tmp_path / "unknown.yaml"))
-    assert unknown.returncode == 2 and "Ray's validator refuses it" in unknown.stderr
+    assert main(["cluster", "check", str(tmp_path / "unknown.yaml")]) == 2
+    assert "Ray's validator refuses it" in capsys.readouterr().err

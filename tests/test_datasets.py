@@ -191,6 +191,7 @@ def test_imagenet_folder_shards_and_labels(tmp_path):
     assert sorted(val) == [(12 + j, j // 2) for j in range(6)]
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_imagenet_folder_with_loader_workers(tmp_path, imagenet_dir):
     # Decoding in 2 DataLoader processes yields the same images, labels and order as in-process.
     root, label_of = _folder_with_ids(tmp_path / "ids", classes=3, per_class=4, val_per_class=2)

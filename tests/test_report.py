@@ -20,7 +20,7 @@ from rich.console import Console
 from scaling.errors import UsageError
 from scaling.report import write_report
 from scaling.results import load_sweep, resolve_sweep_dir
-from tests.conftest import run_cli
+from scaling.cli import main
 from tests.fake_sweep import (
     FAILED, FAILED_PARTIAL, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep, make_known_sweep,
 )
@@ -204,6 +204,7 @@ def test_notebook_is_committed_thin_and_without_outputs(name):
     assert not any("def " in cell.source or "class " in cell.source for cell in code)  # logic lives in scaling/
 
 
+@pytest.mark.slow  # a Jupyter kernel is a process of its own
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_against_a_sweep(sweep, name):
     import nbformat
@@ -248,13 +249,14 @@ def test_corrupt_index_falls_back_to_summaries(tmp_path):
     assert len(runs) == len(WORKERS) * REPEATS and any("runs.parquet is unreadable" in w for w in warnings)
 
 
-def test_only_unreadable_versions_is_one_line(tmp_path):
+def test_only_unreadable_versions_is_one_line(tmp_path, capsys):
     sweep = make_fake_sweep(tmp_path, with_index=False)
     for run_dir in (sweep / "runs").iterdir():
         if (run_dir / "summary.json").exists():
             _rewrite_summary(sweep, run_dir.name, schema_version=0)
-    result = run_cli("report", str(sweep))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "schema version" in result.stderr
+    assert main(["report", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "schema version" in err
 
 
 def test_results_files_carry_the_schema_version(tmp_path):

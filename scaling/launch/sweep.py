@@ -286,7 +286,9 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
                 progress.console.print(f"[red]run {run.key} failed:[/red] {summary['error']}")
             else:
                 tta = f"TTA {summary['tta_s']:.1f} s" if summary["tta_s"] is not None else "target not reached"
-                progress.console.print(f"run {run.key}: {summary['status']}, {tta}, {summary['time_per_epoch_s']:.2f} s/epoch")
+                epoch = summary["time_per_epoch_s"]
+                per_epoch = f"{epoch:.2f} s/epoch" if epoch is not None else "time per epoch not measured"
+                progress.console.print(f"run {run.key}: {summary['status']}, {tta}, {per_epoch}")
             progress.update(task, advance=1, current="")
     index = write_index(sweep_dir, planned)
     if failed:
