@@ -1,10 +1,16 @@
 """Model FLOPs against published counts, device peaks, the CPU peak measurement, and GPU
 telemetry: its absent-NVML path on this machine, its sampling thread driven by a fake reader,
 and, against a fake NVML library of four GPUs, the lab's own device -> NVML handle lookup (by
-UUID under CUDA_VISIBLE_DEVICES, by index without one) and field mapping, so all run without a GPU."""
+UUID under CUDA_VISIBLE_DEVICES, by index without one) and field mapping, so all run without a GPU.
+
+Nothing here assumes how fast this CPU is: the CPU peak's rates are checked as hand-counted
+work over a round of a clock the test drives (and its length against its budget on that clock),
+and the sampler's schedule against its own clock readings, with waits that only guard against
+a hang. The speeds themselves are measurements, not checks."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -183,7 +189,9 @@ def test_mfu_against_hand_computed_values_and_never_above_one():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_peak_is_the_fastest_kernel_in_the_run_precision_or_more_exact(dtype):
+    threads_before = torch.get_num_threads()
     peak = measure_cpu_peak(threads=1, seconds=0.2, dtype=dtype)
+    assert torch.get_num_threads() == threads_before and peak["threads"] == 1
     kernels = peak["kernel_flops_per_s"]
     assert peak["peak_flops"] == max(kernels.values())
     names = set(kernels)
@@ -194,18 +202,53 @@ def test_cpu_peak_is_the_fastest_kernel_in_the_run_precision_or_more_exact(dtype
         assert not any(name.startswith("bfloat16") for name in names)
     for name, rate in kernels.items():
         assert f"{name} {rate / 1e9:.3g}" in peak["method"]
+    assert all(rate > 0 for rate in kernels.values()) and peak["mem_bytes_per_s"] > 0  # speeds: bench/, not here
 
 
-def test_measure_cpu_peak_is_quick_and_restores_threads():
+class _TickingClock:
+    """A stand-in for `time.perf_counter` in flops.py: every reading is one tick after the last.
+
+    A tick is a power of two, so readings and their differences are exact in floating point.
+    A measured round (its start and end are consecutive readings) then lasts exactly one tick,
+    and each rate is the round's hand-countable work over one tick, whatever the CPU's speed.
+    """
+
+    TICK_S = 1 / 64
+
+    def __init__(self):
+        self.readings = 0
+
+    def perf_counter(self) -> float:
+        self.readings += 1
+        return self.readings * self.TICK_S
+
+
+def test_measure_cpu_peak_rates_are_counted_work_over_measured_time_within_its_budget(monkeypatch):
+    clock = _TickingClock()
+    monkeypatch.setattr(flops, "time", clock)
     threads_before = torch.get_num_threads()
-    start = time.perf_counter()
-    peak = measure_cpu_peak(threads=1, seconds=0.2)
-    assert time.perf_counter() - start < 5  # about 0.6 s here; generous for a loaded machine
-    assert peak["peak_flops"] > 1e9
-    assert peak["mem_bytes_per_s"] > 1e8
-    assert peak["threads"] == 1
+    seconds = 0.25
+    peak = measure_cpu_peak(threads=1, seconds=seconds)
+    tick = clock.TICK_S
+    # Each kernel's rate is its FLOPs per round, counted by hand, over the round's measured time:
+    # two 1024^3 matmuls per round (2 x 1024^3 multiply-adds each); one 3x3 convolution of
+    # 64 -> 64 channels on 8 x 56 x 56 maps (8 x 64 x 64 x 9 x 56 x 56 multiply-adds).
+    matmul = 2 * (2 * 1024**3)
+    conv = 2 * (8 * 64 * 64 * 9 * 56 * 56)
+    assert peak["kernel_flops_per_s"] == {"float32 matmul": matmul / tick, "float32 conv3x3": conv / tick}
+    assert peak["peak_flops"] == matmul / tick
+    # the copy: bytes read + written per round (the source and its copy) over the round's time
+    copied_mib = int(re.search(r"copy of (\d+) MiB", peak["method"]).group(1))
+    assert 64 <= copied_mib <= 512
+    assert peak["mem_bytes_per_s"] == 2 * (copied_mib << 20) / tick
+    # Within its budget, on its own clock: `seconds` for the kernels (half each) and half again
+    # for the copy; each measurement may overrun its deadline by the one round (3 readings:
+    # the deadline check, the round's start and end) that crosses it, and reads the clock once
+    # to set the deadline.
+    measurements, budget_s = 3, 1.5 * seconds
+    assert budget_s <= clock.readings * tick <= budget_s + measurements * 4 * tick
+    assert peak["threads"] == 1 and torch.get_num_threads() == threads_before
     assert peak["method"].startswith("measured")
-    assert torch.get_num_threads() == threads_before
 
 
 # --- telemetry --------------------------------------------------------------------------------
@@ -229,13 +272,19 @@ def test_start_telemetry_is_off_for_cpu_and_non_positive_intervals():
 
 
 class _FakeReader:
+    """A reader that counts its calls, fails on the calls in `fail_on`, and on the calls in
+    `stall_on` takes that many seconds (a read that runs past its slot)."""
+
     def __init__(self):
         self.calls = 0
         self.closed = False
         self.fail_on = set()
+        self.stall_on: dict[int, float] = {}
 
     def __call__(self):
         self.calls += 1
+        if self.calls in self.stall_on:
+            time.sleep(self.stall_on[self.calls])
         if self.calls in self.fail_on:
             raise RuntimeError("transient")
         return {"gpu_util_pct": self.calls, "mem_used_bytes": 1 << 30, "power_w": 300.0,
@@ -245,49 +294,79 @@ class _FakeReader:
         self.closed = True
 
 
+# Waits below are for a thread to do something at all, not for it to be quick: a hang guard
+# no scheduling delay comes near, never a timing check.
+HANG_GUARD_S = 60.0
+# Event.wait may return a hair before its deadline (the clock's rounding): a read is "in its
+# slot" from this much before the slot's start. Load only ever makes reads later.
+EARLY_WAKE_S = 0.002
+
+
+def _wait_until(predicate, what: str):
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"the sampler never {what}"
+        time.sleep(0.005)
+
+
 def test_sampler_samples_on_schedule_drains_and_stops_promptly():
+    interval_s = 0.02
     reader = _FakeReader()
     reader.fail_on = {2}
-    sampler = TelemetrySampler(device_index=3, interval_s=0.02, read=reader).start()
+    reader.stall_on = {4: 3.5 * interval_s}  # runs past three slots: those are skipped, not caught up in a burst
+    started_unix, started = time.time(), time.monotonic()
+    sampler = TelemetrySampler(device_index=3, interval_s=interval_s, read=reader).start()
     assert sampler.running
-    time.sleep(0.25)
+    _wait_until(lambda: reader.calls >= 8, "read 8 times")
     first = sampler.drain()
-    time.sleep(0.1)
-    # A long interval must not delay stop(): the thread waits on an Event, not in sleep().
-    sampler.interval_s = 60.0
-    time.sleep(0.05)
-    start = time.perf_counter()
-    sampler.stop()
-    assert time.perf_counter() - start < 1.0
+    drained = time.monotonic()
+    # A long interval must not delay stop(): the thread waits on an Event, not in sleep(). Once a
+    # read has begun after the change, the thread's next wait is hours long; a thread that slept
+    # it out would still be running after stop() has waited 30 s for it.
+    sampler.interval_s = 3600.0
+    calls_at_change = reader.calls
+    _wait_until(lambda: reader.calls > calls_at_change, "read after the interval changed")
+    sampler.stop(timeout_s=30.0)
     assert not sampler.running
     assert reader.closed
     second = sampler.drain()
     assert sampler.drain() == []
+    finished_unix = time.time()
 
     rows = first + second
-    assert 3 <= len(first) <= 14  # ~12 slots of 20 ms in 250 ms, one of them a failed read
     assert sampler.errors == 1 and sampler.last_error == "RuntimeError: transient"
-    assert [r["gpu_util_pct"] for r in rows] == sorted(r["gpu_util_pct"] for r in rows)  # oldest first, no loss
+    assert [r["gpu_util_pct"] for r in rows] == list(range(1, 2)) + list(range(3, reader.calls + 1))  # oldest first, no loss
     assert len(rows) == reader.calls - 1
     assert set(rows[0]) == {"time", "elapsed_s", *FIELDS, "sample_s", "device_index"}
     assert all(r["device_index"] == 3 for r in rows)
-    elapsed = [r["elapsed_s"] for r in rows]
-    assert elapsed == sorted(elapsed) and elapsed[0] < 0.02
-    assert abs(rows[0]["time"] - time.time()) < 5
-    # On schedule: call k (1-based) is read in slot k-1 or, after a late read skipped slots,
-    # later; never earlier (the second call failed and left no row).
-    calls = [1] + list(range(3, len(rows) + 2))
-    assert all(r["elapsed_s"] >= (k - 1) * 0.02 - 0.002 for r, k in zip(first, calls))
+    # the row's time is the wall clock of its read, its elapsed_s the sampler's own clock since start
+    assert all(started_unix <= r["time"] <= finished_unix for r in rows)
+    assert all(0 <= r["elapsed_s"] <= drained - started for r in first)
+    # On schedule. A row's elapsed_s is taken just after its read, so the read began in or
+    # before that slot (`ended`) and, allowing an early wake-up, in or after `began`. Call k is
+    # never read before slot k - 1, and each read begins in a slot after the one where the
+    # previous read ended: the stalled read (call 4) ended three slots past its own, and a
+    # sampler that then caught up on the missed slots would read them at once, in the slot where
+    # the stall ended. So the reads up to the drain number at most the slots begun by then.
+    ended = [int(r["elapsed_s"] // interval_s) for r in first]
+    began = [int((r["elapsed_s"] + EARLY_WAKE_S) // interval_s) for r in first]
+    calls = [r["gpu_util_pct"] for r in first]
+    assert all(slot >= call - 1 for slot, call in zip(began, calls))
+    assert all(later > earlier for earlier, later in zip(ended, began[1:]))
+    assert ended[calls.index(4)] >= 3 + 3
+    assert len(first) + sampler.errors <= (drained - started + EARLY_WAKE_S) / interval_s + 1
     assert not any(t.name == "telemetry-gpu3" for t in threading.enumerate())
 
 
 def test_sampler_rejects_non_positive_interval_and_double_start():
     with pytest.raises(ValueError):
         TelemetrySampler(0, interval_s=0)
-    sampler = TelemetrySampler(0, interval_s=10, read=_FakeReader()).start()
+    reader = _FakeReader()
+    sampler = TelemetrySampler(0, interval_s=3600, read=reader).start()
     try:
         with pytest.raises(RuntimeError):
             sampler.start()
+        _wait_until(lambda: reader.calls >= 1, "read at start")  # not an interval (an hour) later
     finally:
         sampler.stop()
     assert len(sampler.drain()) == 1  # the sample taken at start
