@@ -2,11 +2,12 @@
 and the run finishes with its records whole; the restart and the time it cost are in the
 summary and in TTA.
 
-One real restarted run (module fixture): rank 1 is SIGKILLed as soon as Ray Train has registered
-epoch 1's checkpoint, i.e. while epoch 2 runs (an event, not a sleep, so the kill lands inside
-the run however fast the machine is); the records then prove where it landed (the restart
-resumed from epoch 1). On that run: the restart itself, and TTA = sum of train_s + time_lost_s
-with the run's wall clock continuing across the restart.
+One real restarted run (module fixture): every rank is held (tests/held_model.py) in epoch 2's
+evaluation, after Ray Train registered epoch 1's checkpoint and before epoch 2 can end; rank 1
+is SIGKILLed there and the hold let go, so the kill lands inside epoch 2 however fast the
+machine is; the records then prove where it landed (the restart resumed from epoch 1). On
+that run: the restart itself, and TTA = sum of train_s + time_lost_s with the run's wall clock
+continuing across the restart.
 """
 
 import json
@@ -20,15 +21,20 @@ import pytest
 
 from scaling.analysis.run_metrics import restarts_and_time_lost, summarize_run
 from tests.conftest import BIN, REPO, registered_checkpoint_epoch, wait_for
+from tests.held_model import held, hold, release
 
 @pytest.fixture(scope="module")
 def restarted_run(ray_cluster, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("failures") / "killed"
     log = run_dir.parent / "output.log"  # a file, not a pipe: a full pipe would stall the run while we wait
+    gate = hold(run_dir, after_evaluations=2)  # one evaluation per epoch (eval_every=1): the second is epoch 2's
     with open(log, "w") as out:
         process = subprocess.Popen(
             [str(BIN / "scaling"), "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir),
-             "--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
+             "--set", "model.name=tests.held_model:held_small_cnn",
+             # 16 steps per rank and epoch, enough that validation accuracy rises epoch by epoch (0.25,
+             # 0.29, 0.49 here): the TTA test's target, epoch 3's accuracy, is reached after the restart
+             "--set", "data.train_samples=2048", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
              "--set", "train.target_accuracy=1.0", "--set", "instrument.calibration_pairs=2",
              # one evaluation per epoch, at its end: TTA is then sum(train_s) + time lost under either
              # TTA rule (first evaluation at target, or DAWNBench's epoch end)
@@ -36,14 +42,20 @@ def restarted_run(ray_cluster, tmp_path_factory):
             cwd=REPO, env=ray_cluster["env"], stdout=out, stderr=subprocess.STDOUT, text=True,
         )
     try:
-        # Epoch 1's checkpoint registered: epoch 1 is over and epoch 2 is under way (or about to be).
-        epoch = wait_for(lambda: registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
+        # Rank 1 held in epoch 2 and epoch 1's checkpoint registered (a kill before registration
+        # would restart from scratch); epoch 2 cannot end, so no later checkpoint can exist.
+        wait_for(lambda: held(gate, rank=1) and registered_checkpoint_epoch(run_dir), 300,
+                 "rank 1 held in epoch 2 with epoch 1's checkpoint registered", process)
+        epoch = registered_checkpoint_epoch(run_dir)
         victim = json.loads((run_dir / "workers" / "rank1.json").read_text())
+        assert held(gate, rank=1)["pid"] == victim["pid"], "the held rank 1 is not the one the records name"
         kill_unix = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
-        assert epoch == 1, f"epoch {epoch}'s checkpoint was the first seen: the kill came too late to land in epoch 2"
+        release(gate)  # the restarted workers run on unheld
+        assert epoch == 1, f"epoch {epoch}'s checkpoint was registered while epoch 2 was held"
         process.wait(timeout=300)
     finally:
+        release(gate)
         if process.poll() is None:
             process.kill()
             process.wait()
@@ -101,6 +113,7 @@ def test_tta_of_the_restarted_run_counts_the_time_lost(restarted_run):
     # is out of reach so that it runs all three epochs): what summary.json would say.
     target = float(epochs.loc[3, "val_accuracy"])
     reached = int(epochs.index[epochs["val_accuracy"] >= target][0])
+    assert reached == 3, f"the target was reached in epoch {reached}, before the restart: the time lost is no part of it"
     profile = json.loads((run_dir / "compute_profile.json").read_text())
     evals = pd.read_parquet(run_dir / "evals.parquet") if (run_dir / "evals.parquet").exists() else None
     figures = summarize_run(steps, epochs.reset_index(), target, summary["num_workers"], profile, attempts, evals=evals)
