@@ -335,7 +335,7 @@ def test_sampler_samples_on_schedule_drains_and_stops_promptly():
 
     rows = first + second
     assert sampler.errors == 1 and sampler.last_error == "RuntimeError: transient"
-    assert [r["gpu_util_pct"] for r in rows] == list(range(1, 2)) + list(range(3, reader.calls + 1))  # oldest first, no loss
+    assert [r["gpu_util_pct"] for r in rows] == [1] + list(range(3, reader.calls + 1))  # oldest first, no loss
     assert len(rows) == reader.calls - 1
     assert set(rows[0]) == {"time", "elapsed_s", *FIELDS, "sample_s", "device_index"}
     assert all(r["device_index"] == 3 for r in rows)
