@@ -86,31 +86,38 @@ def test_records_are_complete_and_consistent(ray_run):
     # Step times against an independent clock: an epoch's train_s (rank 0, one perf_counter pair
     # around the whole epoch, less the evaluations inside it) holds rank 0's training steps back
     # to back, with only the loop's bookkeeping between them (a scheduler step and a record per
-    # step). Measured on this 2-core
-    # machine over 66 epochs of 8 and 16 steps, quiet and under load (load average up to 4.4):
-    # train_s - sum(step_s) = 0.02 to 0.68 ms per epoch. Allowed: 0.5 ms per step plus 10 ms (a
-    # preemption falling between two steps), over 25x the largest seen, far less than any one
-    # phase of the 16 steps. Time lost from the steps, or counted twice, breaks one side.
+    # step). Measured on this 2-core machine over 66 epochs of 8 and 16 steps, quiet and under
+    # load (load average up to 4.4): train_s - sum(step_s) = 0.02 to 0.68 ms per epoch (0.52 to
+    # 0.62 ms at load 9). Allowed: 0.5 ms per step plus 10 ms, over 25x the largest seen, far less
+    # than any one phase of the 16 steps. Time lost from the steps, or counted twice, breaks one
+    # side in every epoch, so the median epoch must hold it. One epoch may exceed it by one
+    # preemption that landed between two steps: a thread kept off its core waits its turn
+    # behind every runnable task, up to 40 ms (the longest of 1285 waits over 1 ms a busy thread
+    # saw in 20 s at load 7), hence PREEMPTION_S for a single epoch.
     tolerance = 0.0005 * per_epoch + 0.010
+    PREEMPTION_S = 0.050
     train_s = epochs.set_index("epoch")["train_s"]
     slack = train_s - train[train["rank"] == 0].groupby("epoch")["step_s"].sum()
-    assert (slack >= 0).all() and (slack <= tolerance).all(), slack.to_dict()
+    assert (slack >= 0).all() and slack.median() <= tolerance, slack.to_dict()
+    assert (slack <= tolerance + PREEMPTION_S).all(), slack.to_dict()
     # The other ranks' first step of an epoch also holds their wait for rank 0 at the first
     # all-reduce (rank 0 starts later: it measures the CPU's peak, writes the records); from the
     # second step on, all-reduce keeps the ranks in step, so those steps fit in rank 0's epoch.
     later = train[train.groupby(["epoch", "rank"])["step"].rank(method="first") > 1]
     for rank, rank_steps in later.groupby("rank"):
-        assert (rank_steps.groupby("epoch")["step_s"].sum() <= train_s + tolerance).all(), rank
+        excess = rank_steps.groupby("epoch")["step_s"].sum() - train_s
+        assert excess.median() <= tolerance and (excess <= tolerance + PREEMPTION_S).all(), (rank, excess.to_dict())
 
     # The headline TTA, to the first evaluation at the target (the quickstart evaluates every
     # quarter epoch): the training before that evaluation, which rank 0's steps before it add up
-    # to (within the same per-epoch bookkeeping slack), and no more than the epoch-end figure.
+    # to (within the same per-epoch bookkeeping slack, and one preemption), and no more than the
+    # epoch-end figure.
     assert summary["tta_rule"] == "first_eval"
     evals = pd.read_parquet(run_dir / "evals.parquet")
     first = evals[evals["val_accuracy"] >= summary["target_accuracy"]].sort_values("elapsed_train_s").iloc[0]
     assert summary["tta_s"] == pytest.approx(first["elapsed_train_s"])
     before = train[(train["rank"] == 0) & (train["step"] < first["step"])]["step_s"].sum()
-    assert 0 <= first["elapsed_train_s"] - before <= tolerance * summary["epochs_run"], (first.to_dict(), before)
+    assert 0 <= first["elapsed_train_s"] - before <= tolerance * summary["epochs_run"] + PREEMPTION_S, (first.to_dict(), before)
     assert summary["tta_s"] <= summary["tta_epoch_end_s"]
 
     # communication: every bucket's all-reduce starts and ends inside backward (DDP returns from
@@ -173,20 +180,33 @@ def test_gpus_the_cluster_lacks_refused_at_once(ray_cluster, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # the CLI, twice, in subprocesses
 def test_unreachable_ray_address_answered_in_bounded_time(tmp_path):
     out = tmp_path / "run"
+    # A port nothing listens on: refused by the lab's socket probe (bounded at REACH_TIMEOUT_S = 5 s;
+    # a refused connection answers at once); ray.init alone would wait over 2 minutes for the GCS.
+    # Timed against the same command refused by its config (no Ray at all), run just before it under
+    # the same load: the CLI's own start-up (seconds, far more on a loaded machine) cancels out.
     start = time.monotonic()
-    # a port nothing listens on: refused at once; ray.init alone would wait minutes for the GCS
+    refused = run_cli("run", str(QUICKSTART), "--out", str(out), "--set", "train.max_epochs=0", timeout=120)
+    baseline_s = time.monotonic() - start
+    assert refused.returncode == 2 and "train.max_epochs" in refused.stderr, refused.stderr
+    start = time.monotonic()
     result = run_cli("run", str(QUICKSTART), "--out", str(out), env={**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}, timeout=120)
+    elapsed_s = time.monotonic() - start
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "cannot reach the Ray cluster at RAY_ADDRESS=127.0.0.1:9" in result.stderr
-    assert time.monotonic() - start < 60 and not out.exists()
+    print(f"refused in {elapsed_s:.1f} s; the same command refused by its config in {baseline_s:.1f} s")
+    assert elapsed_s - baseline_s < 30 and not out.exists()  # ray.init's wait would add over 120 s
 
 
 def test_failed_run_leaves_failed_summary(ray_connected, tmp_path):
-    cfg = load_config(QUICKSTART, overrides=SMALL + ["instrument.fail_at_step=20"], num_workers=2)
+    # 8 steps per rank and epoch: the failure at step 10 comes in epoch 2, after epoch 1 was recorded
+    cfg = load_config(QUICKSTART, overrides=["data.train_samples=1024", "data.val_samples=256", "train.max_epochs=2",
+                                             "train.eval_every=1", "instrument.calibration_pairs=0",
+                                             "instrument.fail_at_step=10"], num_workers=2)
     summary = execute_run(cfg, tmp_path / "run", launcher="ray")
     assert summary["status"] == "failed"
-    assert "injected failure at step 20" in summary["error"]
-    assert summary["epochs_run"] == 1  # epoch 1 (steps 0-15) was recorded before the failure
+    assert "injected failure at step 10" in summary["error"]
+    assert summary["epochs_run"] == 1  # epoch 1 (steps 0-7) was recorded before the failure
     assert (tmp_path / "run" / "summary.json").exists()
