@@ -11,6 +11,7 @@ import torch
 
 from scaling.models import build_model
 from scaling.models.amoebanet import AmoebaNetD, Cell, amoebanet_d
+from tests.one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread)
 
 
 def _num_params(model: torch.nn.Module) -> int:

@@ -6,6 +6,7 @@ import torch
 
 from scaling.models import UnknownModelError, build_model, model_names
 from scaling.models.resnet import PadShortcut
+from tests.one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread)
 
 
 def _num_params(model: torch.nn.Module) -> int:
@@ -28,7 +29,9 @@ def _num_params(model: torch.nn.Module) -> int:
     ],
 )
 def test_parameter_counts(name, num_classes, expected):
-    assert _num_params(build_model(name, num_classes)) == expected
+    with torch.device("meta"):  # shapes only: no storage, no initialisation (VGG-16 alone is 138M parameters)
+        model = build_model(name, num_classes)
+    assert _num_params(model) == expected
 
 
 def test_cifar_shortcuts_hold_no_parameters():
@@ -39,7 +42,8 @@ def test_cifar_shortcuts_hold_no_parameters():
 
 
 def test_imagenet_resnets_use_torchvision_module_names():
-    resnet50 = build_model("resnet50", 1000)
+    with torch.device("meta"):
+        resnet50, resnet18 = build_model("resnet50", 1000), build_model("resnet18", 1000)
     names = set(resnet50.state_dict())
     for key in (
         "conv1.weight",
@@ -54,7 +58,7 @@ def test_imagenet_resnets_use_torchvision_module_names():
         assert key in names
     assert resnet50.layer2[0].conv1.stride == (1, 1)
     assert resnet50.layer2[0].conv2.stride == (2, 2)  # v1.5: the stride sits on the 3x3
-    assert "layer1.0.downsample.0.weight" not in build_model("resnet18", 1000).state_dict()
+    assert "layer1.0.downsample.0.weight" not in resnet18.state_dict()
 
 
 # ImageNet models get 64x64 to stay fast; adaptive average pooling makes any size >= 32 work.
