@@ -14,6 +14,7 @@ from scaling.config import load_config
 from scaling.launch.run import execute_run
 from scaling.models import build_model
 from scaling.train.precision import Precision
+from tests.one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread)
 
 QUICKSTART = "experiments/quickstart.yaml"
 SMALL = ["data.train_samples=512", "data.val_samples=256", "train.max_epochs=2", "instrument.calibration_pairs=2"]
