@@ -43,7 +43,7 @@ from pathlib import Path
 
 import benchlib as bl
 
-from scaling.launch.local_cluster import free_port
+from scaling.testbed.local_cluster import free_port
 
 NAME = "allreduce"
 KIB, MIB = 1024, 1024 * 1024

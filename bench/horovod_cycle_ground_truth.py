@@ -149,7 +149,7 @@ def main() -> None:
     epochs = args.epochs or (1 if args.quick else 2)
 
     from scaling.config import load_config
-    from scaling.launch.local_cluster import private_ray_head
+    from scaling.testbed.local_cluster import private_ray_head
     from scaling.launch.ray_train import connect
     from scaling.launch.run import execute_run
     from scaling.train import horovod_backend

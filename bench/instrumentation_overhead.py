@@ -45,7 +45,8 @@ from pathlib import Path
 
 import benchlib as bl
 
-from scaling.launch.local_cluster import steady_step_s
+from scaling.analysis.run_metrics import steady_step_s
+from scaling.results import RunDir
 
 NAME = "instrumentation_overhead"
 BUDGET = 1.03
@@ -96,7 +97,8 @@ def main() -> None:
                 summary = execute_run(cfg, run_dir, launcher=launcher)
             if summary["status"] == "failed":
                 raise RuntimeError(f"{arm} run failed: {summary['error']}")
-            step_s, epoch_rows, epochs_table = steady_step_s(run_dir, cfg.global_batch)
+            epochs_table = RunDir(run_dir).epochs()
+            step_s, epoch_rows = steady_step_s(epochs_table, cfg.global_batch)
             steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
             sequence.append((arm, step_s))
             sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))

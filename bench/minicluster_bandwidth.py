@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scaling.instrument.machine import describe_hardware, describe_versions  # noqa: E402
-from scaling.launch import minicluster as mc  # noqa: E402
+from scaling.testbed import minicluster as mc  # noqa: E402
 from scaling.results import SweepDir, write_json_atomic  # noqa: E402
 
 NAME = "bench"

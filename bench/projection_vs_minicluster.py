@@ -6,7 +6,7 @@ Brings up a 2-node minicluster (network namespaces "proj", 10.216.0.0/24, one CP
 node each), and in this order:
 1. at every cap of experiments/projection-minicluster.yaml (each node's egress capped by tc
    tbf), times gloo all-reduces of 64 KB .. 16 MB between the two nodes (one process group
-   kept across caps: bench/allreduce_sizes_probe.py), fits the ring's alpha and beta per cap
+   kept across caps: minicluster.AllreduceProbe), fits the ring's alpha and beta per cap
    (`fit_alpha_beta`), and times the model's own gradient size with the lab's probe
    (`minicluster.allreduce_seconds`) as a check of the fit;
 2. measures the one-worker compute of the workload (the quickstart CNN, batch 64 per worker,
@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from benchlib import command_line, load_average  # noqa: E402
 
-from scaling.launch import minicluster as mc  # noqa: E402
+from scaling.testbed import minicluster as mc  # noqa: E402
 from scaling.projection import fit_alpha_beta, project_cluster_from_alpha_beta  # noqa: E402
 from scaling.projection.compute import compute_from_concurrent_runs  # noqa: E402
 from scaling.results import RunDir, SweepDir  # noqa: E402
@@ -120,51 +120,9 @@ def sweep_caps() -> list[str]:
 # ---------------------------------------------------------------------------- 1. all-reduce fits
 
 
-class SizesProbe:
-    """Two ranks of bench/allreduce_sizes_probe.py, one per node, alive across cap changes."""
-
-    def __init__(self, cluster: mc.MiniCluster):
-        env = cluster.env()
-        self.processes = [
-            subprocess.Popen(
-                ["ip", "netns", "exec", node.namespace, sys.executable, str(REPO / "bench" / "allreduce_sizes_probe.py"),
-                 f"--rank={node.index}", f"--world={N}", f"--master={cluster.head.ip}"],
-                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE, text=True,
-            )
-            for node in cluster.nodes[:N]
-        ]
-        ready = self.processes[0].stdout.readline()
-        if not ready.strip():
-            raise RuntimeError(f"all-reduce probe did not start: {self.processes[0].stderr.read()[-400:]}")
-
-    def measure(self, sizes, iters: int) -> list[dict]:
-        line = json.dumps({"sizes": list(sizes), "iters": iters}) + "\n"
-        for p in self.processes:
-            p.stdin.write(line)
-            p.stdin.flush()
-        answer = self.processes[0].stdout.readline()
-        if not answer.strip():
-            raise RuntimeError(f"all-reduce probe failed: {self.processes[0].stderr.read()[-400:]}")
-        return json.loads(answer)["results"]
-
-    def close(self):
-        for p in self.processes:
-            try:
-                p.stdin.write("\n")
-                p.stdin.close()
-            except (BrokenPipeError, ValueError):
-                pass
-        for p in self.processes:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
 def fit_caps(caps: list[str]) -> dict:
-    cluster = mc.load(NAME)
-    probe = SizesProbe(cluster)
+    # its own port: the lab's probe below (allreduce_seconds) runs beside it on the default one
+    probe = mc.AllreduceProbe(NAME, N, port=29512)
     fits = {}
     try:
         for cap in caps:

@@ -65,8 +65,9 @@ from pathlib import Path
 
 import benchlib as bl
 
-from scaling.launch.local_cluster import BIN, PrivateRayHead, ray_env, steady_step_s
+from scaling.analysis.run_metrics import steady_step_s
 from scaling.results import RunDir
+from scaling.testbed.local_cluster import BIN, PrivateRayHead, ray_env
 
 NAME = "ray_overhead"
 DEFAULT_WORKERS = 2
@@ -78,7 +79,7 @@ SETTLE_S = 3.0  # after the head answers, before the first run: its start-up wor
 # Run in a fresh interpreter: a new local cluster, its start and its shutdown timed.
 RAY_INIT_PROBE = r"""
 import json, logging, sys, time
-from scaling.launch.local_cluster import free_port
+from scaling.testbed.local_cluster import free_port
 t0 = time.time()
 import ray
 t1 = time.time()
@@ -168,7 +169,8 @@ def main() -> None:
             summary = run.summary() if run.has_summary else {}
             if proc.returncode != 0 or summary.get("status") == "failed":
                 raise RuntimeError(f"{arm} run failed (exit {proc.returncode}):\n{log.read_text()[-2000:]}")
-            step_s, epoch_rows, epochs_table = steady_step_s(run_dir, summary["global_batch"])
+            epochs_table = run.epochs()
+            step_s, epoch_rows = steady_step_s(epochs_table, summary["global_batch"])
             startup_s = float(epochs_table["first_step_unix"].iloc[0]) - launch_unix
             steady = bl.steady_cpu(cpu, epochs_table, summary["global_batch"])
             thread = training_thread(epochs_table, summary["global_batch"])

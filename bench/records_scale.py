@@ -112,7 +112,7 @@ def _recording_worker(rank: int, world: int, port: int, arm: str, run_dir: str, 
 def recording_time(world: int, arm: str, tmp: Path) -> float:
     import torch.multiprocessing as mp
 
-    from scaling.launch.local_cluster import free_port
+    from scaling.testbed.local_cluster import free_port
 
     port = free_port()
     out = tmp / f"rank0-{arm}-{world}.json"

@@ -119,7 +119,7 @@ def _cmd_project(args) -> int:
 
 
 def _cmd_minicluster(args) -> int:
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     if args.action == "up":
         cluster = mc.up(args.nodes, args.bandwidth, args.cpus_per_node, args.name, args.subnet)

@@ -1,7 +1,7 @@
 """Shared fixtures: one real Ray cluster and one minicluster per test session, the capabilities a
 runner must have, and the test tiers.
 
-The head is scaling.launch.local_cluster's `private_ray_head` (the benchmarks' too): `ray start
+The head is scaling.testbed.local_cluster's `private_ray_head` (the benchmarks' too): `ray start
 --head --block` in its own process group with a private temp dir and free ports, so it never
 attaches to (or is attached by) any other Ray on the machine; it is stopped by its process id,
 never with `ray stop`.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.launch.local_cluster import private_ray_head
+from scaling.testbed.local_cluster import private_ray_head
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -182,7 +182,7 @@ def minicluster(netns_capable):
 
 def make_whole(name: str) -> None:
     """Every node of minicluster `name` up and its links uncapped, whatever a test did to it."""
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     cluster = mc.load(name)
     for node in cluster.nodes[1:]:

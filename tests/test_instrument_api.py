@@ -38,7 +38,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from scaling.launch.local_cluster import free_port
+from scaling.testbed.local_cluster import free_port
 
 DATA_SLEEP_S, FORWARD_SLEEP_S, PAUSE_S = 0.04, 0.03, 0.02
 STEPS = 6

@@ -21,7 +21,7 @@ CAP_BITS_PER_S = 200e6
 
 
 def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     name = whole_minicluster
     mc.set_bandwidth(CAP, name)  # whole_minicluster uncaps it again afterwards

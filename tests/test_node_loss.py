@@ -54,7 +54,7 @@ def _restart_waits_for_capacity(name: str) -> bool:
     """Ray Train's restarted worker group is waiting for room: its placement group is pending."""
     from ray.util.state import list_placement_groups
 
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     pending = list_placement_groups(address=mc.load(name).dashboard, filters=[("state", "=", "PENDING")],
                                     raise_on_missing_output=False)
@@ -63,7 +63,7 @@ def _restart_waits_for_capacity(name: str) -> bool:
 
 def _preempt_in_epoch_2(name: str, run_dir, process) -> float:
     """Preempt node 1 once epoch 1's checkpoint is registered; returns when."""
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     epoch = wait_for(lambda: registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
     lost_unix = mc.preempt(name, 1)
@@ -75,7 +75,7 @@ def _preempt_in_epoch_2(name: str, run_dir, process) -> float:
 def node_back_in_time(minicluster, tmp_path_factory):
     """Node 1 lost in epoch 2, back once the head saw it gone and the restart waits for room;
     the run waits (up to 300 s)."""
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     name = minicluster
     make_whole(name)
@@ -142,7 +142,7 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
     """The node stays away longer than failure.capacity_wait_s: the run fails with one line, the
     sweep goes on; once the node is back, re-running the sweep resumes that run from its
     checkpoint and keeps the finished one."""
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     name = whole_minicluster
     capacity_wait_s = 10
@@ -251,7 +251,7 @@ def test_the_head_cannot_be_preempted(monkeypatch, tmp_path):
     import os
 
     from scaling.errors import UsageError
-    from scaling.launch import minicluster as mc
+    from scaling.testbed import minicluster as mc
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(mc, "STATE_ROOT", tmp_path)

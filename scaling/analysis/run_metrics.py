@@ -343,6 +343,25 @@ def run_costs(tta_s: float | None, time_lost_s: float, num_nodes: int | None, pr
             "time_lost_cost_usd": _finite_or_none(node_cost_usd(time_lost_s, num_nodes, price_per_node_hour))}
 
 
+def steady_step_s(epochs: pd.DataFrame, global_batch: int) -> tuple[float, list[dict]]:
+    """A run's steady-state step time from its epochs: the median over the epochs after the first
+    of `train_s / steps` (steps = samples / global batch; evaluation and calibration are not in
+    train_s), as `time_per_epoch_s` takes the epochs. What the benchmarks compare between arms.
+
+    Returns (that median, one dict per epoch: epoch, train_s, steps, step_s). ValueError when
+    there is no epoch after the first.
+    """
+    rows = []
+    for row in epochs.itertuples():
+        steps = row.samples / global_batch
+        rows.append({"epoch": int(row.epoch), "train_s": float(row.train_s), "steps": int(steps),
+                     "step_s": float(row.train_s) / steps})
+    steady = [r["step_s"] for r in rows if r["epoch"] > 1]
+    if not steady:
+        raise ValueError("no epoch after the first; run 2 epochs or more")
+    return float(pd.Series(steady).median()), rows
+
+
 def worker_counts(attempts: list[dict] | None) -> dict:
     """`workers_first_attempt`, `workers_last_attempt`, `worker_count_changed` (see the module docstring)."""
     counts = [a.get("num_workers") for a in attempts or []]

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scaling.config import ExperimentConfig, from_dict
-from scaling.launch.local_cluster import free_port
+from scaling.testbed.local_cluster import free_port
 from scaling.errors import UsageError
 from scaling.train.loop import WorkerContext, run_worker
 from scaling.train.precision import bf16_problem

@@ -145,7 +145,7 @@ def check_link_bandwidth(cfg: ExperimentConfig) -> None:
     """A cap `tc` takes, and a minicluster to apply it in."""
     if not cfg.workers.link_bandwidth:
         return
-    from scaling.launch import minicluster
+    from scaling.testbed import minicluster
 
     if cfg.workers.link_bandwidth != "uncapped":
         try:

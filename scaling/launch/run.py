@@ -52,7 +52,7 @@ def check_run_dir(run_dir: Path) -> None:
 
 def apply_link_bandwidth(cfg: ExperimentConfig) -> str | None:
     """Set the minicluster's link cap the run asks for; returns the cap in effect (None: not in a minicluster)."""
-    from scaling.launch import minicluster
+    from scaling.testbed import minicluster
 
     cluster = minicluster.current()
     if cluster is None:
@@ -153,6 +153,6 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, li
 def _bits_per_s(rate: str | None) -> float | None:
     if rate in (None, "uncapped"):
         return None
-    from scaling.launch.minicluster import rate_bits_per_s
+    from scaling.testbed.minicluster import rate_bits_per_s
 
     return rate_bits_per_s(rate)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from scaling.launch.local_cluster import free_port
+from scaling.testbed.local_cluster import free_port
 from scaling.models import build_model
 
 OUT_DIR = Path(__file__).resolve().parent / "layers"

@@ -1,10 +1,9 @@
 """This machine as a cluster, for the plain launcher, the tests and the benchmarks: a free
-loopback port, a private Ray head, and the steady-state step time of a run made on it.
+loopback port and a private Ray head.
 
     port = free_port()                                # a TCP port on 127.0.0.1 nobody holds now
     with private_ray_head(num_cpus=2) as head:        # `ray start --head --block`, loopback only
         subprocess.run([...], env={**head.env, "RAY_ADDRESS": head.address})
-    step_s, epochs, table = steady_step_s(run_dir, global_batch)
 
 The private head never attaches to (or is attached by) any other Ray on the machine: its own
 session (process group), a private temp dir, free ports, 127.0.0.1, RAY_AUTH_MODE=disabled
@@ -163,26 +162,3 @@ def private_ray_head(**options):
         yield head.start()
     finally:
         head.stop()
-
-
-def steady_step_s(run_dir, global_batch: int):
-    """A run's steady-state step time from its epochs: the median over the epochs after the first of
-    `train_s / steps` (steps = samples / global batch; evaluation and calibration are not in train_s).
-
-    Returns (that median, one dict per epoch: epoch, train_s, steps, step_s, the epochs table).
-    RuntimeError when the run has no epoch after the first.
-    """
-    import statistics
-
-    from scaling.results import RunDir
-
-    epochs = RunDir(run_dir).epochs()
-    rows = []
-    for row in epochs.itertuples():
-        steps = row.samples / global_batch
-        rows.append({"epoch": int(row.epoch), "train_s": float(row.train_s), "steps": int(steps),
-                     "step_s": float(row.train_s) / steps})
-    steady = [r["step_s"] for r in rows if r["epoch"] > 1]
-    if not steady:
-        raise RuntimeError(f"{run_dir}: no epoch after the first; use --epochs 2 or more")
-    return float(statistics.median(steady)), rows, epochs

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scaling.errors import UsageError
+from scaling.results import write_json_atomic
 
 STATE_ROOT = Path(os.environ.get("SCALING_MINICLUSTER_STATE", "/run/scaling-minicluster"))
 NODE_IFACE = "lab0"  # the node end of each veth, the same name in every namespace (for GLOO_SOCKET_IFNAME)
@@ -137,11 +138,7 @@ def _state_path(name: str) -> Path:
 
 
 def _save(cluster: MiniCluster) -> None:
-    path = _state_path(cluster.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(cluster), indent=2))
-    tmp.replace(path)
+    write_json_atomic(_state_path(cluster.name), asdict(cluster))
 
 
 def load(name: str = "lab") -> MiniCluster:
@@ -494,21 +491,68 @@ def exec_in(command: list[str], name: str = "lab", node: int = 0) -> int:
     return subprocess.run(["ip", "netns", "exec", cluster.nodes[node].namespace, *command], env=env).returncode
 
 
+class AllreduceProbe:
+    """Ranks of scaling/testbed/allreduce_probe.py, one on each of the first `nodes` nodes, alive
+    across link-cap changes (`set_bandwidth`): `measure(sizes, iters)` times gloo all-reduces of
+    each size between them. A context manager; `close()` ends the process group."""
+
+    def __init__(self, name: str = "lab", nodes: int = 2, port: int | None = None):
+        from scaling.testbed.allreduce_probe import DEFAULT_PORT
+
+        _require_root()
+        cluster = load(name)
+        env = cluster.env()
+        self.processes = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "scaling.testbed.allreduce_probe",
+                 f"--rank={node.index}", f"--world={nodes}", f"--master={cluster.head.ip}",
+                 f"--port={port or DEFAULT_PORT}"],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True,
+            )
+            for node in cluster.nodes[:nodes]
+        ]
+        if not self.processes[0].stdout.readline().strip():
+            self.close()
+            raise RuntimeError(f"all-reduce probe did not start: {self._error()}")
+
+    def _error(self) -> str:
+        return self.processes[0].stderr.read()[-400:].strip()
+
+    def measure(self, sizes, iters: int = 3) -> list[dict]:
+        """Per size (bytes): {"bytes", "seconds": [...], "median_s"} (allreduce_probe.py)."""
+        line = json.dumps({"sizes": [int(s) for s in sizes], "iters": iters}) + "\n"
+        for process in self.processes:
+            process.stdin.write(line)
+            process.stdin.flush()
+        answer = self.processes[0].stdout.readline()
+        if not answer.strip():
+            raise RuntimeError(f"all-reduce probe failed: {self._error()}")
+        return json.loads(answer)["results"]
+
+    def close(self) -> None:
+        for process in self.processes:
+            try:
+                process.stdin.write("\n")
+                process.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def __enter__(self) -> "AllreduceProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def allreduce_seconds(nbytes: int, name: str = "lab", iters: int = 3, nodes: int = 2) -> dict:
-    """Median time of a gloo all-reduce of `nbytes` across the first `nodes` nodes, one rank each."""
-    _require_root()
-    cluster = load(name)
-    env = cluster.env()
-    processes = [
-        subprocess.Popen(
-            ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "scaling.launch.allreduce_probe",
-             f"--rank={node.index}", f"--world={nodes}", f"--master={cluster.head.ip}", f"--bytes={nbytes}",
-             f"--iters={iters}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for node in cluster.nodes[:nodes]
-    ]
-    outputs = [p.communicate(timeout=600) for p in processes]
-    if any(p.returncode for p in processes):
-        raise RuntimeError(f"all-reduce probe failed: {outputs[0][1].strip()[-300:] or outputs[-1][1].strip()[-300:]}")
-    return json.loads(outputs[0][0].strip().splitlines()[-1])
+    """Median time of a gloo all-reduce of `nbytes` across the first `nodes` nodes, one rank each:
+    {"bytes", "seconds": [...], "median_s"}."""
+    with AllreduceProbe(name, nodes) as probe:
+        return probe.measure([nbytes], iters)[0]
