@@ -27,14 +27,14 @@ Run the scripts with the repository's venv from the repository root, e.g.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from scaling.results import write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -355,19 +355,8 @@ def write_result(name: str, doc: str, quick: bool, started: float, load_avg_star
         **details,
     }
     path = out_dir / f"{name}.json"
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=2, default=_json_default)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_json_atomic(path, record)
     return path
-
-
-def _json_default(value):
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
 def print_comparisons(comparisons: list[dict]) -> None:

@@ -21,7 +21,7 @@ arm B is the design it replaced, re-enacted here: every rank's rows gathered to 
 
 Part 2 generates the sweep (runs of 1, 8, 64 and 1,024 ranks, one repeat each, realistic
 column types and values; the generation is not timed), then times, each in its own process
-(peak memory = its own maximum resident set size), `scaling.results.write_summary` on the
+(peak memory = its own maximum resident set size), `scaling.launch.finish.write_summary` on the
 1,024-rank run and `scaling report` on the sweep.
 
     .venv/bin/python bench/records_scale.py            # about 10 min here (most of it generating files)
@@ -179,7 +179,7 @@ def generate_sweep(root: Path, worker_counts: list[int], epochs: int, steps: int
 SUMMARY_CHILD = """
 import json, resource, sys, time, datetime as dt
 from pathlib import Path
-from scaling.results import write_summary
+from scaling.launch.finish import write_summary
 run_dir, n = Path(sys.argv[1]), int(sys.argv[2])
 start = time.perf_counter()
 summary = write_summary(run_dir, {"name": "generated", "model": "resnet50", "dataset": "generated", "backend": "nccl",

@@ -15,8 +15,9 @@ writes, atomically, into SWEEP/report/:
     accuracy_curves.{png,svg} throughput_vs_tta.{png,svg} tta_spread.{png,svg}  roofline.{png,svg}
     comm_vs_bandwidth.{png,svg}  (a minicluster sweep over link caps)
 
-Failed runs are counted and named in a warning, and left out of the figures; runs still
-going (a run directory without summary.json) are named in a warning and left out.
+Failed runs are counted and named in a warning, and left out of the figures (the rule:
+`scaling_tables.left_out_of_figures`); runs still going (a run directory without summary.json)
+are named in a warning by the reader and left out.
 """
 
 from __future__ import annotations
@@ -363,12 +364,12 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
         raise UsageError("several sweep directories make one report: say where it goes with --out DIR")
     sweep = read_sweeps(dirs)
     runs, epochs = sweep.runs, sweep.epochs
-    warnings = list(sweep.warnings)
+    warnings = [*sweep.warnings, *st.left_out_of_figures(runs)]
 
     keys = st.group_keys(runs)
     table = st.per_worker_count(runs, keys)
     projected, projection_notes, projection_warnings = project_sweep(
-        st.prepare_runs(runs), keys, lambda run: dirs[0] / str(run["run_dir"]))
+        st.prepare_runs(runs), keys, lambda run: _run_dir_of(dirs, run))
     warnings += projection_warnings
     table = add_projection(table, projected, keys)
     intervals = iv.scaling_intervals(st.prepare_runs(runs), table)

@@ -1,8 +1,10 @@
-"""The run and sweep directories: every file name, the readers, and atomic writes.
+"""The run and sweep directories: every file name, the readers, and atomic writes; nothing else.
 
 Every name a results directory uses is defined here, once (schema in docs/results.md); the
-launchers and the instrument write under these names, and the report, the sweep, the
-projection, the notebooks and the benchmarks read through `RunDir` and `SweepDir`:
+launchers and the instrument write under these names, and the run's finish, the report, the
+sweep, the projection's callers, the notebooks and the benchmarks read through `RunDir` and
+`SweepDir`. What the records mean is analysis' (scaling/analysis/), and which runs a figure
+leaves out too (`scaling_tables.left_out_of_figures`): this module only reads and writes.
 
     run = RunDir("results/qs/runs/w2-r0")
     run.summary(); run.epochs(); run.steps(["rank", "step_s"]); run.config
@@ -11,7 +13,8 @@ projection, the notebooks and the benchmarks read through `RunDir` and `SweepDir
 
 A run directory holds:
     config.yaml        the resolved config
-    summary.json       the run's figures (scaling.analysis.run_metrics.summarize_run; `write_summary`)
+    summary.json       the run's figures (scaling.analysis.run_metrics.summarize_run), written when
+                       the run finishes (scaling/launch/finish.py `write_summary`)
     epochs.parquet     one row per epoch
     evals.parquet      one row per validation
     steps.parquet/     one row per (rank, step), training and calibration steps: a directory of
@@ -20,10 +23,11 @@ A run directory holds:
                        directory whole; `step_batches` reads it by column, in batches, for figures
                        that only aggregate (a 1,024-rank run's records never need to fit in memory).
     telemetry.parquet/ the same layout, GPU runs with NVML
-    ranks.parquet      per rank, who waits for whom; trace.json, a sample of steps (Chrome trace)
+    ranks.parquet      per rank, who waits for whom; trace.json, a sample of steps (Chrome trace),
+                       merged from trace/, each rank's sampled events per epoch
     ray_train/         Ray Train's run state: its checkpoints and the record of them (`checkpoint_epoch`)
     machine.json, compute_profile.json, attempts.json, job.json, workers/, error.txt,
-    dawnbench.tsv, dawnbench.json, mlperf.log (scaling/exports.py)
+    dawnbench.tsv, dawnbench.json, mlperf.log (scaling/launch/exports.py)
 
 A sweep directory holds `sweep.yaml`, `runs/<run key>/` (one run directory each), `runs.parquet`
 (the index: one flattened summary row per run, `summary_row`) and, once reported, `report/`.
@@ -75,13 +79,14 @@ COMPUTE_PROFILE_JSON = "compute_profile.json"
 ATTEMPTS_JSON = "attempts.json"
 JOB_JSON = "job.json"
 ERROR_TXT = "error.txt"
-WORKERS_DIR = "workers"  # rank<R>.json per rank: its process
+WORKERS_DIR = "workers"  # rank<R>.json per rank: its process; rank<R>-<name>.json: its own small records
 DAWNBENCH_TSV = "dawnbench.tsv"
 DAWNBENCH_JSON = "dawnbench.json"
 MLPERF_LOG = "mlperf.log"
 BUCKETS_PARQUET = "buckets.parquet"  # per-bucket ready times, read by the projection if a run has them
 RANKS_PARQUET = "ranks.parquet"  # per rank: who waits for whom (scaling.analysis.run_metrics)
 TRACE_JSON = "trace.json"  # a sample of steps, all ranks, Chrome trace format (scaling/instrument/trace.py)
+TRACE_PARTS_DIR = "trace"  # each rank's sampled events per epoch, merged into trace.json when the run finishes
 HOROVOD_TIMELINE_JSON = "horovod_timeline.json"  # Horovod's own timeline, Horovod runs
 RAY_TRAIN_DIR = "ray_train"  # Ray Train's own run state: RunConfig(name=RAY_TRAIN_DIR, storage_path=<run dir>)
 # inside it, Ray Train's controller's record of the checkpoints it registered (the latest is what a restart gets)
@@ -93,7 +98,9 @@ RUNS_DIR = "runs"
 REPORT_DIR = "report"
 
 
-def _atomic_write(path: Path, write) -> None:
+def write_atomic(path: Path, write) -> None:
+    """`write(tmp)` writes the file at a temporary name in `path`'s folder, which is then renamed
+    to `path` (module docstring); a failure leaves `path` as it was and no temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -108,7 +115,7 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -125,16 +132,7 @@ def write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
         metadata = {**(table.schema.metadata or {}), PARQUET_VERSION_KEY: str(SCHEMA_VERSION).encode()}
         pq.write_table(table.replace_schema_metadata(metadata), tmp)
 
-    _atomic_write(path, write)
-
-
-def parquet_schema_version(path: Path) -> int | None:
-    """The schema version a Parquet file was written with (None: written before versions were recorded)."""
-    import pyarrow.parquet as pq
-
-    metadata = pq.read_schema(path).metadata or {}
-    value = metadata.get(PARQUET_VERSION_KEY)
-    return int(value) if value is not None else None
+    write_atomic(path, write)
 
 
 def _json_default(value):
@@ -176,6 +174,16 @@ def read_table(path: Path) -> pd.DataFrame:
 def worker_record_path(run_dir: Path, rank: int) -> Path:
     """One rank's process record (its pid, host), written when the rank starts."""
     return Path(run_dir) / WORKERS_DIR / f"rank{rank}.json"
+
+
+def rank_record_path(run_dir: Path, rank: int, name: str) -> Path:
+    """One rank's own small record `name` (e.g. its clock offset: "clock")."""
+    return Path(run_dir) / WORKERS_DIR / f"rank{rank}-{name}.json"
+
+
+def trace_part_path(run_dir: Path, rank: int, epoch: int) -> Path:
+    """One rank's sampled trace events of one epoch (scaling/instrument/trace.py)."""
+    return Path(run_dir) / TRACE_PARTS_DIR / f"rank{rank:05d}-epoch{epoch:05d}.json"
 
 
 def _read_columns(path: Path, columns: list[str] | None) -> pd.DataFrame:
@@ -345,6 +353,21 @@ class RunDir:
     def job(self) -> dict | None:
         return self._json(self.job_path)
 
+    def buckets(self) -> pd.DataFrame:
+        return pd.read_parquet(self.buckets_path) if self.buckets_path.is_file() else pd.DataFrame()
+
+    def rank_records(self, name: str) -> list[dict]:
+        """Every rank's record `name` (`rank_record_path`), by rank; [] when none was written."""
+        workers = self.path / WORKERS_DIR
+        paths = sorted(workers.glob(f"rank*-{name}.json"), key=lambda p: int(p.name[4:].split("-", 1)[0])) \
+            if workers.is_dir() else []
+        return [_read_json(p) for p in paths]
+
+    def trace_parts(self) -> list[Path]:
+        """The ranks' sampled trace events, one file per (rank, epoch), in name order."""
+        parts = self.path / TRACE_PARTS_DIR
+        return sorted(parts.glob("rank*-epoch*.json")) if parts.is_dir() else []
+
 
 # ---------------------------------------------------------------------------- a sweep's runs
 
@@ -477,12 +500,6 @@ def read_sweeps(sweep_dirs) -> Sweep:
     return SweepDir(sweep_dirs).read()
 
 
-def load_sweep(sweep_dir: str | os.PathLike | list) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """(runs, epochs, warnings) of one sweep directory or several (`read_sweeps`, `Sweep`)."""
-    sweep = read_sweeps(sweep_dir)
-    return sweep.runs, sweep.epochs, sweep.warnings
-
-
 def _read_sweep(sweep_dir: Path) -> Sweep:
     if not sweep_dir.exists():
         raise UsageError(f"sweep directory not found: {sweep_dir}")
@@ -533,18 +550,6 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
     unlisted = [run.name for run in with_summary if run.name not in listed]
     if unlisted:
         warnings.append(f"runs with a {SUMMARY_JSON} that {RUNS_PARQUET} does not list yet, left out: {', '.join(unlisted)}")
-    failed = runs[runs["status"] == "failed"]
-    if not failed.empty:
-        named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
-        warnings.append(f"failed runs, counted but left out of the figures: {named}")
-    from scaling.analysis.scaling_tables import resized
-
-    changed = runs[resized(runs) & (runs["status"] != "failed")]
-    if not changed.empty:
-        named = ", ".join(f"{row.run_key} ({row.workers_first_attempt:.0f} -> {row.workers_last_attempt:.0f} workers)"
-                          for row in changed.itertuples())
-        warnings.append(f"runs whose worker count changed mid-way (elastic), counted but left out of the fixed-count "
-                        f"figures: {named}")
 
     epochs, corrupt = _read_epochs(sweep_dir, runs, warnings)
     if corrupt:
@@ -601,13 +606,6 @@ def _readable_versions(runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
     return runs[version.isin(READABLE_SCHEMA_VERSIONS)]
 
 
-def _short_error(row) -> str:
-    error = getattr(row, "error", None)
-    if not isinstance(error, str) or not error:
-        return "no error recorded"
-    return error if len(error) <= 100 else error[:97] + "..."
-
-
 def _runs_from_summaries(run_dirs: list[RunDir], sweep_dir: Path, warnings: list[str]) -> pd.DataFrame:
     rows = []
     for run in run_dirs:
@@ -658,71 +656,3 @@ def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> tu
     epochs = epochs.drop(columns=[c for c in per_run.columns if c in epochs.columns])
     epochs = epochs.join(per_run, on=_RUN_POSITION).drop(columns=_RUN_POSITION)
     return epochs, corrupt
-
-
-# ---------------------------------------------------------------------------- the run's summary
-
-def write_summary(run_dir: Path, description: dict, *, status: str | None, error: str | None,
-                  started_at, wall_s: float) -> dict:
-    """Merge the run's step parts, compute its figures and write summary.json (and the exports).
-
-    `description` says what the run was (the lab's: scaling.launch.run.run_description, from
-    the config; a job on its own: scaling.instrument.meter.StepMeter.finish); the figures come
-    from the records (scaling.analysis.run_metrics.summarize_run). `status` None: reached_target
-    or max_epochs, from the records. A figure nothing was observed for is null, and
-    `not_measured` names it with the reason (a run that finished no epoch: every figure).
-    """
-    from scaling.analysis.run_metrics import STEP_COLUMNS, run_costs, summarize_run
-    from scaling.instrument.machine import describe_hardware, describe_versions
-
-    run = RunDir(run_dir)
-    steps = run.step_batches(STEP_COLUMNS)  # by column, in batches: never the whole record set
-    epochs = run.epochs()
-    evals = run.evals()
-    figures = summarize_run(steps, epochs, description["target_accuracy"], description["num_workers"],
-                            run.compute_profile(), run.attempts(), ab_calibration=description.get("ab_calibration", True),
-                            evals=evals if run.evals_path.exists() else None,
-                            tta_rule=description.get("tta_rule", "first_eval"))
-    if status is None:
-        status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
-    if description.get("step_timing") is False:  # no step records by design: say so, not "none recorded"
-        from scaling.analysis.run_metrics import NO_STEP
-
-        figures["not_measured"] = {name: "instrument.step_timing is off (epoch timing only)" if why == NO_STEP else why
-                                   for name, why in figures["not_measured"].items()}
-        if "comm_overhead_pct" in figures["not_measured"]:
-            figures["comm_overhead_note"] = f"A/B not measured: {figures['not_measured']['comm_overhead_pct']}"
-    hardware = run.machine() or describe_hardware()
-    num_nodes = figures.pop("num_nodes")
-    ranks = figures.pop("ranks")
-    figures.update(run_costs(figures["tta_s"], figures["time_lost_s"], num_nodes, description.get("node_price_per_hour")))
-    workers_dir = Path(run_dir) / WORKERS_DIR
-    if not ranks.empty:
-        write_parquet_atomic(Path(run_dir) / RANKS_PARQUET, ranks)
-    clocks = [_read_json(p) for p in sorted(workers_dir.glob("rank*-clock.json"))] if workers_dir.is_dir() else []
-    figures["clock_offset_uncertainty_us"] = max((c["uncertainty_s"] for c in clocks), default=None)
-    if figures["clock_offset_uncertainty_us"] is not None:
-        figures["clock_offset_uncertainty_us"] *= 1e6
-    from scaling.instrument.trace import merge_trace
-
-    figures["trace"] = TRACE_JSON if merge_trace(run_dir) else None
-    summary = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run.name,
-        **description,
-        "num_nodes": num_nodes,
-        "workers_per_node": description["num_workers"] / num_nodes if num_nodes else None,
-        "status": status,
-        "error": error,
-        **figures,
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "run_wall_s": wall_s,
-        "versions": describe_versions(),
-        "hardware": hardware,
-    }
-    write_json_atomic(run.summary_path, summary)
-    if not epochs.empty:
-        from scaling.exports import write_exports
-
-        write_exports(run.path, summary, epochs)
-    return summary

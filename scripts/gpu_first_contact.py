@@ -67,7 +67,7 @@ if str(REPO) not in sys.path:
 
 STEPS = ("env", "smoke", "resnet50", "gloo2", "nccl_ground_truth", "profiler", "sync_audit")
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
-# what the lab imports on the plain launcher's path (mlperf_logging: a run's exports, scaling/exports.py)
+# what the lab imports on the plain launcher's path (mlperf_logging: a run's exports, scaling/launch/exports.py)
 REQUIRED_MODULES = ("numpy", "pandas", "pyarrow", "yaml", "PIL", "mlperf_logging")
 OPTIONAL_MODULES = ("pynvml", "ray", "torchvision")
 # Kernels that carry the NCCL work of an all-reduce (multi-rank: ncclDevKernel_AllReduce_*;
@@ -300,7 +300,7 @@ def step_nccl_ground_truth(ctx: Ctx) -> dict:
         inject_s, tolerance = args.inject_s_dry, args.tolerance_dry
     ddp = _ddp_model(ctx, model_name, classes)
     hook = CommTimingHook(inner_hook=avg_allreduce_hook)
-    ddp.register_comm_hook(state=None, hook=hook)  # the instrument adopts it (instrument/backends.py)
+    ddp.register_comm_hook(state=None, hook=hook)  # the instrument adopts it (instrument/backends/ddp.py)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     run_dir = ctx.out / "runs" / "nccl_ground_truth"
     if run_dir.exists():

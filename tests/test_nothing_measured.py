@@ -20,8 +20,9 @@ from rich.console import Console
 
 from scaling.analysis.run_metrics import AB_FIGURES, EPOCH_FIGURES, NO_EPOCH, STEP_FIGURES, summarize_run
 from scaling.config import load_config
+from scaling.launch.finish import write_summary
 from scaling.launch.run import run_description
-from scaling.results import RunDir, SweepDir, write_summary
+from scaling.results import RunDir, SweepDir
 from tests.conftest import REPO
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"

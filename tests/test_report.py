@@ -19,7 +19,7 @@ from rich.console import Console
 
 from scaling.errors import UsageError
 from scaling.report import write_report
-from scaling.results import load_sweep, resolve_sweep_dir
+from scaling.results import SweepDir, read_sweeps, resolve_sweep_dir
 from scaling.cli import main
 from tests.fake_sweep import (
     FAILED, FAILED_PARTIAL, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep, make_known_sweep,
@@ -71,8 +71,11 @@ def test_report_markdown_embeds_figures_and_tables(reported):
 
 
 def test_warnings_name_incomplete_and_failed_runs(sweep, reported):
+    from scaling.analysis.scaling_tables import left_out_of_figures
+
     _, printed = reported
-    _, _, warnings = load_sweep(sweep)
+    read = SweepDir(sweep)
+    warnings = [*read.warnings, *left_out_of_figures(read.runs)]  # the reader's, and the figures' rule
     incomplete = [w for w in warnings if INCOMPLETE in w]
     failed = [w for w in warnings if FAILED in w]
     assert incomplete and "summary.json" in incomplete[0]
@@ -81,8 +84,9 @@ def test_warnings_name_incomplete_and_failed_runs(sweep, reported):
     assert "w1-r0" not in " ".join(warnings)
 
 
-def test_load_sweep_tables(sweep):
-    runs, epochs, _ = load_sweep(sweep)
+def test_read_sweep_tables(sweep):
+    read = SweepDir(sweep)
+    runs, epochs = read.runs, read.epochs
     assert len(runs) == len(WORKERS) * REPEATS  # the incomplete run is not in the table
     assert {"run_id", "num_workers", "seed", "global_batch", "status"} <= set(epochs.columns)
     assert set(epochs["run_id"]) == set(runs["run_id"])
@@ -93,7 +97,8 @@ def test_load_sweep_tables(sweep):
 
 def test_interrupted_sweep_without_index_is_built_from_summaries(tmp_path):
     sweep = make_fake_sweep(tmp_path, with_index=False)
-    runs, epochs, warnings = load_sweep(sweep)
+    read = SweepDir(sweep)
+    runs, warnings = read.runs, read.warnings
     assert len(runs) == len(WORKERS) * REPEATS
     assert sorted(runs["repeat"].unique()) == list(range(REPEATS))
     assert any("runs.parquet" in w for w in warnings)
@@ -104,7 +109,8 @@ def test_interrupted_sweep_without_index_is_built_from_summaries(tmp_path):
 def test_failed_runs_stay_out_of_the_figures(sweep, reported):
     from scaling.analysis import scaling_tables as st
 
-    runs, epochs, _ = load_sweep(sweep)
+    read = SweepDir(sweep)
+    runs, epochs = read.runs, read.epochs
     by_key = runs.set_index("run_key")
     # The failed w4 run carries partial figures far from the others' (fake_sweep.FAILED_PARTIAL):
     # a TTA of 3 s, 25 s epochs, 330 samples/s, 95% communication, 0.5 s steps.
@@ -165,7 +171,7 @@ def test_empty_index_of_a_fresh_sweep_is_an_error(tmp_path):
     (tmp_path / "runs" / "w1-r0").mkdir(parents=True)
     pd.DataFrame().to_parquet(tmp_path / "runs.parquet")
     with pytest.raises(UsageError, match="finished"):
-        load_sweep(tmp_path)
+        SweepDir(tmp_path).read()
 
 
 def test_cli_report(sweep, tmp_path, capsys):
@@ -234,7 +240,8 @@ def test_unreadable_schema_versions_and_corrupt_parquet_are_named_and_skipped(tm
     sweep = make_fake_sweep(tmp_path, with_index=False)  # the run table comes from the summaries
     _rewrite_summary(sweep, "w2-r0", schema_version=99)  # a future lab's run
     (sweep / "runs" / "w2-r1" / "epochs.parquet").write_bytes(b"PAR1 this is not parquet")
-    runs, _, warnings = load_sweep(sweep)
+    read = SweepDir(sweep)
+    runs, warnings = read.runs, read.warnings
     assert "w2-r0" not in set(runs["run_key"]) and "w2-r1" not in set(runs["run_key"])
     assert any("w2-r0 (schema_version 99)" in w for w in warnings)
     assert any("w2-r1" in w and "unreadable epochs.parquet" in w for w in warnings)
@@ -245,7 +252,8 @@ def test_unreadable_schema_versions_and_corrupt_parquet_are_named_and_skipped(tm
 def test_corrupt_index_falls_back_to_summaries(tmp_path):
     sweep = make_fake_sweep(tmp_path)
     (sweep / "runs.parquet").write_bytes(b"garbage")
-    runs, _, warnings = load_sweep(sweep)
+    read = SweepDir(sweep)
+    runs, warnings = read.runs, read.warnings
     assert len(runs) == len(WORKERS) * REPEATS and any("runs.parquet is unreadable" in w for w in warnings)
 
 
@@ -260,10 +268,12 @@ def test_only_unreadable_versions_is_one_line(tmp_path, capsys):
 
 
 def test_results_files_carry_the_schema_version(tmp_path):
-    from scaling.results import SCHEMA_VERSION, parquet_schema_version, write_parquet_atomic
+    import pyarrow.parquet as pq
+
+    from scaling.results import PARQUET_VERSION_KEY, SCHEMA_VERSION, write_parquet_atomic
 
     write_parquet_atomic(tmp_path / "x.parquet", pd.DataFrame({"a": [1]}))
-    assert parquet_schema_version(tmp_path / "x.parquet") == SCHEMA_VERSION
+    assert pq.read_schema(tmp_path / "x.parquet").metadata[PARQUET_VERSION_KEY] == str(SCHEMA_VERSION).encode()
 
 
 # ---------------------------------------------------------------------------- several sweeps, one report
@@ -279,7 +289,8 @@ def test_two_sweeps_of_different_backends_make_one_report(tmp_path):
     console = _console()
     path = write_report([ddp, hvd], console, out=tmp_path / "both")
     assert path == tmp_path / "both" / "report.md"
-    runs, epochs, _ = load_sweep([ddp, hvd])
+    both = read_sweeps([ddp, hvd])
+    runs, epochs = both.runs, both.epochs
     assert set(runs["run_key"]) >= {"ddp/w1-r0", "hvd/w1-r0"} and set(runs["sweep"]) == {"ddp", "hvd"}
     assert set(epochs["run_key"]) >= {"ddp/w1-r0", "hvd/w4-r0"}
     text = path.read_text()
@@ -301,7 +312,7 @@ def test_two_sweeps_of_the_same_setup_are_told_apart_by_sweep(tmp_path):
     from scaling.analysis.scaling_tables import group_keys
 
     first, second = make_fake_sweep(tmp_path, name="monday"), make_fake_sweep(tmp_path, name="tuesday")
-    runs, _, _ = load_sweep([first, second])
+    runs = read_sweeps([first, second]).runs
     assert group_keys(runs) == ("num_workers", "sweep")
     path = write_report([first, second], _console(), out=tmp_path / "both")
     assert "| sweep |" in _table_rows(path.read_text(), "Scaling: time per epoch")[0]
@@ -418,7 +429,7 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
 
     # The rule (overlay.py): compute from the smallest-worker run with the median step time.
     # The 1-worker runs step 65 (r0), 59 (r1) and 61 ms (r2) (fake_sweep.FORWARD_EXTRA_S): w1-r2.
-    runs, _, _ = load_sweep(sweep)
+    runs = SweepDir(sweep).runs
     steps = runs[runs["num_workers"] == 1].set_index("run_key")["step_s"].to_dict()
     assert steps == pytest.approx({"w1-r0": 0.065, "w1-r1": 0.059, "w1-r2": 0.061})
     assert "from run w1-r2 (1 worker)" in text
@@ -446,7 +457,7 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
                                                                             "1.00×", "1.00×"]
     assert [cells[2][i] for i in (1, 3, 5, 7, 9)] == ["126.6", "73.3", "51.8", "51.8", "0.96×"]
     assert [cells[4][i] for i in (1, 3, 5, 7, 9)] == ["173.6", "80.5", "64.9", "64.9", "1.41×"]
-    projected, notes, _ = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: sweep / run["run_dir"])
+    projected, notes, _ = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"]))
     projected = projected.set_index("num_workers")
     assert projected["projected_step_s"].tolist() == pytest.approx([0.061, 0.1265642, 0.1735508], rel=1e-6)
     assert projected["projected_comm_overhead_pct"].tolist() == pytest.approx([0.0, 51.8031, 64.8518], rel=1e-5)
@@ -466,9 +477,9 @@ def test_the_overlay_projects_horovod_runs_with_their_settings(tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER_YAML)
     sweep = make_fake_sweep(tmp_path, backend="horovod", cluster=str(cluster))
-    runs, _, _ = load_sweep(sweep)
+    runs = SweepDir(sweep).runs
     runs = runs.assign(horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
-    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: sweep / run["run_dir"])
+    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"]))
     assert not warnings and "backend horovod" in notes[0] and "cycle 3 ms, fusion buffer 8 MiB" in notes[0]
     direct = run_projection("small_cnn", str(cluster), workers=[1, 2, 4], from_run=sweep / "runs" / "w1-r2",
                             backend="horovod", horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)

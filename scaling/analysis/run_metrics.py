@@ -405,7 +405,7 @@ def summarize_run(
         out["straggler_share"] = accumulator.stragglers[straggler] / steps_named
     else:
         out["straggler_rank"], out["straggler_share"] = None, None
-    out["ranks"] = accumulator.ranks_table()  # popped by scaling.results.write_summary into ranks.parquet
+    out["ranks"] = accumulator.ranks_table()  # popped by scaling.launch.finish.write_summary into ranks.parquet
     out.update(ddp_second_opinion(epochs, *accumulator.rank_mean_and_se(0, "comm_span_s")))
     step_s = out["step_s"]
     out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None

@@ -13,7 +13,7 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
 - Failed runs (`status == "failed"`) are counted (`n_failed`) and left out of every figure;
   so are runs whose worker count changed mid-way (`worker_count_changed`, an elastic run that
   lost a node and went on with fewer workers: `n_resized`), as they belong to no fixed-count
-  point (`in_fixed_count_figures`; the report names them in a warning); `n_runs` counts all
+  point (`in_fixed_count_figures`; `left_out_of_figures` names them for the report); `n_runs` counts all
   runs, `n_ok` those in the figures. A run that never reached the target
   (`status == "max_epochs"`) counts in every figure except the TTA ones.
 - `time_per_epoch_s`, `throughput_samples_per_s`, and the three communication figures
@@ -144,6 +144,31 @@ def resized(runs: pd.DataFrame) -> pd.Series:
 def in_fixed_count_figures(runs: pd.DataFrame) -> pd.Series:
     """The runs every figure is made of: not failed, and at one worker count from start to end."""
     return (runs["status"] != "failed") & ~resized(runs)
+
+
+def left_out_of_figures(runs: pd.DataFrame) -> list[str]:
+    """One warning per kind of run the figures leave out (`in_fixed_count_figures`), naming each:
+    failed runs with their error, elastic runs with their worker counts. The report prints them
+    beside the sweep reader's own warnings (`scaling.results.SweepDir.warnings`)."""
+    warnings = []
+    failed = runs[runs["status"] == "failed"]
+    if not failed.empty:
+        named = ", ".join(f"{row.run_key} ({_short_error(row)})" for row in failed.itertuples())
+        warnings.append(f"failed runs, counted but left out of the figures: {named}")
+    changed = runs[resized(runs) & (runs["status"] != "failed")]
+    if not changed.empty:
+        named = ", ".join(f"{row.run_key} ({row.workers_first_attempt:.0f} -> {row.workers_last_attempt:.0f} workers)"
+                          for row in changed.itertuples())
+        warnings.append(f"runs whose worker count changed mid-way (elastic), counted but left out of the fixed-count "
+                        f"figures: {named}")
+    return warnings
+
+
+def _short_error(row) -> str:
+    error = getattr(row, "error", None)
+    if not isinstance(error, str) or not error:
+        return "no error recorded"
+    return error if len(error) <= 100 else error[:97] + "..."
 
 
 def _cv(values: pd.Series) -> float:

@@ -584,7 +584,7 @@ class StepMeter:
         self.detach()
         if lab_settings or self.rank != 0 or self.run_dir is None:
             return None
-        from scaling.results import write_summary
+        from scaling.launch.finish import write_summary
 
         description = {
             "name": self.name,

@@ -24,8 +24,8 @@ import pandas as pd
 
 from scaling.instrument.timing import Clock, StepMarks
 from scaling.results import (
-    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, WORKERS_DIR, part_epoch, part_rank,
-    rank_part_path, rank_parts, worker_record_path, write_json_atomic, write_parquet_atomic,
+    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, part_epoch, part_rank,
+    rank_part_path, rank_parts, rank_record_path, worker_record_path, write_json_atomic, write_parquet_atomic,
 )
 
 
@@ -118,7 +118,7 @@ class RunRecorder:
     def write_rank_json(self, name: str, data: dict) -> None:
         """This rank's own small file, workers/rank<R>-<name>.json (e.g. its clock offset)."""
         if self.run_dir is not None:
-            write_json_atomic(self.run_dir / WORKERS_DIR / f"rank{self.rank}-{name}.json", data)
+            write_json_atomic(rank_record_path(self.run_dir, self.rank, name), data)
 
     def write_json(self, name: str, data: dict) -> None:
         """Rank 0 writes `name` into the run directory (atomically); other ranks do nothing."""

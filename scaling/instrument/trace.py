@@ -1,12 +1,13 @@
 """A Chrome / Perfetto trace of a sample of steps: what each rank did, on one time base.
 
-Each rank writes the trace events of its sampled training steps (the first `TRACE_STEPS` after
-the warm-up: scaling/instrument/meter.py) as `trace/rank<R>-epoch<E>.json`, with times in
-seconds on rank 0's clock (clock_sync.py). `merge_trace` turns them into `trace.json` in the
-Trace Event Format that Perfetto (ui.perfetto.dev) and chrome://tracing open: one process per
-rank, with two tracks (threads): "phases" (each step, and inside it data | forward | backward
-| optimizer, which nest in it and add up to it) and "all-reduce" (each gradient bucket from its
-hand-over to its completion). Times are µs from the earliest event.
+Each rank writes the trace events of its sampled training steps (the `trace_steps` after the
+warm-up: scaling/instrument/meter.py) per epoch (`scaling.results.trace_part_path`), with times
+in seconds on rank 0's clock (clock_sync.py). When the run finishes (scaling/launch/finish.py),
+`merge_trace` turns them into `trace.json` in the Trace Event Format that Perfetto
+(ui.perfetto.dev) and chrome://tracing open: one process per rank, with two tracks (threads):
+"phases" (each step, and inside it data | forward | backward | optimizer, which nest in it and
+add up to it) and "all-reduce" (each gradient bucket from its hand-over to its completion).
+Times are µs from the earliest event.
 """
 
 from __future__ import annotations
@@ -14,21 +15,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scaling.results import TRACE_JSON, write_json_atomic
+from scaling.results import RunDir, trace_part_path, write_json_atomic
 
-TRACE_STEPS = 20
 TRACKS = {"phases": 0, "all-reduce": 1}
 
 
 def write_rank_events(run_dir: Path, rank: int, epoch: int, events: list[dict]) -> None:
-    write_json_atomic(Path(run_dir) / "trace" / f"rank{rank:05d}-epoch{epoch:05d}.json", {"events": events})
+    write_json_atomic(trace_part_path(run_dir, rank, epoch), {"events": events})
 
 
 def merge_trace(run_dir: Path) -> Path | None:
     """trace.json from every rank's sampled events (module docstring); None when there are none."""
-    run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     events = []
-    for part in sorted((run_dir / "trace").glob("rank*-epoch*.json")) if (run_dir / "trace").is_dir() else []:
+    for part in run.trace_parts():
         events += json.loads(part.read_text())["events"]
     if not events:
         return None
@@ -44,7 +44,7 @@ def merge_trace(run_dir: Path) -> Path | None:
         trace.append({"ph": "X", "name": e["name"], "cat": e["cat"], "pid": e["rank"], "tid": TRACKS[e["track"]],
                       "ts": round((e["start_s"] - origin) * 1e6, 3),
                       "dur": round(max(0.0, e["end_s"] - e["start_s"]) * 1e6, 3), "args": e["args"]})
-    path = run_dir / TRACE_JSON
+    path = run.trace_path
     write_json_atomic(path, {"traceEvents": trace, "displayTimeUnit": "ms",
                              "otherData": {"source": "scaling lab: a sample of training steps, all ranks on rank 0's clock"}})
     return path

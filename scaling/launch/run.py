@@ -16,7 +16,8 @@ from pathlib import Path
 
 from scaling.config import ExperimentConfig
 from scaling.errors import UsageError
-from scaling.results import RESULTS_ROOT_ENV, RunDir, write_summary, write_text_atomic
+from scaling.launch.finish import write_summary
+from scaling.results import RESULTS_ROOT_ENV, RunDir, write_text_atomic
 
 LAUNCHERS = ("ray", "local")
 
@@ -106,7 +107,7 @@ def _one_line_error(exc: BaseException) -> str:
 
 
 def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | None = None) -> dict:
-    """What a lab run was (from its config), for summary.json (`scaling.results.write_summary`)."""
+    """What a lab run was (from its config), for summary.json (`scaling.launch.finish.write_summary`)."""
     return {
         "name": cfg.name,
         "model": cfg.model.name,

@@ -19,8 +19,6 @@ besides the worker count) each series gets its own panel and the legend goes bel
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib as mpl
@@ -30,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator, PercentFormatter
 
 from scaling.analysis.scaling_tables import SPEEDUP_METRICS, group_columns
+from scaling.results import write_atomic
 
 DPI = 200
 STYLE = {
@@ -576,27 +575,22 @@ def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
 # ---------------------------------------------------------------------------- output
 
 def save(fig: Figure, path_without_suffix: Path | str, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
-    """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (temporary file + rename).
+    """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (scaling.results.write_atomic);
+    a .png or .svg suffix on the path is dropped.
 
     The figure's layout is fixed after the first format: save a figure once, or draw it anew."""
     stem = Path(path_without_suffix)
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    if stem.suffix.lower() in (".png", ".svg"):
+        stem = stem.with_suffix("")
     written = []
     with mpl.rc_context(STYLE):
         for fmt in formats:
             path = stem.with_name(stem.name + f".{fmt}")
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            os.close(fd)
-            try:
-                metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-                fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata, facecolor="white")
-                os.replace(tmp, path)
-                # The first save ran the constrained layout; keep its positions for the other formats
-                # rather than solve it again (half the time of a 7-figure report, bench/analysis_speed.py).
-                if fig.get_layout_engine() is not None:
-                    fig.set_layout_engine("none")
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+            write_atomic(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata, facecolor="white"))
+            # The first save ran the constrained layout; keep its positions for the other formats
+            # rather than solve it again (half the time of a 7-figure report, bench/analysis_speed.py).
+            if fig.get_layout_engine() is not None:
+                fig.set_layout_engine("none")
             written.append(path)
     return written

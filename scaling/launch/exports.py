@@ -7,14 +7,14 @@
   (`:::MLLOG {...}` lines), marked open division, status research. No compliance is claimed:
   the lab's workloads and rules are not MLPerf's.
 
-Written after the run from its records (summary.json, epochs.parquet), atomically.
+Written when the run finishes, from its records (summary.json, epochs.parquet), atomically
+(scaling/launch/finish.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import io
-import json
 import logging
 from pathlib import Path
 
@@ -101,7 +101,3 @@ def write_exports(run_dir: Path, summary: dict, epochs: pd.DataFrame) -> None:
     write_text_atomic(run_dir / DAWNBENCH_TSV, dawnbench_tsv(epochs))
     write_json_atomic(run_dir / DAWNBENCH_JSON, dawnbench_json(summary))
     write_text_atomic(run_dir / MLPERF_LOG, mlperf_log(summary, epochs))
-
-
-def read_mlperf_log(text: str) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in text.splitlines() if ":::MLLOG" in line]
