@@ -456,6 +456,7 @@ def test_main_usage_errors(argv, says, capsys):
     assert says in err and err.count("\n") == 1
 
 
+@pytest.mark.slow  # a fresh interpreter (a subprocess): this process has imported torch already
 def test_no_torch_or_ray_on_import():
     code = ("import sys, scaling.projection, scaling.projection.cli, scaling.projection.figure; "
             "import scaling.projection.project; "
