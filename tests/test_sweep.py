@@ -83,19 +83,23 @@ def test_ray_job_submit_runs_a_sweep(ray_cluster, tmp_path):
 
 def test_repeats_auto_adds_repeats_until_the_interval_is_narrow_or_the_cap(tmp_path):
     out = tmp_path / "auto"
-    # a width no CPU timing can reach: repeats are added up to the cap, which the log names
-    narrow = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1", "--repeats", "auto",
-                     "--max-repeats", "3", "--interval-width", "0.0001", "--out", str(out), "--launcher", "local", *TINY)
+    quickstart = str(REPO / "experiments" / "quickstart.yaml")
+    # a width any two runs meet: the 2 first repeats are enough
+    wide = run_cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--interval-width", "0.9",
+                   "--out", str(out), "--launcher", "local", *TINY)
+    assert wide.returncode == 0 and "w1: 2 repeats, throughput ±" in wide.stdout and "within ±90%" in wide.stdout
+    assert len(pd.read_parquet(out / "runs.parquet")) == 2
+    # The same sweep again (it resumes: its 2 runs are kept) with a width no CPU timing can reach:
+    # repeats are added up to the cap, which the log names. One sweep directory for both keeps
+    # this at 3 runs.
+    narrow = run_cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--max-repeats", "3",
+                     "--interval-width", "0.0001", "--out", str(out), "--launcher", "local", *TINY)
     assert narrow.returncode == 0, narrow.stderr[-2000:]
+    assert "resuming: 2 of 2 runs already finished" in narrow.stdout, narrow.stdout
     index = pd.read_parquet(out / "runs.parquet")
     assert sorted(index["run_key"]) == ["w1-r0", "w1-r1", "w1-r2"]
     assert sorted(index["seed"]) == [0, 1, 2]  # repeat r runs with the base seed + r
     assert "repeats auto: w1: 2 repeats, throughput ±" in narrow.stdout and ": one more" in narrow.stdout
     assert "w1: 3 repeats (the cap)" in narrow.stdout
-    # a width any two runs meet: the 2 first repeats are enough
-    wide = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1", "--repeats", "auto",
-                   "--interval-width", "0.9", "--out", str(tmp_path / "wide"), "--launcher", "local", *TINY)
-    assert wide.returncode == 0 and "w1: 2 repeats, throughput ±" in wide.stdout and "within ±90%" in wide.stdout
-    assert len(pd.read_parquet(tmp_path / "wide" / "runs.parquet")) == 2
     bad = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--repeats", "some", "--out", str(tmp_path / "b"))
     assert bad.returncode == 2 and "--repeats expects a whole number or auto" in bad.stderr
