@@ -26,7 +26,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
 from torch import nn
 
 HOLD_LIMIT_S = 300.0
