@@ -110,9 +110,12 @@ def one_worker_runs(run_dirs: list[Path], overrides: list[str], env: dict) -> No
             raise RuntimeError(f"1-worker run {d.name} failed: {d.with_suffix('.log').read_text()[-600:]}")
 
 
-def predict(fit: dict, from_run, cycle_ms: float, fusion_mb: float) -> dict:
+def predict(fit: dict, run_dirs, cycle_ms: float, fusion_mb: float) -> dict:
+    """The projection's Horovod prediction from a run directory's compute, or from concurrent runs' (a list)."""
     from scaling.projection import project_cluster_from_alpha_beta
+    from scaling.results import RunDir
 
+    from_run = [RunDir(d) for d in run_dirs] if isinstance(run_dirs, list) else RunDir(run_dirs)
     df = project_cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], [1, WORLD], gpus_per_node=1,
                                          model=MODEL, from_run=from_run, backend="horovod",
                                          horovod_cycle_time_ms=cycle_ms, horovod_fusion_threshold_mb=fusion_mb)

@@ -50,6 +50,7 @@ def main() -> None:
     from scaling.config import load_config
     from scaling.launch.run import execute_run
     from scaling.projection.compute import measured_overlap_slowdown
+    from scaling.results import RunDir
 
     started, load_start = time.time(), bl.load_average()
     base = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "data.val_samples=512",
@@ -66,7 +67,7 @@ def main() -> None:
             if summary["status"] == "failed":
                 raise RuntimeError(f"arm {arm} failed: {summary['error']}")
             try:
-                slowdown = measured_overlap_slowdown(run_dir)
+                slowdown = measured_overlap_slowdown(RunDir(run_dir))
             except Exception as exc:  # a run without overlap cannot measure it: recorded, not fatal
                 slowdown, why = None, str(exc)
             else:

@@ -221,7 +221,7 @@ def run_figures(run_dir: Path) -> dict:
 
 
 def concurrent_compute(dirs: list[Path]) -> dict:
-    compute = compute_from_concurrent_runs(dirs)
+    compute = compute_from_concurrent_runs([RunDir(d) for d in dirs])
     singles = [run_figures(d) for d in dirs]
     return {
         "runs": singles,
@@ -259,9 +259,9 @@ def predictions(fits: dict, solo: Path, pair: list[Path]) -> dict:
     out = {}
     for cap, fit in fits.items():
         out[cap] = {
-            "concurrent+straggler": predict(fit, [str(p) for p in pair]),
-            "concurrent": predict(fit, [str(p) for p in pair], straggler_s=0.0),
-            "solo": predict(fit, str(solo)),
+            "concurrent+straggler": predict(fit, [RunDir(p) for p in pair]),
+            "concurrent": predict(fit, [RunDir(p) for p in pair], straggler_s=0.0),
+            "solo": predict(fit, RunDir(solo)),
         }
     return out
 
@@ -496,7 +496,7 @@ def main() -> int:
             one_worker_runs(after, logs, attempts=1)
             drift = concurrent_compute(after)
             # after the fact, not a prediction: the same model on the baseline measured after the sweep
-            drift["posthoc_predictions"] = {cap: predict(fit, [str(p) for p in after]) for cap, fit in record["fits"].items()}
+            drift["posthoc_predictions"] = {cap: predict(fit, [RunDir(p) for p in after]) for cap, fit in record["fits"].items()}
         except Exception as exc:  # noqa: BLE001 -- a failed check is reported, not fatal
             drift = {"error": str(exc)}
     finally:

@@ -3,18 +3,22 @@
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
-    scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG]
+    scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG] [--from-run DIR ...]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
 directory) ends with exit status 2 and one line on stderr, before anything is written.
+
+Each command's wiring is here; what it runs lives below (scaling.launch, scaling.report,
+scaling.projection, scaling.testbed), and none of them imports this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import sys
 from pathlib import Path
 
@@ -25,8 +29,7 @@ EXIT_USAGE = 2
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but an error is one line (the usage stays available under --help): the lab's
-    parser for every command line, `scaling` and its subcommands (`scaling project`'s options:
-    scaling/projection/cli.py `add_arguments`)."""
+    parser for every command line, `scaling` and its subcommands (and scripts/gpu_first_contact.py)."""
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -63,12 +66,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="a sweep directory; several are merged into one report (needs --out)")
     report.add_argument("--out", type=Path, help="report directory (default: SWEEP_DIR/report; required for several)")
 
-    from scaling.projection.cli import add_arguments as add_projection_arguments
-
     project = commands.add_parser("project", help="project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
                                   description="Project data-parallel scaling (DDP step time, speedup, communication "
                                               "overhead) onto a cluster.")
-    add_projection_arguments(project)
+    _project_arguments(project)
 
     cluster = commands.add_parser("cluster", help="cluster YAMLs for ray up")
     cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
@@ -112,10 +113,156 @@ def _cmd_cluster(args) -> int:
     return 0
 
 
-def _cmd_project(args) -> int:
-    from scaling.projection.cli import run_from_args
+# ---------------------------------------------------------------------------- scaling project
+# The projection (scaling/projection/) is pure Python; its command line, table and figure are wired here.
 
-    return run_from_args(args)
+
+def _project_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaling.projection.cluster import preset_names
+    from scaling.projection.layers import available_models
+
+    parser.add_argument("--model", default=None,
+                        help=f"model with a layer table: {', '.join(available_models())} (default: the run's, else resnet50)")
+    parser.add_argument("--cluster", required=True,
+                        help=f"preset ({', '.join(preset_names())}) or a cluster YAML file (scaling/projection/cluster.py)")
+    parser.add_argument("--nodes", default=None, help="comma-separated node counts, e.g. 1,2,4,8,16 (default 1,2,4,8,16)")
+    parser.add_argument("--workers", default=None,
+                        help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs)")
+    parser.add_argument("--per-gpu-batch", type=int, default=None, help="samples per GPU per step (default: the run's, else 64)")
+    parser.add_argument("--precision", default=None, help="fp32 | amp (= fp16) | fp16 | bf16 (default: the run's, else fp32)")
+    parser.add_argument("--from-run", type=Path, nargs="+", default=None, metavar="RUN_DIR",
+                        help="run directory whose step times are the compute (a 1-worker run is best); several "
+                             "1-worker runs made at the same time, one per future rank, also measure the straggler wait")
+    parser.add_argument("--straggler-ms", type=float, default=None,
+                        help="wait for the slowest rank per synchronous step, added to exposed communication "
+                             "(default: what concurrent --from-run runs measured, else the cluster's step jitter)")
+    parser.add_argument("--overlap-slowdown", type=float, default=None,
+                        help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
+                             "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)")
+    parser.add_argument("--samples-per-s", type=float, default=None,
+                        help="one GPU's training throughput, instead of the device table or a run")
+    parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
+                        help="all-reduce algorithm (default: the cluster's)")
+    parser.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
+                        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion (default ddp)")
+    parser.add_argument("--horovod-cycle-time-ms", type=float, default=None,
+                        help="--backend horovod: HOROVOD_CYCLE_TIME (default 1, Horovod's since 0.21; 5 before)")
+    parser.add_argument("--horovod-fusion-threshold-mb", type=float, default=None,
+                        help="--backend horovod: fusion buffer in MiB (default 128, Horovod's since 0.21; 64 before)")
+    parser.add_argument("--grad-compression", choices=("none", "fp16", "bf16"), default=None,
+                        help="DDP compression hook: gradients on the wire in 2 bytes (default: the run's, else none)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="DDP bucket_cap_mb given explicitly (default: the run's; else DDP's default, 25 MiB with a 1 MiB first bucket)")
+    parser.add_argument("--dataset-size", type=int, default=None,
+                        help="samples per epoch (default: the run's, else the model's usual dataset, e.g. ImageNet 1,281,167)")
+    parser.add_argument("--epochs-to-target", default=None, metavar="BATCH:EPOCHS,...",
+                        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    parser.add_argument("--out", type=Path, default=None, help="figure path: writes OUT.png and OUT.svg")
+
+
+def _json_value(value):
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _ms(s: float) -> str:
+    return "-" if s is None or not math.isfinite(s) else f"{s * 1e3:,.1f}"
+
+
+def _duration(s: float) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    if s >= 3600:
+        return f"{s / 3600:.2f}h"
+    if s >= 60:
+        return f"{s / 60:.1f}m"
+    return f"{s:.1f}s"
+
+
+def print_projection(df, console=None) -> None:
+    """`scaling project`'s table of a projection (scaling.projection.run_projection), its notes and caveats."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from scaling.plots.projection import projection_title
+
+    # A pipe or a job log is 80 columns to rich; the table needs about 100.
+    console = console if console is not None else Console(width=None if sys.stdout.isatty() else 120)
+    table = Table(title=projection_title(df), title_justify="left", header_style="bold")
+    # the three communication figures, each named for what it is (scaling/projection/project.py)
+    headers = ["nodes", "GPUs", "batch", "step ms", "communicating %", "exposed %", "A/B overhead %", "samples/s",
+               "speedup", "effic.", "epoch"]
+    tta = "tta_s" in df.columns
+    if tta:
+        headers += ["epochs", "TTA", "TTA x"]
+    for h in headers:
+        table.add_column(h, justify="right", no_wrap=True)
+    for _, r in df.iterrows():
+        row = [f"{r.num_nodes}", f"{r.num_workers}", f"{r.global_batch:,}", _ms(r.step_s), f"{r.allreduce_pct:.1f}",
+               f"{r.exposed_comm_pct:.1f}", f"{r.comm_overhead_pct:.1f}", f"{r.throughput_samples_per_s:,.0f}",
+               f"{r.speedup_throughput:.2f}", f"{r.efficiency_throughput:.3f}", _duration(r.time_per_epoch_s)]
+        if tta:
+            row += [f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""), _duration(r.tta_s),
+                    f"{r.speedup_tta:.2f}"]
+        table.add_row(*row)
+    console.print(table)
+    console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
+                  "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) / t_sync, "
+                  "exposed + interference[/dim]", highlight=False)
+    for note in df.attrs.get("notes", []):
+        console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
+    for caveat in df.attrs.get("caveats", []):
+        console.print(f"[yellow]caveat: {escape(caveat)}[/yellow]" + (" (* = extrapolated)" if tta else ""), highlight=False)
+
+
+def _cmd_project(args) -> int:
+    import json
+
+    from scaling.projection import run_projection
+    from scaling.projection.compute import run_model
+    from scaling.results import RunDir
+
+    runs = [RunDir(path) for path in args.from_run] if args.from_run else None
+    from_run = runs[0] if runs is not None and len(runs) == 1 else runs
+    model = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
+    nodes = args.nodes if (args.nodes is not None or args.workers is not None) else "1,2,4,8,16"
+    df = run_projection(
+        model, args.cluster, nodes, args.per_gpu_batch, args.precision, from_run,
+        workers=args.workers, samples_per_s=args.samples_per_s, dataset_size=args.dataset_size,
+        epochs_to_target=args.epochs_to_target, allreduce=args.allreduce, grad_compression=args.grad_compression,
+        bucket_cap_mb=args.bucket_cap_mb,
+        straggler_s=None if args.straggler_ms is None else args.straggler_ms / 1e3,
+        backend=args.backend, horovod_cycle_time_ms=args.horovod_cycle_time_ms,
+        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
+    )
+    written = []
+    if args.out is not None:
+        from scaling.plots.figures import save
+        from scaling.plots.projection import projection_figure
+
+        try:
+            written = save(projection_figure(df), args.out)
+        except OSError as exc:
+            raise UsageError(f"cannot write the figure to {args.out}: {exc.strerror or exc}") from None
+    if args.json:
+        rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+        print(json.dumps(rows, indent=1))
+        for line in df.attrs.get("notes", []):
+            print(f"note: {line}", file=sys.stderr)
+        for line in df.attrs.get("caveats", []):
+            print(f"caveat: {line}", file=sys.stderr)
+        for path in written:
+            print(f"figure: {path}", file=sys.stderr)
+    else:
+        print_projection(df)
+        if written:
+            print("figure: " + ", ".join(str(p) for p in written))
+    return 0
 
 
 def _cmd_minicluster(args) -> int:

@@ -16,15 +16,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from scaling.cli import main
 from scaling.errors import UsageError
 from scaling.projection import (
-    Cluster, cluster_from_alpha_beta, Link, allreduce_s, fit_alpha_beta, load_cluster, main, preset_names, project_cluster_from_alpha_beta,
+    Cluster, cluster_from_alpha_beta, Link, allreduce_s, fit_alpha_beta, load_cluster, preset_names, project_cluster_from_alpha_beta,
     ring_allreduce_s, run_projection, schedule_buckets,
 )
 from scaling.projection.cluster import device_throughput, parse_cluster
 from scaling.projection.cost import reduce_scatter_s
 from scaling.projection.layers import MIB, assign_buckets, available_models, load_layer_table, model_buckets, tensor_schedule
 from scaling.projection.project import COLUMNS, TTA_CAVEAT, epochs_at, parse_int_list
+from scaling.results import RunDir
 
 # ---------------------------------------------------------------------------- alpha-beta arithmetic
 
@@ -318,7 +320,7 @@ def _fake_run(path, workers=1, buckets=None):
     (path / "config.yaml").write_text("instrument:\n  ddp_bucket_cap_mb: 25.0\n  grad_compression: none\n")
     if buckets is not None:
         buckets.to_parquet(path / "buckets.parquet")
-    return path
+    return RunDir(path)
 
 
 def test_from_run(tmp_path):
@@ -379,7 +381,7 @@ def _fake_concurrent_run(path, compute_s, start_unix, epochs=3, steps=10):
                   "eval_s": [0.0] * epochs, "calibration_s": [0.0] * epochs,
                   "elapsed_wall_s": [train_s * e for e in range(1, epochs + 1)],
                   "first_step_unix": [start_unix] * epochs}).to_parquet(path / "epochs.parquet")
-    return path
+    return RunDir(path)
 
 
 def test_from_concurrent_runs_adds_the_straggler_wait(tmp_path):
@@ -416,7 +418,7 @@ def test_concurrent_runs_must_overlap(tmp_path):
 
 
 def test_main_prints_json_rows(capsys):
-    assert main(["--model", "resnet50", "--cluster", "p3.16xlarge", "--nodes", "1,2,4,8,16", "--json"]) == 0
+    assert main(["project", "--model", "resnet50", "--cluster", "p3.16xlarge", "--nodes", "1,2,4,8,16", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["num_workers"] for r in rows] == [1, 8, 16, 32, 64, 128]
     assert rows[0]["speedup_throughput"] == 1.0 and rows[0]["comm_overhead_pct"] == 0.0
@@ -426,7 +428,7 @@ def test_main_prints_json_rows(capsys):
 
 def test_main_table_and_figure(tmp_path, capsys):
     out = tmp_path / "fig" / "proj.png"
-    assert main(["--cluster", "p3.16xlarge", "--nodes", "1,2", "--precision", "amp", "--out", str(out),
+    assert main(["project", "--cluster", "p3.16xlarge", "--nodes", "1,2", "--precision", "amp", "--out", str(out),
                  "--epochs-to-target", "256:30"]) == 0
     text = capsys.readouterr().out
     assert "p3.16xlarge" in text and "caveat" in text
@@ -436,7 +438,7 @@ def test_main_table_and_figure(tmp_path, capsys):
 
 
 def test_main_horovod_backend(capsys):
-    assert main(["--cluster", "p3.16xlarge", "--nodes", "1,2", "--backend", "horovod", "--horovod-cycle-time-ms", "5",
+    assert main(["project", "--cluster", "p3.16xlarge", "--nodes", "1,2", "--backend", "horovod", "--horovod-cycle-time-ms", "5",
                  "--horovod-fusion-threshold-mb", "64", "--json"]) == 0
     captured = capsys.readouterr()
     rows = json.loads(captured.out)
@@ -451,14 +453,15 @@ def test_main_horovod_backend(capsys):
     (["--nodes", "1"], "--cluster"),
 ])
 def test_main_usage_errors(argv, says, capsys):
-    assert main(argv) == 2
+    assert main(["project", *argv]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1
 
 
 @pytest.mark.slow  # a fresh interpreter (a subprocess): this process has imported torch already
+@pytest.mark.slow  # a fresh interpreter (a subprocess)
 def test_no_torch_or_ray_on_import():
-    code = ("import sys, scaling.projection, scaling.projection.cli, scaling.projection.figure; "
+    code = ("import sys, scaling.projection, scaling.projection.compute, scaling.projection.overlay; "
             "import scaling.projection.project; "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -721,13 +724,13 @@ def test_overlap_slowdown_measured_from_a_run(tmp_path):
     # the A/B beyond the exposed time (interference) 1.5 ms: slowdown 1.5 / 6 = 0.25
     summary = {"num_workers": 2, "interference_s": 0.0015, "allreduce_s": 0.012, "exposed_comm_s": 0.006}
     (run / "summary.json").write_text(json.dumps(summary))
-    assert measured_overlap_slowdown(run) == pytest.approx(0.25)
+    assert measured_overlap_slowdown(RunDir(run)) == pytest.approx(0.25)
     (run / "summary.json").write_text(json.dumps({**summary, "allreduce_s": 0.006}))
     with pytest.raises(UsageError, match="did not overlap"):
-        measured_overlap_slowdown(run)
+        measured_overlap_slowdown(RunDir(run))
     (run / "summary.json").write_text(json.dumps({**summary, "num_workers": 1}))
     with pytest.raises(UsageError, match="multi-worker run"):
-        measured_overlap_slowdown(run)
+        measured_overlap_slowdown(RunDir(run))
     # given to the projection, it stretches backward and shows as interference, in the A/B figure only
     plain = run_projection("resnet50", "p3.16xlarge", [1], 64, "fp32")
     slowed = run_projection("resnet50", "p3.16xlarge", [1], 64, "fp32", overlap_slowdown=0.25)

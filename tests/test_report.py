@@ -481,7 +481,7 @@ def test_the_overlay_projects_horovod_runs_with_their_settings(tmp_path):
     runs = runs.assign(horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
     projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"]))
     assert not warnings and "backend horovod" in notes[0] and "cycle 3 ms, fusion buffer 8 MiB" in notes[0]
-    direct = run_projection("small_cnn", str(cluster), workers=[1, 2, 4], from_run=sweep / "runs" / "w1-r2",
+    direct = run_projection("small_cnn", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
                             backend="horovod", horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
     assert projected.set_index("num_workers")["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
 

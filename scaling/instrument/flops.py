@@ -34,10 +34,11 @@ Definitions (once, here):
   Communication (DDP's copies into and out of its gradient buckets) and autocast's casts of
   the weights are not counted.
 - arithmetic intensity = `train_flops` / `bytes_per_sample` (FLOPs per byte), the x axis of a
-  roofline; attainable FLOP/s = min(peak FLOP/s, intensity x memory bandwidth).
+  roofline; attainable FLOP/s = min(peak FLOP/s, intensity x memory bandwidth) (the roof the
+  report's roofline figure draws: scaling/plots/figures.py).
 
-Peaks: `DEVICE_PEAKS` holds NVIDIA's datasheet numbers for the GPUs the lab runs on (dense,
-without 2:4 sparsity); `measure_cpu_peak` measures a CPU's (the fastest of several matmul and
+Peaks: scaling/devices.yaml holds NVIDIA's datasheet numbers for the GPUs the lab runs on (dense,
+without 2:4 sparsity; the projection's device table too); `measure_cpu_peak` measures a CPU's (the fastest of several matmul and
 convolution kernels in the run's precision and in fp32, and its copy bandwidth), since a CPU's
 datasheet peak is neither published uniformly nor reached by torch.
 """
@@ -45,14 +46,16 @@ datasheet peak is neither published uniformly nor reached by torch.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
-import re
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+from scaling.devices import load_devices, match_device
 
 # Memory passes over each tensor, as defined in the module docstring.
 ACTIVATION_PASSES = 5  # forward write + read, backward read + gradient write + read
@@ -64,16 +67,19 @@ SGD_MOMENTUM_PASSES = 5  # read weights, gradients, momentum; write weights, mom
 _COUNT_BATCH = 2
 
 
-def _leaf_output_elements(model: nn.Module) -> tuple[list, list[int]]:
-    """Register forward hooks adding up the output elements of every leaf module."""
+def _leaf_hooks(model: nn.Module) -> tuple[list, list[int], dict[str, bool]]:
+    """Forward hooks on every leaf module: adding up their output elements, and recording, per
+    leaf name, whether its input needed a gradient (the first layer's, the images, does not)."""
     total = [0]
+    input_needs_grad: dict[str, bool] = {}
 
-    def hook(_module, _inputs, output):
+    def hook(name, _module, inputs, output):
         outputs = output if isinstance(output, (tuple, list)) else (output,)
         total[0] += sum(o.numel() for o in outputs if isinstance(o, torch.Tensor))
+        input_needs_grad[name] = bool(inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].requires_grad)
 
-    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
-    return [m.register_forward_hook(hook) for m in leaves], total
+    leaves = [(name, m) for name, m in model.named_modules() if not any(True for _ in m.children())]
+    return [m.register_forward_hook(functools.partial(hook, name)) for name, m in leaves], total, input_needs_grad
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:
@@ -91,11 +97,12 @@ def _meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo).to("meta")
 
 
-def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num_classes: int) -> dict:
+def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num_classes: int,
+           per_module: bool = False) -> dict:
     model.train()  # a training step: BatchNorm uses batch statistics, as in training
     images = torch.randn(_COUNT_BATCH, *input_shape, device=device)
     labels = torch.randint(0, num_classes, (_COUNT_BATCH,), device=device)
-    handles, activations = _leaf_output_elements(model)
+    handles, activations, input_needs_grad = _leaf_hooks(model)
     try:
         with FlopCounterMode(display=False) as forward_counter:
             loss = F.cross_entropy(model(images), labels)
@@ -106,7 +113,7 @@ def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num
         loss.backward()
     forward = forward_counter.get_total_flops() / _COUNT_BATCH
     backward = backward_counter.get_total_flops() / _COUNT_BATCH
-    return {
+    counts = {
         "forward_flops": forward,
         "train_flops": forward + backward,
         "backward_flops": backward,
@@ -114,9 +121,18 @@ def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num
         "activation_elements": activations[0] / _COUNT_BATCH,
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
+    if per_module:
+        # FlopCounterMode names a module by its path under the model's class name ("ResNet.layer1.0.conv1")
+        prefix = type(model).__name__ + "."
+        counts["module_forward_flops"] = {name[len(prefix):]: sum(ops.values()) / _COUNT_BATCH
+                                          for name, ops in forward_counter.get_flop_counts().items()
+                                          if name.startswith(prefix)}
+        counts["module_input_needs_grad"] = input_needs_grad
+    return counts
 
 
-def training_flops_per_sample(model: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> dict:
+def training_flops_per_sample(model: nn.Module, input_shape: tuple[int, int, int], num_classes: int,
+                              per_module: bool = False) -> dict:
     """Forward and training-step FLOPs of one sample, counted on a copy of `model`.
 
     `input_shape` is (channels, height, width). `model` is the plain module (not a DDP
@@ -126,13 +142,15 @@ def training_flops_per_sample(model: nn.Module, input_shape: tuple[int, int, int
 
     Returns {"forward_flops", "train_flops", "backward_flops", "train_to_forward",
     "activation_elements" (per sample), "parameters" (trainable), "method": "FlopCounterMode",
-    "counted_on": "meta" or "cpu (...why meta failed)"}.
+    "counted_on": "meta" or "cpu (...why meta failed)"}; `per_module` adds, per leaf module by
+    name, "module_forward_flops" (per sample) and "module_input_needs_grad" (the projection's layer
+    tables: scaling/projection/make_layer_tables.py).
     """
     try:
-        counts = _count(_meta_copy(model), "meta", input_shape, num_classes)
+        counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module)
         counts["counted_on"] = "meta"
     except Exception as meta_error:  # noqa: BLE001 - any failure on meta: count for real
-        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes)
+        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes, per_module)
         counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
     counts["method"] = "FlopCounterMode"
     return counts
@@ -167,53 +185,9 @@ def training_bytes_per_sample(
     }
 
 
-def attainable_flops_per_s(intensity: float, peak_flops_per_s: float, mem_bytes_per_s: float) -> float:
-    """The roofline: the FLOP/s an op of this arithmetic intensity can reach on this device."""
-    return min(peak_flops_per_s, intensity * mem_bytes_per_s)
-
-
 # --- device peaks ---------------------------------------------------------------------------
 
-# Dense peaks (no 2:4 sparsity; NVIDIA's datasheets print the sparse figure, twice these, for
-# TF32/BF16/FP16 on A100 and H100/H200), in FLOP/s and bytes/s. None: the device has no such
-# tensor-core precision. fp32 is the CUDA-core (non-tensor) peak. Sources:
-# - V100 SXM2: NVIDIA Tesla V100 datasheet (volta-v100-datasheet): 15.7 TFLOPS single
-#   precision, 125 TFLOPS tensor (fp16), 900 GB/s HBM2.
-# - A100 SXM4: NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4):
-#   19.5 FP32, 156 TF32, 312 BF16/FP16; 1,555 GB/s (40GB HBM2), 2,039 GB/s (80GB HBM2e).
-# - H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet: 67 FP32, 989 TF32*, 1,979 BF16/FP16*
-#   (*with sparsity: halved here); 3.35 TB/s.
-# - H200 SXM: NVIDIA H200 Tensor Core GPU datasheet: the H100 SXM's compute, 4.8 TB/s HBM3e.
-DEVICE_PEAKS: dict[str, dict[str, float | None]] = {
-    "V100 SXM2": {"fp32": 15.7e12, "tf32": None, "bf16": None, "fp16": 125e12, "mem_bytes_per_s": 900e9},
-    "A100 SXM4 40GB": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12, "mem_bytes_per_s": 1555e9},
-    "A100 SXM4 80GB": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12, "mem_bytes_per_s": 2039e9},
-    "H100 SXM": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "mem_bytes_per_s": 3350e9},
-    "H200 SXM": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "mem_bytes_per_s": 4800e9},
-}
-
-# Names as NVML and torch.cuda.get_device_name report them, e.g. "Tesla V100-SXM2-16GB",
-# "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3" (the SXM5 part), "NVIDIA H200". PCIe and
-# NVL variants run at other clocks and bandwidths, and GH200 is another part; they match
-# nothing here rather than borrowing an SXM part's peak.
-_NAME_PATTERNS: list[tuple[str, str]] = [
-    (r"\bv100-sxm2\b", "V100 SXM2"),
-    (r"\ba100-sxm4?-40gb\b", "A100 SXM4 40GB"),
-    (r"\ba100-sxm4?-80gb\b", "A100 SXM4 80GB"),
-    (r"\bh100 80gb hbm3$|\bh100 sxm", "H100 SXM"),
-    (r"\bh200$|\bh200 sxm", "H200 SXM"),
-]
-
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-
-
-def match_device(device_name: str) -> str | None:
-    """The `DEVICE_PEAKS` key for a device name (case-insensitive), or None."""
-    name = device_name.strip().lower()
-    for pattern, key in _NAME_PATTERNS:
-        if re.search(pattern, name):
-            return key
-    return None
 
 
 def _tf32_note() -> str:
@@ -233,18 +207,21 @@ def device_peak(device_name: str, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s, note) for a GPU by name and precision, or (None, why not).
 
     `precision`: fp32 (the CUDA-core peak), tf32, bf16 or fp16 (tensor cores). Never guesses:
-    a device or precision not in `DEVICE_PEAKS` gives None.
+    a device or precision without a datasheet peak in scaling/devices.yaml gives None.
     """
     precision = precision.lower()
     if precision not in PRECISIONS:
         return None, f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}"
+    devices = load_devices()
     key = match_device(device_name)
-    if key is None:
-        return None, f"no datasheet peak for {device_name!r} (known: {', '.join(DEVICE_PEAKS)}); MFU not computed"
-    peak = DEVICE_PEAKS[key][precision]
-    if peak is None:
+    peaks = (devices[key].get("peak_tflops_per_s") or {}) if key is not None else {}
+    if not peaks:
+        known = ", ".join(k for k, spec in devices.items() if spec.get("peak_tflops_per_s"))
+        return None, f"no datasheet peak for {device_name!r} (known: {known}); MFU not computed"
+    if peaks.get(precision) is None:
         return None, f"{key} has no {precision} tensor cores; MFU not computed"
-    if precision == "fp32" and DEVICE_PEAKS[key]["tf32"] is not None:
+    peak = peaks[precision] * 1e12
+    if precision == "fp32" and peaks.get("tf32") is not None:
         return peak, f"{key} {_tf32_note()}"
     return peak, f"{key} {precision} dense datasheet peak"
 
@@ -254,7 +231,7 @@ def device_mem_bandwidth(device_name: str) -> tuple[float | None, str]:
     key = match_device(device_name)
     if key is None:
         return None, f"no datasheet bandwidth for {device_name!r}"
-    return DEVICE_PEAKS[key]["mem_bytes_per_s"], f"{key} datasheet memory bandwidth"
+    return load_devices()[key]["memory_bandwidth_GBps"] * 1e9, f"{key} datasheet memory bandwidth"
 
 
 # --- CPU peak, measured ---------------------------------------------------------------------

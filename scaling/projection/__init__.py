@@ -5,18 +5,19 @@ backward makes them ready, and an alpha-beta model of the cluster's all-reduce.
     from scaling.projection import run_projection
     df = run_projection("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32")
 
-Pure Python: pandas, numpy, PyYAML (matplotlib for the figure); no torch or ray on import.
+Pure Python: pandas, numpy, PyYAML; no torch or ray on import, and nothing of the lab's command
+line, launchers, records or figures: a run's records come in as its reader (scaling.results.RunDir),
+`scaling project` is wired in scaling/cli.py and the figure drawn by scaling/plots/projection.py.
 
 - layers.py   layer tables (layers/*.json), DDP's bucket assignment, bucket ready fractions
 - cost.py     alpha-beta costs (ring, hierarchical, NCCL's latency split), the overlapped bucket schedule with
               compute interference, Horovod's cycles and Tensor Fusion, fit_alpha_beta
-- cluster.py  cluster presets (presets/*.yaml) and the per-device throughput table (devices.yaml)
+- cluster.py  cluster presets (presets/*.yaml); one GPU's published throughput (scaling/devices.yaml)
 - compute.py  one worker's step (data, forward, backward, optimizer) from a run or a device
 - project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
-- figure.py   projection_figure, save
 - overlay.py  project_sweep, add_projection: projected columns for `scaling report` (a sweep with workers.cluster)
-- cli.py      main(argv) / add_arguments / run_from_args: `scaling project ...`
-- make_layer_tables.py  regenerates layers/*.json (needs torch; never imported by the package)
+- make_layer_tables.py  regenerates layers/*.json (needs torch and the instrument's FLOP counting; never
+              imported by the package)
 """
 
 from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, load_cluster, preset_names
@@ -28,13 +29,6 @@ from scaling.projection.project import project_cluster_from_alpha_beta, run_proj
 
 __all__ = [
     "AlphaBeta", "Cluster", "Link", "allreduce_s", "available_models", "cluster_from_alpha_beta", "fit_alpha_beta",
-    "horovod_schedule", "load_cluster", "main", "model_buckets", "overlap_schedule", "preset_names",
+    "horovod_schedule", "load_cluster", "model_buckets", "overlap_schedule", "preset_names",
     "project_cluster_from_alpha_beta", "ring_allreduce_s", "run_projection", "schedule_buckets",
 ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`scaling project ...` (see scaling/projection/cli.py)."""
-    from scaling.projection.cli import main as _main
-
-    return _main(argv)

@@ -8,7 +8,7 @@ A cluster file:
 
     name: p3.16xlarge                      # optional (default: the file name)
     description: 8 V100 SXM2, NVLink ...   # optional
-    device: V100 SXM2 16GB                 # a key of devices.yaml, or null (then give the
+    device: V100 SXM2 16GB                 # a key of scaling/devices.yaml, or null (then give the
                                            #   compute time: --from-run or --samples-per-s)
     gpus_per_node: 8
     allreduce: ring                        # ring | hierarchical (scaling/projection/cost.py)
@@ -31,31 +31,28 @@ The effective bandwidth used is bandwidth x efficiency (bytes/s): the transport'
 rate (TCP sockets get much less of it than RDMA). What each term does is in cost.py
 (collective latency, interference) and compute.py (jitter: the wait for the slowest of n ranks).
 
-devices.yaml: per device, `memory_bandwidth_GBps` (for the optimizer step's time) and
-`throughput: {model: {precision: {samples_per_s, batch, source}}}`: published training
-throughput of one GPU.
+The device table is the lab's one (scaling/devices.yaml, read by scaling/devices.py): per device
+`memory_bandwidth_GBps` (for the optimizer step's time) and `throughput: {model: {precision:
+{samples_per_s, batch, source}}}`, the published training throughput of one GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from scaling.devices import load_devices
 from scaling.errors import UsageError
 from scaling.projection.cost import ALGORITHMS, Link
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PRESET_DIR = PACKAGE_DIR / "presets"
-DEVICES_FILE = PACKAGE_DIR / "devices.yaml"
 
 CLUSTER_KEYS = ("name", "description", "device", "gpus_per_node", "allreduce", "intra_node", "inter_node",
                 "collective_latency_us", "overlap_slowdown", "step_jitter_cv")
 LINK_KEYS = ("name", "bandwidth_GBps", "bandwidth_Gbps", "efficiency", "latency_us")
-DEVICE_KEYS = ("memory_bandwidth_GBps", "throughput", "note")
-THROUGHPUT_KEYS = ("samples_per_s", "batch", "source")
 PRECISIONS = ("fp32", "fp16", "bf16")
 PRECISION_ALIASES = {"amp": "fp16", "mixed": "fp16", "tf32": "fp32"}
 
@@ -187,28 +184,6 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     if not preset.is_file():
         raise UsageError(f"unknown cluster {text!r}; presets: {', '.join(preset_names())} (or a path to a .yaml file)")
     return parse_cluster(_read_yaml(preset, "cluster preset"), text)
-
-
-@lru_cache(maxsize=1)
-def load_devices() -> dict:
-    """devices.yaml, validated: {device: {memory_bandwidth_GBps, throughput: {model: {precision: {...}}}}}."""
-    data = _read_yaml(DEVICES_FILE, "device table")
-    if not isinstance(data, dict):
-        raise UsageError(f"device table {DEVICES_FILE}: expected a mapping of devices")
-    for device, spec in data.items():
-        where = f"device table, {device}"
-        _check_keys(spec, DEVICE_KEYS, where)
-        _number(spec.get("memory_bandwidth_GBps"), "memory_bandwidth_GBps", where)
-        for model, per_precision in (spec.get("throughput") or {}).items():
-            _check_keys(per_precision, PRECISIONS, f"{where}, {model}")
-            for precision, entry in per_precision.items():
-                if entry is None:
-                    continue
-                w = f"{where}, {model}, {precision}"
-                _check_keys(entry, THROUGHPUT_KEYS, w)
-                _number(entry.get("samples_per_s"), "samples_per_s", w)
-                _number(entry.get("batch"), "batch", w, integer=True)
-    return data
 
 
 def device_throughput(device: str, model: str, precision: str) -> dict | None:

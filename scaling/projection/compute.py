@@ -1,5 +1,9 @@
-"""Per-step compute time of one worker (data, forward, backward, optimizer), from a run
-directory or from a published per-device throughput. Pure Python (pandas to read a run).
+"""Per-step compute time of one worker (data, forward, backward, optimizer), from a run's
+records or from a published per-device throughput. Pure Python.
+
+A run is given as its records' reader, `scaling.results.RunDir` (its `summary()`, `epochs()`,
+`steps(columns)`, `buckets()` and `config`): the caller opens the run directory (the command
+line, the report), the projection only reads what the reader hands it.
 
 From a run (`compute_from_run`): the run's summary.json means (docs/results.md). At one worker
 `backward_s` is pure compute; at more, backward compute = backward_s - exposed_comm_s (the
@@ -9,7 +13,7 @@ forward and backward by batch / run batch (time per sample constant); the optimi
 not depend on the batch and is kept.
 
 From a device (`compute_from_device`): one GPU's published training throughput T (samples/s,
-devices.yaml) gives the step b / T at per-GPU batch b, assumed to hold at any batch (it was
+scaling/devices.yaml) gives the step b / T at per-GPU batch b, assumed to hold at any batch (it was
 measured at the table's `batch`; a smaller batch usually runs a little slower per sample, so
 the projected compute is optimistic there). It is split as:
 - data: 0 (the published numbers load with DALI, overlapped with compute);
@@ -44,12 +48,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from scaling.devices import load_devices
 from scaling.errors import UsageError
-from scaling.projection.cluster import device_throughput, load_devices, normalize_precision
+from scaling.projection.cluster import device_throughput, normalize_precision
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, forward_share, load_layer_table
-from scaling.results import RunDir
 
 SGD_MOMENTUM_PASSES = 5  # as scaling/instrument/flops.py: read weights, gradients, momentum; write weights, momentum
 RUN_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "per_worker_batch", "num_workers", "model")
@@ -137,19 +140,14 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _measured_buckets(run_dir: Path, backward_compute_s: float) -> tuple[tuple[float, ...], tuple[int, ...]] | None:
-    """Per-bucket ready fractions from DIR/buckets.parquet, if the run wrote one.
+def _measured_buckets(run, backward_compute_s: float) -> tuple[tuple[float, ...], tuple[int, ...]] | None:
+    """Per-bucket ready fractions from the run's buckets.parquet, if it wrote one.
 
     Contract (not written by the lab's schema 1 yet): one row per (rank, step, bucket) with
     `bucket` (all-reduce order), `bytes`, `ready_s` (seconds from the start of backward to the
     bucket's hand-over), optional `warmup`. Medians over rows, as fractions of backward compute.
     """
-    path = RunDir(run_dir).buckets_path
-    if not path.is_file():
-        return None
-    import pandas as pd
-
-    frame = pd.read_parquet(path)
+    frame = run.buckets()
     if not {"bucket", "bytes", "ready_s"} <= set(frame.columns) or frame.empty:
         return None
     if "warmup" in frame.columns:
@@ -159,12 +157,11 @@ def _measured_buckets(run_dir: Path, backward_compute_s: float) -> tuple[tuple[f
     return fractions, tuple(int(b) for b in per["nbytes"])
 
 
-def compute_from_run(run_dir: str | Path) -> StepCompute:
-    """One worker's step from a run directory's summary.json (and its epochs/steps, if there)."""
-    run = RunDir(run_dir)
-    run_dir, path = run.path, run.summary_path
+def compute_from_run(run) -> StepCompute:
+    """One worker's step from a run's summary.json (and its epochs/steps, if there); `run`: its RunDir."""
+    path = run.summary_path
     if not path.is_file():
-        raise UsageError(f"--from-run: no {path.name} in {run_dir} (give a run directory made by scaling run)")
+        raise UsageError(f"--from-run: no {path.name} in {run} (give a run directory made by scaling run)")
     try:
         summary = run.summary()
     except (OSError, json.JSONDecodeError) as exc:
@@ -181,20 +178,20 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
     hardware = summary.get("hardware") or {}
     device = hardware.get("gpu_name") or hardware.get("cpu_model") or "unknown device"
     how = "backward_s" if workers == 1 else "backward_s - exposed_comm_s"
-    source = (f"run {run_dir.name}: {summary['model']} at {workers} worker(s) on {device}, "
+    source = (f"run {run.name}: {summary['model']} at {workers} worker(s) on {device}, "
               f"batch {summary['per_worker_batch']} per worker (backward compute = {how})")
     samples_per_epoch = None
     num_buckets = None
     epochs = run.epochs()
     if "samples" in epochs.columns and not epochs.empty:
         samples_per_epoch = int(epochs["samples"].max())
-    if workers > 1 and run.steps_path.exists():
-        steps = run.steps(["kind", "num_buckets"])
+    if workers > 1:
+        steps = run.steps(["kind", "num_buckets"])  # empty without step records
         if "num_buckets" in steps.columns:
             train = steps[(steps["kind"] == "train") & (steps["num_buckets"] > 0)] if "kind" in steps.columns else steps
             if not train.empty:
                 num_buckets = float(train["num_buckets"].median())
-    measured = _measured_buckets(run_dir, backward) if backward > 0 else None
+    measured = _measured_buckets(run, backward) if backward > 0 else None
     instrument = run.config.get("instrument") or {}
     cap = instrument.get("ddp_bucket_cap_mb")
     compression = instrument.get("grad_compression")
@@ -213,10 +210,10 @@ def compute_from_run(run_dir: str | Path) -> StepCompute:
     )
 
 
-def run_model(run_dir: str | Path) -> str | None:
-    """The model a run trained (summary.json), or None if unreadable."""
+def run_model(run) -> str | None:
+    """The model a run trained (its summary.json; `run`: its RunDir), or None if unreadable."""
     try:
-        return RunDir(run_dir).summary().get("model")
+        return run.summary().get("model")
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -263,7 +260,7 @@ def straggler_wait_s(per_run_samples, draws: int = STRAGGLER_DRAWS, seed: int = 
     return max(0.0, expected_max - mean)
 
 
-def measured_overlap_slowdown(run_dir: str | Path) -> float:
+def measured_overlap_slowdown(run) -> float:
     """The interference term a multi-worker run measured (cost.py's `overlap_slowdown`):
 
         slowdown = interference_s / (allreduce_s - exposed_comm_s)
@@ -272,16 +269,16 @@ def measured_overlap_slowdown(run_dir: str | Path) -> float:
     communication took from compute, scaling/analysis/run_metrics.py) and allreduce_s -
     exposed_comm_s the time an all-reduce was in flight while backward still computed: the
     stretch per second of overlap. UsageError for a one-worker run, or one whose all-reduces
-    never overlapped backward (then the run cannot tell the slowdown).
+    never overlapped backward (then the run cannot tell the slowdown). `run`: its RunDir.
     """
-    summary = RunDir(run_dir).summary()
+    summary = run.summary()
     needed = ("num_workers", "interference_s", "allreduce_s", "exposed_comm_s")
     if any(not _finite(summary.get(k)) for k in needed) or summary["num_workers"] < 2:
-        raise UsageError(f"{run_dir}: a multi-worker run with interference_s, allreduce_s and exposed_comm_s is needed "
+        raise UsageError(f"{run}: a multi-worker run with interference_s, allreduce_s and exposed_comm_s is needed "
                          "to measure the overlap slowdown")
     overlapped = summary["allreduce_s"] - summary["exposed_comm_s"]
     if not overlapped > 1e-6:
-        raise UsageError(f"{run_dir}: its all-reduces did not overlap backward; it cannot measure the overlap slowdown")
+        raise UsageError(f"{run}: its all-reduces did not overlap backward; it cannot measure the overlap slowdown")
     return max(0.0, summary["interference_s"]) / overlapped
 
 
@@ -307,29 +304,29 @@ def jitter_straggler_s(compute_s: float, jitter_cv: float, n: int) -> float:
     return jitter_cv * compute_s * expected_max_standard_normal(n)
 
 
-def compute_from_concurrent_runs(run_dirs) -> StepCompute:
-    """One worker's step, and the straggler wait, from K one-worker runs made at the same time.
+def compute_from_concurrent_runs(runs) -> StepCompute:
+    """One worker's step, and the straggler wait, from K one-worker runs made at the same time
+    (their RunDirs).
 
     Definitions in the module docstring. UsageError for fewer than two runs, a run that is not
     a one-worker run, different models or batches, or runs without step records.
     """
-    dirs = [Path(d) for d in run_dirs]
-    if len(dirs) < 2:
+    runs = list(runs)
+    if len(runs) < 2:
         raise UsageError("concurrent runs: give at least two one-worker run directories")
-    singles = [compute_from_run(d) for d in dirs]
-    summaries = [RunDir(d).summary() for d in dirs]
-    for d, summary in zip(dirs, summaries):
+    singles = [compute_from_run(run) for run in runs]
+    summaries = [run.summary() for run in runs]
+    for run, summary in zip(runs, summaries):
         if int(summary["num_workers"]) != 1:
-            raise UsageError(f"concurrent runs: {d} ran {summary['num_workers']} workers; each must be a one-worker run")
+            raise UsageError(f"concurrent runs: {run} ran {summary['num_workers']} workers; each must be a one-worker run")
     if len({s["model"] for s in summaries}) > 1 or len({c.per_worker_batch for c in singles}) > 1 \
             or len({c.precision for c in singles}) > 1:
         raise UsageError("concurrent runs: the runs differ in model, batch or precision")
     steps, intervals = [], []
-    for d in dirs:
-        run = RunDir(d)
+    for run in runs:
         frame = run.steps()
         if frame.empty or not run.epochs_path.is_file():
-            raise UsageError(f"concurrent runs: {d} has no {run.steps_path.name} or {run.epochs_path.name} "
+            raise UsageError(f"concurrent runs: {run} has no {run.steps_path.name} or {run.epochs_path.name} "
                              "(step timing off?)")
         steps.append(frame[(frame["kind"] == "train") & (~frame["warmup"].astype(bool))])
         intervals.append(_epoch_intervals(run.epochs()))
@@ -351,8 +348,8 @@ def compute_from_concurrent_runs(run_dirs) -> StepCompute:
     per_run = ", ".join(f"{1e3 * float((f['data_s'] + f['forward_s'] + f['backward_s'] + f['optimizer_s']).mean()):.1f}"
                         for f in kept_steps)
     first = singles[0]
-    source = (f"{len(dirs)} concurrent 1-worker runs ({', '.join(d.name for d in dirs)}): {first.device}, batch "
+    source = (f"{len(runs)} concurrent 1-worker runs ({', '.join(run.name for run in runs)}): {first.device}, batch "
               f"{first.per_worker_batch}; step {per_run} ms each (epochs {'; '.join(','.join(map(str, k)) for k in kept_epochs)}, "
               f"those run while every run trained), phases averaged; straggler wait {1e3 * straggler:.1f} ms")
-    return replace(first, source=source, measured_num_buckets=None, straggler_s=straggler, straggler_ranks=len(dirs),
+    return replace(first, source=source, measured_num_buckets=None, straggler_s=straggler, straggler_ranks=len(runs),
                    measured_ready_fractions=None, measured_bucket_bytes=None, **means)

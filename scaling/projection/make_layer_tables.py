@@ -9,16 +9,18 @@ writes. Nothing in `scaling.projection` imports this module.
 For each model (`scaling.models.build_model(name, num_classes)`) the table holds, for every
 leaf module that owns parameters, in the order backward makes their gradients ready:
 
-- `forward_flops`: its FLOPs for one sample at the canonical input size, counted by
-  `torch.utils.flop_counter.FlopCounterMode` (multiply-add = 2 FLOPs, as in
-  scaling/instrument/flops.py), on a meta-device copy in training mode;
+- `forward_flops`: its FLOPs for one sample at the canonical input size, counted as the
+  instrument counts a run's (`scaling.instrument.flops.training_flops_per_sample`:
+  `torch.utils.flop_counter.FlopCounterMode`, multiply-add = 2 FLOPs, on a meta-device copy in
+  training mode);
 - `backward_flops`: 2 x forward (gradient w.r.t. the input and w.r.t. the weights) for a
   module whose input requires a gradient, 1 x forward for the first layer (the images need
   no gradient). The script checks that these add up to the backward FLOPs FlopCounterMode
   counts for the whole model (FlopCounterMode does not attribute backward FLOPs to modules);
 - `params`: its parameter tensors, [name, elements], in gradient-ready order.
 
-The gradient-ready order is *measured*: a one-rank gloo DDP on CPU runs three steps, DDP
+The gradient-ready order is *measured*: a one-rank gloo DDP on CPU (an in-process store: no
+port) runs three steps, DDP
 rebuilds its buckets in the order the gradients arrived, and `_get_ddp_logging_data()`
 reports that order (`rebuilt_per_bucket_param_indices`) and the rebuilt bucket sizes
 (`rebuilt_bucket_sizes`, stored as `ddp_bucket_bytes`, and as `ddp_bucket_bytes_cap_25` for
@@ -30,7 +32,6 @@ small input (`probe_size`) to be quick on a CPU.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -38,9 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
-from scaling.testbed.local_cluster import free_port
+from scaling.instrument.flops import training_flops_per_sample
 from scaling.models import build_model
 
 OUT_DIR = Path(__file__).resolve().parent / "layers"
@@ -55,7 +55,7 @@ MODELS = {
     "resnet56": (10, 32, 32, "cifar10", 50_000),
     "small_cnn": (10, 32, 32, "cifar10", 50_000),
 }
-_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
+_BATCH = 2  # the DDP probe's batch: BatchNorm in training mode needs more than one value per channel
 
 
 def _leaves_with_params(model: nn.Module) -> dict[str, nn.Module]:
@@ -63,35 +63,9 @@ def _leaves_with_params(model: nn.Module) -> dict[str, nn.Module]:
             if not any(True for _ in m.children()) and any(True for _ in m.parameters(recurse=False))}
 
 
-def _module_flops(model: nn.Module, side: int, num_classes: int) -> tuple[dict, dict, float, float]:
-    """Per leaf module: forward FLOPs per sample and whether its input needed a gradient."""
-    meta = model.to("meta")
-    meta.train()
-    needs_grad: dict[str, bool] = {}
-    handles = []
-    for name, module in meta.named_modules():
-        if not any(True for _ in module.children()):
-            def hook(_m, inputs, _out, name=name):
-                needs_grad[name] = bool(inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].requires_grad)
-            handles.append(module.register_forward_hook(hook))
-    images = torch.randn(_BATCH, 3, side, side, device="meta")
-    labels = torch.randint(0, num_classes, (_BATCH,), device="meta")
-    with FlopCounterMode(display=False) as fwd:
-        loss = F.cross_entropy(meta(images), labels)
-    for h in handles:
-        h.remove()
-    with FlopCounterMode(display=False) as bwd:
-        loss.backward()
-    prefix = type(meta).__name__ + "."
-    counts = {k[len(prefix):]: sum(v.values()) / _BATCH
-              for k, v in fwd.get_flop_counts().items() if k.startswith(prefix)}
-    return counts, needs_grad, fwd.get_total_flops() / _BATCH, bwd.get_total_flops() / _BATCH
-
-
 def _ddp_ready_order(model: nn.Module, side: int, num_classes: int, **ddp_kwargs) -> tuple[list[int], list[int]]:
     """Parameter indices in the order DDP saw their gradients become ready; rebuilt bucket bytes."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
         for _ in range(3):
@@ -121,7 +95,9 @@ def make_table(name: str) -> dict:
     assert order_25 == order, f"{name}: gradient order differs between the two DDP probes"
     assert sorted(order) == list(range(len(params))), "DDP's order must hold every parameter once"
 
-    flops, needs_grad, fwd_total, bwd_total = _module_flops(build_model(name, num_classes), side, num_classes)
+    counts = training_flops_per_sample(build_model(name, num_classes), (3, side, side), num_classes, per_module=True)
+    flops, needs_grad = counts["module_forward_flops"], counts["module_input_needs_grad"]
+    fwd_total, bwd_total = counts["forward_flops"], counts["backward_flops"]
     leaves = _leaves_with_params(model)
     parameterless = [k for k, v in flops.items() if v and k not in leaves and not any(k2.startswith(k + ".") for k2 in flops if k2 != k)]
     assert not parameterless, f"{name}: FLOPs in modules without parameters, not placed in backward: {parameterless}"

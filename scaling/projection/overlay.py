@@ -25,8 +25,6 @@ the runs' backend (DDP or Horovod, and Horovod's cycle time and fusion threshold
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -54,7 +52,7 @@ def _base_run(ok: pd.DataFrame) -> pd.Series:
 def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tuple[pd.DataFrame, list[str], list[str]]:
     """(projected rows, notes, warnings) for a sweep's runs; empty rows when no run names a cluster.
 
-    keys: the report's group keys (with num_workers). run_dir_of(row) -> the run's directory.
+    keys: the report's group keys (with num_workers). run_dir_of(row) -> the run's records (its RunDir).
     Rows: the keys plus PROJECTED and `cluster`. A series whose projection cannot be made (a
     model without a layer table, a failed base run, an unknown cluster) is named in a warning.
     """
@@ -98,7 +96,7 @@ def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tupl
                          "projected_comm_overhead_pct": float(df.loc[n, "comm_overhead_pct"]),
                          "projected_speedup_throughput": float(speedup.loc[n]),
                          "projected_efficiency_throughput": float(speedup.loc[n]) / (n / base_workers)})
-        notes.append(f"{label}: projected on {cluster} from run {Path(run_dir_of(base)).name} "
+        notes.append(f"{label}: projected on {cluster} from run {run_dir_of(base).name} "
                      f"({base_workers} worker{'s' if base_workers > 1 else ''}); "
                      + "; ".join(df.attrs.get("notes", [])))
     return pd.DataFrame(rows, columns=columns), notes, warnings

@@ -73,7 +73,6 @@ from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, load_layer_table, model_buckets,
     tensor_schedule,
 )
-from scaling.results import BUCKETS_PARQUET, STEPS_PARQUET
 
 COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
 BACKENDS = ("ddp", "horovod")
@@ -203,7 +202,7 @@ def run_projection(
     nodes: Sequence[int] | str | None = None,
     per_gpu_batch: int | None = None,
     precision: str | None = None,
-    from_run: str | Path | None = None,
+    from_run=None,
     *,
     workers: Sequence[int] | str | None = None,
     samples_per_s: float | None = None,
@@ -225,8 +224,8 @@ def run_projection(
     nodes: node counts (all GPUs of each node used); workers: worker counts instead (a count
     up to a node's GPUs stays in one node). per_gpu_batch: default the run's, else 64.
     precision: fp32 | amp (= fp16) | fp16 | bf16 (default the run's, else fp32).
-    from_run: a run directory whose one-worker step times are the compute, or a list of
-    one-worker runs made at the same time, one per future rank, which also give straggler_s
+    from_run: a run (its records' reader, scaling.results.RunDir) whose one-worker step times
+    are the compute, or a list of one-worker runs made at the same time, one per future rank, which also give straggler_s
     (compute.compute_from_concurrent_runs); else the cluster device's published throughput,
     or `samples_per_s`. dataset_size: samples per epoch
     (default the run's, else the model's usual dataset). epochs_to_target: {global batch:
@@ -301,12 +300,13 @@ def run_projection(
     elements = [bk.elements for bk in buckets]
     fractions = [bk.ready_fraction for bk in buckets]
     schedule_source = "estimated from layer FLOPs (backward in DDP's gradient order, time proportional to FLOPs)"
+    run = from_run[0] if isinstance(from_run, (list, tuple)) else from_run  # whose records the schedule comes from
     if compute.measured_ready_fractions is not None:
         fractions = list(compute.measured_ready_fractions)
         elements = [nb // BYTES_PER_GRAD_ELEMENT for nb in compute.measured_bucket_bytes]
-        schedule_source = f"measured (the run's {BUCKETS_PARQUET}: median ready time per bucket)"
-    elif from_run is not None:
-        schedule_source += f"; the run has no per-bucket records ({STEPS_PARQUET} holds num_buckets only)"
+        schedule_source = f"measured (the run's {run.buckets_path.name}: median ready time per bucket)"
+    elif run is not None:
+        schedule_source += f"; the run has no per-bucket records ({run.steps_path.name} holds num_buckets only)"
     if compute.measured_num_buckets is not None and round(compute.measured_num_buckets) != len(elements):
         notes.append(f"note: the run all-reduced {compute.measured_num_buckets:g} buckets per step, "
                      f"the estimate has {len(elements)}")
@@ -411,13 +411,13 @@ def run_projection(
 def project_cluster_from_alpha_beta(
     alpha_s: float, beta_bytes_per_s: float, nodes: Sequence[int] | str, gpus_per_node: int,
     model: str = "resnet50", per_gpu_batch: int | None = None, precision: str | None = None,
-    from_run: str | Path | None = None, device: str | None = None, **kwargs,
+    from_run=None, device: str | None = None, **kwargs,
 ) -> pd.DataFrame:
     """`run_projection` on a cluster whose every link is a fitted alpha (s) and bandwidth
     (bytes/s), e.g. `fit_alpha_beta(...)` on the lab's all-reduce benchmark, flat ring.
 
     The compute comes from `from_run`, `samples_per_s=` (in kwargs), or `device`'s published
-    throughput (a devices.yaml key, e.g. "V100 SXM2 16GB").
+    throughput (a scaling/devices.yaml key, e.g. "V100 SXM2 16GB").
     """
     cluster = cluster_from_alpha_beta(alpha_s, beta_bytes_per_s, gpus_per_node=gpus_per_node, device=device)
     return run_projection(model, cluster, nodes, per_gpu_batch, precision, from_run, **kwargs)

@@ -1,16 +1,16 @@
-"""The projection's figure: speedup and communication overhead against workers.
+"""The projection's figure: projected speedup and communication overhead against workers.
 
-    fig = projection_figure(df); save(fig, "proj")      # proj.png (200 dpi) + proj.svg
+    from scaling.plots.figures import save
+    fig = projection_figure(run_projection(...)); save(fig, "proj")      # proj.png (200 dpi) + proj.svg
 
-Built with matplotlib's object API (no pyplot, no global backend), in the lab's style: the rc
-STYLE, axes (`style_axes`), worker axis (`worker_axis`, `use_log`), colours, ideal line and `save`
-all come from scaling/plots/figures.py. Projected curves over a sweep's measured points are drawn
-by the report (scaling/projection/overlay.py computes them, scaling/plots/figures.py draws them).
+Drawn from `scaling.projection.run_projection`'s table (`scaling project --out`), with
+matplotlib's object API (no pyplot, no global backend), in the lab's style: the rc STYLE, axes
+(`style_axes`), worker axis (`worker_axis`, `use_log`), colours and the ideal line come from
+scaling/plots/figures.py. Projected curves over a sweep's measured points are drawn by the
+report (scaling/projection/overlay.py computes them, scaling/plots/figures.py draws them).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import matplotlib as mpl
 import pandas as pd
@@ -21,7 +21,6 @@ from scaling.plots.figures import (
     COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR, IDEAL, METRIC_COLOUR, STYLE, style_axes, use_log,
     worker_axis,
 )
-from scaling.plots.figures import save as _save
 
 # The lab's colours (Okabe-Ito): throughput orange, TTA green, exposed communication vermillion
 THROUGHPUT = dict(color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.0, marker="s", markersize=5)
@@ -88,10 +87,3 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         fig.suptitle(title or projection_title(df), fontweight="bold", fontsize=10)
     return fig
 
-
-def save(fig: Figure, path: str | Path) -> list[Path]:
-    """`<path>.png` and `<path>.svg` (a .png/.svg suffix on `path` is dropped), atomically."""
-    path = Path(path)
-    if path.suffix.lower() in (".png", ".svg"):
-        path = path.with_suffix("")
-    return _save(fig, path)
