@@ -7,9 +7,10 @@ are checked for sense (`validate`). The resolved tree is written into every run 
 
     cfg = load_config("experiments/quickstart.yaml", overrides=["optim.lr=0.2"])
 
-This module is data and shape only: closed choices are `Literal` types refused when the tree is
-built, `validate` checks values against each other, and nothing here reads a file other than the
-config itself, imports a user's code, or asks the machine or the cluster anything. Whatever looks
+This module is data and shape only: closed choices are `Literal` types (or a registry's values:
+the backends) refused when the tree is built, `validate` checks values against each other, and
+nothing here reads a file other than the config itself, imports a user's code, or asks the
+machine or the cluster anything. Whatever looks
 at the world (datasets, import paths, cluster YAMLs, Horovod, GPUs, capacity) is the preflight,
 `scaling/launch/preflight.py`, which runs before any file of a run is written.
 """
@@ -20,7 +21,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 
@@ -31,15 +32,28 @@ class ConfigError(UsageError):
     """A config that cannot be run. The message is one line meant for the user."""
 
 
+class RegistryChoice:
+    """A closed choice whose values a registry holds (`Annotated[str, RegistryChoice(...)]`), asked
+    when a tree is built: the values live with what serves them, not in a list kept here."""
+
+    def __init__(self, values):
+        self.values = values  # () -> the valid values
+
+
+def _backend_choices() -> tuple[str, ...]:
+    from scaling.instrument.backends import choices
+
+    return choices()
+
+
 # Closed choices, as types: `_coerce` refuses any other value when the tree is built.
-Backend = Literal["auto", "gloo", "nccl", "horovod"]
+Backend = Annotated[str, RegistryChoice(_backend_choices)]  # the backend adapters' (scaling/instrument/backends/)
 Schedule = Literal["constant", "cosine"]
 TtaRule = Literal["first_eval", "epoch_end"]
 TargetMetric = Literal["top1", "top5"]
 Precision = Literal["fp32", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16"]
 Market = Literal["on_demand", "spot"]
-HOROVOD_COMPRESSIONS = ("none", "fp16")  # horovod.torch.Compression has no bf16
 
 
 @dataclass
@@ -143,11 +157,10 @@ class ExperimentConfig:
 
     @property
     def resolved_backend(self) -> str:
-        """The torch.distributed process-group backend (with horovod: the group Ray sets up, used
-        for Horovod's rendezvous and for validation)."""
-        if self.backend not in ("auto", "horovod"):
-            return self.backend
-        return "nccl" if self.workers.use_gpu else "gloo"
+        """The torch.distributed process-group backend the workers start with (the run's backend says which)."""
+        from scaling.instrument.backends import for_choice
+
+        return for_choice(self.backend).process_group(self.backend, self.workers.use_gpu)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -160,16 +173,21 @@ class ExperimentConfig:
 
 
 def _field_types(cls) -> dict[str, type]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _coerce(value, expected: type, key: str):
     """Check `value` against a field's type. ints are accepted for floats, and for strings as their
     digits (`--set workers.pin_cpus=0` is the CPU list "0"); nothing else is converted. A `Literal`
-    field takes one of its values only."""
+    field, or one annotated with a `RegistryChoice`, takes one of its values only."""
+    choices = None
     if typing.get_origin(expected) is Literal:
         choices = typing.get_args(expected)
+    elif typing.get_origin(expected) is Annotated:
+        expected, *marks = typing.get_args(expected)
+        choices = next((mark.values() for mark in marks if isinstance(mark, RegistryChoice)), None)
+    if choices is not None:
         if value not in choices or isinstance(value, bool):
             raise ConfigError(f"config key '{key}' must be one of {', '.join(map(str, choices))}; got {value!r}")
         return value
@@ -287,11 +305,14 @@ def validate(cfg: ExperimentConfig) -> None:
     if not is_import_path(cfg.data.name):
         require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())} "
                 "or a dataset of your own as package.module:callable")
-    if cfg.backend == "horovod":
-        require(cfg.instrument.grad_compression in HOROVOD_COMPRESSIONS,
-                f"backend horovod compresses gradients as none or fp16, got instrument.grad_compression={cfg.instrument.grad_compression!r}")
-        require(cfg.instrument.horovod_fusion_threshold_mb >= 0, f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}")
-        require(cfg.instrument.horovod_cycle_time_ms > 0, f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
+    from scaling.instrument.backends import ADAPTERS, for_choice
+
+    backend = for_choice(cfg.backend)
+    require(cfg.instrument.grad_compression in backend.compressions,
+            f"backend {cfg.backend} compresses gradients as {' or '.join(backend.compressions)}, "
+            f"got instrument.grad_compression={cfg.instrument.grad_compression!r}")
+    require(cfg.instrument.horovod_fusion_threshold_mb >= 0, f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}")
+    require(cfg.instrument.horovod_cycle_time_ms > 0, f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
     require(not (cfg.resolved_backend == "nccl" and not cfg.workers.use_gpu), "backend nccl needs workers.use_gpu: true")
     require(cfg.workers.num_workers >= 1, f"workers must be >= 1, got {cfg.workers.num_workers}")
     require(cfg.workers.cpus_per_worker >= 1, f"workers.cpus_per_worker must be >= 1, got {cfg.workers.cpus_per_worker}")
@@ -332,8 +353,10 @@ def validate(cfg: ExperimentConfig) -> None:
         require(not uneven, f"workers.min_workers={cfg.workers.min_workers}: an elastic run keeps the global batch "
                 f"({cfg.global_batch}), which {uneven[0] if uneven else 0} workers cannot share evenly; choose "
                 "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides it")
-        require(cfg.backend != "horovod" and not cfg.train.function,
-                "workers.min_workers (elastic) is for the lab's own DDP loop: not with backend horovod or train.function")
+        elastic = [choice for adapter in ADAPTERS if adapter.elastic for choice in adapter.choices]
+        require(backend.elastic and not cfg.train.function,
+                f"workers.min_workers (elastic) is for the lab's own loop on backend {' | '.join(elastic)}: "
+                f"not with backend {cfg.backend} or train.function")
     require(cfg.failure.capacity_wait_s > 0, f"failure.capacity_wait_s must be > 0, got {cfg.failure.capacity_wait_s}")
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
     require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")

@@ -369,7 +369,7 @@ class _FakeHorovodOptimizer:
 
 
 def _horovod_step(clock, hvd):
-    from scaling.instrument.backends import HorovodCommTimer
+    from scaling.instrument.backends.horovod import HorovodCommTimer
     from scaling.instrument.timing import StepMarks
 
     optimizer = _FakeHorovodOptimizer()
@@ -512,6 +512,11 @@ def test_gpu_workers_set_cpu_threads_and_cudnn_autotuning_and_pin_after_the_back
 
 
 class _Meter:
+    def __init__(self, model, optimizer):
+        from scaling.instrument.backends import detect
+
+        self.backend = detect(model, optimizer)
+
     def state_dict(self):
         return {"epoch": 1}
 
@@ -522,7 +527,7 @@ def _checkpoint_parts():
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    return model, optimizer, scheduler, Precision("fp32", False, torch.device("cpu")), _Meter()
+    return scheduler, Precision("fp32", False, torch.device("cpu")), _Meter(model, optimizer)
 
 
 def test_checkpoint_keeps_the_cuda_rng_state(monkeypatch):

@@ -70,7 +70,7 @@ def _job(config: dict):
     import ray.train
     from torch.nn.parallel import DistributedDataParallel
 
-    from scaling.instrument.backends import HorovodCommTimer, horovod_no_sync
+    from scaling.instrument.backends.horovod import HorovodCommTimer, horovod_no_sync
     from scaling.instrument.timing import Clock, StepMarks
     from scaling.train import horovod_backend as hb
 

@@ -29,7 +29,7 @@ CUDA events on GPU, resolved once per epoch):
 - `backward_s`: from the end of forward until the optimizer step starts (optimizer step
   pre-hook): the loss, backward and whatever the loop does before stepping (gradient clipping,
   GradScaler's unscale). With DDP the all-reduces finish inside backward; with Horovod the
-  instrument waits for them here, timed (backends.py), so both expose the same way;
+  instrument waits for them here, timed (backends/horovod.py), so both expose the same way;
 - `optimizer_s`: from the optimizer step's start to the next request (zero_grad and an LR
   scheduler's step included). The last step of an epoch ends when the loader is exhausted, or
   at its optimizer step's end when the loop left `batches` early;
@@ -115,10 +115,6 @@ def _identity() -> tuple[int, int, int, int]:
         return rank, world, int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("GROUP_RANK", 0))
 
 
-def _plain(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if hasattr(model, "module") and isinstance(model.module, torch.nn.Module) else model
-
-
 class StepMeter:
     """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
 
@@ -134,8 +130,9 @@ class StepMeter:
         run_dir = run_dir if run_dir is not None else lab_settings.get("run_dir")
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.model, self.optimizer = model, optimizer
+        self.backend = detect(model, optimizer)
         self.forward_backward, self.calibration_data = forward_backward, calibration_data
-        self.name = name or lab_settings.get("name") or type(_plain(model)).__name__
+        self.name = name or lab_settings.get("name") or type(self.backend.plain_model).__name__
         self.rank, self.world_size, self.local_rank, self.node_rank = _identity()
         parameter = next(model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
@@ -153,22 +150,16 @@ class StepMeter:
                                     group=self.sync_group, world_size=self.world_size, offset_s=self.clock_offset_s,
                                     trace_steps=range(warmup, warmup + traced))
         self.recorder.write_rank_json("clock", {"offset_s": self.clock_offset_s, "uncertainty_s": self.clock_uncertainty_s})
-        self.backend = detect(model, optimizer)
-        # PyTorch's own DDP timers, a second opinion on the comm figures (`ddp_*` in epochs.parquet)
-        self._ddp_log: list[tuple[float, float]] = []  # per iteration: (backward comm s, comm/compute overlap s)
-        self._ddp_iteration = -1
-        if self.backend.name == "ddp" and self.settings["step_timing"]:
-            model._set_ddp_runtime_logging_sample_rate(1)
+        # the framework's own communication timers, a second opinion on the comm figures
+        self.second_opinion = self.backend.second_opinion(warmup) if self.settings["step_timing"] else None
         self._straggle_s = (self.settings["inject_straggler_s"]
                             if self.rank == self.settings["straggler_rank"] and self.world_size > 1 else 0.0)
         from scaling.instrument.live_metrics import LiveMetrics
 
         self.live = LiveMetrics(self.name, self.rank, self.node_rank)
         self.timing = bool(self.settings["step_timing"])
-        # A DDP model communicates even at world size 1 (a 1-rank NCCL group: the GPU ground
-        # truth, docs/gpu.md): its all-reduces are timed. The lab's own 1-worker runs train the
-        # plain module (LocalBackend): nothing to time, as before.
-        communicates = self.world_size > 1 or self.backend.name == "ddp"
+        # The lab's own 1-worker runs train the plain module: nothing to time.
+        communicates = self.world_size > 1 or self.backend.communicates_alone
         if self.timing and communicates:
             self.backend.install_timer(self.clock, self.settings["inject_comm_delay_s"])
         elif self.settings["inject_comm_delay_s"]:
@@ -192,7 +183,7 @@ class StepMeter:
             before = watched.register_forward_pre_hook(once_before)
             after = watched.register_forward_hook(once_after)
             self._handles += [before, after]
-        if self.timing or self.backend.name == "horovod":  # Horovod's wait moves to the step's start either way
+        if self.timing or self.backend.waits_at_step:
             self._handles += [optimizer.register_step_pre_hook(self._on_step_start),
                               optimizer.register_step_post_hook(self._on_step_end)]
         self.attached_unix = time.time()
@@ -241,8 +232,8 @@ class StepMeter:
         if not self._calibrating:
             if self._straggle_s:
                 time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
-            if self.backend.name == "ddp":
-                self._read_ddp_timers()
+            if self.second_opinion is not None:
+                self.second_opinion.after_forward()
 
     def _observe_input(self, args) -> None:
         """The first training batch's input shape and autocast precision (for the FLOPs profile)."""
@@ -401,7 +392,8 @@ class StepMeter:
             **training_thread,  # was the loop slow, or kept off its core? (thread_usage.py)
             **columns,
         }
-        row.update(self._ddp_epoch_figures())
+        if self.second_opinion is not None:
+            row.update(self.second_opinion.epoch_figures())
         rows = self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [], self._evals)
         self.live.update(rows, row)
         self._evals = []
@@ -499,7 +491,7 @@ class StepMeter:
 
         threads = torch.get_num_threads()
         try:
-            counts = flops.training_flops_per_sample(_plain(self.model), self._input_shape[1:], self._num_outputs or 2)
+            counts = flops.training_flops_per_sample(self.backend.plain_model, self._input_shape[1:], self._num_outputs or 2)
         except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
             self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}"})
             return
@@ -517,35 +509,11 @@ class StepMeter:
         self.recorder.flops_per_sample = profile["train_flops"]
         self.recorder.write_json(COMPUTE_PROFILE_JSON, profile)
 
-    def _read_ddp_timers(self) -> None:
-        """DDP logs an iteration's timers at the next forward: read them there, once per iteration."""
-        data = self.model._get_ddp_logging_data()
-        iteration = data.get("iteration", -1)
-        if iteration == self._ddp_iteration or "backward_comm_time" not in data:
-            return
-        self._ddp_iteration = iteration
-        if iteration > self.settings["warmup_steps"]:  # steady state, as the lab's own figures
-            self._ddp_log.append((data["backward_comm_time"] / 1e9, data["backward_compute_comm_overlap_time"] / 1e9))
-
-    def _ddp_epoch_figures(self) -> dict:
-        """PyTorch DDP's own view of this epoch: mean backward comm time (and its spread), and comm
-        minus its overlap with compute, DDP's exposed communication (run_metrics.ddp_second_opinion)."""
-        if self.backend.name != "ddp" or not self._ddp_log:
-            return {}
-        comm = [c for c, _ in self._ddp_log]
-        exposed = [c - o for c, o in self._ddp_log]
-        self._ddp_log = []
-        n = len(comm)
-        mean = sum(comm) / n
-        std = (sum((c - mean) ** 2 for c in comm) / (n - 1)) ** 0.5 if n > 1 else float("nan")
-        return {"ddp_comm_s": mean, "ddp_comm_std_s": std, "ddp_exposed_comm_s": sum(exposed) / n, "ddp_iterations": n}
-
     def observed(self) -> dict:
         """What the instrument saw of the job (written to job.json; a summary's description of it)."""
         return {
-            "model": type(_plain(self.model)).__name__,
-            "backend": self.backend.name if self.backend.name == "horovod" else (
-                dist.get_backend() if dist.is_initialized() else "none"),
+            "model": type(self.backend.plain_model).__name__,
+            "backend": self.backend.observed_backend(),
             "precision": self._precision,
             "per_worker_batch": self._per_rank_batch,
             "ab_calibration": bool(self.forward_backward and self.calibration_data is not None

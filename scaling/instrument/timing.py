@@ -135,7 +135,7 @@ class BucketMarks:
     completed: object = None  # mark: its all-reduce finished (set on the communication thread)
     injected: tuple | None = None  # (start, end) marks around a ground-truth delay in this bucket's path
     # False where the completion mark is only an upper bound too loose to time the all-reduce
-    # (Horovod on GPU: backends.py); the step's allreduce_s is then absent (NaN), exposed_comm_s stays.
+    # (Horovod on GPU: backends/horovod.py); the step's allreduce_s is then absent (NaN), exposed_comm_s stays.
     completion_known: bool = True
 
 

@@ -9,8 +9,8 @@ each other). What can only be known by looking is here, in one place:
   to hold at least one global batch;
 - the cluster a projection is drawn for (a preset or a cluster YAML);
 - the minicluster link cap (a rate `tc` takes, and a minicluster to apply it in);
-- Horovod (built, with gloo; with NCCL for GPU workers);
-- GPU-only rules (the communication-delay injection on GPUs, docs/gpu.md);
+- the backend's own checks (scaling/train/backends/: Horovod built, with gloo, with NCCL for GPU
+  workers; the communication-delay injection on GPUs, docs/gpu.md);
 - the launcher: a Ray Train function, and an elastic run, need the Ray launcher;
 - capacity: the Ray cluster's CPUs and GPUs, or this host's for the plain launcher;
 - memory: what each worker must hold for its datasets and its model (`estimate_worker_memory`)
@@ -47,7 +47,6 @@ def preflight(cfg: ExperimentConfig, launcher: str, *, capacity: bool = True, lo
     check_backend(cfg)
     check_link_bandwidth(cfg)
     check_cluster_description(cfg)
-    check_gpu_rules(cfg)
     notes = []
     if capacity:
         note = check_capacity(cfg, launcher, log_to_driver=log_to_driver)
@@ -133,12 +132,12 @@ def check_data(cfg: ExperimentConfig, cache: dict | None = None) -> dict:
 
 
 def check_backend(cfg: ExperimentConfig) -> None:
-    if cfg.backend == "horovod":
-        from scaling.train.horovod_backend import available
+    """What the run's backend can only know by looking (scaling/train/backends/)."""
+    from scaling.train.backends import for_choice
 
-        ok, why_not = available(use_gpu=cfg.workers.use_gpu)
-        if not ok:
-            raise ConfigError(f"backend horovod: {why_not}")
+    refusal = for_choice(cfg.backend).preflight(cfg)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def check_link_bandwidth(cfg: ExperimentConfig) -> None:
@@ -162,21 +161,6 @@ def check_cluster_description(cfg: ExperimentConfig) -> None:
         from scaling.projection.cluster import load_cluster
 
         load_cluster(cfg.workers.cluster)  # an unknown preset or a bad cluster YAML: one line
-
-
-def check_gpu_rules(cfg: ExperimentConfig) -> None:
-    """Settings that cannot give a meaningful GPU run (docs/gpu.md says why each)."""
-    from scaling.instrument.timing import GPU_INJECTION_CHECKED
-
-    if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu:
-        if cfg.backend == "horovod":
-            raise ConfigError(
-                "instrument.inject_comm_delay_s with backend horovod is a host sleep, which is no GPU delay (the host runs "
-                "ahead of the device): on GPU runs inject with DDP, or run the ground truth on CPU workers")
-        if not GPU_INJECTION_CHECKED:
-            raise ConfigError(
-                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a GPU "
-                "(scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now")
 
 
 def check_capacity(cfg: ExperimentConfig, launcher: str, log_to_driver: bool = True) -> str | None:
@@ -311,18 +295,17 @@ def _model_sizes(name: str, num_classes: int) -> tuple[int, int, int]:
 
 def model_memory(cfg: ExperimentConfig) -> tuple[int, str]:
     """(bytes, what) of the model's state on one worker: parameters, their gradients, SGD's
-    momentum buffer (optim.momentum > 0), and at more than one worker DDP's gradient buckets (a
-    copy of the gradients) or Horovod's fusion buffer (at most its threshold); plus buffers."""
+    momentum buffer (optim.momentum > 0), and at more than one worker the backend's communication
+    buffers (`communication_bytes`: DDP's gradient buckets, Horovod's fusion buffer); plus buffers."""
     params, buffers, count = _model_sizes(cfg.model.name, cfg.data.num_classes)
     copies = ["weights", "gradients"] + (["momentum"] if cfg.optim.momentum > 0 else [])
     total = len(copies) * params + buffers
     if cfg.workers.num_workers > 1:
-        if cfg.backend == "horovod":
-            total += min(params, int(cfg.instrument.horovod_fusion_threshold_mb * 2**20))
-            copies.append("Horovod's fusion buffer")
-        else:
-            total += params
-            copies.append("DDP's gradient buckets")
+        from scaling.train.backends import for_choice
+
+        extra, what = for_choice(cfg.backend).communication_bytes(cfg, params)
+        total += extra
+        copies.append(what)
     return total, f"model.name={cfg.model.name} ({count:,} parameters: {', '.join(copies)})"
 
 

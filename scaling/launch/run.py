@@ -108,12 +108,15 @@ def _one_line_error(exc: BaseException) -> str:
 
 def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | None = None) -> dict:
     """What a lab run was (from its config), for summary.json (`scaling.launch.finish.write_summary`)."""
+    from scaling.train.backends import for_choice
+
+    backend = for_choice(cfg.backend).describe(cfg)  # `backend` (its records' name) and its own settings
     return {
         "name": cfg.name,
         "model": cfg.model.name,
         "dataset": cfg.data.name,
         "train_function": cfg.train.function or None,
-        "backend": "horovod" if cfg.backend == "horovod" else cfg.resolved_backend,
+        "backend": backend.pop("backend"),
         "launcher": launcher,
         "num_workers": cfg.workers.num_workers,
         "min_workers": cfg.workers.min_workers,  # > 0: elastic (workers_first_attempt / workers_last_attempt: what it got)
@@ -128,8 +131,7 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "channels_last": cfg.train.channels_last,
         "compile": cfg.train.compile,
         "grad_compression": cfg.instrument.grad_compression,
-        **({"horovod_fusion_threshold_mb": cfg.instrument.horovod_fusion_threshold_mb,
-            "horovod_cycle_time_ms": cfg.instrument.horovod_cycle_time_ms} if cfg.backend == "horovod" else {}),
+        **backend,
         "step_timing": cfg.instrument.step_timing,
         "inject_comm_delay_s": cfg.instrument.inject_comm_delay_s,
         # minicluster runs: each node's link cap during the run (a tc rate, or "uncapped")

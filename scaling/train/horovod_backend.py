@@ -14,7 +14,7 @@ asynchronous all-reduce per parameter from a hook on its gradient accumulator du
 fusion buffer, every `HOROVOD_CYCLE_TIME` ms); `optimizer.synchronize()` waits for them.
 
 Timing and the A/B overhead's no-sync pass are the instrument's (`HorovodBackend`,
-`HorovodCommTimer` and `horovod_no_sync` in scaling/instrument/backends.py), as for any
+`HorovodCommTimer` and `horovod_no_sync` in scaling/instrument/backends/horovod.py), as for any
 user's Horovod job.
 
 Horovod is imported lazily: this module imports without it (`available()` says why not).
@@ -28,7 +28,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from scaling.config import HOROVOD_COMPRESSIONS
+from scaling.instrument.backends.horovod import HorovodBackend
 
 # Every variable this module sets; cleared before a new init so that nothing of an earlier
 # configuration in the same process leaks into the next.
@@ -364,8 +364,8 @@ def wrap_optimizer(
         if wanted is not None and wanted != have:
             raise ValueError(f"{name}={wanted} must be set before hvd.init() (init applied {have}); "
                              "pass it in setup_horovod_env_and_init(tuning=HorovodTuning(...))")
-    if compression not in HOROVOD_COMPRESSIONS:
-        raise ValueError(f"horovod compression must be one of {HOROVOD_COMPRESSIONS}, got {compression!r}")
+    if compression not in HorovodBackend.compressions:
+        raise ValueError(f"horovod compression must be one of {HorovodBackend.compressions}, got {compression!r}")
     comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     had_state = len(optimizer.state_dict()["state"]) > 0

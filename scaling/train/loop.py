@@ -28,7 +28,7 @@ from scaling.config import ExperimentConfig
 from scaling.data import load_dataset, steps_per_epoch
 from scaling.errors import UsageError
 from scaling.models import build_model
-from scaling.train import backends
+from scaling.train.backends import for_run
 from scaling.train.precision import Precision, bf16_problem
 
 EVAL_BATCH = 512
@@ -134,11 +134,10 @@ class Checkpoints:
         """End of an epoch: report metrics; `state` (rank 0's, or None) is saved as the latest checkpoint."""
 
 
-def _checkpoint_state(model, optimizer, scheduler, precision, meter, device: torch.device) -> dict:
+def _checkpoint_state(scheduler, precision, meter, device: torch.device) -> dict:
     """Everything a restarted run needs to continue exactly where the checkpoint was taken."""
     return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        **meter.backend.checkpoint_state(),  # the model's and the optimizer's, as the backend keeps them
         "scheduler": scheduler.state_dict(),
         "scaler": precision.scaler.state_dict(),
         "torch_rng": torch.get_rng_state(),
@@ -198,7 +197,8 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
 
     The loop is a client of the public instrument (scaling/instrument/meter.py), like any
     user's job: it attaches to the wrapped model and optimizer, iterates `meter.batches`, and
-    hands `end_epoch` the validation accuracy; the backend is behind scaling/train/backends.py.
+    hands `end_epoch` the validation accuracy; the backend is behind scaling/train/backends/
+    (the wrapped model and optimizer) and the instrument's adapter (checkpoint state).
 
     With `checkpoints`, a checkpoint is taken every `failure.checkpoint_every_epochs` epochs
     and, when the launcher restarted the workers after a failure, the run resumes from the
@@ -220,7 +220,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         plain_model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
         nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
     )
-    model, optimizer, close_backend = backends.wrap(cfg, ctx, plain_model, optimizer, run_dir)
+    model, optimizer, close_backend = for_run(cfg, ctx.world_size).wrap(cfg, ctx, plain_model, optimizer, run_dir)
     if cfg.workers.pin_cpus and pins_after_backend(cfg, ctx):
         pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
     # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP,
@@ -276,8 +276,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
     model.train()
     restored = checkpoints.load()
     if restored is not None:
-        plain_model.load_state_dict(restored["model"])
-        optimizer.load_state_dict(restored["optimizer"])
+        meter.backend.load_checkpoint_state(restored)
         scheduler.load_state_dict(restored["scheduler"])
         precision.scaler.load_state_dict(restored["scaler"])
         _restore_rng(restored, ctx.device)
@@ -321,7 +320,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
             every = cfg.failure.checkpoint_every_epochs
             state = None
             if ctx.rank == 0 and every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs:
-                state = _checkpoint_state(plain_model, optimizer, scheduler, precision, meter, ctx.device)
+                state = _checkpoint_state(scheduler, precision, meter, ctx.device)
             checkpoints.report(dict(last_row), state)
             if reached:
                 break

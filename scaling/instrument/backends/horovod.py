@@ -1,34 +1,13 @@
-"""Backend adapters: what differs between DDP, Horovod and a single process, behind one interface.
+"""Horovod's DistributedOptimizer: its timed wait, its no-sync, and its communication timer.
 
-The instrument (scaling/instrument/meter.py) and the lab's loop (scaling/train/loop.py) never ask
-which backend runs; they call an adapter:
+Horovod's per-parameter all-reduces start in backward hooks and are waited for in
+`synchronize()`, which `step()` would call; the adapter calls it (timed) when the optimizer
+step begins, then lets that step skip its own synchronize (Horovod would otherwise all-reduce
+every gradient a second time), also when steps are not timed. On GPU its per-tensor
+completions cannot be timed from the host (`HorovodCommTimer`): `allreduce_s` is absent there,
+`exposed_comm_s` is kept, and Horovod's timeline has the all-reduces.
 
-    backend = detect(model, optimizer)        # from the objects a user's job already holds
-    backend.install_timer(clock, inject_delay_s)  # time every gradient all-reduce from now on
-    with backend.no_sync(): ...               # a forward+backward that communicates nothing (A/B)
-    backend.wait_after_backward()             # wait for the all-reduces backward launched (timed)
-    backend.take()                            # the BucketMarks of the all-reduces since the last take
-
-Adapters:
-- `LocalBackend`: one process, no communication (a plain module at world size 1, as Ray's
-  `prepare_model` returns it there). no_sync does nothing; there is nothing to time.
-- `DDPBackend`: a `DistributedDataParallel` model. Timing is a DDP comm hook
-  (`CommTimingHook`) wrapped around the hook the user registers, or PyTorch's `allreduce_hook`.
-  DDP allows one comm hook per model and never lets it be replaced, so the instrument must be
-  attached *before* a user's own hook is registered: attaching wraps the model's
-  `register_comm_hook`, and a hook registered afterwards (a compression hook, say) is kept and
-  timed. A model that already has a hook is refused with that one-line explanation.
-  DDP's backward returns only once every bucket's all-reduce completed: nothing to wait for.
-- `HorovodBackend`: a Horovod `DistributedOptimizer`. Its per-parameter all-reduces start in
-  backward hooks and are waited for in `synchronize()`, which `step()` would call; the adapter
-  calls it (timed) when the optimizer step begins, then lets that step skip its own
-  synchronize (Horovod would otherwise all-reduce every gradient a second time). On GPU its
-  per-tensor completions cannot be timed from the host (`HorovodCommTimer`): `allreduce_s`
-  is absent there, `exposed_comm_s` is kept, and Horovod's timeline has the all-reduces.
-
-A third backend (FSDP, DeepSpeed) is one more class with these methods and a case in
-`detect`. Creating the wrapped model and optimizer for the lab's own runs (DDP's bucket size,
-Horovod's rendezvous under Ray) is the other half of each adapter: scaling/train/backends.py.
+Horovod is imported lazily: this module imports without it.
 """
 
 from __future__ import annotations
@@ -36,86 +15,26 @@ from __future__ import annotations
 import contextlib
 import time
 
-import torch
-from torch.nn.parallel import DistributedDataParallel
-
-from scaling.instrument.timing import BucketMarks, Clock, CommTimingHook
+from scaling.instrument.backends.base import Backend
+from scaling.instrument.timing import BucketMarks, Clock
 
 
-class LocalBackend:
-    """One process: nothing is communicated, nothing to time."""
-
-    name = "local"
-
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = model, optimizer
-
-    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
-        if inject_delay_s:
-            raise ValueError("inject_comm_delay_s needs communication: a DDP model or a Horovod optimizer at world size > 1")
-
-    def no_sync(self):
-        return contextlib.nullcontext()
-
-    def wait_after_backward(self) -> None:
-        """Nothing launched, nothing to wait for."""
-
-    def after_step(self) -> None:
-        """Nothing to restore."""
-
-    def take(self) -> list[BucketMarks]:
-        return []
-
-
-class DDPBackend(LocalBackend):
-    """A DistributedDataParallel model (see the module docstring for the comm-hook rule)."""
-
-    name = "ddp"
-
-    def __init__(self, model: DistributedDataParallel, optimizer):
-        super().__init__(model, optimizer)
-        self._timer: CommTimingHook | None = None
-
-    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
-        registered = self.model._comm_hooks[0][0] if self.model._comm_hooks else None
-        if isinstance(registered, CommTimingHook):
-            # Registered at wrapping time around a compression hook (the lab's set-up,
-            # scaling/train/backends.py): adopt it, on this instrument's clock.
-            registered.configure(clock, inject_delay_s)
-            self._timer = registered
-            return
-        if registered is not None:
-            hook = registered
-            raise ValueError(
-                f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only one: "
-                "attach the instrument first, then register your hook (it is kept and timed)")
-        self._timer = CommTimingHook(clock, inject_delay_s=inject_delay_s)
-        self.model.register_comm_hook(state=None, hook=self._timer)
-        timer, model = self._timer, self.model
-
-        def register_comm_hook(state, hook):
-            # The user's hook becomes the timed one's inner hook: kept, and timed.
-            timer.wrap(hook, state)
-
-        model.register_comm_hook = register_comm_hook
-
-    def no_sync(self):
-        # DDP decides in forward whether the coming backward synchronises: the whole
-        # forward+backward must sit inside this block.
-        return self.model.no_sync()
-
-    def take(self) -> list[BucketMarks]:
-        return self._timer.take() if self._timer is not None else []
-
-
-class HorovodBackend(LocalBackend):
+class HorovodBackend(Backend):
     """A horovod.torch DistributedOptimizer (see the module docstring)."""
 
-    name = "horovod"
+    wraps = "Horovod's DistributedOptimizer"
+    # The lab runs Horovod's rendezvous over a torch.distributed group (gloo, NCCL on GPU).
+    choices = ("horovod",)
+    compressions = ("none", "fp16")  # horovod.torch.Compression has no bf16
+    waits_at_step = True
 
     def __init__(self, model, optimizer):
         super().__init__(model, optimizer)
         self._timer: HorovodCommTimer | None = None
+
+    @classmethod
+    def claims(cls, model, optimizer) -> bool:
+        return hasattr(optimizer, "_allreduce_grad_async") and hasattr(optimizer, "synchronize")
 
     def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
         self._timer = HorovodCommTimer(self.optimizer, clock, inject_delay_s=inject_delay_s)
@@ -138,25 +57,8 @@ class HorovodBackend(LocalBackend):
     def take(self) -> list[BucketMarks]:
         return self._timer.take() if self._timer is not None else []
 
-
-def is_horovod_optimizer(optimizer) -> bool:
-    return hasattr(optimizer, "_allreduce_grad_async") and hasattr(optimizer, "synchronize")
-
-
-def detect(model, optimizer) -> LocalBackend:
-    """The adapter for the objects a job trains with."""
-    if is_horovod_optimizer(optimizer):
-        return HorovodBackend(model, optimizer)
-    if isinstance(model, DistributedDataParallel):
-        return DDPBackend(model, optimizer)
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        raise ValueError("world size > 1 but the model is not DistributedDataParallel and the optimizer is not "
-                         "Horovod's DistributedOptimizer: nothing synchronises the gradients (wrap the model first, "
-                         "e.g. ray.train.torch.prepare_model)")
-    return LocalBackend(model, optimizer)
-
-
-# --- Horovod: no_sync and the communication timer ------------------------------------------
+    def observed_backend(self) -> str:
+        return "horovod"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,55 @@
+"""Backend adapters: what differs between DDP, Horovod and a single process, behind one interface.
+
+The instrument (scaling/instrument/meter.py) and the lab's loop (scaling/train/loop.py) never ask
+which backend runs; they call the adapter `detect` picks from the objects a job already holds:
+
+    backend = detect(model, optimizer)
+    backend.install_timer(clock, inject_delay_s)  # time every gradient all-reduce from now on
+    with backend.no_sync(): ...                   # a forward+backward that communicates nothing (A/B)
+    backend.wait_after_backward()                 # wait for the all-reduces backward launched (timed)
+    backend.take()                                # the BucketMarks of the all-reduces since the last take
+    backend.second_opinion(warmup_steps)          # the framework's own comm timers, or None
+    backend.checkpoint_state()                    # model and optimizer state for a checkpoint
+
+`Backend` (base.py) documents each method and holds the single process's answers; one module per
+adapter overrides what differs: local.py, ddp.py, horovod.py. A new backend is one more module
+here and its line in `ADAPTERS`; the lab's side of it (building the wrapped model and optimizer
+from a config) is scaling/train/backends/ (docs/architecture.md lists the files).
+"""
+
+from __future__ import annotations
+
+from scaling.instrument.backends.base import Backend
+from scaling.instrument.backends.ddp import DDPBackend
+from scaling.instrument.backends.horovod import HorovodBackend
+from scaling.instrument.backends.local import LocalBackend
+
+# Asked in this order; the first that claims the job adapts it (the single process, last, claims
+# any job of one rank). Their choices, in this order, are the config's.
+ADAPTERS: tuple[type[Backend], ...] = (DDPBackend, HorovodBackend, LocalBackend)
+
+
+def choices() -> tuple[str, ...]:
+    """Every value a run's `backend` setting takes (the lab's config: scaling/config.py)."""
+    return tuple(choice for adapter in ADAPTERS for choice in adapter.choices)
+
+
+def for_choice(choice: str) -> type[Backend]:
+    """The adapter a run's `backend: <choice>` selects."""
+    for adapter in ADAPTERS:
+        if choice in adapter.choices:
+            return adapter
+    raise KeyError(f"backend {choice!r} is none of {', '.join(choices())}")
+
+
+def detect(model, optimizer) -> Backend:
+    """The adapter for the objects a job trains with."""
+    for adapter in ADAPTERS:
+        if adapter.claims(model, optimizer):
+            return adapter(model, optimizer)
+    known = ", ".join(adapter.wraps for adapter in ADAPTERS)
+    raise ValueError(f"world size > 1 but no backend adapter claims this model and optimizer (it knows {known}): "
+                     "nothing synchronises the gradients (wrap the model first, e.g. ray.train.torch.prepare_model)")
+
+
+__all__ = ["ADAPTERS", "Backend", "choices", "detect", "for_choice"]

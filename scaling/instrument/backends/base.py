@@ -1,0 +1,86 @@
+"""What every backend adapter answers: the interface the instrument and the lab's loop call.
+
+`Backend` holds the single process's answers (nothing communicates, nothing to time, the
+model's and optimizer's own state); an adapter overrides what differs for its framework
+(scaling/instrument/backends/__init__.py lists them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from scaling.instrument.timing import BucketMarks, Clock
+
+
+class Backend:
+    """One job's data-parallel framework, as the instrument sees it."""
+
+    wraps = ""  # what the adapter claims, for the refusal of a job none claims ("a DistributedDataParallel model")
+    # How a run names it: the values of a config's `backend` key that select it (the lab's
+    # config asks the registry, scaling/instrument/backends/__init__.py), with what it offers there.
+    choices: tuple[str, ...] = ()
+    compressions: tuple[str, ...] = ("none",)  # gradient compressions it can all-reduce with
+    elastic = False  # its worker group can shrink and grow between restarts (the lab's workers.min_workers)
+    # A 1-rank job of this kind still communicates, and its communication is timed (DDP on a
+    # 1-rank group: the GPU ground truth, docs/gpu.md). Otherwise only > 1 rank communicates.
+    communicates_alone = False
+    # The wait for backward's communication moves to the optimizer step's start even when steps
+    # are not timed (Horovod: its step would otherwise all-reduce a second time).
+    waits_at_step = False
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    @classmethod
+    def process_group(cls, choice: str, use_gpu: bool) -> str:
+        """The torch.distributed process-group backend its workers start with, for the run's `choice`."""
+        return "nccl" if use_gpu else "gloo"
+
+    @classmethod
+    def claims(cls, model, optimizer) -> bool:
+        """Whether this adapter is the one for a job training `model` with `optimizer`."""
+        raise NotImplementedError
+
+    @property
+    def plain_model(self) -> torch.nn.Module:
+        """The user's module inside any wrapper (FLOPs, the model's name, checkpoints)."""
+        return self.model
+
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+        """Time every gradient all-reduce from now on (`inject_delay_s`: the ground truth's delay)."""
+        if inject_delay_s:
+            raise ValueError("inject_comm_delay_s needs communication: a DDP model or a Horovod optimizer at world size > 1")
+
+    def no_sync(self):
+        """A forward+backward inside this block communicates nothing (the A/B window's no_sync half)."""
+        return contextlib.nullcontext()
+
+    def wait_after_backward(self) -> None:
+        """Wait (timed) for the all-reduces backward launched. Nothing launched here."""
+
+    def after_step(self) -> None:
+        """The optimizer step ended: undo what `wait_after_backward` changed. Nothing here."""
+
+    def take(self) -> list[BucketMarks]:
+        """The all-reduces' marks since the last take."""
+        return []
+
+    def second_opinion(self, warmup_steps: int):
+        """The framework's own communication timers (`after_forward()`, `epoch_figures()`), or None."""
+        return None
+
+    def observed_backend(self) -> str:
+        """The communication backend a run's records name (job.json, summary.json)."""
+        return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
+
+    def checkpoint_state(self) -> dict:
+        """The model's and optimizer's state for a checkpoint."""
+        return {"model": self.plain_model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Restore `checkpoint_state()`'s model and optimizer (a restarted run, before its first step)."""
+        self.plain_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,118 @@
+"""PyTorch DistributedDataParallel: the comm-hook timer, `no_sync`, and DDP's own timers.
+
+Timing is a DDP comm hook (`CommTimingHook`, scaling/instrument/timing.py) wrapped around the
+hook the user registers, or PyTorch's `allreduce_hook`. DDP allows one comm hook per model and
+never lets it be replaced, so the instrument must be attached *before* a user's own hook is
+registered: attaching wraps the model's `register_comm_hook`, and a hook registered afterwards
+(a compression hook, say) is kept and timed. A model that already has a hook is refused with
+that one-line explanation. DDP's backward returns only once every bucket's all-reduce
+completed: nothing to wait for after it.
+
+A DDP model communicates even at world size 1 (a 1-rank NCCL group: the GPU ground truth,
+docs/gpu.md), so its all-reduces are timed there too. PyTorch's own timers
+(`_get_ddp_logging_data`) are the second opinion on the comm figures (`DDPTimers`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from scaling.instrument.backends.base import Backend
+from scaling.instrument.timing import BucketMarks, Clock, CommTimingHook
+
+
+class DDPBackend(Backend):
+    """A DistributedDataParallel model (see the module docstring for the comm-hook rule)."""
+
+    wraps = "a DistributedDataParallel model"
+    choices = ("auto", "gloo", "nccl")  # DDP on that process group; auto: nccl on GPU, gloo on CPU
+    compressions = ("none", "fp16", "bf16")  # PyTorch's compression hooks
+    elastic = True
+    communicates_alone = True
+
+    def __init__(self, model: DistributedDataParallel, optimizer):
+        super().__init__(model, optimizer)
+        self._timer: CommTimingHook | None = None
+
+    @classmethod
+    def process_group(cls, choice: str, use_gpu: bool) -> str:
+        return choice if choice != "auto" else super().process_group(choice, use_gpu)
+
+    @classmethod
+    def claims(cls, model, optimizer) -> bool:
+        return isinstance(model, DistributedDataParallel)
+
+    @property
+    def plain_model(self) -> torch.nn.Module:
+        return self.model.module
+
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+        registered = self.model._comm_hooks[0][0] if self.model._comm_hooks else None
+        if isinstance(registered, CommTimingHook):
+            # Registered at wrapping time around a compression hook (the lab's set-up,
+            # scaling/train/backends/ddp.py): adopt it, on this instrument's clock.
+            registered.configure(clock, inject_delay_s)
+            self._timer = registered
+            return
+        if registered is not None:
+            hook = registered
+            raise ValueError(
+                f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only one: "
+                "attach the instrument first, then register your hook (it is kept and timed)")
+        self._timer = CommTimingHook(clock, inject_delay_s=inject_delay_s)
+        self.model.register_comm_hook(state=None, hook=self._timer)
+        timer, model = self._timer, self.model
+
+        def register_comm_hook(state, hook):
+            # The user's hook becomes the timed one's inner hook: kept, and timed.
+            timer.wrap(hook, state)
+
+        model.register_comm_hook = register_comm_hook
+
+    def no_sync(self):
+        # DDP decides in forward whether the coming backward synchronises: the whole
+        # forward+backward must sit inside this block.
+        return self.model.no_sync()
+
+    def take(self) -> list[BucketMarks]:
+        return self._timer.take() if self._timer is not None else []
+
+    def second_opinion(self, warmup_steps: int) -> DDPTimers:
+        return DDPTimers(self.model, warmup_steps)
+
+
+class DDPTimers:
+    """PyTorch DDP's own view of the communication, a second opinion (`ddp_*` in epochs.parquet).
+
+    DDP logs an iteration's timers at the next forward; `after_forward` reads them there, once
+    per iteration, and `epoch_figures` gives the epoch's mean backward comm time (and its
+    spread) and comm minus its overlap with compute, DDP's exposed communication
+    (scaling/analysis/run_metrics.py, `ddp_second_opinion`).
+    """
+
+    def __init__(self, model: DistributedDataParallel, warmup_steps: int):
+        self.model, self.warmup_steps = model, warmup_steps
+        model._set_ddp_runtime_logging_sample_rate(1)  # every iteration, not DDP's default sample
+        self._log: list[tuple[float, float]] = []  # per iteration: (backward comm s, comm/compute overlap s)
+        self._iteration = -1
+
+    def after_forward(self) -> None:
+        data = self.model._get_ddp_logging_data()
+        iteration = data.get("iteration", -1)
+        if iteration == self._iteration or "backward_comm_time" not in data:
+            return
+        self._iteration = iteration
+        if iteration > self.warmup_steps:  # steady state, as the lab's own figures
+            self._log.append((data["backward_comm_time"] / 1e9, data["backward_compute_comm_overlap_time"] / 1e9))
+
+    def epoch_figures(self) -> dict:
+        if not self._log:
+            return {}
+        comm = [c for c, _ in self._log]
+        exposed = [c - o for c, o in self._log]
+        self._log = []
+        n = len(comm)
+        mean = sum(comm) / n
+        std = (sum((c - mean) ** 2 for c in comm) / (n - 1)) ** 0.5 if n > 1 else float("nan")
+        return {"ddp_comm_s": mean, "ddp_comm_std_s": std, "ddp_exposed_comm_s": sum(exposed) / n, "ddp_iterations": n}

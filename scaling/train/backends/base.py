@@ -1,0 +1,31 @@
+"""What the lab needs of each backend to run it, beyond what its instrument adapter answers.
+
+The instrument's adapter (scaling/instrument/backends/) says how a run names a backend (the
+config's `backend` values it serves), its process group and what it offers (gradient
+compressions, elastic restarts): the config asks it. A `LabBackend` adds what only the lab's
+runs need: what only looking at the machine can refuse (for the preflight), what a run's summary
+says of it, its communication buffers (for the preflight's memory estimate), and the wrapped
+model and optimizer the lab's loop trains with.
+"""
+
+from __future__ import annotations
+
+
+class LabBackend:
+    """One backend as the lab runs it; the defaults are a backend without settings of its own."""
+
+    def preflight(self, cfg) -> str | None:
+        """What only looking at this machine can refuse (one line), or None."""
+        return None
+
+    def describe(self, cfg) -> dict:
+        """What a run's summary.json says of its backend: `backend` (the name its records use) and its settings."""
+        return {"backend": cfg.resolved_backend}
+
+    def communication_bytes(self, cfg, parameter_bytes: int) -> tuple[int, str]:
+        """(bytes, what) each worker holds for communication beyond the model's state, at more than one worker."""
+        return 0, ""
+
+    def wrap(self, cfg, ctx, model, optimizer, run_dir):
+        """(model, optimizer, close): what the lab's loop trains with, and what it calls after a normal end."""
+        return model, optimizer, lambda: None

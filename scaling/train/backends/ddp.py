@@ -1,0 +1,47 @@
+"""DDP as the lab runs it (`backend: auto | gloo | nccl`): DistributedDataParallel on that process group.
+
+The wrapped model: `DistributedDataParallel` with `instrument.ddp_bucket_cap_mb` buckets, rank
+0's parameters everywhere, BatchNorm buffers synced once (forward_sync_buffers=False: the only
+communication during training is the gradient all-reduce the instrument times); the gradient
+compression hook of `instrument.grad_compression`, registered inside the instrument's timing
+hook (which the instrument adopts, scaling/instrument/backends/ddp.py) when steps are timed.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from scaling.instrument import timing
+from scaling.train.backends.base import LabBackend
+
+COMPRESSION_HOOKS = {
+    "none": default_hooks.allreduce_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+    "bf16": default_hooks.bf16_compress_hook,
+}
+
+
+class DDP(LabBackend):
+    def preflight(self, cfg) -> str | None:
+        if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu and not timing.GPU_INJECTION_CHECKED:
+            return ("instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
+                    "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now")
+        return None
+
+    def communication_bytes(self, cfg, parameter_bytes: int) -> tuple[int, str]:
+        return parameter_bytes, "DDP's gradient buckets"  # a copy of the gradients
+
+    def wrap(self, cfg, ctx, model, optimizer, run_dir):
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
+            forward_sync_buffers=False,
+        )
+        inner = COMPRESSION_HOOKS[cfg.instrument.grad_compression]
+        if cfg.instrument.step_timing:
+            ddp.register_comm_hook(state=None, hook=timing.CommTimingHook(inner_hook=inner))  # the instrument adopts it
+        elif cfg.instrument.grad_compression != "none":
+            ddp.register_comm_hook(state=None, hook=inner)
+        return ddp, optimizer, lambda: None
