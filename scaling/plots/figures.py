@@ -13,7 +13,8 @@ Okabe-Ito colour-blind-safe palette, one fixed colour per metric and per step ph
 counts run along viridis (few -> many); lines also differ by marker and dash so the figures
 survive greyscale printing. Worker-count axes carry integer ticks at the counts that were
 run (log2 when they span 8x or more). When a table holds more than one series (a sweep axis
-besides the worker count) each series gets its own panel and the legend goes below them.
+besides the worker count) each series gets its own panel and the legend goes below them: the
+figures drawn per series share that scaffold (`_per_series`) and draw only a panel's contents.
 """
 
 from __future__ import annotations
@@ -207,49 +208,66 @@ def _errorbars(ax, xs, values, yerr, colour) -> None:
         ax.errorbar(xs, values, yerr=yerr, fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, zorder=3)
 
 
+def _per_series(table: pd.DataFrame, draw, *, title: str, ylabel: str, legend="upper left",
+                width: float = 6.5) -> Figure:
+    """The scaffold every per-series figure shares: one panel per series of `table` (`_series`: a
+    sweep axis besides the worker count; the panels share y), each drawn by `draw(ax, rows)` and
+    titled with its series; one legend (`legend`: where `_legend` puts it inside a single panel,
+    or a function of (fig, axes) that places its own); the y label on the first panel; the title."""
+    with mpl.rc_context(STYLE):
+        panels = _series(table)
+        fig, axes = _figure(len(panels), width=width)
+        for ax, (series, rows) in zip(axes, panels):
+            draw(ax, rows)
+            ax.set_title(series, fontsize=9, fontweight="normal")
+        if callable(legend):
+            legend(fig, axes)
+        else:
+            _legend(fig, axes, loc=legend)
+        axes[0].set_ylabel(ylabel)
+        fig.suptitle(title, fontweight="bold", fontsize=10)
+    return fig
+
+
 @captioned("Speedup",
            "Speedup over the smallest worker count: time per epoch(base) / time per epoch(N), throughput(N) / "
            "throughput(base) and mean TTA(base) / mean TTA(N); the dashed line is ideal linear scaling, N / N_base.")
 def speedup_figure(table: pd.DataFrame) -> Figure:
     """Speedup vs workers for time per epoch, throughput and TTA, with the ideal linear line and 95% intervals."""
-    with mpl.rc_context(STYLE):
-        panels = _series(table)
-        fig, axes = _figure(len(panels))
-        log = use_log(table["num_workers"])
-        for ax, (title, part) in zip(axes, panels):
-            part = part.sort_values("num_workers")
-            counts = part["num_workers"].to_numpy(dtype=float)
-            base = part["base_workers"].dropna()
-            if not base.empty:
-                xs = counts[counts >= base.iloc[0]]
-                ax.plot(xs, xs / base.iloc[0], label="ideal (linear)", zorder=1, **IDEAL)
-            missing = []
-            for metric in SPEEDUP_METRICS:
-                values = part[f"speedup_{metric}"].to_numpy(dtype=float)
-                keep = np.isfinite(values)
-                if not keep.any():
-                    missing.append(METRIC_LABEL[metric])
-                    continue
-                ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
-                yerr = _yerr(part, f"speedup_{metric}", values)
-                _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None,
-                           METRIC_LINE[metric].get("color", METRIC_COLOUR[metric]))
-            _projected(ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)",
-                       METRIC_COLOUR["throughput"])
-            if log:
-                ax.set_yscale("log", base=2)
-                ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-            else:
-                ax.set_ylim(bottom=0)
-            worker_axis(ax, counts, log)
-            if missing:
-                ax.text(0.98, 0.03, "no data: " + ", ".join(missing), transform=ax.transAxes, ha="right", va="bottom",
-                        fontsize=7.5, color="#555555")
-            ax.set_title(title, fontsize=9, fontweight="normal")
-        _legend(fig, axes, loc="upper left")
-        axes[0].set_ylabel(f"speedup over {_base_label(table)} (×)")
-        fig.suptitle("Speedup vs. number of workers", fontweight="bold", fontsize=10)
-    return fig
+    log = use_log(table["num_workers"])
+
+    def draw(ax, part):
+        part = part.sort_values("num_workers")
+        counts = part["num_workers"].to_numpy(dtype=float)
+        base = part["base_workers"].dropna()
+        if not base.empty:
+            xs = counts[counts >= base.iloc[0]]
+            ax.plot(xs, xs / base.iloc[0], label="ideal (linear)", zorder=1, **IDEAL)
+        missing = []
+        for metric in SPEEDUP_METRICS:
+            values = part[f"speedup_{metric}"].to_numpy(dtype=float)
+            keep = np.isfinite(values)
+            if not keep.any():
+                missing.append(METRIC_LABEL[metric])
+                continue
+            ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
+            yerr = _yerr(part, f"speedup_{metric}", values)
+            _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None,
+                       METRIC_LINE[metric].get("color", METRIC_COLOUR[metric]))
+        _projected(ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)",
+                   METRIC_COLOUR["throughput"])
+        if log:
+            ax.set_yscale("log", base=2)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        else:
+            ax.set_ylim(bottom=0)
+        worker_axis(ax, counts, log)
+        if missing:
+            ax.text(0.98, 0.03, "no data: " + ", ".join(missing), transform=ax.transAxes, ha="right", va="bottom",
+                    fontsize=7.5, color="#555555")
+
+    return _per_series(table, draw, title="Speedup vs. number of workers",
+                       ylabel=f"speedup over {_base_label(table)} (×)")
 
 
 @captioned("Communication overhead",
@@ -259,47 +277,43 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
            "backward).")
 def comm_overhead_figure(table: pd.DataFrame) -> Figure:
     """Time communicating, communication overhead (A/B, headline) and exposed communication, % of step time."""
-    with mpl.rc_context(STYLE):
-        panels = _series(table)
-        fig, axes = _figure(len(panels))
-        log = use_log(table["num_workers"])
-        for ax, (title, part) in zip(axes, panels):
-            part = part.sort_values("num_workers")
-            counts = part["num_workers"].to_numpy(dtype=float)
-            drawn = False
-            for column, label, colour, marker, style in (
-                ("allreduce_pct", "communicating: all-reduce in flight / t_step", COMM_IN_FLIGHT_COLOUR, "^", ":"),
-                ("comm_overhead_pct", "comm overhead, A/B: (t_sync − t_no_sync) / t_step", COMM_AB_COLOUR, "o", "-"),
-                ("exposed_comm_pct", "exposed communication / t_step", COMM_EXPOSED_COLOUR, "s", "--"),
-            ):
-                if column not in part.columns:
-                    continue
-                values = part[column].to_numpy(dtype=float)
-                keep = np.isfinite(values)
-                if keep.any():
-                    ax.plot(counts[keep], values[keep], marker=marker, linestyle=style, color=colour, label=label)
-                    yerr = _yerr(part, column, values)
-                    _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None, colour)
-                    drawn = True
-            drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead A/B, projected (model)",
-                               COMM_AB_COLOUR) or drawn
-            drawn = _projected(ax, part, "projected_allreduce_pct", "communicating, projected (model)",
-                               COMM_IN_FLIGHT_COLOUR) or drawn
-            if not drawn:
-                _no_data(ax, "no communication figures")
-            worker_axis(ax, counts, log)
-            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-            ax.set_title(title, fontsize=9, fontweight="normal")
-        # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
-        values = table[[c for c in ("allreduce_pct", "comm_overhead_pct", "exposed_comm_pct",
-                                    "projected_comm_overhead_pct", "projected_allreduce_pct")
-                        if c in table.columns]].to_numpy(dtype=float)
-        highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
-        axes[0].set_ylim(0, max(5.0, highest * 1.15))
-        _legend(fig, axes, loc="upper left")
-        axes[0].set_ylabel("share of step time (%, median over repeats, 95% interval)")
-        fig.suptitle("Communication overhead vs. number of workers", fontweight="bold", fontsize=10)
-    return fig
+    log = use_log(table["num_workers"])
+    # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
+    values = table[[c for c in ("allreduce_pct", "comm_overhead_pct", "exposed_comm_pct",
+                                "projected_comm_overhead_pct", "projected_allreduce_pct")
+                    if c in table.columns]].to_numpy(dtype=float)
+    highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
+
+    def draw(ax, part):
+        part = part.sort_values("num_workers")
+        counts = part["num_workers"].to_numpy(dtype=float)
+        drawn = False
+        for column, label, colour, marker, style in (
+            ("allreduce_pct", "communicating: all-reduce in flight / t_step", COMM_IN_FLIGHT_COLOUR, "^", ":"),
+            ("comm_overhead_pct", "comm overhead, A/B: (t_sync − t_no_sync) / t_step", COMM_AB_COLOUR, "o", "-"),
+            ("exposed_comm_pct", "exposed communication / t_step", COMM_EXPOSED_COLOUR, "s", "--"),
+        ):
+            if column not in part.columns:
+                continue
+            values = part[column].to_numpy(dtype=float)
+            keep = np.isfinite(values)
+            if keep.any():
+                ax.plot(counts[keep], values[keep], marker=marker, linestyle=style, color=colour, label=label)
+                yerr = _yerr(part, column, values)
+                _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None, colour)
+                drawn = True
+        drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead A/B, projected (model)",
+                           COMM_AB_COLOUR) or drawn
+        drawn = _projected(ax, part, "projected_allreduce_pct", "communicating, projected (model)",
+                           COMM_IN_FLIGHT_COLOUR) or drawn
+        if not drawn:
+            _no_data(ax, "no communication figures")
+        worker_axis(ax, counts, log)
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+        ax.set_ylim(0, max(5.0, highest * 1.15))
+
+    return _per_series(table, draw, title="Communication overhead vs. number of workers",
+                       ylabel="share of step time (%, median over repeats, 95% interval)")
 
 
 @captioned("Step breakdown",
@@ -307,35 +321,33 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
            "backward compute, exposed communication and optimizer (ms; the label is the whole step).")
 def step_breakdown_figure(table: pd.DataFrame) -> Figure:
     """Stacked bars per worker count: data, forward, backward compute, exposed communication, optimizer (ms/step)."""
-    with mpl.rc_context(STYLE):
-        panels = _series(table)
-        fig, axes = _figure(len(panels), width=7.0)
-        for ax, (title, part) in zip(axes, panels):
-            part = part.sort_values("num_workers")
-            positions = np.arange(len(part))
-            bottom = np.zeros(len(part))
-            for column, label, colour in PHASES:
-                values = np.nan_to_num(part[column].to_numpy(dtype=float) * 1e3)
-                ax.bar(positions, values, 0.6, bottom=bottom, color=colour, edgecolor="#333333", linewidth=0.5,
-                       label=label)
-                bottom += values
-            for x, total in zip(positions, bottom):
-                if total > 0:
-                    ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 2), textcoords="offset points",
-                                ha="center", va="bottom", fontsize=7.5)
-            ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.grid(False, axis="x")
-            ax.set_xlabel("workers (data-parallel ranks)")
-            ax.set_title(title, fontsize=9, fontweight="normal")
-            ax.margins(y=0.1)
-            if not bottom.any():
-                _no_data(ax, "no step records")
-        axes[0].set_ylabel("time per step (ms, mean over repeats)")
+    def draw(ax, part):
+        part = part.sort_values("num_workers")
+        positions = np.arange(len(part))
+        bottom = np.zeros(len(part))
+        for column, label, colour in PHASES:
+            values = np.nan_to_num(part[column].to_numpy(dtype=float) * 1e3)
+            ax.bar(positions, values, 0.6, bottom=bottom, color=colour, edgecolor="#333333", linewidth=0.5,
+                   label=label)
+            bottom += values
+        for x, total in zip(positions, bottom):
+            if total > 0:
+                ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 2), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7.5)
+        ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(False, axis="x")
+        ax.set_xlabel("workers (data-parallel ranks)")
+        ax.margins(y=0.1)
+        if not bottom.any():
+            _no_data(ax, "no step records")
+
+    def legend(fig, axes):  # the stack's order, top phase first, right of the last panel
         handles, labels = axes[0].get_legend_handles_labels()
         axes[-1].legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-        fig.suptitle("Where a training step's time goes", fontweight="bold", fontsize=10)
-    return fig
+
+    return _per_series(table, draw, title="Where a training step's time goes",
+                       ylabel="time per step (ms, mean over repeats)", legend=legend, width=7.0)
 
 
 @captioned("Accuracy curves",
@@ -343,36 +355,31 @@ def step_breakdown_figure(table: pd.DataFrame) -> Figure:
            "at the target (dashed), so later epochs hold only the slower repeats.")
 def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None = None) -> Figure:
     """Validation accuracy per epoch: mean line and min–max band over repeats, one colour per worker count."""
-    with mpl.rc_context(STYLE):
-        panels = _series(curves)
-        fig, axes = _figure(len(panels))
-        colours = _worker_colours(curves["num_workers"]) if not curves.empty else {}
-        for ax, (title, part) in zip(axes, panels):
-            for n, rows in part.groupby("num_workers", sort=True):
-                rows = rows.sort_values("epoch")
-                epoch = rows["epoch"].to_numpy(dtype=float)
-                colour = colours[int(n)]
-                ax.fill_between(epoch, rows["val_accuracy_min"] * 100, rows["val_accuracy_max"] * 100, color=colour,
-                                alpha=0.18, linewidth=0)
-                repeats = int(rows["n_runs"].max())
-                ax.plot(epoch, rows["val_accuracy_mean"] * 100, marker="o", markersize=3.5, color=colour,
-                        label=f"{_workers_label(n)} (n = {repeats})")
-            if target_accuracy is not None:
-                ax.axhline(target_accuracy * 100, color="black", linestyle="--", linewidth=1.0,
-                           label=f"target {target_accuracy:.0%}")
-            if part.empty:
-                _no_data(ax, "no validation accuracy recorded")
-                ax.set_xlim(0.5, 2.5)
-                ax.set_ylim(0, 100)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("epoch")
-            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-            ax.set_title(title, fontsize=9, fontweight="normal")
-        _legend(fig, axes, loc="lower right")
-        axes[0].set_ylabel("validation accuracy (top-1, %)")
-        fig.suptitle("Validation accuracy per epoch (line: mean, band: min–max over repeats)", fontweight="bold",
-                     fontsize=10)
-    return fig
+    colours = _worker_colours(curves["num_workers"]) if not curves.empty else {}
+
+    def draw(ax, part):
+        for n, rows in part.groupby("num_workers", sort=True):
+            rows = rows.sort_values("epoch")
+            epoch = rows["epoch"].to_numpy(dtype=float)
+            colour = colours[int(n)]
+            ax.fill_between(epoch, rows["val_accuracy_min"] * 100, rows["val_accuracy_max"] * 100, color=colour,
+                            alpha=0.18, linewidth=0)
+            repeats = int(rows["n_runs"].max())
+            ax.plot(epoch, rows["val_accuracy_mean"] * 100, marker="o", markersize=3.5, color=colour,
+                    label=f"{_workers_label(n)} (n = {repeats})")
+        if target_accuracy is not None:
+            ax.axhline(target_accuracy * 100, color="black", linestyle="--", linewidth=1.0,
+                       label=f"target {target_accuracy:.0%}")
+        if part.empty:
+            _no_data(ax, "no validation accuracy recorded")
+            ax.set_xlim(0.5, 2.5)
+            ax.set_ylim(0, 100)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+
+    return _per_series(curves, draw, title="Validation accuracy per epoch (line: mean, band: min–max over repeats)",
+                       ylabel="validation accuracy (top-1, %)", legend="lower right")
 
 
 @captioned("Throughput speedup vs. TTA speedup",
@@ -380,49 +387,46 @@ def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None =
            "larger global batch needs to reach the target (black line: ideal).")
 def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
     """Throughput speedup beside TTA speedup per worker count (grouped bars), with the ideal."""
-    with mpl.rc_context(STYLE):
-        panels = _series(table)
-        fig, axes = _figure(len(panels))
-        width = 0.36
-        for ax, (title, part) in zip(axes, panels):
-            part = part.sort_values("num_workers")
-            positions = np.arange(len(part))
-            labelled = len(panels) == 1 and len(part) <= 6  # value labels only where they fit; the table has them all
-            both = part[["speedup_throughput", "speedup_tta"]].to_numpy(dtype=float)
-            top = np.nanmax(both) if np.isfinite(both).any() else 1.0
-            for offset, metric in ((-width / 2, "throughput"), (width / 2, "tta")):
-                values = part[f"speedup_{metric}"].to_numpy(dtype=float)
-                yerr = _yerr(part, f"speedup_{metric}", values)
-                bars = ax.bar(positions + offset, np.nan_to_num(values), width, color=METRIC_COLOUR[metric],
-                              edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup",
-                              yerr=yerr, error_kw={"elinewidth": 1.0, "capsize": 3, "ecolor": "#222222"})
-                for bar, value in zip(bars, values if labelled else []):
-                    # inside the bar's top, clear of the ideal mark above it; above a bar too short to hold it
-                    x = bar.get_x() + bar.get_width() / 2
-                    if not math.isfinite(value):
-                        ax.annotate("n/a", (x, 0), xytext=(0, 2), textcoords="offset points", ha="center",
-                                    va="bottom", fontsize=7)
-                    elif value > 0.12 * top:
-                        ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, -3), textcoords="offset points",
-                                    ha="center", va="top", fontsize=7)
-                    else:
-                        ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, 2), textcoords="offset points",
-                                    ha="center", va="bottom", fontsize=7)
-            ideal = (part["num_workers"] / part["base_workers"]).to_numpy(dtype=float)
-            for i, (x, y) in enumerate(zip(positions, ideal)):
-                if math.isfinite(y):
-                    ax.hlines(y, x - width - 0.06, x + width + 0.06, label="ideal (linear)" if i == 0 else None, **IDEAL)
-            ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.grid(False, axis="x")
-            ax.set_xlabel("workers (data-parallel ranks)")
-            ax.margins(y=0.12)
-            ax.set_ylim(bottom=0)
-            ax.set_title(title, fontsize=9, fontweight="normal")
-        _legend(fig, axes, loc="upper left")
-        axes[0].set_ylabel(f"speedup over {_base_label(table)} (×)")
-        fig.suptitle("Throughput speedup vs. time-to-accuracy speedup", fontweight="bold", fontsize=10)
-    return fig
+    width = 0.36
+    one_panel = len(_series(table)) == 1
+
+    def draw(ax, part):
+        part = part.sort_values("num_workers")
+        positions = np.arange(len(part))
+        labelled = one_panel and len(part) <= 6  # value labels only where they fit; the table has them all
+        both = part[["speedup_throughput", "speedup_tta"]].to_numpy(dtype=float)
+        top = np.nanmax(both) if np.isfinite(both).any() else 1.0
+        for offset, metric in ((-width / 2, "throughput"), (width / 2, "tta")):
+            values = part[f"speedup_{metric}"].to_numpy(dtype=float)
+            yerr = _yerr(part, f"speedup_{metric}", values)
+            bars = ax.bar(positions + offset, np.nan_to_num(values), width, color=METRIC_COLOUR[metric],
+                          edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup",
+                          yerr=yerr, error_kw={"elinewidth": 1.0, "capsize": 3, "ecolor": "#222222"})
+            for bar, value in zip(bars, values if labelled else []):
+                # inside the bar's top, clear of the ideal mark above it; above a bar too short to hold it
+                x = bar.get_x() + bar.get_width() / 2
+                if not math.isfinite(value):
+                    ax.annotate("n/a", (x, 0), xytext=(0, 2), textcoords="offset points", ha="center",
+                                va="bottom", fontsize=7)
+                elif value > 0.12 * top:
+                    ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, -3), textcoords="offset points",
+                                ha="center", va="top", fontsize=7)
+                else:
+                    ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, 2), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=7)
+        ideal = (part["num_workers"] / part["base_workers"]).to_numpy(dtype=float)
+        for i, (x, y) in enumerate(zip(positions, ideal)):
+            if math.isfinite(y):
+                ax.hlines(y, x - width - 0.06, x + width + 0.06, label="ideal (linear)" if i == 0 else None, **IDEAL)
+        ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(False, axis="x")
+        ax.set_xlabel("workers (data-parallel ranks)")
+        ax.margins(y=0.12)
+        ax.set_ylim(bottom=0)
+
+    return _per_series(table, draw, title="Throughput speedup vs. time-to-accuracy speedup",
+                       ylabel=f"speedup over {_base_label(table)} (×)")
 
 
 @captioned("TTA over repeats",
@@ -430,41 +434,37 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
            "repeat, its mean ± std, and how many repeats reached the target.")
 def tta_spread_figure(spread: pd.DataFrame) -> Figure:
     """TTA of every repeat per worker count (points), with mean ± std; how many repeats reached the target."""
-    with mpl.rc_context(STYLE):
-        panels = _series(spread)
-        fig, axes = _figure(len(panels))
-        colours = _worker_colours(spread["num_workers"]) if not spread.empty else {}
-        reached_any = spread["tta_s"].notna().any()
-        top = float(np.nanmax(spread["tta_s"].to_numpy(dtype=float))) if reached_any else 1.0
-        for ax, (title, part) in zip(axes, panels):
-            counts = sorted(int(n) for n in part["num_workers"].unique())
-            ticks, labelled = [], False
-            for i, n in enumerate(counts):
-                rows = part[part["num_workers"] == n]
-                tta = rows["tta_s"].dropna().to_numpy(dtype=float)
-                # a deterministic spread of the points across the column, so repeats do not hide each other
-                jitter = np.linspace(-0.12, 0.12, len(tta)) if len(tta) > 1 else np.zeros(len(tta))
-                ax.scatter(i + jitter, tta, s=22, color=colours[n], edgecolor="white", linewidth=0.5, zorder=3,
-                           label="one repeat" if len(tta) and not labelled else None)
-                if len(tta) >= 1:
-                    std = tta.std(ddof=1) if len(tta) >= 2 else 0.0
-                    ax.errorbar(i + 0.28, tta.mean(), yerr=std, fmt="_", color="black", markersize=12, capsize=3,
-                                linewidth=1.0, zorder=4, label=None if labelled else "mean ± std")
-                    labelled = True
-                ticks.append(f"{n}\n{len(tta)}/{len(rows)}")
-            ax.set_xticks(range(len(counts)), ticks)
-            ax.set_xlim(-0.6, len(counts) - 0.4)
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.grid(False, axis="x")
-            ax.set_xlabel("workers\n(repeats that reached the target / repeats)")
-            ax.set_ylim(bottom=0, top=top * 1.1)
-            ax.set_title(title, fontsize=9, fontweight="normal")
-            if not part["tta_s"].notna().any():
-                _no_data(ax, "no repeat reached the target")
-        _legend(fig, axes, loc="lower right")
-        axes[0].set_ylabel("time to accuracy (s, training time)")
-        fig.suptitle("Time to accuracy over repeated seeds", fontweight="bold", fontsize=10)
-    return fig
+    colours = _worker_colours(spread["num_workers"]) if not spread.empty else {}
+    reached_any = spread["tta_s"].notna().any()
+    top = float(np.nanmax(spread["tta_s"].to_numpy(dtype=float))) if reached_any else 1.0
+
+    def draw(ax, part):
+        counts = sorted(int(n) for n in part["num_workers"].unique())
+        ticks, labelled = [], False
+        for i, n in enumerate(counts):
+            rows = part[part["num_workers"] == n]
+            tta = rows["tta_s"].dropna().to_numpy(dtype=float)
+            # a deterministic spread of the points across the column, so repeats do not hide each other
+            jitter = np.linspace(-0.12, 0.12, len(tta)) if len(tta) > 1 else np.zeros(len(tta))
+            ax.scatter(i + jitter, tta, s=22, color=colours[n], edgecolor="white", linewidth=0.5, zorder=3,
+                       label="one repeat" if len(tta) and not labelled else None)
+            if len(tta) >= 1:
+                std = tta.std(ddof=1) if len(tta) >= 2 else 0.0
+                ax.errorbar(i + 0.28, tta.mean(), yerr=std, fmt="_", color="black", markersize=12, capsize=3,
+                            linewidth=1.0, zorder=4, label=None if labelled else "mean ± std")
+                labelled = True
+            ticks.append(f"{n}\n{len(tta)}/{len(rows)}")
+        ax.set_xticks(range(len(counts)), ticks)
+        ax.set_xlim(-0.6, len(counts) - 0.4)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(False, axis="x")
+        ax.set_xlabel("workers\n(repeats that reached the target / repeats)")
+        ax.set_ylim(bottom=0, top=top * 1.1)
+        if not part["tta_s"].notna().any():
+            _no_data(ax, "no repeat reached the target")
+
+    return _per_series(spread, draw, title="Time to accuracy over repeated seeds",
+                       ylabel="time to accuracy (s, training time)", legend="lower right")
 
 
 @captioned("Roofline",
