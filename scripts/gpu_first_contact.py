@@ -49,12 +49,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
+import importlib.util
 import os
 import platform
 import re
 import shutil
-import socket
 import sys
 import time
 import traceback
@@ -64,6 +63,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+# The lab's own command-line parser, errors and free port; none of them imports Ray or pandas.
+from scaling.cli import OneLineParser  # noqa: E402
+from scaling.errors import UsageError  # noqa: E402
+from scaling.testbed.local_cluster import free_port  # noqa: E402
 
 STEPS = ("env", "smoke", "resnet50", "gloo2", "nccl_ground_truth", "profiler", "sync_audit")
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
@@ -98,12 +102,6 @@ class Ctx:
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _one_rank_group(ctx: Ctx) -> None:
     """A 1-rank process group in this process: NCCL on GPU, gloo in a dry run (created once)."""
     import torch
@@ -113,7 +111,7 @@ def _one_rank_group(ctx: Ctx) -> None:
         return
     if ctx.gpu:
         torch.cuda.set_device(ctx.device)
-    dist.init_process_group("nccl" if ctx.gpu else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+    dist.init_process_group("nccl" if ctx.gpu else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                             rank=0, world_size=1)
 
 
@@ -142,17 +140,6 @@ def _batches(ctx: Ctx, count: int, batch: int, size: int, num_classes: int) -> l
     generator = torch.Generator(device=ctx.device).manual_seed(0)
     return [(torch.randn(batch, 3, size, size, generator=generator, device=ctx.device),
              torch.randint(0, num_classes, (batch,), generator=generator, device=ctx.device)) for _ in range(count)]
-
-
-def _read_steps(run_dir: Path):
-    """A run's step records (steps.parquet: a file or a directory of parts; or the older parts/)."""
-    import pandas as pd
-
-    path = run_dir / "steps.parquet"
-    if path.exists():
-        return pd.read_parquet(path)
-    parts = sorted((run_dir / "parts").glob("steps-epoch*.parquet"))
-    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
 def lab_run(ctx: Ctx, name: str, overrides: list[str], workers: int = 1) -> dict:
@@ -226,13 +213,10 @@ def step_env(ctx: Ctx) -> dict:
 
 def step_smoke(ctx: Ctx) -> dict:
     result = lab_run(ctx, "smoke", ["data.train_samples=2048", "data.val_samples=512", "train.max_epochs=2"])
-    run_dir = ctx.out / result["run_dir"]
-    telemetry = run_dir / "telemetry.parquet"
-    result["telemetry_rows"] = None
-    if telemetry.exists():
-        import pandas as pd
+    from scaling.results import RunDir
 
-        result["telemetry_rows"] = int(len(pd.read_parquet(telemetry)))
+    telemetry = RunDir(ctx.out / result["run_dir"]).telemetry(["rank"])
+    result["telemetry_rows"] = int(len(telemetry)) if not telemetry.empty else None
     checks = {"run finished": result["run_status"] == "max_epochs", "steps timed": result["step_s"] is not None}
     if ctx.gpu:
         try:
@@ -270,7 +254,9 @@ def step_gloo2(ctx: Ctx) -> dict:
         raise Skip("2 ranks need 2 CPUs")
     result = lab_run(ctx, "gloo2", ["backend=gloo", "data.train_samples=2048", "data.val_samples=512",
                                     "train.max_epochs=2", "instrument.calibration_pairs=2"], workers=2)
-    steps = _read_steps(ctx.out / result["run_dir"])
+    from scaling.results import RunDir
+
+    steps = RunDir(ctx.out / result["run_dir"]).steps()
     train = steps[steps["kind"] == "train"]
     result["buckets_per_step"] = float(train["num_buckets"].median()) if len(train) else None
     checks = {"run finished": result["run_status"] == "max_epochs",
@@ -318,7 +304,9 @@ def step_nccl_ground_truth(ctx: Ctx) -> dict:
             optimizer.zero_grad()
         meter.end_epoch()
     meter.detach()
-    records = _read_steps(run_dir)
+    from scaling.results import RunDir
+
+    records = RunDir(run_dir).steps()
     train = records[(records["kind"] == "train") & ~records["warmup"]].copy()
     train["delay_s"] = train["epoch"].map(lambda e: schedule[int(e) - 1])
     base, injected = train[train["delay_s"] == 0], train[train["delay_s"] > 0]
@@ -475,24 +463,9 @@ STEP_FUNCTIONS = {name: globals()[f"step_{name}"] for name in STEPS}
 # --- running -------------------------------------------------------------------------------
 
 
-def _json_safe(value):
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            return value.item()
-        except Exception:  # noqa: BLE001
-            return str(value)
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
 def run_step(ctx: Ctx, number: int, name: str) -> dict:
+    from scaling.results import write_json_atomic
+
     started = time.perf_counter()
     record = {"step": name, "number": number, "dry_run": ctx.dry_run}
     try:
@@ -504,23 +477,14 @@ def run_step(ctx: Ctx, number: int, name: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - a step's crash is its result; the next step still runs
         record.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     record["seconds"] = time.perf_counter() - started
-    path = ctx.out / f"{number:02d}-{name}.json"
-    path.write_text(json.dumps(_json_safe(record), indent=2) + "\n")
+    write_json_atomic(ctx.out / f"{number:02d}-{name}.json", record)
     line = record.get("reason") or record.get("error") or ""
     print(f"{number:02d} {name:<18} {record['status']:<8} {record['seconds']:7.1f} s  {line}", flush=True)
     return record
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (exit 2), as the lab's CLI's are."""
-
-    def error(self, message: str):
-        print(f"{self.prog}: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="gpu_first_contact.py",
         description="Run the lab's GPU path once on a single GPU; one results file per step (module docstring).")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu", help="results folder")
@@ -554,24 +518,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _refuse(message: str) -> int:
-    print(f"gpu_first_contact.py: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """Exit status 0 when no step failed, 1 otherwise, 2 for bad arguments (one line on stderr, nothing written)."""
+    try:
+        return _run(parse_args(argv))
+    except UsageError as refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"gpu_first_contact.py: missing modules the lab needs: {', '.join(missing)} (pip install "
+                         "pandas pyarrow pyyaml pillow numpy mlperf-logging, or carry a wheelhouse to a machine "
+                         "without network)")
     import torch
 
+    from scaling.results import write_json_atomic
+
     if not args.dry_run and not torch.cuda.is_available():
-        return _refuse(f"torch {torch.__version__} sees no CUDA GPU here (CUDA build: {torch.version.cuda or 'none'}); "
-                       "run on the GPU machine, or with --dry-run for the CPU-checkable parts")
+        raise UsageError(f"gpu_first_contact.py: torch {torch.__version__} sees no CUDA GPU here (CUDA build: "
+                         f"{torch.version.cuda or 'none'}); run on the GPU machine, or with --dry-run for the "
+                         "CPU-checkable parts")
     out = args.out.resolve()
     if out.exists() and not out.is_dir():
-        return _refuse(f"--out {out} is not a folder")
+        raise UsageError(f"gpu_first_contact.py: --out {out} is not a folder")
     if out.exists() and any(out.iterdir()):
         if not args.overwrite:
-            return _refuse(f"--out {out} holds results already; choose another folder or pass --overwrite")
+            raise UsageError(f"gpu_first_contact.py: --out {out} holds results already; choose another folder or "
+                             "pass --overwrite")
         for old in list(out.glob("[0-9][0-9]-*.json")) + [out / "summary.json"]:
             old.unlink(missing_ok=True)
         shutil.rmtree(out / "runs", ignore_errors=True)
@@ -585,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"dry_run": args.dry_run, "steps": {r["step"]: r["status"] for r in records},
                "failed": [r["step"] for r in records if r["status"] in ("failed", "error")],
                "finished_unix": time.time()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json_atomic(out / "summary.json", summary)
     return 1 if summary["failed"] else 0
 
 
