@@ -30,10 +30,12 @@ demo: install
 	$(BIN)/scaling report results/demo
 
 test: install-test horovod
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 # The unit tier only (pytest -m unit: no Ray, Horovod, minicluster or training runs), for quick iterations.
 test-fast: install-test
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m unit
 
 clean:
