@@ -234,10 +234,6 @@ def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 18):
         yield pa.concat_tables(pending, promote_options="default").to_pandas()
 
 
-def read_epochs(run_dir: Path) -> pd.DataFrame:
-    return RunDir(run_dir).epochs()
-
-
 def _read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -44,7 +44,7 @@ import yaml
 
 from scaling.config import ConfigError, apply_overrides, from_dict, read_config_file, validate
 from scaling.errors import UsageError
-from scaling.results import RunDir, SweepDir, point_key, read_epochs, run_key, summary_row, write_text_atomic
+from scaling.results import RunDir, SweepDir, point_key, run_key, summary_row, write_text_atomic
 
 DONE_STATUSES = ("reached_target", "max_epochs")
 AUTO_START_REPEATS = 2
@@ -243,7 +243,7 @@ class _EpochWatcher(threading.Thread):
     def run(self):
         while not self.stopped.wait(1.0):
             try:
-                epochs = read_epochs(self.run_dir)
+                epochs = RunDir(self.run_dir).epochs()
             except Exception:  # a file being replaced: try again next tick
                 continue
             if not epochs.empty:
