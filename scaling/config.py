@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 import yaml
 
 from scaling.errors import UsageError
+from scaling.instrument.settings import InstrumentSettings
 
 
 class ConfigError(UsageError):
@@ -115,17 +116,12 @@ class WorkersConfig:
 
 
 @dataclass
-class InstrumentConfig:
-    warmup_steps: int = 5  # first steps of the run flagged `warmup` and left out of steady-state figures
-    calibration_pairs: int = 10  # per epoch: (no_sync, sync) step pairs for the A/B comm overhead; 0 = off
-    inject_comm_delay_s: float = 0.0  # ground truth: extra seconds added to the last gradient bucket's all-reduce, per step
-    inject_straggler_s: float = 0.0  # ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler)
-    straggler_rank: int = 0  # the rank inject_straggler_s slows
-    trace_steps: int = 20  # training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none
+class InstrumentConfig(InstrumentSettings):
+    """The instrument's settings (scaling/instrument/settings.py: warmup_steps, calibration_pairs, the
+    injections, trace_steps, step_timing, telemetry_interval_s), and how the lab sets up each backend."""
+
     ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
-    step_timing: bool = True  # per-step records and the A/B window; false = epoch timing only (to measure the lab's own cost)
     grad_compression: GradCompression = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
-    telemetry_interval_s: float = 1.0  # GPU telemetry sampling period (NVML); 0 = off
     horovod_fusion_threshold_mb: float = 128.0  # backend horovod: tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB; 0 = no fusion; 128 is Horovod's default
     horovod_cycle_time_ms: float = 1.0  # backend horovod: how often Horovod's background thread negotiates and launches (HOROVOD_CYCLE_TIME), ms; 1 is Horovod's default
     horovod_timeline: bool = False  # backend horovod: rank 0 writes horovod_timeline.json (Chrome trace) into the run directory
@@ -340,7 +336,6 @@ def validate(cfg: ExperimentConfig) -> None:
             f"train.eval_every must be 1/k for a whole k (1, 0.5, 0.25, ...), got {cfg.train.eval_every}")
     require(not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5), "train.target_metric top5 needs more than 5 classes")
     require(0.0 <= cfg.train.label_smoothing < 1.0, f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
-    require(cfg.instrument.telemetry_interval_s >= 0, f"instrument.telemetry_interval_s must be >= 0, got {cfg.instrument.telemetry_interval_s}")
     require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")
     require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
@@ -359,14 +354,10 @@ def validate(cfg: ExperimentConfig) -> None:
                 f"not with backend {cfg.backend} or train.function")
     require(cfg.failure.capacity_wait_s > 0, f"failure.capacity_wait_s must be > 0, got {cfg.failure.capacity_wait_s}")
     require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
-    require(cfg.instrument.warmup_steps >= 0, f"instrument.warmup_steps must be >= 0, got {cfg.instrument.warmup_steps}")
-    require(cfg.instrument.calibration_pairs >= 0, f"instrument.calibration_pairs must be >= 0, got {cfg.instrument.calibration_pairs}")
-    require(cfg.instrument.inject_straggler_s >= 0, f"instrument.inject_straggler_s must be >= 0, got {cfg.instrument.inject_straggler_s}")
-    # A rank beyond a run's workers gets no injection (a sweep's 1-worker runs); `scaling sweep` refuses
-    # one beyond its largest worker count (scaling/launch/sweep.py).
-    require(cfg.instrument.straggler_rank >= 0, f"instrument.straggler_rank must be >= 0, got {cfg.instrument.straggler_rank}")
-    require(cfg.instrument.trace_steps >= 0, f"instrument.trace_steps must be >= 0, got {cfg.instrument.trace_steps}")
-    require(cfg.instrument.inject_comm_delay_s >= 0, f"instrument.inject_comm_delay_s must be >= 0, got {cfg.instrument.inject_comm_delay_s}")
+    # A straggler rank beyond a run's workers gets no injection (a sweep's 1-worker runs); `scaling
+    # sweep` refuses one beyond its largest worker count (scaling/launch/sweep.py).
+    for problem in cfg.instrument.problems(prefix="instrument."):
+        require(False, problem)
     require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
     # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
     # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such

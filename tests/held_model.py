@@ -125,10 +125,10 @@ class HeldModel(nn.Module):
 
 def held_small_cnn(num_classes: int) -> nn.Module:
     """small_cnn, held at the gate of the run being built (module docstring)."""
-    from scaling.instrument.meter import lab_settings
+    from scaling.instrument.settings import LaunchedRun
     from scaling.models import build_model
 
-    run_dir = lab_settings.get("run_dir")
-    if run_dir is None:  # built outside a lab run (the preflight's check of the constructor): nothing to hold
+    run = LaunchedRun.from_environment()
+    if run is None:  # built outside a lab run (the preflight's check of the constructor): nothing to hold
         return build_model("small_cnn", num_classes)
-    return HeldModel(build_model("small_cnn", num_classes), Path(run_dir))
+    return HeldModel(build_model("small_cnn", num_classes), Path(run.run_dir))

@@ -1,4 +1,4 @@
-"""The run's figures, live, in Ray's own metrics (scaling/instrument/live_metrics.py): during a real
+"""The run's figures, live, in Ray's own metrics (scaling/launch/live_metrics.py): during a real
 2-worker Ray Train run, the head node's Prometheus endpoint serves each rank's step time,
 exposed communication, waiting and throughput, tagged with the run's name.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
@@ -50,10 +51,8 @@ def describe_versions() -> dict:
     import torch
 
     versions = {"python": sys.version.split()[0], "torch": torch.__version__}
-    try:
-        import ray
-
-        versions["ray"] = ray.__version__
-    except ImportError:  # the plain launcher runs without Ray
+    try:  # read from the installed package's metadata: the instrument never imports Ray
+        versions["ray"] = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:  # the plain launcher runs without Ray
         versions["ray"] = None
     return versions

@@ -44,18 +44,20 @@ never a zero made up. No parameter changes: gradients are dropped and the module
 (BatchNorm statistics) are restored afterwards.
 
 Records: the same run directory as the lab's own runs (scaling/results.py, docs/results.md):
-per-step rows, per-epoch rows, the compute profile, attempts; `finish()` writes `summary.json`
-when the job runs on its own (under `scaling run` the lab's launcher writes it from the config).
+per-step rows, per-epoch rows, the compute profile, attempts; `finish()` of a job on its own
+hands the run to its finisher, which writes `summary.json` (under `scaling run` the lab's
+launcher writes it from the config).
 
-Settings come from the arguments, else from the lab's launcher (when `scaling run` drives a
-user's train function: `lab_settings`), else from the defaults below.
+Settings (scaling/instrument/settings.py): `settings=` and keyword overrides, else those of the
+run a launcher handed this process (`LaunchedRun`: `scaling run` driving a user's function),
+else the defaults. Identity, live metrics and the finisher come from whoever runs the job
+(`parts=`), else from the installed providers (scaling/instrument/parts.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 import time
 from pathlib import Path
 
@@ -63,27 +65,12 @@ import torch
 import torch.distributed as dist
 
 from scaling.instrument.backends import detect
+from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
 from scaling.instrument.recorder import RunRecorder
+from scaling.instrument.settings import InstrumentSettings, LaunchedRun
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
 from scaling.results import COMPUTE_PROFILE_JSON, JOB_JSON
-
-# Set by the lab's launcher around a user's train function (scaling/launch/ray_train.py, local.py):
-# run_dir, instrument settings and the worker's identity. Empty when a job runs on its own.
-lab_settings: dict = {}
-
-DEFAULTS = {
-    "warmup_steps": 5,  # first steps of the run flagged `warmup`, left out of steady-state figures
-    "calibration_pairs": 10,  # A/B pairs per epoch (with forward_backward)
-    "inject_comm_delay_s": 0.0,  # ground truth: seconds added to the last bucket's all-reduce per step
-    "step_timing": True,  # False: epoch timing only (the instrument's own cost is then none)
-    "telemetry_interval_s": 1.0,  # GPU telemetry (NVML) period; 0 = off
-    "target_accuracy": None,  # the validation accuracy TTA is measured to
-    "inject_straggler_s": 0.0,  # ground truth: seconds `straggler_rank` sleeps before its backward, per training step
-    "straggler_rank": 0,  # the rank that inject_straggler_s slows
-    "trace_steps": 20,  # training steps after the warm-up drawn in trace.json (trace.py); 0 = no trace
-}
-
 
 def _first_tensor(value):
     if isinstance(value, torch.Tensor):
@@ -98,71 +85,50 @@ def _first_tensor(value):
     return None
 
 
-def _identity() -> tuple[int, int, int, int]:
-    """(rank, world_size, local_rank, node_rank) of this process."""
-    if dist.is_available() and dist.is_initialized():
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = 0, 1
-    if "local_rank" in lab_settings:
-        return rank, world, lab_settings["local_rank"], lab_settings["node_rank"]
-    try:
-        import ray.train
-
-        context = ray.train.get_context()
-        return rank, world, context.get_local_rank(), context.get_node_rank()
-    except Exception:  # not in a Ray Train worker: torchrun's variables, or one node
-        return rank, world, int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("GROUP_RANK", 0))
-
-
 class StepMeter:
     """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
 
-    def __init__(self, model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None,
-                 calibration_data=None, name: str | None = None, **settings):
-        unknown = set(settings) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown instrument setting(s) {sorted(unknown)}; valid: {', '.join(DEFAULTS)}")
-        self.settings = {}
-        for key, default in DEFAULTS.items():
-            value = settings.get(key)
-            self.settings[key] = value if value is not None else lab_settings.get(key, default)
-        run_dir = run_dir if run_dir is not None else lab_settings.get("run_dir")
+    def __init__(self, model, optimizer, *, settings: InstrumentSettings, parts: Parts, run_dir=None,
+                 forward_module=None, forward_backward=None, calibration_data=None, name: str | None = None,
+                 target_accuracy: float | None = None):
+        self.settings = settings
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.model, self.optimizer = model, optimizer
         self.backend = detect(model, optimizer)
         self.forward_backward, self.calibration_data = forward_backward, calibration_data
-        self.name = name or lab_settings.get("name") or type(self.backend.plain_model).__name__
-        self.rank, self.world_size, self.local_rank, self.node_rank = _identity()
+        self.name = name or type(self.backend.plain_model).__name__
+        self.target_accuracy = target_accuracy
+        self.finisher = parts.finisher
+        identity = parts.identity or identity_from_environment()
+        self.rank, self.world_size = identity.rank, identity.world_size
+        self.local_rank, self.node_rank = identity.local_rank, identity.node_rank
         parameter = next(model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.clock = clock_for(self.device)
         # Cross-rank attribution and clock alignment go over a CPU group (gloo): the job's own may be NCCL.
         self.sync_group = None
         self.clock_offset_s, self.clock_uncertainty_s = 0.0, 0.0
-        if self.world_size > 1 and self.settings["step_timing"]:
+        if self.world_size > 1 and settings.step_timing:
             from scaling.instrument.clock_sync import estimate_offsets
 
             self.sync_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
             self.clock_offset_s, self.clock_uncertainty_s = estimate_offsets(self.sync_group)
-        warmup, traced = self.settings["warmup_steps"], self.settings["trace_steps"]
+        warmup, traced = settings.warmup_steps, settings.trace_steps
         self.recorder = RunRecorder(self.clock, self.rank, self.node_rank, self.local_rank, self.run_dir,
                                     group=self.sync_group, world_size=self.world_size, offset_s=self.clock_offset_s,
                                     trace_steps=range(warmup, warmup + traced))
         self.recorder.write_rank_json("clock", {"offset_s": self.clock_offset_s, "uncertainty_s": self.clock_uncertainty_s})
         # the framework's own communication timers, a second opinion on the comm figures
-        self.second_opinion = self.backend.second_opinion(warmup) if self.settings["step_timing"] else None
-        self._straggle_s = (self.settings["inject_straggler_s"]
-                            if self.rank == self.settings["straggler_rank"] and self.world_size > 1 else 0.0)
-        from scaling.instrument.live_metrics import LiveMetrics
-
-        self.live = LiveMetrics(self.name, self.rank, self.node_rank)
-        self.timing = bool(self.settings["step_timing"])
+        self.second_opinion = self.backend.second_opinion(warmup) if settings.step_timing else None
+        self._straggle_s = (settings.inject_straggler_s
+                            if self.rank == settings.straggler_rank and self.world_size > 1 else 0.0)
+        self.live = parts.live_metrics(self.name, identity) if parts.live_metrics is not None else None
+        self.timing = bool(settings.step_timing)
         # The lab's own 1-worker runs train the plain module: nothing to time.
         communicates = self.world_size > 1 or self.backend.communicates_alone
         if self.timing and communicates:
-            self.backend.install_timer(self.clock, self.settings["inject_comm_delay_s"])
-        elif self.settings["inject_comm_delay_s"]:
+            self.backend.install_timer(self.clock, settings.inject_comm_delay_s)
+        elif settings.inject_comm_delay_s:
             raise ValueError("inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)")
         self._handles = []
         watched = forward_module if forward_module is not None else model
@@ -209,10 +175,10 @@ class StepMeter:
         self._evals: list[dict] = []  # this epoch's evaluations, written at end_epoch
         self._step_depth = 0  # nesting of optimizer step() calls (see _on_step_start)
         self._telemetry, self.telemetry_note = None, "GPU telemetry off"
-        if self.settings["telemetry_interval_s"] > 0:
+        if settings.telemetry_interval_s > 0:
             from scaling.instrument.telemetry import start_telemetry
 
-            self._telemetry, self.telemetry_note = start_telemetry(self.device, self.settings["telemetry_interval_s"])
+            self._telemetry, self.telemetry_note = start_telemetry(self.device, settings.telemetry_interval_s)
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -329,7 +295,7 @@ class StepMeter:
             return  # the loop left before stepping: no whole step to record
         backward_end = step.get("backward_end", optimizer_end or end)  # a skipped step (GradScaler inf): all backward
         self.recorder.step(StepMarks(
-            self.epoch + 1, step["index"], "train", step["index"] < self.settings["warmup_steps"], step["samples"],
+            self.epoch + 1, step["index"], "train", step["index"] < self.settings.warmup_steps, step["samples"],
             step["start"], forward_start, forward_end, backward_end, end, self.backend.take()))
 
     def _end_training(self) -> None:
@@ -395,7 +361,8 @@ class StepMeter:
         if self.second_opinion is not None:
             row.update(self.second_opinion.epoch_figures())
         rows = self.recorder.end_epoch(row, self._telemetry.drain() if self._telemetry else [], self._evals)
-        self.live.update(rows, row)
+        if self.live is not None:
+            self.live.update(rows, row)
         self._evals = []
         self._train_started = None
         return row
@@ -442,7 +409,7 @@ class StepMeter:
 
     def _calibrate(self) -> None:
         """The A/B window (module docstring): no_sync and sync halves alternate, ABBA."""
-        pairs = self.settings["calibration_pairs"]
+        pairs = self.settings.calibration_pairs
         if not (self.timing and self.world_size > 1 and pairs > 0 and self.forward_backward and self.calibration_data is not None):
             return
         data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
@@ -517,7 +484,7 @@ class StepMeter:
             "precision": self._precision,
             "per_worker_batch": self._per_rank_batch,
             "ab_calibration": bool(self.forward_backward and self.calibration_data is not None
-                                   and self.settings["calibration_pairs"] > 0),
+                                   and self.settings.calibration_pairs > 0),
         }
 
     # --- checkpoints and the end ---------------------------------------------------------------
@@ -545,15 +512,14 @@ class StepMeter:
             self._telemetry = None
 
     def finish(self, status: str | None = None, error: str | None = None) -> dict | None:
-        """End of the run: detach; on its own (not under `scaling run`), rank 0 writes summary.json.
+        """End of the run: detach; on rank 0 of a job on its own, its finisher writes summary.json.
 
-        Returns the summary on rank 0 of a job on its own, else None.
+        Returns the summary on rank 0 of a job with a finisher (on its own: not under `scaling run`,
+        whose launcher writes it), else None.
         """
         self.detach()
-        if lab_settings or self.rank != 0 or self.run_dir is None:
+        if self.finisher is None or self.rank != 0 or self.run_dir is None:
             return None
-        from scaling.launch.finish import write_summary
-
         description = {
             "name": self.name,
             "dataset": None,
@@ -561,23 +527,20 @@ class StepMeter:
             "num_workers": self.world_size,
             "global_batch": (self._per_rank_batch or 0) * self.world_size,
             "seed": None,
-            "target_accuracy": self.settings["target_accuracy"],
+            "target_accuracy": self.target_accuracy,
             "target_metric": "val_accuracy",
             "grad_compression": None,
             "step_timing": self.timing,
-            "inject_comm_delay_s": self.settings["inject_comm_delay_s"],
+            "inject_comm_delay_s": self.settings.inject_comm_delay_s,
             **self.observed(),
         }
-        return write_summary(self.run_dir, description, status=status, error=error,
+        return self.finisher(self.run_dir, description, status=status, error=error,
                              started_at=self._started_at, wall_s=time.time() - self.attached_unix)
 
 
 def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None, calibration_data=None,
-           name: str | None = None, warmup_steps: int | None = None, calibration_pairs: int | None = None,
-           inject_comm_delay_s: float | None = None, step_timing: bool | None = None,
-           telemetry_interval_s: float | None = None, target_accuracy: float | None = None,
-           inject_straggler_s: float | None = None, straggler_rank: int | None = None,
-           trace_steps: int | None = None) -> StepMeter:
+           name: str | None = None, target_accuracy: float | None = None, settings: InstrumentSettings | None = None,
+           parts: Parts | None = None, **overrides) -> StepMeter:
     """Attach the instrument to a training job's model and optimizer (module docstring).
 
     - `model`: the DDP model (or the plain module at world size 1); with Horovod the module
@@ -585,13 +548,28 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
     - `forward_module`: the module the loop calls for forward, when it is not `model` (a
       `torch.compile`d wrapper: hooks on the module inside a compiled graph would be traced).
     - `forward_backward(batch)`, `calibration_data`: for the A/B communication overhead.
-    - `run_dir`: where the records go (None under `scaling run`, which sets it; None on its own
-      keeps them in memory only).
-    - the settings (`warmup_steps`, ...): `DEFAULTS` says what each means.
+    - `run_dir`: where the records go (None under `scaling run`, which hands it over; None on its
+      own keeps them in memory only). `name`, `target_accuracy`: what the summary says of the job.
+    - `settings` (`InstrumentSettings`), and any of its fields as keywords on top
+      (`warmup_steps=3`); without `settings`, those of the run a launcher handed this process,
+      else the defaults.
+    - `parts` (`Parts`: identity, live metrics, finisher) from whoever runs the job; without
+      them, those the installed providers give (scaling/instrument/parts.py). A run a launcher
+      handed over is finished by that launcher: no finisher.
     """
-    settings = {"warmup_steps": warmup_steps, "calibration_pairs": calibration_pairs,
-                "inject_comm_delay_s": inject_comm_delay_s, "step_timing": step_timing,
-                "telemetry_interval_s": telemetry_interval_s, "target_accuracy": target_accuracy,
-                "inject_straggler_s": inject_straggler_s, "straggler_rank": straggler_rank, "trace_steps": trace_steps}
-    return StepMeter(model, optimizer, run_dir=run_dir, forward_module=forward_module, forward_backward=forward_backward,
-                     calibration_data=calibration_data, name=name, **settings)
+    launched = LaunchedRun.from_environment()
+    if settings is None:
+        settings = launched.settings if launched is not None else InstrumentSettings()
+    settings = settings.instrument_only(**overrides)
+    problems = settings.problems()
+    if problems:
+        raise ValueError(f"instrument setting {problems[0]}")
+    if launched is not None:
+        run_dir = run_dir if run_dir is not None else launched.run_dir
+        name = name or launched.name
+    parts = parts if parts is not None else installed_parts()
+    if launched is not None:
+        parts = Parts(identity=parts.identity, live_metrics=parts.live_metrics)
+    return StepMeter(model, optimizer, settings=settings, parts=parts, run_dir=run_dir, forward_module=forward_module,
+                     forward_backward=forward_backward, calibration_data=calibration_data, name=name,
+                     target_accuracy=target_accuracy)

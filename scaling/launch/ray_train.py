@@ -151,6 +151,7 @@ def _worker_entry(loop_config: dict) -> dict:
 
     from scaling.import_path import add_import_root
     from scaling.instrument.machine import describe_hardware
+    from scaling.launch.live_metrics import RayLiveMetrics
     from scaling.train.loop import WorkerContext, run_worker
 
     # Ray Train logs every report at INFO on each worker; the loop prints its own epoch line.
@@ -170,7 +171,7 @@ def _worker_entry(loop_config: dict) -> dict:
     )
     if ctx.rank == 0:
         write_json_atomic(run_dir / MACHINE_JSON, describe_hardware())
-    return run_worker(cfg, ctx, run_dir, checkpoints=RayCheckpoints(ctx.rank))
+    return run_worker(cfg, ctx, run_dir, checkpoints=RayCheckpoints(ctx.rank), live_metrics=RayLiveMetrics)
 
 
 # Ray Train V2 reads this in its controller (propagated there from the driver's environment):

@@ -181,18 +181,23 @@ def set_up_worker(cfg: ExperimentConfig, ctx: WorkerContext) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def run_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None):
-    """A launcher's per-worker entry: the worker's CPU set-up, then the lab's loop or the user's function."""
+def run_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None,
+               live_metrics=None):
+    """A launcher's per-worker entry: the worker's CPU set-up, then the lab's loop or the user's function.
+
+    `live_metrics`: the launcher's live metrics for the instrument (scaling/instrument/parts.py), or
+    None; a user's function gets its parts from the lab's provider instead."""
     set_up_worker(cfg, ctx)
     from scaling.train.user_function import lab_context, run_user_function
 
-    with lab_context(cfg, ctx, run_dir):
+    with lab_context(cfg, run_dir):
         if cfg.train.function:
             return run_user_function(cfg)
-        return train_worker(cfg, ctx, run_dir, checkpoints)
+        return train_worker(cfg, ctx, run_dir, checkpoints, live_metrics)
 
 
-def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None) -> dict:
+def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None,
+                 live_metrics=None) -> dict:
     """Train until the target accuracy or max_epochs; returns rank 0's last epoch row.
 
     The loop is a client of the public instrument (scaling/instrument/meter.py), like any
@@ -206,7 +211,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
     and the records written so far. Data order and augmentation are seeded per (seed, epoch,
     rank), so the resumed epochs see the same batches the uninterrupted run would have.
     """
-    from scaling.instrument import attach
+    from scaling.instrument import Identity, Parts, attach
 
     checkpoints = checkpoints or Checkpoints()
     seed_everything(cfg.train.seed)
@@ -243,13 +248,10 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                                      cfg.train.per_worker_batch)
 
     meter = attach(
-        model, optimizer, run_dir=run_dir, forward_module=forward, name=cfg.name,
-        forward_backward=forward_backward, calibration_data=calibration_batches,
-        warmup_steps=cfg.instrument.warmup_steps, calibration_pairs=cfg.instrument.calibration_pairs,
-        inject_comm_delay_s=cfg.instrument.inject_comm_delay_s, step_timing=cfg.instrument.step_timing,
-        telemetry_interval_s=cfg.instrument.telemetry_interval_s, target_accuracy=cfg.train.target_accuracy,
-        inject_straggler_s=cfg.instrument.inject_straggler_s, straggler_rank=cfg.instrument.straggler_rank,
-        trace_steps=cfg.instrument.trace_steps,
+        model, optimizer, run_dir=run_dir, forward_module=forward, name=cfg.name, target_accuracy=cfg.train.target_accuracy,
+        forward_backward=forward_backward, calibration_data=calibration_batches, settings=cfg.instrument,
+        # the launcher writes the run's summary: no finisher
+        parts=Parts(identity=Identity(ctx.rank, ctx.world_size, ctx.local_rank, ctx.node_rank), live_metrics=live_metrics),
     )
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))

@@ -9,18 +9,18 @@ thread per reserved CPU). It receives:
               "seed": train.seed, "target_accuracy": train.target_accuracy,
               **train.function_config}          # the config's own keys win
 
-and `attach()` inside it takes the run directory and the `instrument.*` settings from the lab
-(`scaling.instrument.meter.lab_settings`), so the same script runs on its own or under
-`scaling run` / `scaling sweep` unchanged.
+and `attach()` inside it takes the run directory, the run's name and the `instrument.*` settings
+from the lab (`lab_context`: a `LaunchedRun` in the worker's environment,
+scaling/instrument/settings.py), and its identity and live metrics from the lab's provider of
+instrument parts (scaling/launch/instrument_parts.py), so the same script runs on its own or
+under `scaling run` / `scaling sweep` unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 from scaling.config import ExperimentConfig
 from scaling.import_path import load_callable
-from scaling.instrument import meter
+from scaling.instrument.settings import LaunchedRun
 
 
 def function_config(cfg: ExperimentConfig) -> dict:
@@ -34,22 +34,9 @@ def function_config(cfg: ExperimentConfig) -> dict:
     }
 
 
-@contextlib.contextmanager
-def lab_context(cfg: ExperimentConfig, ctx, run_dir):
-    """The run directory, `instrument.*` settings and worker identity for `attach()` inside a lab run."""
-    meter.lab_settings.clear()
-    meter.lab_settings.update(
-        run_dir=str(run_dir), name=cfg.name, local_rank=ctx.local_rank, node_rank=ctx.node_rank,
-        warmup_steps=cfg.instrument.warmup_steps, calibration_pairs=cfg.instrument.calibration_pairs,
-        inject_comm_delay_s=cfg.instrument.inject_comm_delay_s, step_timing=cfg.instrument.step_timing,
-        telemetry_interval_s=cfg.instrument.telemetry_interval_s, target_accuracy=cfg.train.target_accuracy,
-        inject_straggler_s=cfg.instrument.inject_straggler_s, straggler_rank=cfg.instrument.straggler_rank,
-        trace_steps=cfg.instrument.trace_steps,
-    )
-    try:
-        yield
-    finally:
-        meter.lab_settings.clear()
+def lab_context(cfg: ExperimentConfig, run_dir):
+    """The run handed to `attach()` calls inside it (a context manager): directory, name, `instrument.*` settings."""
+    return LaunchedRun(str(run_dir), cfg.name, cfg.instrument.instrument_only()).in_environment()
 
 
 def run_user_function(cfg: ExperimentConfig):

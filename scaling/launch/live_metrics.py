@@ -1,7 +1,9 @@
 """The run's figures, live, in Ray's own metrics: each worker exports them through `ray.util.metrics`.
 
-Inside a Ray worker (a Ray Train run, `scaling run` or a user's TorchTrainer job), every rank
-sets gauges at the end of each epoch, tagged with the run's name, its rank and node rank:
+The instrument's live metrics (scaling/instrument/parts.py) in a Ray Train worker: the Ray
+launcher hands them to the lab's loop, and the lab's provider of instrument parts
+(scaling/launch/instrument_parts.py) to a user's job under Ray Train. Every rank sets gauges at
+the end of each epoch, tagged with the run's name, its rank and node rank:
 
     ray_scaling_step_seconds              mean steady-state step time of the epoch
     ray_scaling_exposed_comm_seconds      mean exposed communication per step
@@ -11,7 +13,7 @@ sets gauges at the end of each epoch, tagged with the run's name, its rank and n
 
 Ray exports them on each node's metrics endpoint (`ray start --metrics-export-port`), so they
 show on the cluster's Prometheus and dashboard next to Ray's own metrics (Ray prefixes `ray_`).
-Outside Ray (the plain launcher, torchrun) this does nothing.
+Made outside an initialised Ray, they set nothing.
 """
 
 from __future__ import annotations
@@ -27,17 +29,14 @@ GAUGES = {
 THROUGHPUT = ("scaling_throughput_samples_per_second", "training throughput of the last epoch, all ranks (samples/s)")
 
 
-class LiveMetrics:
-    def __init__(self, run: str, rank: int, node_rank: int):
-        self.tags = {"run": str(run), "rank": str(rank), "node_rank": str(node_rank)}
+class RayLiveMetrics:
+    def __init__(self, run: str, identity):
+        self.tags = {"run": str(run), "rank": str(identity.rank), "node_rank": str(identity.node_rank)}
         self.gauges = {}
-        try:
-            import ray
+        import ray
+        from ray.util.metrics import Gauge
 
-            if not ray.is_initialized():
-                return
-            from ray.util.metrics import Gauge
-        except Exception:  # no Ray here: nothing to export to
+        if not ray.is_initialized():
             return
         keys = tuple(self.tags)
         self.gauges = {field: Gauge(name, description=text, tag_keys=keys) for field, (name, text) in GAUGES.items()}
