@@ -1,7 +1,7 @@
 """Everything that runs a job: the preflight (every look at the world, before anything is
 written), the launchers (Ray Train: ray_train.py; plain torch.distributed processes: local.py),
-one run (run.py) and a sweep of them (sweep.py), the run's finish once its ranks stopped
-(finish.py: the summary, the trace and the exports, from the records), and what the lab hands
-the instrument (instrument_parts.py: Ray Train's identity, its live metrics in live_metrics.py,
-and the finish, for a job it did not attach itself).
+one run (run.py) and a sweep of them (sweep.py), what a launcher hands the instrument of the job
+it runs (instrument_parts.py: Ray's identity and live metrics, live_metrics.py; the finish), and
+the run's finish once its ranks stopped (finish.py: the summary, the trace and the exports, from
+the records).
 """
