@@ -459,7 +459,6 @@ def test_main_usage_errors(argv, says, capsys):
 
 
 @pytest.mark.slow  # a fresh interpreter (a subprocess): this process has imported torch already
-@pytest.mark.slow  # a fresh interpreter (a subprocess)
 def test_no_torch_or_ray_on_import():
     code = ("import sys, scaling.projection, scaling.projection.compute, scaling.projection.overlay; "
             "import scaling.projection.project; "
