@@ -14,7 +14,7 @@ SIGKILLed (`minicluster.preempt`), no clean shutdown. Two outcomes, one run each
 
 Runs on the session's minicluster (tests/conftest.py), whose head declares a silent node dead
 within seconds (`minicluster.HEALTH_CHECK`); each test waits on states it observes (a checkpoint
-registered, the node seen gone, the restart's placement group pending), never on a sleep. Needs
+registered, the node seen gone, the restart asking for its workers), never on a sleep. Needs
 root with network-admin rights: skips with the reason where the probe finds none, fails where
 `.ci/run` requires it. The numbers of a run are printed (pytest -s).
 """
@@ -22,6 +22,7 @@ root with network-admin rights: skips with the reason where the probe finds none
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -50,15 +51,15 @@ def _start_run(name: str, run_dir, capacity_wait_s: float, log) -> subprocess.Po
     )
 
 
-def _restart_waits_for_capacity(name: str) -> bool:
-    """Ray Train's restarted worker group is waiting for room: its placement group is pending."""
-    from ray.util.state import list_placement_groups
+# What Ray Train's controller says (its log reaches the driver's output) each time it asks for a
+# worker group: the first start, then the restart after the lost node.
+GROUP_START = "Attempting to start training worker group"
 
-    from scaling.testbed import minicluster as mc
 
-    pending = list_placement_groups(address=mc.load(name).dashboard, filters=[("state", "=", "PENDING")],
-                                    raise_on_missing_output=False)
-    return len(pending) > 0
+def _restart_asks_for_workers(log_path) -> bool:
+    """The restart after the failure has asked for its worker group (and, the node being away,
+    waits for room): the controller's second start of a group."""
+    return Path(log_path).read_text(errors="replace").count(GROUP_START) >= 2
 
 
 def _preempt_in_epoch_2(name: str, run_dir, process) -> float:
@@ -88,7 +89,7 @@ def node_back_in_time(minicluster, tmp_path_factory):
         cluster = mc.load(name)
         wait_for(lambda: mc.alive_nodes(cluster) == 1, 120, "the head to see node 1 gone", process)
         seen_gone_unix = time.time()
-        wait_for(lambda: _restart_waits_for_capacity(name), 120, "the restart to wait for capacity", process)
+        wait_for(lambda: _restart_asks_for_workers(log_path), 120, "the restart to ask for its workers", process)
         waiting_unix = time.time()
         mc.rejoin(name, 1)
         back_unix = time.time()
@@ -154,8 +155,6 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
         process = subprocess.Popen(_in_cluster(name, *sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         lost_unix = _preempt_in_epoch_2(name, sweep_dir / "runs" / "w2-r0", process)
-        wait_for(lambda: _restart_waits_for_capacity(name), 120, "the restart to wait for capacity", process)
-        waiting_unix = time.time()
         process.wait(timeout=RUN_TIMEOUT_S)
         ended_unix = time.time()
     finally:
@@ -169,12 +168,12 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
     assert runs.loc["w1-r0", "status"] == "max_epochs" and runs.loc["w2-r0", "status"] == "failed"
     assert runs.loc["w2-r0", "epochs_run"] == 1
     error = runs.loc["w2-r0", "error"]
+    # The restart waited for room as long as it was told, by Ray Train's own account: this error is
+    # made only from Ray Train's worker-group start timeout (launch.ray_train.capacity_timeout),
+    # which the lab sets to capacity_wait_s. A hang would hit RUN_TIMEOUT_S; no wall-clock bound
+    # that load could break.
     assert "\n" not in error and f"failure.capacity_wait_s={capacity_wait_s} s" in error and "2 workers" in error, error
-    # It waited for room as long as it was told, then gave up (a hang would have hit RUN_TIMEOUT_S);
-    # load can only make the run end later, so the bound that holds on any machine is the lower one.
-    print(f"failed {ended_unix - lost_unix:.1f} s after the preemption, {ended_unix - waiting_unix:.1f} s after "
-          f"its restart began to wait: {error}")
-    assert ended_unix - waiting_unix >= capacity_wait_s - 1  # the pending state is seen up to a poll late
+    print(f"failed {ended_unix - lost_unix:.1f} s after the preemption: {error}")
 
     kept_started_at = json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"]
     again = subprocess.run(_in_cluster(name, *sweep), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
