@@ -135,3 +135,18 @@ def test_time_lost_to_restarts_counts_in_tta():
     summary = summarize_run(pd.DataFrame(), epochs, 0.8, 2, attempts=attempts)
     assert summary["tta_s"] == 30.0 and summary["restarts"] == 1 and summary["tta_includes_restarts"]
     assert restarts_and_time_lost([{"first_step_unix": 1.0, "resume_point_unix": None}]) == (0, 0.0)
+
+
+def test_a_restart_after_the_target_was_reached_is_no_part_of_tta():
+    """Reached in epoch 2; the restart resumed from epoch 2's checkpoint (lost in epoch 3): the
+    run lost 20 s, the time to accuracy did not. Resumed from epoch 1, it redid epoch 2: counted."""
+    epochs = pd.DataFrame({"epoch": [1, 2, 3], "train_s": [5.0, 5.0, 5.0], "val_accuracy": [0.5, 0.9, 0.95],
+                           "samples": [10, 10, 10], "calibration_s": [0, 0, 0], "eval_s": [0, 0, 0],
+                           "elapsed_wall_s": [6.0, 12.0, 40.0]})
+    after = [{"first_step_unix": 100.0, "resume_point_unix": None, "resumed_from_epoch": None},
+             {"first_step_unix": 130.0, "resume_point_unix": 110.0, "resumed_from_epoch": 2}]
+    summary = summarize_run(pd.DataFrame(), epochs, 0.8, 2, attempts=after)
+    assert summary["time_lost_s"] == 20.0 and summary["tta_s"] == 10.0 and not summary["tta_includes_restarts"]
+    before = [after[0], {**after[1], "resumed_from_epoch": 1}]
+    summary = summarize_run(pd.DataFrame(), epochs, 0.8, 2, attempts=before)
+    assert summary["tta_s"] == 30.0 and summary["tta_includes_restarts"]

@@ -51,9 +51,12 @@ Every figure in `summary.json` is defined here, once:
 - `restarts`: how many times the worker group was restarted after a failure (attempts - 1).
   `time_lost_s`: per restart, the wall time from the checkpoint it resumed from (or, with none,
   from the first attempt's first step) to its own first step: the discarded training plus
-  failure detection, restart and restore; summed. `tta_s` includes `time_lost_s` (a figure
-  never hides a failure) and `tta_includes_restarts` flags it; `tta_wall_s` includes it by
-  construction (the run's clock starts at the first attempt's first step).
+  failure detection, restart and restore; summed. `tta_s` includes the time lost by the restarts
+  that came before the target was reached (a figure never hides a failure), those that resumed
+  from a checkpoint older than the epoch that reached it (`time_lost_before_epoch`); a restart
+  after it cost the run time, not the accuracy. `tta_includes_restarts` says whether any did;
+  `tta_wall_s` includes them by construction (the run's clock starts at the first attempt's
+  first step).
 - `workers_first_attempt`, `workers_last_attempt`: the worker group's size when the run
   started and in its last attempt (after its last restart); `worker_count_changed`: whether
   any attempt ran with another count than the first (an elastic run that lost a node and went
@@ -313,14 +316,26 @@ def ddp_second_opinion(epochs: pd.DataFrame, comm_span_s: float | None, comm_spa
     return out
 
 
-def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
-    """(restarts, time_lost_s) from the run's attempts (see the module docstring)."""
+def _restarts_lost(attempts: list[dict] | None) -> list[tuple[int, float]]:
+    """Per restart: (the epoch whose checkpoint it resumed from, 0 with none; the seconds it lost)."""
     attempts = attempts or []
     if len(attempts) < 2:
-        return 0, 0.0
+        return []
     first = attempts[0]["first_step_unix"]
-    lost = sum(a["first_step_unix"] - (a["resume_point_unix"] or first) for a in attempts[1:])
-    return len(attempts) - 1, float(lost)
+    return [(a.get("resumed_from_epoch") or 0, a["first_step_unix"] - (a["resume_point_unix"] or first))
+            for a in attempts[1:]]
+
+
+def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
+    """(restarts, time_lost_s) from the run's attempts (see the module docstring)."""
+    lost = _restarts_lost(attempts)
+    return len(lost), float(sum(seconds for _, seconds in lost))
+
+
+def time_lost_before_epoch(attempts: list[dict] | None, epoch: int) -> float:
+    """The time lost by the restarts that redid part of epoch `epoch` or earlier: those resumed
+    from a checkpoint older than `epoch` (the epoch a target was reached in)."""
+    return float(sum(seconds for resumed_from, seconds in _restarts_lost(attempts) if resumed_from < epoch))
 
 
 def node_cost_usd(seconds, num_nodes, price_per_node_hour):
@@ -455,7 +470,9 @@ def summarize_run(
     else:
         first = reached.iloc[0]
         out["epochs_to_target"] = int(first["epoch"])
-        out["tta_epoch_end_s"] = float(epochs.loc[epochs["epoch"] <= first["epoch"], "train_s"].sum()) + time_lost_s
+        lost = time_lost_before_epoch(attempts, int(first["epoch"]))
+        out["tta_includes_restarts"] = lost > 0
+        out["tta_epoch_end_s"] = float(epochs.loc[epochs["epoch"] <= first["epoch"], "train_s"].sum()) + lost
         out["tta_s"] = out["tta_epoch_end_s"]
         out["tta_wall_s"] = float(first["elapsed_wall_s"])
         out["epochs_to_target_progress"] = float(first["epoch"])
@@ -464,7 +481,9 @@ def summarize_run(
         at_target = evals[evals["val_accuracy"] >= target_accuracy].sort_values("elapsed_train_s")
         if not at_target.empty:
             first_eval = at_target.iloc[0]
-            out["tta_s"] = float(first_eval["elapsed_train_s"]) + time_lost_s
+            lost = time_lost_before_epoch(attempts, int(first_eval["epoch"]))
+            out["tta_includes_restarts"] = lost > 0
+            out["tta_s"] = float(first_eval["elapsed_train_s"]) + lost
             out["epochs_to_target_progress"] = float(first_eval["epoch_progress"])
             if "elapsed_wall_s" in first_eval.index and pd.notna(first_eval["elapsed_wall_s"]):
                 out["tta_wall_s"] = float(first_eval["elapsed_wall_s"])
