@@ -105,6 +105,9 @@ class MiniCluster:
             "RAY_AUTH_MODE": "disabled",  # a private bridge no other machine reaches
             "RAY_USAGE_STATS_ENABLED": "0",
             **HEALTH_CHECK,
+            # `down` stops each node with SIGTERM: without this, `ray start --block` waits out a
+            # 30 s drain the GCS never answers (as the private head does: testbed/local_cluster.py)
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             "GLOO_SOCKET_IFNAME": NODE_IFACE,
             "SCALING_MINICLUSTER": self.name,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
