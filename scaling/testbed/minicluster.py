@@ -337,14 +337,8 @@ def preempt(name: str, node_index: int) -> float:
     lost_unix = time.time()
     _in_ns(node.namespace, "ip", "link", "set", NODE_IFACE, "down")
     _kill(_namespace_pids(node.namespace), signal.SIGKILL)
-    if node.pid:
-        try:
-            os.killpg(node.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 10
-    while time.time() < deadline and _namespace_pids(node.namespace):
-        time.sleep(0.2)  # SIGKILLed processes leave the namespace once the kernel reaped them
+    _kill_group(node.pid, signal.SIGKILL)
+    _wait_until_empty([node.namespace], 10, 0.2)  # SIGKILLed processes leave once the kernel reaped them
     node.pid = 0
     _save(cluster)
     return lost_unix
@@ -406,6 +400,21 @@ def _kill(pids: list[int], sig: int) -> None:
             pass
 
 
+def _kill_group(pid: int, sig: int) -> None:
+    """Signal the process group a node's `ray start` leads (0: none recorded)."""
+    if pid:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_until_empty(namespaces: list[str], timeout_s: float, poll_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and any(_namespace_pids(ns) for ns in namespaces):
+        time.sleep(poll_s)
+
+
 def down(name: str = "lab", log=print) -> None:
     """Remove exactly what `up` recorded: processes in its namespaces, the namespaces, the bridge."""
     _require_root()
@@ -414,25 +423,13 @@ def down(name: str = "lab", log=print) -> None:
     namespaces = [n.namespace for n in cluster.nodes if n.namespace in existing]
     # Ray nodes first, gently (workers before the head), then whatever is left in the namespaces.
     for node in reversed(cluster.nodes):
-        if node.pid:
-            try:
-                os.killpg(node.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.time() + 20
-    while time.time() < deadline and any(_namespace_pids(ns) for ns in namespaces):
-        time.sleep(0.5)
+        _kill_group(node.pid, signal.SIGTERM)
+    _wait_until_empty(namespaces, 20, 0.5)
     for ns in namespaces:
         _kill(_namespace_pids(ns), signal.SIGKILL)
-    deadline = time.time() + 10
-    while time.time() < deadline and any(_namespace_pids(ns) for ns in namespaces):
-        time.sleep(0.2)  # SIGKILLed processes leave the namespace once the kernel reaped them
+    _wait_until_empty(namespaces, 10, 0.2)  # SIGKILLed processes leave once the kernel reaped them
     for node in cluster.nodes:
-        if node.pid:
-            try:
-                os.killpg(node.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_group(node.pid, signal.SIGKILL)
     for ns in namespaces:
         _sh("ip", "netns", "del", ns, check=False)  # deletes the veth pair with it
     for node in cluster.nodes:
