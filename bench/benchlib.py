@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-from scaling.results import write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -355,6 +354,8 @@ def write_result(name: str, doc: str, quick: bool, started: float, load_avg_star
         **details,
     }
     path = out_dir / f"{name}.json"
+    from scaling.results import write_json_atomic  # here, not at the top: pandas would slow every --help
+
     write_json_atomic(path, record)
     return path
 
@@ -373,3 +374,14 @@ def _fmt(value) -> str:
     if value is None:
         return "-"
     return f"{value:.4g}"
+
+
+if __name__ == "__main__":
+    # A library, not a benchmark: run as a script it only says so (and answers --help).
+    import argparse
+
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="A library the benchmarks import; it measures nothing itself. Run them with bench/run_all.py.",
+    ).parse_args()
+    print("bench/benchlib.py is the benchmarks' library; run them with bench/run_all.py (see --help)")

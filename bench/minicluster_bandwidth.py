@@ -8,10 +8,12 @@ node, with every node's link capped at 100 Mbit/s, 1 Gbit/s, and uncapped: the s
 `workers.link_bandwidth`), also times a gloo all-reduce of the model's gradient size at each
 cap, reports the sweep (comm_vs_bandwidth.png), takes the cluster down, and writes
 bench/results/minicluster_bandwidth.json (+ the figure) with the machine and the command.
+The cluster comes down also when the script is ended by SIGTERM or Ctrl-C (minicluster.running).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import shutil
@@ -32,22 +34,23 @@ GRADIENT_BYTES = 288_666 * 4  # small_cnn's fp32 gradients
 CAPS = ("100mbit", "1gbit", "uncapped")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Needs root; uses the minicluster {NAME!r} on 10.215.0.0/24 and takes it down at the end.")
+    parser.parse_args(argv)
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep = SweepDir(Path(tempfile.mkdtemp(prefix="mc-bw-")) / "sweep")
     sweep_dir = sweep.path
     scaling = str(Path(sys.executable).parent / "scaling")
-    mc.up(2, None, 1, NAME, "10.215.0.0/24")
-    try:
+    with mc.running(2, None, 1, NAME, "10.215.0.0/24"):
         probes = {}
         for cap in CAPS:
             mc.set_bandwidth(cap, NAME)
             probes[cap] = mc.allreduce_seconds(GRADIENT_BYTES, NAME, iters=5)["median_s"]
         subprocess.run([scaling, "minicluster", "exec", "--name", NAME, "--", scaling, "sweep",
                         "experiments/minicluster-bandwidth.yaml", "--out", str(sweep_dir)], cwd=REPO, check=True)
-    finally:
-        mc.down(NAME)
     subprocess.run([scaling, "report", str(sweep_dir)], cwd=REPO, check=True, capture_output=True)
     import pandas as pd
 

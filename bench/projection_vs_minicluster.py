@@ -458,50 +458,50 @@ def main() -> int:
     meas, drift = {}, None
     log(f"minicluster {NAME!r} up (2 nodes, 1 CPU each, {SUBNET}); runs under {work}")
     sampler.phase = "up"
-    mc.up(N, None, 1, NAME, SUBNET, log=lambda m: None)
+    # down also when the script is ended by SIGTERM or Ctrl-C (minicluster.running)
     try:
-        sampler.phase = "allreduce_fits"
-        fits = fit_caps(caps)
-        record["fits"] = fits
-        mc.set_bandwidth(None, NAME)  # 1-worker runs do not communicate; no cap
-        sampler.phase = "baseline_solo"
-        solo = work / "w1-solo"
-        log("1-worker run alone")
-        one_worker_runs([solo], logs, epochs=4)
-        sampler.phase = "baseline_concurrent"
-        pair = [work / "w1-concurrent-a", work / "w1-concurrent-b"]
-        log("two 1-worker runs at once, one per node")
-        one_worker_runs(pair, logs)
-        record["baseline"] = {"solo": run_figures(solo), "concurrent": concurrent_compute(pair)}
-        record["predictions"] = predictions(fits, solo, pair)
-        record["status"] = "predicted"
-        record["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-        write(record)  # the predictions are on disk before any 2-worker run starts
-        for cap in caps:
-            p = record["predictions"][cap]["concurrent+straggler"]
-            log(f"predicted at {cap}: step {1e3 * p['step_s']:.1f} ms, comm overhead {p['comm_overhead_pct']:.1f}%")
-        sampler.phase = "sweep"
-        sweep_dir = work / "sweep"
-        log(f"2-worker sweep over {', '.join(caps)}")
-        sweep = exec_command(["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)],
-                             logs / "sweep.log")
-        if wait_or_stop(sweep, time.time() + SWEEP_TIMEOUT_S) is None:
-            log(f"the sweep did not finish within {SWEEP_TIMEOUT_S} s and was stopped")
-        meas = measured(sweep_dir) if SweepDir(sweep_dir).index_path.is_file() else {}
-        sampler.phase = "drift_check"
-        mc.set_bandwidth(None, NAME)
-        after = [work / "w1-concurrent-after-a", work / "w1-concurrent-after-b"]
-        log("drift check: two 1-worker runs at once again")
-        try:
-            one_worker_runs(after, logs, attempts=1)
-            drift = concurrent_compute(after)
-            # after the fact, not a prediction: the same model on the baseline measured after the sweep
-            drift["posthoc_predictions"] = {cap: predict(fit, [RunDir(p) for p in after]) for cap, fit in record["fits"].items()}
-        except Exception as exc:  # noqa: BLE001 -- a failed check is reported, not fatal
-            drift = {"error": str(exc)}
+        with mc.running(N, None, 1, NAME, SUBNET, log=lambda m: None):
+            sampler.phase = "allreduce_fits"
+            fits = fit_caps(caps)
+            record["fits"] = fits
+            mc.set_bandwidth(None, NAME)  # 1-worker runs do not communicate; no cap
+            sampler.phase = "baseline_solo"
+            solo = work / "w1-solo"
+            log("1-worker run alone")
+            one_worker_runs([solo], logs, epochs=4)
+            sampler.phase = "baseline_concurrent"
+            pair = [work / "w1-concurrent-a", work / "w1-concurrent-b"]
+            log("two 1-worker runs at once, one per node")
+            one_worker_runs(pair, logs)
+            record["baseline"] = {"solo": run_figures(solo), "concurrent": concurrent_compute(pair)}
+            record["predictions"] = predictions(fits, solo, pair)
+            record["status"] = "predicted"
+            record["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            write(record)  # the predictions are on disk before any 2-worker run starts
+            for cap in caps:
+                p = record["predictions"][cap]["concurrent+straggler"]
+                log(f"predicted at {cap}: step {1e3 * p['step_s']:.1f} ms, comm overhead {p['comm_overhead_pct']:.1f}%")
+            sampler.phase = "sweep"
+            sweep_dir = work / "sweep"
+            log(f"2-worker sweep over {', '.join(caps)}")
+            sweep = exec_command(["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)],
+                                 logs / "sweep.log")
+            if wait_or_stop(sweep, time.time() + SWEEP_TIMEOUT_S) is None:
+                log(f"the sweep did not finish within {SWEEP_TIMEOUT_S} s and was stopped")
+            meas = measured(sweep_dir) if SweepDir(sweep_dir).index_path.is_file() else {}
+            sampler.phase = "drift_check"
+            mc.set_bandwidth(None, NAME)
+            after = [work / "w1-concurrent-after-a", work / "w1-concurrent-after-b"]
+            log("drift check: two 1-worker runs at once again")
+            try:
+                one_worker_runs(after, logs, attempts=1)
+                drift = concurrent_compute(after)
+                # after the fact, not a prediction: the same model on the baseline measured after the sweep
+                drift["posthoc_predictions"] = {cap: predict(fit, [RunDir(p) for p in after]) for cap, fit in record["fits"].items()}
+            except Exception as exc:  # noqa: BLE001 -- a failed check is reported, not fatal
+                drift = {"error": str(exc)}
+            sampler.phase = "down"
     finally:
-        sampler.phase = "down"
-        mc.down(NAME, log=lambda m: None)
         sampler.stop()
     rows = compare(record["predictions"], meas, record["fits"])
     posthoc = (drift or {}).get("posthoc_predictions") or {}

@@ -40,14 +40,41 @@ HOROVOD_VERSION=0.28.1
 PATCH_LEVEL=1  # bump whenever the source patch below changes: it is part of the cache key
 CMAKE_PIN=3.31.10
 
+usage() {
+    cat <<'USAGE'
+usage: scripts/build_horovod.sh [--check] [VENV]
+
+Build Horovod 0.28.1 (PyTorch, gloo; NCCL where torch is a CUDA build) against the torch of the
+venv, cache the wheel outside the repository and install it into the venv (`make horovod`).
+
+positional arguments:
+  VENV        the virtual environment to install into (default: <repo>/.venv)
+
+options:
+  -h, --help  show this help and exit
+  --check     decide the build variant only (prints variant=cpu or variant=cuda<ver>-nccl);
+              build and install nothing
+
+exit status: 0 built (or cached) and installed, 2 bad arguments or no venv, 3 refused
+(a CUDA torch without nvcc or NCCL: SCALING_HOROVOD_CPU_ONLY=1 builds CPU-only on purpose)
+USAGE
+}
+
 CHECK_ONLY=0
-if [ "${1:-}" = "--check" ]; then
-    CHECK_ONLY=1
-    shift
-fi
+VENV_ARG=""
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) usage; exit 0 ;;
+        --check) CHECK_ONLY=1 ;;
+        -*) echo "build_horovod.sh: unknown option $arg (see scripts/build_horovod.sh --help)" >&2; exit 2 ;;
+        *)
+            [ -z "$VENV_ARG" ] || { echo "build_horovod.sh: one VENV at most, got $VENV_ARG and $arg" >&2; exit 2; }
+            VENV_ARG="$arg" ;;
+    esac
+done
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$(cd "${1:-$REPO/.venv}" && pwd)"
+VENV="$(cd "${VENV_ARG:-$REPO/.venv}" 2>/dev/null && pwd)" || { echo "build_horovod.sh: no venv at ${VENV_ARG:-$REPO/.venv} (make install first)" >&2; exit 2; }
 PY="$VENV/bin/python"
 CACHE_ROOT="${SCALING_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scaling/wheels}"
 JOBS="${HOROVOD_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}"

@@ -23,12 +23,16 @@ processes inside the recorded namespaces (`ip netns pids`), deletes the namespac
 deletes their veth pairs) and the bridge, never anything found by a broad name. Needs root
 (CAP_NET_ADMIN, CAP_SYS_ADMIN); without it every subcommand says so in one line.
 
+A script that builds a cluster for itself (the benchmarks in bench/) uses `running(...)`: up,
+the block, then down, also when the script is ended by SIGTERM or SIGINT (`signals_raise`).
+
 Commands run inside the cluster with `exec` (in the head's namespace, with RAY_ADDRESS set)
 or from the host with `ray job submit --address http://<head ip>:<dashboard port>`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -37,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -442,6 +447,63 @@ def down(name: str = "lab", log=print) -> None:
     except OSError:
         pass
     log(f"minicluster {name!r} removed ({len(cluster.nodes)} nodes)")
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """Within the block, SIGTERM raises SystemExit(143) and SIGINT KeyboardInterrupt, so that every
+    `finally` (a teardown) runs as on a normal exit: Python's own SIGTERM ends the process at
+    once. Yields the `shield` context manager: a signal that arrives inside it (a teardown in
+    progress) is held until the shielded block is done, then raised. Off the main thread, where
+    Python cannot set a handler, it does nothing."""
+    state = {"shielded": 0, "held": None}
+
+    def on_signal(signum, frame):
+        if state["shielded"]:
+            state["held"] = state["held"] or signum
+            return
+        _raise_for(signum)
+
+    @contextlib.contextmanager
+    def shield():
+        state["shielded"] += 1
+        try:
+            yield
+        finally:
+            state["shielded"] -= 1
+        if not state["shielded"] and state["held"] is not None:
+            signum, state["held"] = state["held"], None
+            _raise_for(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        yield shield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _raise_for(signum: int):
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def running(nodes: int, bandwidth: str | None = None, cpus_per_node: int = 1, name: str = "lab",
+            subnet: str = "10.213.0.0/24", log=print):
+    """`up`, the block, then `down`, whichever way the block ends: returning, raising, or this
+    process receiving SIGTERM or SIGINT (`signals_raise`); a signal during `down` waits for it."""
+    with signals_raise() as shield:
+        cluster = up(nodes, bandwidth, cpus_per_node, name, subnet, log=log)  # removes a half-built cluster itself
+        try:
+            yield cluster
+        finally:
+            with shield():
+                down(name, log=log)
 
 
 def status(name: str = "lab") -> dict:
