@@ -57,12 +57,12 @@ def _marks(epoch: int, base_step: int, rank: int):
     marks, t = [], 1000.0 * epoch
     for i in range(STEPS):
         t += 0.05
-        marks.append(StepMarks(epoch, base_step + i, "train", False, 64, t, t + 0.001, t + 0.012, t + 0.035, t + 0.04,
+        marks.append(StepMarks.single(epoch, base_step + i, "train", False, 64, t, t + 0.001, t + 0.012, t + 0.035, t + 0.04,
                                [BucketMarks(0, t + 0.03, t + 0.034 + 0.001 * rank)]))
     for pair in range(CALIB_PAIRS):
         for kind in ("calib_nosync", "calib_sync"):
             t += 0.05
-            marks.append(StepMarks(epoch, base_step + STEPS - 1, kind, False, 64, t, t, t + 0.012, t + 0.035, t + 0.035,
+            marks.append(StepMarks.single(epoch, base_step + STEPS - 1, kind, False, 64, t, t, t + 0.012, t + 0.035, t + 0.035,
                                    [BucketMarks(0, t + 0.03, t + 0.034)] if kind == "calib_sync" else [], pair=pair))
     return marks
 

@@ -79,7 +79,7 @@ def marks(step: int, start: float, handed_over: list[float], completed: list[flo
     all-reduce, the optimizer takes 10 ms."""
     buckets = [BucketMarks(i, h, c) for i, (h, c) in enumerate(zip(handed_over, completed, strict=True))]
     backward_end = max(completed) if completed else start + 0.5
-    return StepMarks(epoch, step, kind, warmup, 64, start, start + 0.01, start + 0.03, backward_end,
+    return StepMarks.single(epoch, step, kind, warmup, 64, start, start + 0.01, start + 0.03, backward_end,
                      backward_end + 0.01, buckets)
 
 
@@ -185,8 +185,9 @@ def test_waiting_is_capped_at_the_exposed_time_and_the_straggler_share_counts_st
 
 
 def test_steps_without_buckets_calibration_and_unmatched_steps(threaded_collectives):
-    """A step with no bucket (no all-reduce: no moment its compute ended) has no attribution
-    (NaN, straggler -1) and no say in the epoch's straggler; calibration steps are not
+    """A step with no bucket (no all-reduce: nothing exposed, no moment its compute ended) waits
+    and transfers nothing (0, so every figure averages over the same steps; straggler -1) and
+    has no say in the epoch's straggler; calibration steps are not
     attributed; a step only one rank recorded (rank 1 has one training step fewer; steps are
     matched by position in the epoch) has nobody to wait for. Rank 0's tally: steps 0 and 2
     rank 1, step 3 rank 0."""
@@ -198,7 +199,7 @@ def test_steps_without_buckets_calibration_and_unmatched_steps(threaded_collecti
     for k in (0, 2):
         assert r0[k]["waiting_s"] == pytest.approx(0.1) and r0[k]["transfer_s"] == pytest.approx(0.3 if k else 0.1)
         assert r1[k]["waiting_s"] == 0.0 and r0[k]["straggler_rank"] == r1[k]["straggler_rank"] == 1
-    assert math.isnan(r0[1]["waiting_s"]) and math.isnan(r0[1]["transfer_s"]) and r0[1]["straggler_rank"] == -1
+    assert r0[1]["waiting_s"] == 0.0 and r0[1]["transfer_s"] == 0.0 and r0[1]["straggler_rank"] == -1
     assert r1[1]["waiting_s"] == 0.0 and r1[1]["straggler_rank"] == 1  # rank 0 handed nothing over
     assert r0[3]["waiting_s"] == 0.0 and r0[3]["transfer_s"] == pytest.approx(0.4) and r0[3]["straggler_rank"] == 0
     calibration = [r for r in rows0 if r["kind"] == "calib_sync"]

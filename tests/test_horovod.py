@@ -131,7 +131,7 @@ def _job(config: dict):
         with hopt.skip_synchronize():
             hopt.step()
         hopt.zero_grad()
-        records.append(StepMarks(1, step, "train", False, len(y), start, start, after_forward, after_backward,
+        records.append(StepMarks.single(1, step, "train", False, len(y), start, start, after_forward, after_backward,
                                  clock.mark(), timer.take()).resolve(clock))
         hvd_losses.append(loss.item())
     out["hvd_losses"] = hvd_losses

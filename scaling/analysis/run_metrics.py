@@ -14,20 +14,25 @@ Every figure in `summary.json` is defined here, once:
   communication**, what backward did not hide; `comm_overhead_pct` (below): the **A/B
   overhead**, what communication costs the step. Hidden communication counts in the first only;
   interference (communication slowing compute) in the third only.
-- `comm_delta_s`: the A/B difference. Per calibration pair (the same batch run with and without
-  gradient sync, back to back): sync minus no_sync forward+backward time; the median over the
-  pairs of an (epoch, rank), paired so that slow drift and a noisy neighbour cancel; then the
-  mean over ranks and the median over epochs.
-- `comm_overhead_pct` (headline) = 100 x comm_delta_s / step_s, i.e. (t_sync - t_nosync) / t_sync
-  with t the whole steady-state step. 0 by definition at one worker, when the run recorded
-  training steps to say it of.
+- A step is an optimizer step (scaling/instrument/meter.py): with gradient accumulation it holds
+  several micro-batches. `micro_batches` and `synced_micro_batches` (those whose backward
+  communicated) are means per steady-state step; every step figure is per optimizer step.
+- `comm_delta_s`: the A/B difference of one synchronised micro-batch. Per calibration pair (the
+  same batch run with and without gradient sync, back to back): sync minus no_sync
+  forward+backward time; the median over the pairs of an (epoch, rank), paired so that slow
+  drift and a noisy neighbour cancel; then the mean over ranks and the median over epochs.
+- `comm_overhead_pct` (headline) = 100 x comm_delta_s x synced_micro_batches / step_s: what
+  synchronising costs the whole steady-state step, over the step's time (with no
+  accumulation, (t_sync - t_nosync) / t_step). 0 by definition at one worker, when the run
+  recorded training steps to say it of.
 - Why communication costs what it does (three parts, docs/method.md):
   `waiting_s`, `transfer_s`: means over steady-state steps and ranks of the split of each
   step's exposed communication into waiting for the slowest rank to finish its backward
   compute and the transfer after it (per step and rank in steps.parquet, computed across ranks
   by scaling/instrument/recorder.py `attribute`); `interference_s`: the A/B difference
   beyond the exposed communication of the same synchronised calibration steps (pooled as
-  comm_delta_s is): what communication costs beyond the time it is exposed (gloo's threads
+  comm_delta_s is, times synced_micro_batches: per step, as the other two): what communication
+  costs beyond the time it is exposed (gloo's threads
   or NCCL's kernels taking compute); each also as `_pct` of step_s. `straggler_rank`: the rank most
   often last to finish backward compute, `straggler_share` the share of steps it was.
   The per-rank means ("who waits for whom") go to ranks.parquet.
@@ -99,7 +104,8 @@ import math
 import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
-STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s")
+STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s",
+                        "micro_batches", "synced_micro_batches")
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
 STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
@@ -245,6 +251,12 @@ def interference_s(steps: pd.DataFrame) -> float | None:
     return _pooled(per_pair["calib_sync"] - per_pair["calib_nosync"] - sync.reindex(per_pair.index))
 
 
+def _synced_per_step(figures: dict) -> float:
+    """Synchronised micro-batches per steady step; 1 for records made before micro-batches were recorded."""
+    synced = figures.get("synced_micro_batches")
+    return 1.0 if synced is None else float(synced)
+
+
 def _finite_or_none(value) -> float | None:
     if value is None:
         return None
@@ -290,7 +302,8 @@ def ddp_second_opinion(epochs: pd.DataFrame, comm_span_s: float | None, comm_spa
     `ddp_comm_s`: DDP's reducer timer per steady-state iteration, from the first bucket's
     all-reduce launch to the end of communication (mean over the epochs after the first,
     weighted by their iterations), against the lab's `comm_span_s` of rank 0 (first bucket
-    handed over to last all-reduce done): `ddp_comm_ratio` = lab / DDP. They disagree
+    handed over to last all-reduce done) per synchronised micro-batch (the caller divides a
+    step's span by them): `ddp_comm_ratio` = lab / DDP. They disagree
     (`ddp_disagrees`) when the difference exceeds what the noise allows: 3 standard errors of
     the two means combined, plus 10% of the lab's figure. `ddp_exposed_comm_s` is DDP's comm
     minus its compute/comm overlap, reported as DDP gives it: on CPU its compute-end timer
@@ -421,7 +434,11 @@ def summarize_run(
     else:
         out["straggler_rank"], out["straggler_share"] = None, None
     out["ranks"] = accumulator.ranks_table()  # popped by scaling.launch.finish.write_summary into ranks.parquet
-    out.update(ddp_second_opinion(epochs, *accumulator.rank_mean_and_se(0, "comm_span_s")))
+    # DDP's timers describe one synchronised iteration; the lab's span is summed over a step's synchronised micro-batches
+    span, span_se = accumulator.rank_mean_and_se(0, "comm_span_s")
+    per_sync = _synced_per_step(out) or 1.0
+    out.update(ddp_second_opinion(epochs, span / per_sync if span is not None else None,
+                                  span_se / per_sync if span_se is not None else None))
     step_s = out["step_s"]
     out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
     out["allreduce_pct"] = 100.0 * out["allreduce_s"] / step_s if (step_s and out["allreduce_s"] is not None) else None
@@ -439,8 +456,10 @@ def summarize_run(
         calibration = accumulator.calibration_frame()
         delta = comm_delta_s(calibration) if not calibration.empty else None
         out["comm_delta_s"] = delta
-        out["comm_overhead_pct"] = 100.0 * delta / step_s if (delta is not None and step_s) else None
-        out["interference_s"] = interference_s(calibration) if not calibration.empty else None
+        synced = _synced_per_step(out)
+        out["comm_overhead_pct"] = 100.0 * delta * synced / step_s if (delta is not None and step_s) else None
+        interference = interference_s(calibration) if not calibration.empty else None
+        out["interference_s"] = interference * synced if interference is not None else None
         if delta is None:
             ab_reason = ("the job gave the instrument no forward_backward function" if not ab_calibration
                          else nothing if not steps_recorded else "no calibration steps recorded")

@@ -21,27 +21,57 @@ hook per model and cannot replace it later).
 
 How a step is cut into phases, without per-phase code (marks on `Clock`: the host clock on CPU,
 CUDA events on GPU, resolved once per epoch):
-- a step runs from one request for a batch (`meter.batches`) to the next, so the steps of an
-  epoch tile its training time: nothing is left out between them;
-- `data_s`: from the request until the model's forward starts (module forward pre-hook): the
-  loader's wait, plus any host-to-device copy or layout change done before forward;
-- `forward_s`: the model's forward (pre-hook to forward hook; the first forward of the step);
-- `backward_s`: from the end of forward until the optimizer step starts (optimizer step
-  pre-hook): the loss, backward and whatever the loop does before stepping (gradient clipping,
-  GradScaler's unscale). With DDP the all-reduces finish inside backward; with Horovod the
-  instrument waits for them here, timed (backends/horovod.py), so both expose the same way;
-- `optimizer_s`: from the optimizer step's start to the next request (zero_grad and an LR
-  scheduler's step included). The last step of an epoch ends when the loader is exhausted, or
-  at its optimizer step's end when the loop left `batches` early;
-- communication per bucket from the comm timer (`allreduce_s`, `exposed_comm_s`: timing.py).
+- **a step is an optimizer step**. It runs from a request for a batch (`meter.batches`) to the
+  request after the batch whose optimizer step ran, so the steps of an epoch tile its training
+  time. With gradient accumulation a step holds several micro-batches; each is recorded
+  (`micro_batches`, and `synced_micro_batches`: those whose backward communicated). The rule
+  that closes a step at the next request, in order:
+    1. a batch the loop ran no training forward on (skipped) joins the next step;
+    2. a batch whose optimizer step ran closes the step (`optimizer_steps` counts the calls:
+       two optimizers, or one stepped twice, make one step);
+    3. a batch whose backward synchronised gradients (DDP's buckets, Horovod's all-reduces) but
+       whose optimizer step did not run closes it: the step GradScaler skipped on inf/NaN
+       (`optimizer_steps` 0);
+    4. so does one after which the gradients were cleared (`zero_grad()`, set to None): a
+       skipped step at one worker;
+    5. any other batch is a micro-batch of the step: accumulation goes on. A skipped step at one
+       worker whose gradients are zeroed rather than set to None cannot be told from
+       accumulation and joins the next step.
+  The last step of an epoch ends when the loader is exhausted, or at its optimizer step's end
+  when the loop left `batches` early;
+- per micro-batch, `data_s`: from the request until the model's first training forward starts
+  (module forward pre-hook): the loader's wait, plus any host-to-device copy done before
+  forward; `forward_s`: from there to the end of the micro-batch's last training forward before
+  its optimizer step (a model called twice, as in a siamese loss, is one forward phase);
+  `backward_s`: from the end of forward to the next request or the optimizer step's start
+  (optimizer step pre-hook): the loss, backward and whatever the loop does before stepping
+  (gradient clipping, GradScaler's unscale). With DDP the all-reduces finish inside backward;
+  with Horovod the instrument waits for them here, timed (backends/horovod.py), so both expose
+  the same way; `optimizer_s`: from the first optimizer step's start to the next request
+  (zero_grad and an LR scheduler's step included). The step's phases are their sums;
+- **evaluation inside an epoch is not training**: a forward of the model in eval mode or with
+  gradients off (`model.eval()`, `torch.no_grad()`, `torch.inference_mode()`) pauses the
+  training clock automatically, from that forward's start to the loop's next training event (a
+  training forward, an optimizer step, the next batch request, the epoch's end). The pause is
+  taken out of the step's phases and of `train_s` and counted in the epoch's `eval_s`, as
+  `meter.paused()` does explicitly (which also covers work before the first eval forward);
+- communication per bucket from the comm timer (`allreduce_s`, `exposed_comm_s`: timing.py),
+  summed over the step's micro-batches.
 
 A/B communication overhead: with `forward_backward` (a function that runs forward, loss and
 backward on one batch) and `calibration_data` (an iterable of batches, or a function of the
 epoch returning one), `end_epoch` runs `calibration_pairs` pairs of that function with gradient
-synchronisation off and on, alternating, on the same batch (scaling/analysis/run_metrics.py
-defines the figure). Without them the A/B figure is absent from the summary, with the reason;
-never a zero made up. No parameter changes: gradients are dropped and the module buffers
-(BatchNorm statistics) are restored afterwards.
+synchronisation off and on, alternating, on the same batch: one micro-batch each, so the A/B
+difference is the cost of synchronising one micro-batch, and the summary scales it by the
+synchronised micro-batches per step (scaling/analysis/run_metrics.py defines the figure).
+Without them the A/B figure is absent from the summary, with the reason; never a zero made up.
+**The calibration changes nothing in the training**: the job's gradients are set aside and put
+back, the module buffers (BatchNorm statistics) restored, and the random number generators
+(torch's CPU and CUDA, Python's, NumPy's) restored, so the dropout masks and the loader's
+shuffling that follow are those of the job without the instrument (tests/test_real_jobs.py).
+
+A run that fails is still recorded: `with instrument.attach(...) as meter:` detaches the hooks
+on the way out and finishes the run, with `status: failed` and the error when the block raised.
 
 Records: the same run directory as the lab's own runs (scaling/results.py, docs/results.md):
 per-step rows, per-epoch rows, the compute profile, attempts; `finish()` of a job on its own
@@ -58,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import random
 import time
 from pathlib import Path
 
@@ -85,6 +116,41 @@ def _first_tensor(value):
     return None
 
 
+def _numpy_rng_state():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy.random.get_state()
+
+
+def _restore_numpy_rng_state(state) -> None:
+    if state is not None:
+        import numpy
+
+        numpy.random.set_state(state)
+
+
+class _OpenStep:
+    """The marks of the step in progress (StepMarks once closed) and of its batch in progress."""
+
+    __slots__ = ("start", "index", "samples", "segments", "micro_buckets", "pauses", "optimizer_steps",
+                 "optimizer_end", "phase", "forwarded", "stepped")
+
+    def __init__(self, start, index: int, samples: int):
+        self.start, self.index, self.samples = start, index, samples
+        self.segments: list = []  # [(phase, end mark)]
+        self.micro_buckets: list = []
+        self.pauses: list = []
+        self.optimizer_steps = 0
+        self.optimizer_end = None
+        # the batch in progress: the phase it is in, whether it ran a training forward and an optimizer step
+        self.phase, self.forwarded, self.stepped = "data", False, False
+
+    def boundary(self, phase: str, mark) -> None:
+        self.segments.append((phase, mark))
+
+
 class StepMeter:
     """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
 
@@ -93,8 +159,10 @@ class StepMeter:
                  target_accuracy: float | None = None):
         self.settings = settings
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
-        self.model, self.optimizer = model, optimizer
-        self.backend = detect(model, optimizer)
+        # two optimizers stepped per batch (a GAN) may come as a list: all are watched, the first is the job's
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self.model, self.optimizer = model, optimizers[0]
+        self.backend = detect(model, optimizers[0])
         self.forward_backward, self.calibration_data = forward_backward, calibration_data
         self.name = name or type(self.backend.plain_model).__name__
         self.target_accuracy = target_accuracy
@@ -135,6 +203,9 @@ class StepMeter:
         if self.timing:
             self._handles += [watched.register_forward_pre_hook(self._on_forward_start),
                               watched.register_forward_hook(self._on_forward_end)]
+            inner = self.backend.plain_model
+            if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
+                self._handles.append(inner.register_forward_pre_hook(self._on_eval_forward_start))
         else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
             def once_before(module, args):
                 if self._train_started is not None:
@@ -150,8 +221,11 @@ class StepMeter:
             after = watched.register_forward_hook(once_after)
             self._handles += [before, after]
         if self.timing or self.backend.waits_at_step:
-            self._handles += [optimizer.register_step_pre_hook(self._on_step_start),
-                              optimizer.register_step_post_hook(self._on_step_end)]
+            for each in optimizers:
+                self._handles += [each.register_step_pre_hook(self._on_step_start),
+                                  each.register_step_post_hook(self._on_step_end)]
+        # whether the loop cleared the gradients between two batches (a skipped step; module docstring)
+        self._grad_probe = next((q for q in self.backend.plain_model.parameters() if q.requires_grad), None)
         self.attached_unix = time.time()
         self._started_at = dt.datetime.now(dt.timezone.utc)
         self.global_step = 0  # training steps so far, over the run (continues after a restart)
@@ -159,7 +233,8 @@ class StepMeter:
         self.elapsed_train_s = 0.0
         self.run_first_step_unix: float | None = None
         self._resumed_from: dict | None = None
-        self._step: dict | None = None  # marks of the step in progress
+        self._step: _OpenStep | None = None  # marks of the step in progress
+        self._calib: dict | None = None  # marks of the calibration half in progress
         self._epoch_steps = 0
         self._epoch_samples = 0
         self._training_end: float | None = None
@@ -172,6 +247,9 @@ class StepMeter:
         self._calibrating = False
         self._paused_s = 0.0  # training time of this epoch spent paused (evaluations inside it)
         self._pause_started: float | None = None
+        self._pause: dict | None = None  # the pause in progress (an evaluation inside the epoch)
+        self._paused_usage: list[dict] = []
+        self._finished = False
         self._evals: list[dict] = []  # this epoch's evaluations, written at end_epoch
         self._step_depth = 0  # nesting of optimizer step() calls (see _on_step_start)
         self._telemetry, self.telemetry_note = None, "GPU telemetry off"
@@ -182,24 +260,49 @@ class StepMeter:
 
     # --- hooks ----------------------------------------------------------------------------
 
+    def _training_forward(self, module) -> bool:
+        return module.training and torch.is_grad_enabled()
+
     def _on_forward_start(self, module, args, kwargs=None):
-        step = self._step
-        if step is None or "forward_start" in step:
+        if self._calibrating:
+            if self._calib is not None and "forward_start" not in self._calib:
+                self._calib["forward_start"] = self.clock.mark()
             return
-        step["forward_start"] = self.clock.mark()
-        self._observe_input(args)
+        step = self._step
+        if step is None:
+            return
+        if not self._training_forward(module):
+            self._pause_for_evaluation()
+            return
+        self._end_evaluation()
+        if step.phase == "data":
+            step.boundary("data", self.clock.mark())
+            step.phase, step.forwarded = "forward", True
+            self._observe_input(args)
+        elif step.phase == "backward" and not step.stepped:  # a second forward before backward (siamese)
+            step.boundary("forward", self.clock.mark())
+            step.phase = "forward"
+
+    def _on_eval_forward_start(self, module, args, kwargs=None):
+        """The user's module inside the wrapper: seen only to notice an evaluation that bypasses the wrapper."""
+        if not self._calibrating and self._step is not None and not self._training_forward(module):
+            self._pause_for_evaluation()
 
     def _on_forward_end(self, module, args, output):
-        step = self._step
-        if step is None or "forward_end" in step:
+        if self._calibrating:
+            if self._calib is not None and "forward_end" not in self._calib:
+                self._calib["forward_end"] = self.clock.mark()
             return
-        step["forward_end"] = self.clock.mark()
+        step = self._step
+        if step is None or step.phase != "forward" or self._pause is not None:
+            return
+        step.boundary("forward", self.clock.mark())
+        step.phase = "backward"
         self._observe_output(output)
-        if not self._calibrating:
-            if self._straggle_s:
-                time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
-            if self.second_opinion is not None:
-                self.second_opinion.after_forward()
+        if self._straggle_s:
+            time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
+        if self.second_opinion is not None:
+            self.second_opinion.after_forward()
 
     def _observe_input(self, args) -> None:
         """The first training batch's input shape and autocast precision (for the FLOPs profile)."""
@@ -224,16 +327,47 @@ class StepMeter:
         if self._calibrating or self._step_depth > 1:
             return
         self.backend.wait_after_backward()
-        if self._step is not None:
-            self._step["backward_end"] = self.clock.mark()
+        step = self._step
+        if step is not None:
+            self._end_evaluation()
+            if step.phase != "optimizer":  # the first optimizer of the batch: backward ends here
+                step.boundary(step.phase, self.clock.mark())
+                step.phase = "optimizer"
 
     def _on_step_end(self, optimizer, args, kwargs):
         self._step_depth -= 1
         if self._calibrating or self._step_depth > 0:
             return
         self.backend.after_step()
+        step = self._step
+        if step is not None:
+            step.stepped = True
+            step.optimizer_steps += 1
+            step.optimizer_end = self.clock.mark()
+
+    # --- evaluations inside an epoch -------------------------------------------------------
+
+    def _pause_for_evaluation(self) -> None:
+        """An evaluation forward inside training: stop the training clock until the next training event."""
+        if self._pause is None and self._training_end is None and self._train_started is not None:
+            self._begin_pause(automatic=True)
+
+    def _end_evaluation(self) -> None:
+        if self._pause is not None and self._pause["automatic"]:
+            self._end_pause()
+
+    def _begin_pause(self, automatic: bool) -> None:
+        self._pause = {"automatic": automatic, "host": time.perf_counter(), "mark": self.clock.mark(),
+                       "usage": ThreadUsage()}
+        self._pause_started = self._pause["host"]
+
+    def _end_pause(self) -> None:
+        pause, self._pause = self._pause, None
+        self._pause_started = None
+        self._paused_s += time.perf_counter() - pause["host"]
+        self._paused_usage.append(pause["usage"].stop())
         if self._step is not None:
-            self._step["optimizer_end"] = self.clock.mark()
+            self._step.pauses.append((pause["mark"], self.clock.mark()))
 
     # --- the training loop's one line ------------------------------------------------------
 
@@ -244,25 +378,56 @@ class StepMeter:
         try:
             while True:
                 request = self.clock.mark() if self.timing else None
-                self._close_step(request)
+                self._end_evaluation()
+                continues = self._end_micro_batch(request)
                 try:
                     batch = next(iterator)
                 except StopIteration:
+                    self._close_step(request)
                     self._end_training()
                     return
                 samples = _first_tensor(batch)
                 samples = int(samples.shape[0]) if samples is not None and samples.dim() else 1
                 self._per_rank_batch = self._per_rank_batch or samples
                 self._epoch_samples += samples
-                self._epoch_steps += 1
-                if self.timing:
-                    self._step = {"start": request, "samples": samples, "index": self.global_step}
-                self.global_step += 1
+                if not self.timing:
+                    self._epoch_steps += 1
+                    self.global_step += 1
+                elif continues:
+                    self._step.samples += samples
+                else:
+                    self._close_step(request)
+                    self._epoch_steps += 1
+                    self._step = _OpenStep(request, self.global_step, samples)
+                    self.global_step += 1
                 yield batch
         finally:
             if self._training_end is None and self._train_started is not None:
+                self._end_evaluation()
                 self._close_step(None)
                 self._end_training()
+
+    def _end_micro_batch(self, request) -> bool:
+        """The batch in progress ends at `request`: whether the next batch continues its step (rule, module docstring)."""
+        step = self._step
+        if step is None:
+            return False
+        step.boundary(step.phase, request)
+        buckets = self.backend.take()
+        if step.forwarded or step.stepped or buckets:
+            step.micro_buckets.append(buckets)
+        if not step.forwarded and not step.stepped:
+            continues = True  # a skipped batch: its time is waiting for the next one's data
+        elif step.stepped or buckets:
+            continues = False
+        else:
+            continues = not self._gradients_cleared()
+        step.phase, step.forwarded, step.stepped = "data", False, False
+        return continues
+
+    def _gradients_cleared(self) -> bool:
+        probe = self._grad_probe
+        return probe is None or probe.grad is None
 
     def _begin_training(self) -> None:
         if self.run_first_step_unix is None:
@@ -283,20 +448,21 @@ class StepMeter:
         self._train_started = time.perf_counter()
 
     def _close_step(self, end) -> None:
-        """Record the step in progress, ending at `end` (the next request), or its optimizer's end."""
+        """Record the step in progress, ending at `end` (the next request), or at its optimizer's end."""
         step, self._step = self._step, None
         if step is None:
             return
-        forward_start = step.get("forward_start", step["start"])
-        forward_end = step.get("forward_end", forward_start)
-        optimizer_end = step.get("optimizer_end")
-        end = end if end is not None else optimizer_end
-        if end is None:
-            return  # the loop left before stepping: no whole step to record
-        backward_end = step.get("backward_end", optimizer_end or end)  # a skipped step (GradScaler inf): all backward
+        if end is None:  # the loop left `batches` inside the step
+            if step.optimizer_end is None:
+                return  # before stepping: no whole step to record
+            step.boundary(step.phase, step.optimizer_end)
+            if step.forwarded or step.stepped:
+                step.micro_buckets.append(self.backend.take())
+        elif not step.micro_buckets:
+            return  # nothing was trained: batches drawn and skipped up to the loader's end
         self.recorder.step(StepMarks(
-            self.epoch + 1, step["index"], "train", step["index"] < self.settings.warmup_steps, step["samples"],
-            step["start"], forward_start, forward_end, backward_end, end, self.backend.take()))
+            self.epoch + 1, step.index, "train", step.index < self.settings.warmup_steps, step.samples,
+            step.start, step.segments, step.micro_buckets, step.pauses, step.optimizer_steps))
 
     def _end_training(self) -> None:
         if self.clock.cuda:
@@ -321,6 +487,7 @@ class StepMeter:
         if self._train_started is None:
             raise RuntimeError("end_epoch() before any batch of the epoch: iterate meter.batches(loader) first")
         if self._training_end is None:
+            self._end_evaluation()
             self._close_step(None)
             self._end_training()
         train_s = self._training_end - self._train_started - self._paused_s
@@ -371,8 +538,10 @@ class StepMeter:
     def paused(self):
         """Stop the training clock inside an epoch, e.g. for an evaluation every fraction of one.
 
-        The step in progress ends here (at its optimizer step's end); the paused time counts
-        in the epoch's `eval_s`, never in `train_s`, a step or TTA. Use between steps:
+        The paused time is taken out of the step in progress and counts in the epoch's
+        `eval_s`, never in `train_s`, a step or TTA. An evaluation's forwards pause the clock
+        by themselves (module docstring); `paused()` also covers what comes before the first
+        of them (building a loader, say) and work that runs no forward:
 
             with meter.paused():
                 accuracy = evaluate(model)
@@ -380,18 +549,17 @@ class StepMeter:
         """
         if self.clock.cuda:
             torch.cuda.synchronize()
-        self._close_step(None)
-        start = time.perf_counter()
-        pause_usage = ThreadUsage()
-        self._pause_started = start
+        self._end_evaluation()
+        if self._pause is not None:  # nested in another paused(): the outer one holds the clock
+            yield
+            return
+        self._begin_pause(automatic=False)
         try:
             yield
         finally:
             if self.clock.cuda:
                 torch.cuda.synchronize()
-            self._paused_s += time.perf_counter() - start
-            self._paused_usage.append(pause_usage.stop())
-            self._pause_started = None
+            self._end_pause()
 
     def record_eval(self, val_accuracy: float | None, epoch_progress: float, **columns) -> None:
         """An evaluation's result, with the training time up to it (evals.parquet; TTA's first-eval rule).
@@ -408,44 +576,62 @@ class StepMeter:
                             "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy), **columns})
 
     def _calibrate(self) -> None:
-        """The A/B window (module docstring): no_sync and sync halves alternate, ABBA."""
+        """The A/B window (module docstring): no_sync and sync halves alternate, ABBA.
+
+        Whatever it uses of the job's state it gives back: the gradients (set aside, then put
+        back), the module buffers, and the random number generators its forwards and its
+        iteration of the data draw from.
+        """
         pairs = self.settings.calibration_pairs
         if not (self.timing and self.world_size > 1 and pairs > 0 and self.forward_backward and self.calibration_data is not None):
             return
-        data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
-        batches = iter(data)
+        parameters = list(self.model.parameters())
+        job_gradients = [q.grad for q in parameters]
         saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
+        python_rng, numpy_rng = random.getstate(), _numpy_rng_state()
+        cuda_devices = [self.device] if self.device.type == "cuda" else []
         self._calibrating = True
         try:
-            for pair in range(pairs):
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    break
-                first = _first_tensor(batch)
-                samples = int(first.shape[0]) if first is not None and first.dim() else 1
-                order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
-                for kind in order:
-                    self._step = {"start": None}
-                    with self.backend.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
-                        start = self.clock.mark()
-                        self._step["start"] = start
-                        self.forward_backward(batch)
-                        if kind == "calib_sync":
-                            self.backend.wait_after_backward()
-                            self.backend.after_step()
-                        end = self.clock.mark()
-                    step, self._step = self._step, None
-                    forward_end = step.get("forward_end", start)
-                    self.model.zero_grad(set_to_none=True)
-                    self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start, start,
-                                                 forward_end, end, end, self.backend.take(), pair=pair))
+            with torch.random.fork_rng(devices=cuda_devices):
+                for q in parameters:
+                    q.grad = None
+                data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
+                batches = iter(data)
+                for pair in range(pairs):
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        break
+                    first = _first_tensor(batch)
+                    samples = int(first.shape[0]) if first is not None and first.dim() else 1
+                    order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
+                    for kind in order:
+                        self._calib = {}
+                        with self.backend.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
+                            start = self.clock.mark()
+                            self.forward_backward(batch)
+                            if kind == "calib_sync":
+                                self.backend.wait_after_backward()
+                                self.backend.after_step()
+                            end = self.clock.mark()
+                        marks, self._calib = self._calib, None
+                        for q in parameters:
+                            q.grad = None
+                        segments = [("data", marks.get("forward_start", start)),
+                                    ("forward", marks.get("forward_end", start)), ("backward", end)]
+                        self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start,
+                                                     segments, [self.backend.take()], pair=pair))
+                del batches, data
         finally:
             self._calibrating = False
-            self._step = None
+            self._calib = None
             with torch.no_grad():
                 for name, buffer in self.model.named_buffers():
                     buffer.copy_(saved_buffers[name])
+            for q, grad in zip(parameters, job_gradients):
+                q.grad = grad
+            random.setstate(python_rng)
+            _restore_numpy_rng_state(numpy_rng)
 
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.
@@ -511,6 +697,23 @@ class StepMeter:
             self._telemetry.stop()
             self._telemetry = None
 
+    def __enter__(self) -> StepMeter:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        """Leaving `with attach(...) as meter:`: detach, and finish the run unless the job did.
+
+        An exception inside the block makes the run `failed`, with the error; the epochs that
+        ended are recorded (each epoch's records are written at its end). The exception goes on.
+        """
+        if self._finished:
+            return False
+        if error is None:
+            self.finish()
+        else:
+            self.finish(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0])
+        return False
+
     def finish(self, status: str | None = None, error: str | None = None) -> dict | None:
         """End of the run: detach; on rank 0 of a job on its own, its finisher writes summary.json.
 
@@ -518,6 +721,7 @@ class StepMeter:
         whose launcher writes it), else None.
         """
         self.detach()
+        self._finished = True
         if self.finisher is None or self.rank != 0 or self.run_dir is None:
             return None
         description = {

@@ -197,6 +197,10 @@ class RunRecorder:
         straggler = torch.nan_to_num(matrix, nan=float("-inf")).argmax(dim=0)
         stragglers = []
         for i, row in enumerate(train):
+            if row["num_buckets"] == 0:
+                # nothing communicated, nothing exposed: zero, so that every figure averages over the same steps
+                row.update(waiting_s=0.0, transfer_s=0.0, straggler_rank=-1)
+                continue
             if not bool(known[i]) or row["compute_end_t"] != row["compute_end_t"]:
                 row.update(waiting_s=float("nan"), transfer_s=float("nan"), straggler_rank=-1)
                 continue

@@ -216,9 +216,24 @@ def interval_union_s(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def _overlap_s(begin: float, end: float, intervals: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(end, b) - max(begin, a)) for a, b in intervals)
+
+
 @dataclass
 class StepMarks:
-    """The raw marks of one step, resolved into a record once the clock can be read."""
+    """The raw marks of one step, resolved into a record once the clock can be read.
+
+    A step is cut into segments, each a phase (`PHASES`) ending at a mark; the first begins at
+    `start`. An optimizer step made of several micro-batches (gradient accumulation) has a
+    data | forward | backward run per micro-batch, then optimizer: the phases sum over them.
+    `pauses` are evaluations inside the step (start, end marks), taken out of whatever phase
+    they fall in. `micro_buckets` holds each micro-batch's all-reduces (empty for one that
+    communicated nothing, e.g. under DDP's `no_sync`).
+    """
 
     epoch: int
     step: int  # global training-step counter of this rank (0-based); calibration steps reuse the last one
@@ -226,39 +241,61 @@ class StepMarks:
     warmup: bool
     samples: int
     start: object
-    after_data: object
-    after_forward: object
-    after_backward: object
-    after_optimizer: object
-    buckets: list[BucketMarks] = field(default_factory=list)
+    segments: list  # [(phase, end mark)], in order
+    micro_buckets: list  # [[BucketMarks]] per micro-batch
+    pauses: list = field(default_factory=list)  # [(start mark, end mark)]
+    optimizer_steps: int = 1  # optimizer.step() calls that ran (0: skipped, e.g. by GradScaler on inf)
     pair: int = -1  # calibration: index of the (no_sync, sync) pair within the epoch; -1 for training steps
+
+    @classmethod
+    def single(cls, epoch: int, step: int, kind: str, warmup: bool, samples: int, start, after_data, after_forward,
+               after_backward, after_optimizer, buckets: list | None = None, pair: int = -1) -> StepMarks:
+        """A step of one micro-batch and one optimizer step, from the marks between its phases."""
+        segments = [("data", after_data), ("forward", after_forward), ("backward", after_backward),
+                    ("optimizer", after_optimizer)]
+        return cls(epoch, step, kind, warmup, samples, start, segments, [list(buckets or [])], pair=pair)
+
+    def _resolved_segments(self, clock: Clock) -> tuple[list[tuple[str, float, float]], list[tuple[float, float]]]:
+        """(phase, begin, end) in seconds since `start`, never running backwards; pauses likewise."""
+        segments, begin = [], 0.0
+        for phase, mark in self.segments:
+            end = max(begin, clock.seconds(self.start, mark))
+            segments.append((phase, begin, end))
+            begin = end
+        pauses = [(clock.seconds(self.start, a), clock.seconds(self.start, b)) for a, b in self.pauses]
+        return segments, pauses
 
     def resolve(self, clock: Clock, offset_s: float = 0.0) -> dict:
         """The step's record; `offset_s` puts its moments (`*_t`) on rank 0's clock (clock_sync.py)."""
+        segments, pauses = self._resolved_segments(clock)
+        phase_s = dict.fromkeys(PHASES, 0.0)
+        for phase, begin, end in segments:
+            phase_s[phase] += (end - begin) - _overlap_s(begin, end, pauses)
+        step_s = sum(phase_s.values())
+
         def since_start(mark) -> float:
             return clock.seconds(self.start, mark)
 
-        data_s = since_start(self.after_data)
-        forward_end = since_start(self.after_forward)
-        backward_end = since_start(self.after_backward)
-        step_s = since_start(self.after_optimizer)
-        intervals = [(since_start(b.handed_over), since_start(b.completed)) for b in self.buckets]
-        known = all(b.completion_known for b in self.buckets)
+        intervals, exposed_comm_s, comm_span_s = [], 0.0, 0.0
+        compute_end = comm_end = float("nan")
+        known = True
+        for buckets in self.micro_buckets:
+            if not buckets:
+                continue
+            spans = [(since_start(b.handed_over), since_start(b.completed)) for b in buckets]
+            intervals += spans
+            known = known and all(b.completion_known for b in buckets)
+            # per communicating micro-batch: from the last bucket handed over (backward compute
+            # done) to the last all-reduce done; the attribution across ranks uses the last one
+            compute_end = max(start for start, _ in spans)
+            comm_end = max(end for _, end in spans)
+            exposed_comm_s += max(0.0, comm_end - compute_end)
+            # first hand-over to last completion: the span PyTorch DDP's own timers call backward comm time
+            comm_span_s += comm_end - min(start for start, _ in spans)
         allreduce_s = interval_union_s(intervals) if known else float("nan")
-        injected_s = sum((clock.seconds(*b.injected) for b in self.buckets if b.injected is not None), 0.0)
-        if intervals:
-            compute_end = max(start for start, _ in intervals)
-            comm_end = max(end for _, end in intervals)
-            exposed_comm_s = max(0.0, comm_end - compute_end)
-        else:
-            compute_end = comm_end = float("nan")
-            exposed_comm_s = 0.0
-        # first hand-over to last completion: the span PyTorch DDP's own timers call backward comm time
-        comm_span_s = comm_end - min(start for start, _ in intervals) if intervals else 0.0
+        injected_s = sum((clock.seconds(*b.injected) for buckets in self.micro_buckets for b in buckets
+                          if b.injected is not None), 0.0)
         start_t = clock.host_time(self.start) + offset_s
-        forward_s = forward_end - data_s
-        backward_s = backward_end - forward_end
-        optimizer_s = step_s - backward_end
         return {
             "epoch": self.epoch,
             "step": self.step,
@@ -266,16 +303,17 @@ class StepMarks:
             "pair": self.pair,
             "warmup": self.warmup,
             "samples": self.samples,
-            "data_s": data_s,
-            "forward_s": forward_s,
-            "backward_s": backward_s,
-            "optimizer_s": optimizer_s,
+            "micro_batches": len(self.micro_buckets),
+            "synced_micro_batches": sum(1 for buckets in self.micro_buckets if buckets),
+            "optimizer_steps": self.optimizer_steps,
+            **{f"{phase}_s": phase_s[phase] for phase in PHASES},
             "step_s": step_s,
+            "paused_s": sum(b - a for a, b in pauses),
             "allreduce_s": allreduce_s,
             "exposed_comm_s": exposed_comm_s,
             "comm_span_s": comm_span_s,
-            "compute_s": forward_s + backward_s - exposed_comm_s + optimizer_s,
-            "num_buckets": len(self.buckets),
+            "compute_s": step_s - phase_s["data"] - exposed_comm_s,
+            "num_buckets": len(intervals),
             "injected_s": injected_s,
             # moments on rank 0's clock (s), for attribution across ranks (recorder.py):
             # the step's start, this rank's last bucket handed over (its backward compute done)
@@ -287,20 +325,23 @@ class StepMarks:
 
     def trace_events(self, clock: Clock, offset_s: float, rank: int) -> list[dict]:
         """Chrome trace events (times in s on rank 0's clock; scaling/instrument/trace.py writes µs):
-        the step's phases on track "phases", each bucket's all-reduce on track "all-reduce"."""
+        the step's phases (and evaluations inside it) on track "phases", each bucket's all-reduce
+        on track "all-reduce"."""
         start_t = clock.host_time(self.start) + offset_s
-
-        def at(mark) -> float:
-            return start_t + clock.seconds(self.start, mark)
-
-        bounds = [start_t, at(self.after_data), at(self.after_forward), at(self.after_backward), at(self.after_optimizer)]
+        segments, pauses = self._resolved_segments(clock)
+        end_s = segments[-1][2] if segments else 0.0
         events = [{"name": f"step {self.step}", "cat": "step", "track": "phases", "rank": rank,
-                   "start_s": bounds[0], "end_s": bounds[-1], "args": {"epoch": self.epoch, "step": self.step}}]
-        for name, begin, end in zip(("data", "forward", "backward", "optimizer"), bounds, bounds[1:]):
-            events.append({"name": name, "cat": "phase", "track": "phases", "rank": rank, "start_s": begin, "end_s": end,
-                           "args": {"step": self.step}})
-        for bucket in self.buckets:
-            events.append({"name": f"bucket {bucket.index}", "cat": "allreduce", "track": "all-reduce", "rank": rank,
-                           "start_s": at(bucket.handed_over), "end_s": at(bucket.completed),
-                           "args": {"step": self.step, "bucket": bucket.index}})
+                   "start_s": start_t, "end_s": start_t + end_s, "args": {"epoch": self.epoch, "step": self.step}}]
+        for phase, begin, end in segments:
+            events.append({"name": phase, "cat": "phase", "track": "phases", "rank": rank, "start_s": start_t + begin,
+                           "end_s": start_t + end, "args": {"step": self.step}})
+        for begin, end in pauses:
+            events.append({"name": "evaluation", "cat": "pause", "track": "phases", "rank": rank,
+                           "start_s": start_t + begin, "end_s": start_t + end, "args": {"step": self.step}})
+        for buckets in self.micro_buckets:
+            for bucket in buckets:
+                events.append({"name": f"bucket {bucket.index}", "cat": "allreduce", "track": "all-reduce", "rank": rank,
+                               "start_s": start_t + clock.seconds(self.start, bucket.handed_over),
+                               "end_s": start_t + clock.seconds(self.start, bucket.completed),
+                               "args": {"step": self.step, "bucket": bucket.index}})
         return events
