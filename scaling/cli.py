@@ -3,12 +3,16 @@
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
-    scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out FIG] [--from-run DIR ...]
+    scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out DIR] [--from-run DIR ...]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
+    scaling --version
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
-directory) ends with exit status 2 and one line on stderr, before anything is written.
+directory) ends with exit status 2 and one line on stderr, before anything is written; a
+failed run (or a failed run of a sweep) with 1; Ctrl-C with 130. Every command's --help has a
+description, examples and its exit statuses; `--out` is always a directory. Tables keep the
+terminal's width on a terminal, and are never folded when the output is a log, a pipe or CI.
 
 Each command's wiring is here; what it runs lives below (scaling.launch, scaling.report,
 scaling.projection, scaling.testbed), and none of them imports this module.
@@ -25,6 +29,10 @@ from pathlib import Path
 from scaling.errors import UsageError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+# rich takes a pipe or a file for 80 columns and folds every wider table row over several lines;
+# a log, a pipe or CI gets rows of their natural width instead (the widest report table: ~220).
+UNFOLDED_WIDTH = 10_000
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,66 +43,197 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
+def output_console():
+    """rich's console for stdout: a terminal's own width; a log, a pipe or CI: rows never folded."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=UNFOLDED_WIDTH)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("scaling")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from scaling import __version__
+
+        return __version__
+
+
+# Exit statuses, as each command's --help lists them.
+_USAGE = "  2    bad input (config, arguments, paths): one line on stderr, nothing written"
+_INTERRUPTED = "  130  interrupted (Ctrl-C)"
+
+
+def _epilog(examples: list[str], statuses: list[str]) -> str:
+    return "\n".join(["examples:", *(f"  {e}" for e in examples), "", "exit status:", *statuses])
+
+
+def _command(commands, name: str, help: str, description: str, examples: list[str], statuses: list[str]):
+    """A subcommand whose --help has a description, examples and its exit statuses."""
+    return commands.add_parser(name, help=help, description=description, epilog=_epilog(examples, statuses),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="scaling", description="Distributed training-scaling lab on Ray.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser = OneLineParser(
+        prog="scaling", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A distributed training-scaling lab on Ray: time every step of a data-parallel run, roll runs\n"
+                    "up into speedup, time to accuracy and communication overhead, and project them onto a cluster.",
+        epilog=_epilog([
+            "scaling run experiments/quickstart.yaml --workers 2 --launcher local",
+            "scaling sweep experiments/quickstart.yaml --out results/demo",
+            "scaling report results/demo",
+            "scaling project --cluster p3.16xlarge --nodes 1,2,4,8 --out results/projection",
+            "scaling cluster check cluster/aws-p3.16xlarge.yaml",
+            "scaling minicluster up --nodes 2          (root)",
+        ], [
+            "  0    done",
+            "  1    a run failed (run), or a run of the sweep failed (sweep)",
+            _USAGE,
+            _INTERRUPTED,
+        ]) + "\n\nEach command's options: scaling COMMAND --help.",
+    )
+    parser.add_argument("--version", action="version", version=f"scaling {version()}",
+                        help="print the lab's version and exit")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="one data-parallel training run, timed step by step")
-    run.add_argument("config", help="experiment YAML, e.g. experiments/quickstart.yaml")
-    run.add_argument("--workers", type=int, help="number of data-parallel workers (overrides workers.num_workers)")
-    run.add_argument("--out", type=Path, help="run directory (default: results/<name>-w<N>-<time>)")
+    run = _command(
+        commands, "run", "one data-parallel training run, timed step by step",
+        "Train the config's model with N data-parallel workers, timing every step (data, forward,\n"
+        "backward, optimizer, all-reduce), and write the run directory: its records, summary.json\n"
+        "and a one-screen summary.",
+        ["scaling run experiments/quickstart.yaml",
+         "scaling run experiments/quickstart.yaml --workers 2 --launcher local --out results/qs-w2",
+         "scaling run experiments/quickstart.yaml --set optim.lr=0.2 --set train.max_epochs=3"],
+        ["  0    the run finished (its target reached or its epochs run)", "  1    the run failed", _USAGE, _INTERRUPTED])
+    run.add_argument("config", metavar="CONFIG", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="number of data-parallel workers (default: the config's workers.num_workers)")
+    run.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: results/<name>-w<N>-<time>)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config field, e.g. --set optim.lr=0.2 (repeatable)")
+                     help="override a config field, e.g. --set optim.lr=0.2; repeatable (default: none)")
     run.add_argument("--launcher", choices=("ray", "local"), default="ray",
-                     help="ray: Ray Train on the current Ray cluster (default); local: torch.distributed processes on this host, no Ray")
+                     help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
+                          "host, no Ray (default: ray)")
 
-    sweep = commands.add_parser("sweep", help="every worker count x repeat (x sweep axes) as its own run; resumable")
-    sweep.add_argument("config", help="experiment YAML, optionally with a sweep: section")
-    sweep.add_argument("--workers", help="comma-separated worker counts, e.g. 1,2 (overrides sweep.workers)")
-    sweep.add_argument("--repeats", help="seeds per point (overrides sweep.repeats), or auto: add repeats until each "
-                       "point's 95%% interval is within --interval-width")
+    sweep = _command(
+        commands, "sweep", "every worker count x repeat (x sweep axes) as its own run; resumable",
+        "Run every point of a sweep (worker counts x repeats, x the config's sweep axes), each as its\n"
+        "own run under one sweep directory, with runs.parquet indexing them. Re-running the same\n"
+        "command resumes: finished runs are kept, failed and unfinished ones run again.",
+        ["scaling sweep experiments/quickstart.yaml --out results/demo",
+         "scaling sweep experiments/quickstart.yaml --workers 1,2 --repeats 3 --launcher local",
+         "scaling sweep experiments/quickstart.yaml --repeats auto --interval-width 0.05 --max-repeats 6"],
+        ["  0    every run finished", "  1    at least one run failed (re-run the command to redo it)", _USAGE,
+         _INTERRUPTED])
+    sweep.add_argument("config", metavar="CONFIG", help="experiment YAML, optionally with a sweep: section")
+    sweep.add_argument("--workers", metavar="N,N,...", help="comma-separated worker counts, e.g. 1,2 (default: the config's sweep.workers)")
+    sweep.add_argument("--repeats", metavar="R|auto", help="seeds per point, or auto: add repeats until each point's 95%% interval is "
+                                         "within --interval-width (default: the config's sweep.repeats)")
     sweep.add_argument("--interval-width", type=float, default=0.05,
-                       help="--repeats auto: the relative half-width to reach (default 0.05: ±5%%)")
-    sweep.add_argument("--max-repeats", type=int, default=6, help="--repeats auto: at most this many repeats per point")
-    sweep.add_argument("--out", type=Path, help="sweep directory (default: results/<name>-sweep)")
+                       help="--repeats auto: the relative half-width to reach (default: 0.05, i.e. ±5%%)")
+    sweep.add_argument("--max-repeats", type=int, default=6,
+                       help="--repeats auto: at most this many repeats per point (default: 6)")
+    sweep.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default: results/<name>-sweep)")
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a base config field for every run (repeatable)")
-    sweep.add_argument("--launcher", choices=("ray", "local"), default="ray")
+                       help="override a base config field for every run; repeatable (default: none)")
+    sweep.add_argument("--launcher", choices=("ray", "local"), default="ray",
+                       help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
+                            "host, no Ray (default: ray)")
 
-    report = commands.add_parser("report", help="tables and figures of a sweep directory (or of several, merged)")
+    report = _command(
+        commands, "report", "tables and figures of a sweep directory (or of several, merged)",
+        "Print a sweep's tables (scaling, uncertainty, time to accuracy, communication, utilisation,\n"
+        "runs) and write its report directory: report.md and the figures, each as PNG and SVG.",
+        ["scaling report results/demo",
+         "scaling report results/ddp-sweep results/horovod-sweep --out results/ddp-vs-horovod"],
+        ["  0    report written", _USAGE])
     report.add_argument("sweep_dirs", type=Path, nargs="+", metavar="SWEEP_DIR",
                         help="a sweep directory; several are merged into one report (needs --out)")
-    report.add_argument("--out", type=Path, help="report directory (default: SWEEP_DIR/report; required for several)")
+    report.add_argument("--out", type=Path, metavar="DIR", help="report directory (default: SWEEP_DIR/report; required for several)")
 
-    project = commands.add_parser("project", help="project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
-                                  description="Project data-parallel scaling (DDP step time, speedup, communication "
-                                              "overhead) onto a cluster.")
+    project = _command(
+        commands, "project", "project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
+        "Project data-parallel scaling (DDP or Horovod step time, speedup, the three communication\n"
+        "figures, time per epoch and, given epochs to target, time to accuracy) onto a cluster with\n"
+        "the alpha-beta model, from a device table or from this machine's measured runs.",
+        ["scaling project --cluster p3.16xlarge --nodes 1,2,4,8,16",
+         "scaling project --model resnet50 --cluster p3.16xlarge --precision amp --out results/projection",
+         "scaling project --cluster p3.16xlarge --from-run results/qs-w1 --json"],
+        ["  0    projected", _USAGE])
     _project_arguments(project)
 
-    cluster = commands.add_parser("cluster", help="cluster YAMLs for ray up")
-    cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
-    check = cluster_commands.add_parser("check", help="validate cluster YAMLs offline (Ray's validator + the lab's checks)")
-    check.add_argument("paths", nargs="+", type=Path)
+    cluster = _command(
+        commands, "cluster", "cluster YAMLs for ray up",
+        "Cluster YAMLs for `ray up`, checked offline before a cluster is paid for.",
+        ["scaling cluster check cluster/aws-p3.16xlarge.yaml"], ["  0    every YAML is valid", _USAGE])
+    cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
+    check = _command(
+        cluster_commands, "check", "validate cluster YAMLs offline (Ray's validator + the lab's checks)",
+        "Validate cluster YAMLs offline: Ray's own checks (those `ray up` runs first), then the lab's\n"
+        "(resources against the instance table, shared storage, open ports, a pinned image, node\n"
+        "counts, a spot worker type, torch's GPU kernels). Prints `<path>: ok` for each valid one.",
+        ["scaling cluster check cluster/aws-p3.16xlarge.yaml", "scaling cluster check cluster/*.yaml"],
+        ["  0    every YAML is valid", "  2    a YAML is refused (one line naming each problem) or bad arguments"])
+    check.add_argument("paths", nargs="+", type=Path, metavar="YAML", help="cluster YAML files to check")
 
-    mini = commands.add_parser("minicluster", help="a multi-node Ray cluster on this machine (network namespaces; root)")
-    mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
-    mini_up = mini_commands.add_parser("up", help="build N namespaced nodes joined by a bridge, each a Ray node")
-    mini_up.add_argument("--nodes", type=int, required=True)
+    mini = _command(
+        commands, "minicluster", "a multi-node Ray cluster on this machine (network namespaces; root)",
+        "A multi-node Ray cluster on this machine: one network namespace per node, joined by a\n"
+        "bridge, each link optionally capped; needs root.",
+        ["scaling minicluster up --nodes 2 --bandwidth 1gbit",
+         "scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2",
+         "scaling minicluster down"],
+        ["  0    done", "  1    a step failed (the message names it)",
+         "  2    bad arguments, not root, or no such minicluster (one line on stderr)", "  N    exec: the command's own"])
+    mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
+    name_help = "which minicluster (default: lab)"
+    mini_statuses = ["  0    done", "  1    a step failed (the message names it)",
+                     "  2    bad arguments, not root, or no such minicluster (one line on stderr)"]
+    mini_up = _command(
+        mini_commands, "up", "build N namespaced nodes joined by a bridge, each a Ray node",
+        "Build N nodes (network namespaces on a private subnet, joined by a bridge), node 0 a Ray\n"
+        "head and the others Ray workers; on any failure, or SIGTERM or Ctrl-C, remove what was made.",
+        ["scaling minicluster up --nodes 2", "scaling minicluster up --nodes 4 --bandwidth 1gbit --cpus-per-node 2"],
+        mini_statuses[:2] + [mini_statuses[2].replace("or no such minicluster", "or a minicluster of that name is up"),
+                             "  130  interrupted (Ctrl-C): what was made is removed",
+                             "  143  ended by SIGTERM: what was made is removed"])
+    mini_up.add_argument("--nodes", type=int, required=True, help="number of nodes, 1 to 50; node 0 is the head (required)")
     mini_up.add_argument("--bandwidth", help="cap each node's link, a tc rate such as 100mbit or 1gbit (default: uncapped)")
-    mini_up.add_argument("--cpus-per-node", type=int, default=1)
-    mini_up.add_argument("--subnet", default="10.213.0.0/24", help="private subnet of the nodes (default 10.213.0.0/24)")
-    for sub in (mini_up, mini_commands.add_parser("status", help="nodes, IPs, caps, liveness"),
-                mini_commands.add_parser("down", help="remove exactly what up made")):
-        sub.add_argument("--name", default="lab", help="which minicluster (default: lab)")
-    for action, text in (("preempt", "take a worker node away as a spot preemption does (link down, processes killed)"),
-                         ("rejoin", "bring a preempted node back (link up, Ray started)")):
-        sub = mini_commands.add_parser(action, help=text)
-        sub.add_argument("--name", default="lab")
-        sub.add_argument("--node", type=int, required=True, help="which worker node (1..N-1; node 0 is the head)")
-    mini_exec = mini_commands.add_parser("exec", help="run a command inside the cluster (head namespace, RAY_ADDRESS set)")
-    mini_exec.add_argument("--name", default="lab")
-    mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: the head)")
-    mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    mini_up.add_argument("--cpus-per-node", type=int, default=1, help="CPUs each node's Ray offers (default: 1)")
+    mini_up.add_argument("--subnet", default="10.213.0.0/24", help="private subnet of the nodes (default: 10.213.0.0/24)")
+    mini_up.add_argument("--name", default="lab", help=name_help)
+    for action, text, description, example in (
+        ("status", "nodes, IPs, caps, liveness", "Print the minicluster's nodes as JSON: namespaces, IPs, link caps, "
+         "whether each Ray node is alive.", "scaling minicluster status"),
+        ("down", "remove exactly what up made", "Remove exactly what `up` recorded: the processes in its namespaces, "
+         "the namespaces, the bridge.", "scaling minicluster down --name lab"),
+    ):
+        sub = _command(mini_commands, action, text, description, [example], mini_statuses)
+        sub.add_argument("--name", default="lab", help=name_help)
+    for action, text, description in (
+        ("preempt", "take a worker node away as a spot preemption does (link down, processes killed)",
+         "Take a worker node away as a spot preemption does: its link down, every process in it killed."),
+        ("rejoin", "bring a preempted node back (link up, Ray started)",
+         "Bring a preempted node back, as an autoscaler's replacement: link up, Ray started, every node alive."),
+    ):
+        sub = _command(mini_commands, action, text, description, [f"scaling minicluster {action} --node 1"], mini_statuses)
+        sub.add_argument("--name", default="lab", help=name_help)
+        sub.add_argument("--node", type=int, required=True, help="which worker node, 1..N-1 (node 0 is the head) (required)")
+    mini_exec = _command(
+        mini_commands, "exec", "run a command inside the cluster (head namespace, RAY_ADDRESS set)",
+        "Run a command inside the cluster, as its driver: in a node's namespace (the head's by\n"
+        "default) with RAY_ADDRESS set. Everything after -- is the command.",
+        ["scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2",
+         "scaling minicluster exec --node 1 -- ip addr"],
+        ["  N    the command's own exit status", "  2    no command, bad arguments, not root, or no such minicluster"])
+    mini_exec.add_argument("--name", default="lab", help=name_help)
+    mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: 0, the head)")
+    mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                           help="the command and its arguments, after -- (required)")
     return parser
 
 
@@ -118,21 +257,25 @@ def _cmd_cluster(args) -> int:
 
 
 def _project_arguments(parser: argparse.ArgumentParser) -> None:
-    from scaling.projection.cluster import preset_names
+    from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, preset_names
     from scaling.projection.layers import available_models
 
-    parser.add_argument("--model", default=None,
-                        help=f"model with a layer table: {', '.join(available_models())} (default: the run's, else resnet50)")
+    parser.add_argument("--model", default=None, choices=available_models(), metavar="MODEL",
+                        help="model with a layer table: %(choices)s (default: the run's, else resnet50)")
     parser.add_argument("--cluster", required=True,
                         help=f"preset ({', '.join(preset_names())}) or a cluster YAML file (scaling/projection/cluster.py)")
     parser.add_argument("--nodes", default=None, help="comma-separated node counts, e.g. 1,2,4,8,16 (default 1,2,4,8,16)")
     parser.add_argument("--workers", default=None,
-                        help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs)")
+                        help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs) "
+                             "(default: none, --nodes decides)")
     parser.add_argument("--per-gpu-batch", type=int, default=None, help="samples per GPU per step (default: the run's, else 64)")
-    parser.add_argument("--precision", default=None, help="fp32 | amp (= fp16) | fp16 | bf16 (default: the run's, else fp32)")
+    parser.add_argument("--precision", default=None, type=str.lower, choices=(*PRECISIONS, *PRECISION_ALIASES),
+                        help="fp32, fp16 or bf16; amp and mixed are fp16 autocast, tf32 is fp32 (default: the run's, "
+                             "else fp32)")
     parser.add_argument("--from-run", type=Path, nargs="+", default=None, metavar="RUN_DIR",
                         help="run directory whose step times are the compute (a 1-worker run is best); several "
-                             "1-worker runs made at the same time, one per future rank, also measure the straggler wait")
+                             "1-worker runs made at the same time, one per future rank, also measure the straggler wait "
+                             "(default: none, the device table's throughput)")
     parser.add_argument("--straggler-ms", type=float, default=None,
                         help="wait for the slowest rank per synchronous step, added to exposed communication "
                              "(default: what concurrent --from-run runs measured, else the cluster's step jitter)")
@@ -140,7 +283,8 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
                         help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
                              "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)")
     parser.add_argument("--samples-per-s", type=float, default=None,
-                        help="one GPU's training throughput, instead of the device table or a run")
+                        help="one GPU's training throughput, instead of the device table or a run (default: the "
+                             "run's, else the device table's)")
     parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
                         help="all-reduce algorithm (default: the cluster's)")
     parser.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
@@ -156,9 +300,12 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset-size", type=int, default=None,
                         help="samples per epoch (default: the run's, else the model's usual dataset, e.g. ImageNet 1,281,167)")
     parser.add_argument("--epochs-to-target", default=None, metavar="BATCH:EPOCHS,...",
-                        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA")
+                        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA "
+                             "(default: none, no TTA columns)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    parser.add_argument("--out", type=Path, default=None, help="figure path: writes OUT.png and OUT.svg")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="directory for the figure and the rows: DIR/projection.png, .svg and .json "
+                             "(default: none, the table only)")
 
 
 def _json_value(value):
@@ -185,14 +332,12 @@ def _duration(s: float) -> str:
 
 def print_projection(df, console=None) -> None:
     """`scaling project`'s table of a projection (scaling.projection.run_projection), its notes and caveats."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from scaling.plots.projection import projection_title
 
-    # A pipe or a job log is 80 columns to rich; the table needs about 100.
-    console = console if console is not None else Console(width=None if sys.stdout.isatty() else 120)
+    console = console if console is not None else output_console()
     table = Table(title=projection_title(df), title_justify="left", header_style="bold")
     # the three communication figures, each named for what it is (scaling/projection/project.py)
     headers = ["nodes", "GPUs", "batch", "step ms", "communicating %", "exposed %", "A/B overhead %", "samples/s",
@@ -220,6 +365,31 @@ def print_projection(df, console=None) -> None:
         console.print(f"[yellow]caveat: {escape(caveat)}[/yellow]" + (" (* = extrapolated)" if tta else ""), highlight=False)
 
 
+def _check_out_dir(out: Path) -> None:
+    """`--out` names a directory, for every command: refused in one line before anything runs."""
+    if out.suffix.lower() in (".png", ".svg", ".json") and not out.is_dir():
+        raise UsageError(f"--out is a directory (the projection goes to DIR/projection.png, .svg and .json), "
+                         f"got the file name {out}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+
+
+def _write_projection(df, rows: list[dict], out: Path) -> list[Path]:
+    """DIR/projection.png and .svg (the figure) and DIR/projection.json (rows, notes, caveats)."""
+    from scaling.plots.figures import save
+    from scaling.plots.projection import projection_figure
+    from scaling.results import write_json_atomic
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = save(projection_figure(df), out / "projection")
+        record = {"rows": rows, "notes": list(df.attrs.get("notes", [])), "caveats": list(df.attrs.get("caveats", []))}
+        write_json_atomic(out / "projection.json", record)
+    except OSError as exc:
+        raise UsageError(f"cannot write the projection to {out}: {exc.strerror or exc}") from None
+    return [*written, out / "projection.json"]
+
+
 def _cmd_project(args) -> int:
     import json
 
@@ -227,6 +397,8 @@ def _cmd_project(args) -> int:
     from scaling.projection.compute import run_model
     from scaling.results import RunDir
 
+    if args.out is not None:
+        _check_out_dir(args.out)
     runs = [RunDir(path) for path in args.from_run] if args.from_run else None
     from_run = runs[0] if runs is not None and len(runs) == 1 else runs
     model = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
@@ -240,36 +412,35 @@ def _cmd_project(args) -> int:
         backend=args.backend, horovod_cycle_time_ms=args.horovod_cycle_time_ms,
         horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
     )
-    written = []
-    if args.out is not None:
-        from scaling.plots.figures import save
-        from scaling.plots.projection import projection_figure
-
-        try:
-            written = save(projection_figure(df), args.out)
-        except OSError as exc:
-            raise UsageError(f"cannot write the figure to {args.out}: {exc.strerror or exc}") from None
+    rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    written = _write_projection(df, rows, args.out) if args.out is not None else []
     if args.json:
-        rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
         print(json.dumps(rows, indent=1))
         for line in df.attrs.get("notes", []):
             print(f"note: {line}", file=sys.stderr)
         for line in df.attrs.get("caveats", []):
             print(f"caveat: {line}", file=sys.stderr)
         for path in written:
-            print(f"figure: {path}", file=sys.stderr)
+            print(f"written: {path}", file=sys.stderr)
     else:
         print_projection(df)
         if written:
-            print("figure: " + ", ".join(str(p) for p in written))
+            print("written: " + ", ".join(str(p) for p in written))
     return 0
 
 
 def _cmd_minicluster(args) -> int:
     from scaling.testbed import minicluster as mc
 
+    if args.action == "exec":
+        command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not command:
+            raise UsageError("scaling minicluster exec: the command is missing: give it after --, e.g. "
+                             "-- scaling sweep experiments/quickstart.yaml --workers 2 (see scaling minicluster exec --help)")
+        return mc.exec_in(command, args.name, args.node)
     if args.action == "up":
-        cluster = mc.up(args.nodes, args.bandwidth, args.cpus_per_node, args.name, args.subnet)
+        with mc.signals_raise():  # SIGTERM mid-way: `up` removes what it made, as on Ctrl-C
+            cluster = mc.up(args.nodes, args.bandwidth, args.cpus_per_node, args.name, args.subnet)
         cap = f", each link capped at {cluster.bandwidth}" if cluster.bandwidth else ", uncapped"
         print(f"minicluster {cluster.name!r} up: {len(cluster.nodes)} nodes{cap}")
         print(f"  head {cluster.address}  dashboard/jobs {cluster.dashboard}")
@@ -291,8 +462,7 @@ def _cmd_minicluster(args) -> int:
         mc.rejoin(args.name, args.node)
         print(f"node {args.node} of minicluster {args.name!r} back: every node alive")
         return 0
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return mc.exec_in(command, args.name, args.node)
+    raise AssertionError(f"unhandled minicluster action {args.action!r}")
 
 
 def _cmd_run(args) -> int:
@@ -312,8 +482,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from rich.console import Console
-
     from scaling.launch.preflight import preflight_sweep
     from scaling.launch.run import check_run_dir, resolve_out
     from scaling.launch.sweep import (
@@ -330,7 +498,7 @@ def _cmd_sweep(args) -> int:
     for note in preflight_sweep(planned, args.launcher, log_to_driver=False):
         print(note, flush=True)
     prepare_sweep_dir(sweep_dir, data, spec)
-    console = Console()
+    console = output_console()
     # plain print: rich would wrap a long path, and job logs are read by scripts
     print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)", flush=True)
     index = run_sweep(sweep_dir, planned, args.launcher, console)
@@ -348,11 +516,9 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from rich.console import Console
-
     from scaling.report import write_report
 
-    path = write_report(args.sweep_dirs, Console(), out=args.out)
+    path = write_report(args.sweep_dirs, output_console(), out=args.out)
     print(f"report: {path}")
     return 0
 
@@ -374,11 +540,10 @@ def _not_measured(summary: dict, figure: str) -> str | None:
 
 def print_summary(summary: dict, run_dir: Path) -> None:
     """One screen: what ran, whether it reached the target, and where the time went."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = output_console()
     # escaped: "[failed]" is otherwise read as a style tag and vanishes from the title
     table = Table(title=escape(f"run {summary['run_id']}  [{summary['status']}]"), show_header=False, box=None)
     table.add_column(style="bold")
@@ -446,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -427,14 +427,16 @@ def test_main_prints_json_rows(capsys):
 
 
 def test_main_table_and_figure(tmp_path, capsys):
-    out = tmp_path / "fig" / "proj.png"
+    out = tmp_path / "fig"  # a directory, as --out is for every command
     assert main(["project", "--cluster", "p3.16xlarge", "--nodes", "1,2", "--precision", "amp", "--out", str(out),
                  "--epochs-to-target", "256:30"]) == 0
     text = capsys.readouterr().out
     assert "p3.16xlarge" in text and "caveat" in text
     # each table says which communication figure it shows
     assert "communicating %" in text and "exposed %" in text and "A/B overhead %" in text
-    assert (tmp_path / "fig" / "proj.png").stat().st_size > 0 and (tmp_path / "fig" / "proj.svg").stat().st_size > 0
+    assert (out / "projection.png").stat().st_size > 0 and (out / "projection.svg").stat().st_size > 0
+    record = json.loads((out / "projection.json").read_text())
+    assert [r["num_nodes"] for r in record["rows"]] == [1, 1, 2] and record["caveats"]
 
 
 def test_main_horovod_backend(capsys):
@@ -449,7 +451,9 @@ def test_main_horovod_backend(capsys):
 @pytest.mark.parametrize("argv, says", [
     (["--cluster", "nope"], "unknown cluster 'nope'"),
     (["--cluster", "p3.16xlarge", "--nodes", "1,,2"], "comma-separated positive integers"),
-    (["--cluster", "p3.16xlarge", "--model", "vgg"], "no layer table"),
+    (["--cluster", "p3.16xlarge", "--model", "vgg"], "invalid choice: 'vgg'"),
+    (["--cluster", "p3.16xlarge", "--precision", "fp8"], "invalid choice: 'fp8'"),
+    (["--cluster", "p3.16xlarge", "--out", "proj.png"], "--out is a directory"),
     (["--nodes", "1"], "--cluster"),
 ])
 def test_main_usage_errors(argv, says, capsys):
