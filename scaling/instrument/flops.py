@@ -260,8 +260,16 @@ def _l3_bytes() -> int | None:
 
 
 def _best_rate(work, amount: float, budget_s: float, per_round: int, min_rounds: int = 2) -> float:
-    """Best `amount` per second over rounds of `per_round` calls to `work`, within `budget_s`."""
+    """Best `amount` per second over rounds of `per_round` calls to `work`, within `budget_s`.
+
+    A kernel whose warm-up call alone outlasts the budget (bf16 emulated on a CPU without it:
+    seconds a call) is rated by that call: it is far below the fastest kernel, which the roof
+    takes, and more calls would only cost time (they cost a worker tens of seconds)."""
+    began = time.perf_counter()
     work()  # warm-up: first-touch page faults, thread pool start-up, kernel selection
+    warm_up_s = time.perf_counter() - began
+    if warm_up_s > budget_s:
+        return amount / warm_up_s
     best, rounds = 0.0, 0
     deadline = time.perf_counter() + budget_s
     while rounds < min_rounds or time.perf_counter() < deadline:

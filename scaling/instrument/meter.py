@@ -29,14 +29,13 @@ CUDA events on GPU, resolved once per epoch):
     1. a batch the loop ran no training forward on (skipped) joins the next step;
     2. a batch whose optimizer step ran closes the step (`optimizer_steps` counts the calls:
        two optimizers, or one stepped twice, make one step);
-    3. a batch whose backward synchronised gradients (DDP's buckets, Horovod's all-reduces) but
-       whose optimizer step did not run closes it: the step GradScaler skipped on inf/NaN
+    3. a batch after which the gradients were cleared (`zero_grad()`, which sets them to None)
+       though no optimizer step ran closes it: the step GradScaler skipped on inf/NaN
        (`optimizer_steps` 0);
-    4. so does one after which the gradients were cleared (`zero_grad()`, set to None): a
-       skipped step at one worker;
-    5. any other batch is a micro-batch of the step: accumulation goes on. A skipped step at one
-       worker whose gradients are zeroed rather than set to None cannot be told from
-       accumulation and joins the next step.
+    4. any other batch is a micro-batch of the step: accumulation goes on, whether its backward
+       synchronised gradients (DDP's `no_sync` left out) or not. A skipped step whose gradients
+       are zeroed in place (`zero_grad(set_to_none=False)`) cannot be told from accumulation
+       and joins the next step.
   The last step of an epoch ends when the loader is exhausted, or at its optimizer step's end
   when the loop left `batches` early;
 - per micro-batch, `data_s`: from the request until the model's first training forward starts
@@ -418,7 +417,7 @@ class StepMeter:
             step.micro_buckets.append(buckets)
         if not step.forwarded and not step.stepped:
             continues = True  # a skipped batch: its time is waiting for the next one's data
-        elif step.stepped or buckets:
+        elif step.stepped:
             continues = False
         else:
             continues = not self._gradients_cleared()
@@ -500,7 +499,8 @@ class StepMeter:
         if self.epoch == 0:
             self.recorder.write_json(JOB_JSON, self.observed())
             if self._input_shape is not None:
-                self._profile_compute()
+                with self._rng_untouched():  # its probes draw random inputs
+                    self._profile_compute()
         calibration_start = time.perf_counter()
         self._calibrate()
         if self.clock.cuda:
@@ -575,6 +575,18 @@ class StepMeter:
                             "elapsed_train_s": trained, "elapsed_wall_s": time.time() - self.run_first_step_unix,
                             "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy), **columns})
 
+    @contextlib.contextmanager
+    def _rng_untouched(self):
+        """Whatever the instrument draws inside this block, the job's random streams go on as without it:
+        torch's (CPU, and the device's), Python's and NumPy's states are put back afterwards."""
+        python_rng, numpy_rng = random.getstate(), _numpy_rng_state()
+        try:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                yield
+        finally:
+            random.setstate(python_rng)
+            _restore_numpy_rng_state(numpy_rng)
+
     def _calibrate(self) -> None:
         """The A/B window (module docstring): no_sync and sync halves alternate, ABBA.
 
@@ -588,11 +600,9 @@ class StepMeter:
         parameters = list(self.model.parameters())
         job_gradients = [q.grad for q in parameters]
         saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
-        python_rng, numpy_rng = random.getstate(), _numpy_rng_state()
-        cuda_devices = [self.device] if self.device.type == "cuda" else []
         self._calibrating = True
         try:
-            with torch.random.fork_rng(devices=cuda_devices):
+            with self._rng_untouched():
                 for q in parameters:
                     q.grad = None
                 data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
@@ -630,8 +640,6 @@ class StepMeter:
                     buffer.copy_(saved_buffers[name])
             for q, grad in zip(parameters, job_gradients):
                 q.grad = grad
-            random.setstate(python_rng)
-            _restore_numpy_rng_state(numpy_rng)
 
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.

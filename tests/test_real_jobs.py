@@ -1,0 +1,249 @@
+"""Real jobs' shapes through the public instrument: figures that agree, and a training left unchanged.
+
+The jobs are in tests/real_jobs.py, written as a user writes them. At world size 2 (two spawned
+gloo processes running every case in turn, start-up paid once) and at world size 1 (in this
+process, the unit tier), what is proven:
+- **a step is an optimizer step**: with gradient accumulation over 2 micro-batches (DDP's
+  `no_sync` on the first), clipping, an LR scheduler and bf16 autocast, each step record holds
+  2 micro-batches, 1 of them synchronised; the ground truth, a delay D injected into every
+  synchronised all-reduce, grows the exposed communication per step and the A/B difference by D
+  (+-15%), once per optimizer step; a job that synchronises every micro-batch grows them by 2D
+  per step and D per micro-batch; in the runs where D dominates, the three views agree: the A/B
+  overhead and the exposed share within 15% of each other, waiting no more than the exposed
+  time, PyTorch DDP's own timers within 15% of the lab's;
+- **an evaluation inside the epoch without `paused()`** (eval mode, no_grad, every 3 steps) is
+  out of the step's phases and out of `train_s`: each step that holds one is paused for at
+  least the evaluation's forwards, and its phases plus the pause tile the time to the next step;
+- **odd steps** keep defined, non-negative phases: a step GradScaler skips (non-finite
+  gradients) is a step with `optimizer_steps` 0; a batch the job skips joins the next step; two
+  optimizers stepped per batch are one step with 2; `zero_grad(set_to_none=False)` changes
+  nothing; a model called three times per step (siamese) is one forward phase;
+- **the instrument changes nothing in the training**: with dropout, a shuffling DataLoader and
+  the A/B calibration iterating it, the losses are the same, bit for bit, with and without it;
+- **a run that fails is recorded**: `with attach(...)` around a loop that raises detaches every
+  hook and writes a summary with `status: failed`, the error and the epoch that finished;
+- `torch.compile` (through `forward_module`) and fp16 autocast with GradScaler are measured.
+
+Checks that involve time compare a duration with a sleep inside it, moments on one clock, or a
+growth against the injected delay (which dwarfs what load adds: tests/test_ground_truth.py
+measured the spread); none assumes how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from scaling.testbed.local_cluster import free_port
+from tests import real_jobs
+
+EPS_S = 1e-6
+PHASE_COLUMNS = ["data_s", "forward_s", "backward_s", "optimizer_s", "step_s"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """case -> (each rank's result, run directory), from one pair of gloo processes."""
+    tmp = tmp_path_factory.mktemp("real_jobs")
+    mp.start_processes(real_jobs.world_job, args=(free_port(), str(tmp)), nprocs=2, join=True, start_method="spawn")
+    return {name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
+            for name in real_jobs.WORLD_CASES}
+
+
+def _train(run_dir) -> pd.DataFrame:
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    return steps[steps["kind"] == "train"].sort_values(["rank", "epoch", "step"])
+
+
+def _summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _fastest(run_dir) -> dict:
+    """The least-disturbed observations (tests/test_ground_truth.py says why): the fastest steady
+    step's exposed time, and the fastest synchronised calibration half minus the fastest no_sync one."""
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    train = steps[(steps["kind"] == "train") & ~steps["warmup"]]
+    calib = steps[steps["kind"] != "train"]
+    return {"exposed_comm_s": train["exposed_comm_s"].min(),
+            "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min()
+            - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min()}
+
+
+def _phases_defined(train: pd.DataFrame) -> None:
+    assert not train.empty
+    assert (train[PHASE_COLUMNS] >= 0).all().all(), train[PHASE_COLUMNS]
+    sums = train[["data_s", "forward_s", "backward_s", "optimizer_s"]].sum(axis=1)
+    assert (sums - train["step_s"]).abs().max() < EPS_S
+
+
+@pytest.mark.slow
+def test_a_step_is_an_optimizer_step_with_its_micro_batches(world):
+    train = _train(world["accumulation"][1])
+    assert len(train) == 2 * 2 * 6  # ranks x epochs x optimizer steps (12 micro-batches an epoch)
+    assert (train["micro_batches"] == 2).all() and (train["synced_micro_batches"] == 1).all()
+    assert (train["optimizer_steps"] == 1).all() and (train["samples"] == 2 * real_jobs.BATCH).all()
+    _phases_defined(train)
+    summary = _summary(world["accumulation"][1])
+    assert summary["micro_batches"] == 2 and summary["synced_micro_batches"] == 1
+    assert summary["waiting_s"] <= summary["exposed_comm_s"] + EPS_S
+    epochs = pd.read_parquet(world["accumulation"][1] / "epochs.parquet")
+    assert (epochs["steps"] == 6).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, synced_per_step", [("accumulation_delay", 1), ("accumulation_sync_every_delay", 2)])
+def test_injected_delay_shows_once_per_synchronised_micro_batch(world, case, synced_per_step):
+    base, injected = _fastest(world["accumulation"][1]), _fastest(world[case][1])
+    delay = real_jobs.DELAY_S
+    growth = {name: injected[name] - base[name] for name in base}
+    print(f"{case}: injected {delay} s per synchronised micro-batch; growth {growth}")
+    assert growth["exposed_comm_s"] == pytest.approx(synced_per_step * delay, rel=0.15)  # per optimizer step
+    assert growth["ab_s"] == pytest.approx(delay, rel=0.15)  # the calibration times one micro-batch
+    summary = _summary(world[case][1])
+    assert summary["synced_micro_batches"] == synced_per_step and summary["micro_batches"] == 2
+    # where the delay dominates, the three views of the communication agree
+    assert summary["comm_overhead_pct"] == pytest.approx(summary["exposed_comm_pct"], rel=0.15)
+    assert summary["waiting_pct"] <= summary["exposed_comm_pct"] + 1e-9
+    assert summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.15) and not summary["ddp_disagrees"]
+
+
+@pytest.mark.slow
+def test_an_evaluation_inside_the_epoch_is_not_training(world):
+    results, run_dir = world["mid_epoch_eval"]
+    job = results[0]
+    train = _train(run_dir)
+    rank0 = train[train["rank"] == 0].reset_index(drop=True)
+    assert len(rank0) == 9
+    _phases_defined(train)
+    sleeps = job["eval_sleeps"]
+    assert len(sleeps) == 3 * 2  # 3 evaluations x 2 validation batches
+    for evaluation in job["evaluations"]:
+        inside = [s for s in sleeps if evaluation["begin"] <= s[0] and s[1] <= evaluation["end"]]
+        step = rank0.iloc[evaluation["step"]]
+        # the step holds the evaluation as a pause, at least as long as its forwards slept ...
+        assert step["paused_s"] >= sum(b - a for a, b in inside) - EPS_S
+        # ... and its phases plus the pause still tile the time to the next step's start
+        if evaluation["step"] + 1 < len(rank0):
+            gap = rank0.iloc[evaluation["step"] + 1]["start_t"] - step["start_t"]
+            assert step["step_s"] + step["paused_s"] == pytest.approx(gap, abs=1e-5)
+    untouched = rank0.drop(index=[e["step"] for e in job["evaluations"]])
+    assert (untouched["paused_s"] == 0).all()
+    slept = sum(b - a for a, b in sleeps)
+    assert job["train_s"] <= job["loop_exit"] - job["loop_enter"] - slept + EPS_S
+    assert job["eval_s"] >= slept - EPS_S
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern, rows, optimizer_steps", [
+    ("grad_scaler_skip", 8, [1, 1, 0, 1, 1, 1, 1, 1]),
+    ("skipped_batch", 7, [1] * 7),
+    ("two_optimizers", 8, [2] * 8),
+    ("zero_not_none", 8, [1] * 8),
+])
+def test_odd_steps_keep_defined_phases(world, pattern, rows, optimizer_steps):
+    train = _train(world[f"odd_{pattern}"][1])
+    _phases_defined(train)
+    for rank in (0, 1):
+        mine = train[train["rank"] == rank]
+        assert len(mine) == rows
+        assert mine["optimizer_steps"].tolist() == optimizer_steps
+    if pattern == "skipped_batch":  # the skipped batch's time and samples are the next step's
+        after = train[(train["rank"] == 0)].iloc[3]
+        assert after["micro_batches"] == 1 and after["samples"] == 2 * real_jobs.BATCH
+
+
+@pytest.mark.slow
+def test_the_instrument_changes_nothing_in_the_training(world):
+    plain, attached = world["losses_plain"][0], world["losses_attached"][0]
+    for rank in (0, 1):
+        assert attached[rank]["losses"] == plain[rank]["losses"]  # bit for bit, A/B calibration included
+    calib = pd.read_parquet(world["losses_attached"][1] / "steps.parquet")
+    assert (calib["kind"] == "calib_sync").sum() == 2 * 2 * 2  # ranks x epochs x pairs: the calibration did run
+
+
+@pytest.mark.slow
+def test_a_run_that_raises_is_recorded_as_failed(world):
+    results, run_dir = world["fails"]
+    assert all(r["raised"] == "the job's own error" and r["hooks_left"] == 0 for r in results)
+    summary = _summary(run_dir)
+    assert summary["status"] == "failed" and "the job's own error" in summary["error"]
+    assert summary["epochs_run"] == 1
+
+
+# --- world size 1, in this process (the unit tier) -----------------------------------------------------------
+
+@pytest.mark.parametrize("pattern, rows, optimizer_steps", [
+    ("grad_scaler_skip", 8, [1, 1, 0, 1, 1, 1, 1, 1]),  # told by the gradients cleared after the skipped step
+    ("siamese", 8, [1] * 8),
+    ("skipped_batch", 7, [1] * 7),
+    ("two_optimizers", 8, [2] * 8),
+])
+def test_odd_steps_at_one_worker(tmp_path, pattern, rows, optimizer_steps):
+    real_jobs.job_odd_steps(str(tmp_path), pattern)
+    train = _train(tmp_path)
+    _phases_defined(train)
+    assert len(train) == rows and train["optimizer_steps"].tolist() == optimizer_steps
+
+
+def test_accumulation_at_one_worker_groups_micro_batches(tmp_path):
+    real_jobs.job_accumulation(str(tmp_path), epochs=1, pairs=0)
+    train = _train(tmp_path)
+    assert len(train) == 6 and (train["micro_batches"] == 2).all() and (train["synced_micro_batches"] == 0).all()
+
+
+def test_losses_unchanged_at_one_worker(tmp_path):
+    assert real_jobs.job_losses(str(tmp_path), attached=True) == real_jobs.job_losses(None, attached=False)
+
+
+def test_an_evaluation_inside_the_epoch_at_one_worker(tmp_path):
+    job = real_jobs.job_mid_epoch_eval(str(tmp_path))
+    slept = sum(b - a for a, b in job["eval_sleeps"])
+    assert job["train_s"] <= job["loop_exit"] - job["loop_enter"] - slept + EPS_S
+    assert job["eval_s"] >= slept - EPS_S
+
+
+def test_a_compiled_model_is_measured_through_forward_module(tmp_path):
+    from scaling import instrument
+
+    torch.manual_seed(0)
+    model = real_jobs.SlowEvalMLP()
+    compiled = torch.compile(model, backend="aot_eager")  # no code generation: no compiler process
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with instrument.attach(model, optimizer, run_dir=str(tmp_path), forward_module=compiled, warmup_steps=0) as meter:
+        for x, y in meter.batches(real_jobs.batches(6, seed=0)):
+            loss_fn(compiled(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        meter.end_epoch(val_accuracy=0.5)
+    train = _train(tmp_path)
+    _phases_defined(train)
+    assert len(train) == 6 and (train["forward_s"] > 0).all()
+
+
+def test_fp16_autocast_with_grad_scaler_is_measured(tmp_path):
+    from scaling import instrument
+
+    torch.manual_seed(0)
+    model = real_jobs.SlowEvalMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with instrument.attach(model, optimizer, run_dir=str(tmp_path), warmup_steps=0) as meter:
+        for x, y in meter.batches(real_jobs.batches(6, seed=0)):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        meter.end_epoch(val_accuracy=0.5)
+    train = _train(tmp_path)
+    _phases_defined(train)
+    assert len(train) == 6
+    assert json.loads((tmp_path / "job.json").read_text())["precision"] == "fp16"
