@@ -101,7 +101,8 @@ def _job(config: dict):
     )
     import horovod.torch as hvd
 
-    out["ranks"] = (ranks.as_tuple(), (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_rank()))
+    ours = (ranks.rank, ranks.size, ranks.local_rank, ranks.cross_rank)
+    out["ranks"] = (ours, (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_rank()))
     out["node_rank"] = ctx.get_node_rank()
     out["env"] = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
 

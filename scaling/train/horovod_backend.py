@@ -119,10 +119,6 @@ class HorovodRanks:
     cross_rank: int
     cross_size: int
 
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        """(rank, size, local_rank, cross_rank)."""
-        return self.rank, self.size, self.local_rank, self.cross_rank
-
 
 class _State:
     server = None  # rank 0: horovod.runner.http.http_server.RendezvousServer
@@ -322,11 +318,6 @@ def shutdown() -> None:
             pass
         _state.server = None
     _state.ranks = None
-
-
-def configured_tuning() -> HorovodTuning | None:
-    """What the last init applied."""
-    return _state.tuning
 
 
 # --- optimizer ---------------------------------------------------------------------------
