@@ -59,8 +59,9 @@ def _rank() -> int:
 
 
 def job_accumulation(run_dir: str, *, accumulate: int = 2, use_no_sync: bool = True, delay_s: float = 0.0,
-                     steps_per_epoch: int = 6, epochs: int = 2, pairs: int = 3) -> dict:
-    """Gradient accumulation (DDP's no_sync on all but the last micro-batch, or not), clipping, an LR scheduler."""
+                     steps_per_epoch: int = 6, epochs: int = 2, pairs: int = 3, bf16: bool = True) -> dict:
+    """Gradient accumulation (DDP's no_sync on all but the last micro-batch, or not), clipping, an LR scheduler,
+    bf16 autocast (or not: the ground truth's runs compare communication, which autocast does not change)."""
     from scaling import instrument
 
     torch.manual_seed(0)
@@ -80,7 +81,7 @@ def job_accumulation(run_dir: str, *, accumulate: int = 2, use_no_sync: bool = T
             for i, (x, y) in enumerate(meter.batches(data)):
                 last = (i + 1) % accumulate == 0
                 with model.no_sync() if (use_no_sync and not last and dist.is_initialized()) else _nothing():
-                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                         loss = loss_fn(model(x), y) / accumulate
                     loss.backward()
                 if last:
@@ -229,8 +230,8 @@ def job_fails(run_dir: str, *, fail_in_epoch: int = 2) -> dict:
 
 WORLD_CASES = {
     "accumulation": lambda d: job_accumulation(d),
-    "accumulation_delay": lambda d: job_accumulation(d, delay_s=DELAY_S),
-    "accumulation_sync_every_delay": lambda d: job_accumulation(d, use_no_sync=False, delay_s=DELAY_S),
+    "accumulation_delay": lambda d: job_accumulation(d, delay_s=DELAY_S, bf16=False),
+    "accumulation_sync_every_delay": lambda d: job_accumulation(d, use_no_sync=False, delay_s=DELAY_S, bf16=False),
     "mid_epoch_eval": job_mid_epoch_eval,
     **{f"odd_{p}": (lambda d, p=p: job_odd_steps(d, p))
        for p in ("grad_scaler_skip", "skipped_batch", "two_optimizers", "zero_not_none")},

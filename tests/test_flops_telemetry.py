@@ -226,6 +226,7 @@ class _TickingClock:
 def test_measure_cpu_peak_rates_are_counted_work_over_measured_time_within_its_budget(monkeypatch):
     clock = _TickingClock()
     monkeypatch.setattr(flops, "time", clock)
+    measure_cpu_peak.cache_clear()  # measured on the ticking clock, not taken from an earlier call
     threads_before = torch.get_num_threads()
     seconds = 0.25
     peak = measure_cpu_peak(threads=1, seconds=seconds)

@@ -9,8 +9,9 @@ process, the unit tier), what is proven:
   synchronised all-reduce, grows the exposed communication per step and the A/B difference by D
   (+-15%), once per optimizer step; a job that synchronises every micro-batch grows them by 2D
   per step and D per micro-batch; in the runs where D dominates, the three views agree: the A/B
-  overhead and the exposed share within 15% of each other, waiting no more than the exposed
-  time, PyTorch DDP's own timers within 15% of the lab's;
+  overhead and the exposed share within a factor 1.5 (the summary's pooled A/B under load; the
+  factor 2 of micro-batches counted as steps fails it), waiting no more than the exposed time,
+  PyTorch DDP's own timers within 15% of the lab's;
 - **an evaluation inside the epoch without `paused()`** (eval mode, no_grad, every 3 steps) is
   out of the step's phases and out of `train_s`: each step that holds one is paused for at
   least the evaluation's forwards, and its phases plus the pause tile the time to the next step;
@@ -106,8 +107,12 @@ def test_injected_delay_shows_once_per_synchronised_micro_batch(world, case, syn
     assert growth["ab_s"] == pytest.approx(delay, rel=0.15)  # the calibration times one micro-batch
     summary = _summary(world[case][1])
     assert summary["synced_micro_batches"] == synced_per_step and summary["micro_batches"] == 2
-    # where the delay dominates, the three views of the communication agree
-    assert summary["comm_overhead_pct"] == pytest.approx(summary["exposed_comm_pct"], rel=0.15)
+    # Where the delay dominates, the three views of the communication agree. The summary's A/B is
+    # pooled from medians, not from the fastest halves, and load biases it: the synchronised half
+    # sleeps D and waits for its core back (tests/test_ground_truth.py measured comm_delta_s
+    # -28..+50% of D under load), hence a factor 1.5 either way here, which still tells the
+    # factor 2 of counting micro-batches as steps; the +-15% is the ground truth's, above.
+    assert 1 / 1.5 <= summary["comm_overhead_pct"] / summary["exposed_comm_pct"] <= 1.5
     assert summary["waiting_pct"] <= summary["exposed_comm_pct"] + 1e-9
     assert summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.15) and not summary["ddp_disagrees"]
 

@@ -49,21 +49,20 @@ def train_func(config: dict):
         images, labels = batch  # scaling
         criterion(model(images), labels).backward()  # scaling
 
-    meter = instrument.attach(model, optimizer, run_dir=config.get("run_dir"),  # scaling
-                              forward_backward=forward_backward, calibration_data=train_loader)  # scaling
-    for epoch in range(config["epochs"]):
-        if ray.train.get_context().get_world_size() > 1:
-            train_loader.sampler.set_epoch(epoch)
-        for images, labels in meter.batches(train_loader):  # scaling: was `in train_loader`
-            outputs = model(images)
-            loss = criterion(outputs, labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        accuracy = evaluate(model, val_set)
-        meter.end_epoch(val_accuracy=accuracy)  # scaling
-        ray.train.report({"loss": loss.item(), "epoch": epoch, "val_accuracy": accuracy})
-    meter.finish()  # scaling
+    with instrument.attach(model, optimizer, run_dir=config.get("run_dir"),  # scaling
+                           forward_backward=forward_backward, calibration_data=train_loader) as meter:  # scaling
+        for epoch in range(config["epochs"]):
+            if ray.train.get_context().get_world_size() > 1:
+                train_loader.sampler.set_epoch(epoch)
+            for images, labels in meter.batches(train_loader):  # scaling: was `in train_loader`
+                outputs = model(images)
+                loss = criterion(outputs, labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            accuracy = evaluate(model, val_set)
+            meter.end_epoch(val_accuracy=accuracy)  # scaling
+            ray.train.report({"loss": loss.item(), "epoch": epoch, "val_accuracy": accuracy})
 
 
 def main() -> None:

@@ -38,7 +38,8 @@ Every figure in `summary.json` is defined here, once:
   The per-rank means ("who waits for whom") go to ranks.parquet.
 - `time_per_epoch_s`: median `train_s` over epochs after the first (the first holds start-up
   effects); the only epoch if there is one. Evaluation and calibration are excluded.
-- `throughput_samples_per_s`: median over the same epochs of samples / train_s.
+- `throughput_samples_per_s`: median over the same epochs of samples / train_s;
+  `throughput_steps_per_s`: of optimizer steps / train_s (one rank's steps: every rank takes each).
 - `epochs_to_target`: the first epoch whose end-of-epoch validation accuracy reaches the target.
 - `tta_epoch_end_s`: DAWNBench's rule: training time (sum of train_s) up to and including
   that epoch (what the DAWNBench export reports).
@@ -472,12 +473,15 @@ def summarize_run(
     out.update(tta_rule="epoch_end", epochs_to_target_progress=None, tta_epoch_end_s=None)
     if epochs.empty:
         out.update(best_accuracy=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
-                   time_per_epoch_s=None, throughput_samples_per_s=None, calibration_s=None, eval_s=None)
+                   time_per_epoch_s=None, throughput_samples_per_s=None, throughput_steps_per_s=None,
+                   calibration_s=None, eval_s=None)
         out.update(utilisation(None, num_workers, compute_profile))
         return _with_not_measured(out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason)
     steady_epochs = epochs.iloc[1:] if len(epochs) > 1 else epochs
     out["time_per_epoch_s"] = float(steady_epochs["train_s"].median())
     out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
+    out["throughput_steps_per_s"] = (float((steady_epochs["steps"] / steady_epochs["train_s"]).median())
+                                     if "steps" in steady_epochs.columns else None)
     out["calibration_s"] = float(epochs["calibration_s"].sum())
     out["eval_s"] = float(epochs["eval_s"].sum())
     out.update(utilisation(out["throughput_samples_per_s"], num_workers, compute_profile))

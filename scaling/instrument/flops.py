@@ -297,6 +297,7 @@ def _kernel_rates(dtype: torch.dtype, budget_s: float) -> dict[str, float]:
     return rates
 
 
+@functools.lru_cache(maxsize=None)  # a CPU's roofs do not change within a process: measured once per precision
 def measure_cpu_peak(threads: int, seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> dict:
     """Measure this CPU's compute roof for `dtype` and its copy bandwidth with `threads` torch threads.
 

@@ -2,20 +2,21 @@
 
     from scaling import instrument
 
-    meter = instrument.attach(model, optimizer, run_dir="results/my-job/runs/w2",
-                              forward_backward=lambda batch: loss_fn(model(batch[0]), batch[1]).backward(),
-                              calibration_data=train_loader)
-    for epoch in range(epochs):
-        for inputs, labels in meter.batches(train_loader):   # the one line in the loop
-            loss = loss_fn(model(inputs), labels)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        meter.end_epoch(val_accuracy=evaluate(model))
-    meter.finish()
+    with instrument.attach(model, optimizer, run_dir="results/my-job/runs/w2",
+                           forward_backward=lambda batch: loss_fn(model(batch[0]), batch[1]).backward(),
+                           calibration_data=train_loader) as meter:
+        for epoch in range(epochs):
+            for inputs, labels in meter.batches(train_loader):   # the one line in the loop
+                loss = loss_fn(model(inputs), labels)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            meter.end_epoch(val_accuracy=evaluate(model))
+    # leaving the block finishes the run (or `meter.finish()` without `with`)
 
 `model` is the DDP model (as `ray.train.torch.prepare_model` returns it; at world size 1 the
-plain module), `optimizer` the torch optimizer or Horovod's `DistributedOptimizer`. Attach
+plain module), `optimizer` the torch optimizer or Horovod's `DistributedOptimizer` (a list of
+them where a batch steps several, as a GAN does). Attach
 before registering a DDP comm hook of your own: yours is then kept and timed (DDP allows one
 hook per model and cannot replace it later).
 
@@ -351,22 +352,23 @@ class StepMeter:
         if self._pause is None and self._training_end is None and self._train_started is not None:
             self._begin_pause(automatic=True)
 
-    def _end_evaluation(self) -> None:
+    def _end_evaluation(self, mark=None) -> None:
+        """An automatic pause ends (at `mark`, the training event's own mark, else now)."""
         if self._pause is not None and self._pause["automatic"]:
-            self._end_pause()
+            self._end_pause(mark)
 
     def _begin_pause(self, automatic: bool) -> None:
         self._pause = {"automatic": automatic, "host": time.perf_counter(), "mark": self.clock.mark(),
                        "usage": ThreadUsage()}
         self._pause_started = self._pause["host"]
 
-    def _end_pause(self) -> None:
+    def _end_pause(self, mark=None) -> None:
         pause, self._pause = self._pause, None
         self._pause_started = None
         self._paused_s += time.perf_counter() - pause["host"]
         self._paused_usage.append(pause["usage"].stop())
         if self._step is not None:
-            self._step.pauses.append((pause["mark"], self.clock.mark()))
+            self._step.pauses.append((pause["mark"], mark if mark is not None else self.clock.mark()))
 
     # --- the training loop's one line ------------------------------------------------------
 
@@ -377,7 +379,7 @@ class StepMeter:
         try:
             while True:
                 request = self.clock.mark() if self.timing else None
-                self._end_evaluation()
+                self._end_evaluation(request)
                 continues = self._end_micro_batch(request)
                 try:
                     batch = next(iterator)
