@@ -4,11 +4,19 @@ Definitions (once, here):
 
 - `forward_flops`, `train_flops`: the FLOPs of one sample's forward pass, and of its forward +
   backward (loss = cross-entropy), counted by PyTorch's `torch.utils.flop_counter.FlopCounterMode`
-  on a copy of the model in training mode. A multiply-add counts as 2 FLOPs (ResNet-50 at
+  on a copy of the model in training mode. The input is the first batch's shape and dtype: float
+  inputs are random floats; integer inputs are token ids in [0, the smallest nn.Embedding's
+  size) (or [0, outputs) for a model with none), so a language model's embedding runs. A model
+  whose output is one row of logits per input position (token ids (T,) in, (T, V) out) is a
+  language model: its loss is cross-entropy over the vocabulary per token, and a sample is a
+  sequence of T tokens (`tokens_per_sample`, `train_flops_per_token` = train_flops / T). A multiply-add counts as 2 FLOPs (ResNet-50 at
   224x224: 8.18 GFLOP forward = the usual 4.09 GMAC). FlopCounterMode counts matmuls and
   convolutions (and attention) only; normalisation, activations, pooling, elementwise adds and
   the loss are not counted (of the order of 1% of a ResNet's arithmetic: they weigh on
-  memory traffic, not on FLOPs). The optimizer step is not counted either. `train_flops` is a
+  memory traffic, not on FLOPs). The optimizer step is not counted either. Attention
+  (`scaled_dot_product_attention`) is counted over the whole T x T score matrix, causal or
+  not, as PaLM's 6N + 12·L·H·Q·T per token counts it (tests/test_transformer.py checks a
+  GPT-2's count against that formula). `train_flops` is a
   little under 3x `forward_flops`: backward costs 2x forward per layer (gradient w.r.t. the
   input and w.r.t. the weights), except the first layer, whose input (the images) needs no
   gradient.
@@ -97,15 +105,43 @@ def _meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo).to("meta")
 
 
-def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num_classes: int,
-           per_module: bool = False) -> dict:
+def is_token_input(dtype: torch.dtype) -> bool:
+    """Whether a model input of `dtype` holds ids (integers) rather than values (floats)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def _id_range(model: nn.Module, num_classes: int) -> int:
+    """Ids valid for every embedding table of `model`: its values do not change the FLOPs, only
+    whether a lookup (run for real when meta fails) is in range."""
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    return max(1, min(sizes or [num_classes]))
+
+
+def _sample_input(model: nn.Module, device: str, input_shape: tuple, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    if is_token_input(dtype):
+        ids = torch.randint(0, _id_range(model, num_classes), (_COUNT_BATCH, *input_shape), device=device)
+        return ids.to(dtype)
+    return torch.randn(_COUNT_BATCH, *input_shape, device=device)
+
+
+def _loss(outputs: torch.Tensor, inputs: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Cross-entropy: per token over the vocabulary for a language model's logits (one row per
+    input position: token ids (B, T) in, (B, T, V) out), else per sample over the classes."""
+    device = outputs.device
+    if is_token_input(inputs.dtype) and outputs.dim() == inputs.dim() + 1 and outputs.shape[:-1] == inputs.shape:
+        targets = torch.randint(0, outputs.shape[-1], inputs.shape, device=device)
+        return F.cross_entropy(outputs.flatten(0, -2), targets.flatten())
+    return F.cross_entropy(outputs, torch.randint(0, num_classes, (_COUNT_BATCH,), device=device))
+
+
+def _count(model: nn.Module, device: str, input_shape: tuple, num_classes: int,
+           per_module: bool = False, input_dtype: torch.dtype = torch.float32) -> dict:
     model.train()  # a training step: BatchNorm uses batch statistics, as in training
-    images = torch.randn(_COUNT_BATCH, *input_shape, device=device)
-    labels = torch.randint(0, num_classes, (_COUNT_BATCH,), device=device)
+    inputs = _sample_input(model, device, input_shape, num_classes, input_dtype)
     handles, activations, input_needs_grad = _leaf_hooks(model)
     try:
         with FlopCounterMode(display=False) as forward_counter:
-            loss = F.cross_entropy(model(images), labels)
+            loss = _loss(model(inputs), inputs, num_classes)
     finally:
         for h in handles:
             h.remove()
@@ -121,6 +157,9 @@ def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num
         "activation_elements": activations[0] / _COUNT_BATCH,
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
+    if is_token_input(input_dtype) and len(input_shape) == 1:  # a sequence of token ids: per token too
+        counts["tokens_per_sample"] = int(input_shape[0])
+        counts["train_flops_per_token"] = counts["train_flops"] / int(input_shape[0])
     if per_module:
         # FlopCounterMode names a module by its path under the model's class name ("ResNet.layer1.0.conv1")
         prefix = type(model).__name__ + "."
@@ -131,26 +170,29 @@ def _count(model: nn.Module, device: str, input_shape: tuple[int, int, int], num
     return counts
 
 
-def training_flops_per_sample(model: nn.Module, input_shape: tuple[int, int, int], num_classes: int,
-                              per_module: bool = False) -> dict:
+def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes: int,
+                              per_module: bool = False, input_dtype: torch.dtype = torch.float32) -> dict:
     """Forward and training-step FLOPs of one sample, counted on a copy of `model`.
 
-    `input_shape` is (channels, height, width). `model` is the plain module (not a DDP
+    `input_shape` is one sample's, (channels, height, width) for images, (T,) for a sequence of
+    token ids; `input_dtype` the input's (an integer dtype: token ids, module docstring);
+    `num_classes` the model's output width. `model` is the plain module (not a DDP
     wrapper) and is left untouched: the counting runs on a deep copy moved to the meta device,
     where tensors have shapes but no data, so even ResNet-50 costs no arithmetic. If the meta
     device fails (an op without a meta kernel), it counts on a CPU copy with a real batch.
 
     Returns {"forward_flops", "train_flops", "backward_flops", "train_to_forward",
     "activation_elements" (per sample), "parameters" (trainable), "method": "FlopCounterMode",
-    "counted_on": "meta" or "cpu (...why meta failed)"}; `per_module` adds, per leaf module by
+    "counted_on": "meta" or "cpu (...why meta failed)"}, and for a sequence of token ids
+    "tokens_per_sample" and "train_flops_per_token"; `per_module` adds, per leaf module by
     name, "module_forward_flops" (per sample) and "module_input_needs_grad" (the projection's layer
     tables: scaling/projection/make_layer_tables.py).
     """
     try:
-        counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module)
+        counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module, input_dtype)
         counts["counted_on"] = "meta"
     except Exception as meta_error:  # noqa: BLE001 - any failure on meta: count for real
-        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes, per_module)
+        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype)
         counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
     counts["method"] = "FlopCounterMode"
     return counts

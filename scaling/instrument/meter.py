@@ -156,7 +156,7 @@ class StepMeter:
 
     def __init__(self, model, optimizer, *, settings: InstrumentSettings, parts: Parts, run_dir=None,
                  forward_module=None, forward_backward=None, calibration_data=None, name: str | None = None,
-                 target_accuracy: float | None = None):
+                 target_accuracy: float | None = None, target_loss: float | None = None):
         self.settings = settings
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         # two optimizers stepped per batch (a GAN) may come as a list: all are watched, the first is the job's
@@ -166,6 +166,7 @@ class StepMeter:
         self.forward_backward, self.calibration_data = forward_backward, calibration_data
         self.name = name or type(self.backend.plain_model).__name__
         self.target_accuracy = target_accuracy
+        self.target_loss = target_loss  # a lower-is-better target on the `val_loss` column, instead of the accuracy's
         self.finisher = parts.finisher
         identity = parts.identity or identity_from_environment()
         self.rank, self.world_size = identity.rank, identity.world_size
@@ -241,6 +242,7 @@ class StepMeter:
         self._train_started: float | None = None
         self._thread_usage: ThreadUsage | None = None
         self._input_shape: tuple | None = None
+        self._input_dtype: torch.dtype | None = None  # integer: token ids (the FLOPs counter feeds ids, not floats)
         self._num_outputs: int | None = None
         self._precision = "fp32"
         self._per_rank_batch: int | None = None
@@ -305,11 +307,12 @@ class StepMeter:
             self.second_opinion.after_forward()
 
     def _observe_input(self, args) -> None:
-        """The first training batch's input shape and autocast precision (for the FLOPs profile)."""
+        """The first training batch's input shape, dtype and autocast precision (for the FLOPs profile)."""
         if self._input_shape is None:
             first = _first_tensor(args)
             if first is not None:
                 self._input_shape = tuple(first.shape)
+                self._input_dtype = first.dtype
                 if torch.is_autocast_enabled(self.device.type):
                     dtype = torch.get_autocast_dtype(self.device.type)
                     self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
@@ -646,23 +649,29 @@ class StepMeter:
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.
 
-        Counted for a classifier's step (cross-entropy over the model's last output dimension)
-        at the input shape of the first batch. A model this cannot count (other inputs, other
-        losses) gets no profile, and so no MFU, rather than a wrong one.
+        Counted at the input shape and dtype of the first batch: a classifier's step (cross-entropy
+        over the model's last output dimension), or a language model's (token ids in, cross-entropy
+        over the vocabulary per token: flops.py). A model this cannot count (other inputs, other
+        losses) gets no profile, and so no MFU, rather than a wrong one; the input's shape and
+        dtype are written either way (a run's tokens per sample: scaling/analysis/run_metrics.py).
         """
         from scaling.instrument import flops
 
         threads = torch.get_num_threads()
+        observed_input = {"input_shape": list(self._input_shape[1:]),
+                          "input_dtype": str(self._input_dtype).removeprefix("torch.")}
         try:
-            counts = flops.training_flops_per_sample(self.backend.plain_model, self._input_shape[1:], self._num_outputs or 2)
+            counts = flops.training_flops_per_sample(self.backend.plain_model, self._input_shape[1:], self._num_outputs or 2,
+                                                     input_dtype=self._input_dtype or torch.float32)
         except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
-            self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}"})
+            self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}",
+                                                            **observed_input})
             return
         traffic = flops.training_bytes_per_sample(counts, self._per_rank_batch or 1,
                                                   bytes_per_element=4 if self._precision == "fp32" else 2)
         profile = {
             "precision": self._precision,
-            "input_shape": list(self._input_shape[1:]),
+            **observed_input,
             "per_worker_batch": self._per_rank_batch,
             **counts,
             "train_bytes_per_sample": traffic["bytes_per_sample"],
@@ -742,7 +751,8 @@ class StepMeter:
             "global_batch": (self._per_rank_batch or 0) * self.world_size,
             "seed": None,
             "target_accuracy": self.target_accuracy,
-            "target_metric": "val_accuracy",
+            "target_metric": "val_loss" if self.target_loss is not None else "val_accuracy",
+            "target_loss": self.target_loss,
             "grad_compression": None,
             "step_timing": self.timing,
             "inject_comm_delay_s": self.settings.inject_comm_delay_s,
@@ -753,7 +763,8 @@ class StepMeter:
 
 
 def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None, calibration_data=None,
-           name: str | None = None, target_accuracy: float | None = None, settings: InstrumentSettings | None = None,
+           name: str | None = None, target_accuracy: float | None = None, target_loss: float | None = None,
+           settings: InstrumentSettings | None = None,
            parts: Parts | None = None, **overrides) -> StepMeter:
     """Attach the instrument to a training job's model and optimizer (module docstring).
 
@@ -763,7 +774,9 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
       `torch.compile`d wrapper: hooks on the module inside a compiled graph would be traced).
     - `forward_backward(batch)`, `calibration_data`: for the A/B communication overhead.
     - `run_dir`: where the records go (None under `scaling run`, which hands it over; None on its
-      own keeps them in memory only). `name`, `target_accuracy`: what the summary says of the job.
+      own keeps them in memory only). `name`, `target_accuracy`: what the summary says of the job;
+      `target_loss` instead: the target is a validation loss, reached at or below it (a language
+      model's: pass `meter.end_epoch(val_loss=...)`; TTA as modded-nanogpt's speedrun measures it).
     - `settings` (`InstrumentSettings`), and any of its fields as keywords on top
       (`warmup_steps=3`); without `settings`, those of the run a launcher handed this process,
       else the defaults.
@@ -786,4 +799,4 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
         parts = Parts(identity=parts.identity, live_metrics=parts.live_metrics)
     return StepMeter(model, optimizer, settings=settings, parts=parts, run_dir=run_dir, forward_module=forward_module,
                      forward_backward=forward_backward, calibration_data=calibration_data, name=name,
-                     target_accuracy=target_accuracy)
+                     target_accuracy=target_accuracy, target_loss=target_loss)
