@@ -1,13 +1,14 @@
 """Run every benchmark in bench/, one after the other, then write the summary table.
 
-    .venv/bin/python bench/run_all.py            # full: results in bench/results/ (about 26 min here)
+    .venv/bin/python bench/run_all.py            # full: results in bench/results/ (docs/benchmarks.md says how long each took)
     .venv/bin/python bench/run_all.py --quick    # few minutes: results in bench/results/quick/
     .venv/bin/python bench/run_all.py --only allreduce,analysis_speed
 
 (`make bench` and `make bench QUICK=1` call this.) Each benchmark is its own process, so one
 cannot disturb the next through leftover threads or memory; a benchmark that fails is reported
 and the others still run; the exit status is 1 if any failed. Last, bench/summarize.py renders
-the results into bench/results/README.md (quick: bench/results/quick/README.md).
+the results into their docs pages (docs/benchmarks.md, docs/projection.md, docs/clusters.md;
+quick: bench/results/quick/README.md).
 """
 
 from __future__ import annotations

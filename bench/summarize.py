@@ -1,26 +1,47 @@
-"""Render the benchmark results (bench/results/*.json) into one markdown table, bench/results/README.md.
+"""Render the committed benchmark results (bench/results/*.json) into the documentation pages.
 
-    .venv/bin/python bench/summarize.py            # bench/results/*.json -> bench/results/README.md
+    .venv/bin/python bench/summarize.py            # bench/results/*.json -> the blocks in docs/*.md
+    .venv/bin/python bench/summarize.py --check    # exit 1 if a docs block differs from the results
     .venv/bin/python bench/summarize.py --quick    # bench/results/quick/ -> bench/results/quick/README.md
 
-One row per comparison of every result file that has them (the `comparisons` of bench/benchlib.py): benchmark,
-A and B with their medians, the median ratio, the budget, pass/miss, the date and the machine.
-Below the table: what each ratio is, each row's note, and the command that produced each file.
-The table is also printed, and (full runs only) written into the top-level README between the
-markers BEGIN and END below, so the README's table is always the committed results'.
+A docs page asks for a block with a pair of markers, and everything between them is rewritten
+from the results (nothing else in the page is touched):
+
+    <!-- begin bench/summarize.py: table ray_overhead ray_overhead_w1 -->
+    <!-- end bench/summarize.py: table ray_overhead ray_overhead_w1 -->
+
+Blocks: `table NAME...` (the comparison rows of those result files: A and B with their medians,
+the median ratio with its 95% interval, the budget and the verdict, what each row measures, and
+under the table each file's date, machine, command and wall time), `make-bench` (what `make
+bench` runs and what each of those benchmarks took), `anchors` (the projection against
+published measurements), `projection-vs-minicluster`, `minicluster-bandwidth`, `interference`, `figure NAME`
+(bench/results/NAME.png copied to docs/figures/bench/, so that the site, which only sees docs/,
+shows the committed figure). So every number of a benchmark is written once, by this script,
+from its results file, with the machine and the date beside it; `make bench` ends by running it.
+
+The verdict of a row with a budget is the results file's own (`verdict`) where it has one;
+otherwise it is read from the file's fields: "pass" or "miss" by the median ratio, and
+"undecided" where the 95% interval of that median straddles the budget (`budget_within_noise`),
+so a row never says "pass" while its interval reaches past the budget.
+`--quick` renders every quick result into one page, bench/results/quick/README.md (not committed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 
-ORDER = ("instrumentation_overhead", "instrumentation_overhead_own_job", "ray_overhead", "ray_overhead_w1", "ray_overhead_w1_pinned", "cpu_scaling", "allreduce", "analysis_speed")
+DOCS = bl.REPO / "docs"
+FIGURES = DOCS / "figures" / "bench"
+MARKER = re.compile(r"<!-- begin bench/summarize\.py: (?P<key>[^>]*?) -->\n.*?<!-- end bench/summarize\.py: (?P=key) -->",
+                    re.DOTALL)
 
 
 def value(v, unit: str) -> str:
@@ -54,108 +75,247 @@ def budget(c: dict) -> str:
 
 
 def verdict(c: dict) -> str:
-    return {True: "pass", False: "**miss**", None: "—"}[c.get("pass")]
+    """The row's verdict against its budget (module docstring): the file's own, or read from its fields."""
+    if c.get("verdict"):
+        text = str(c["verdict"])
+        return f"**{text}**" if text.lower().startswith("miss") else text
+    if c.get("pass") is None:
+        return "—"
+    if c.get("budget_within_noise"):
+        return "undecided: the interval straddles the budget"
+    return "pass" if c["pass"] else "**miss**"
+
+
+def ratio_cell(c: dict) -> str:
+    if c.get("ratio") is None:
+        return "—"
+    text = f"{c['ratio']:.3f}"
+    if c.get("ratio_lo") is not None:  # the 95% interval of the median over pairs
+        text += f" [{c['ratio_lo']:.3f}, {c['ratio_hi']:.3f}]"
+        if c.get("within_noise"):
+            text += "; includes 1"
+    return text
 
 
 def machine(record: dict) -> str:
-    hw = record["machine"]["hardware"]
+    hw = record["machine"].get("hardware", record["machine"])
     text = f"{hw.get('cpu_model', '?')}, {hw.get('cpu_count', '?')} CPUs"
     if hw.get("gpu_count"):
         text += f", {hw['gpu_count']}× {hw.get('gpu_name')}"
     return text
 
 
+def provenance(record: dict, name: str) -> str:
+    """Where a result comes from: file, date, machine, command, wall time and the machine's load."""
+    parts = [f"`bench/results/{name}.json`: {record['date'][:10]}, {machine(record)}", f"`{record['command']}`"]
+    if record.get("wall_s") is not None:
+        parts[-1] += f" ({minutes(record['wall_s'])})"
+    load = record["machine"].get("load_avg_start"), record["machine"].get("load_avg_end")
+    if all(load):
+        parts.append(f"1-minute load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
+    return "; ".join(parts)
+
+
+def minutes(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
 def escape(cell: str) -> str:
     return cell.replace("|", "\\|")
 
 
-def table(records: list[dict]) -> list[str]:
-    """The comparison table alone (what the top-level README shows)."""
-    return render(records).split("\n\n")[2].splitlines()
+def load(folder: Path, name: str) -> dict:
+    path = folder / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"summarize: {path.relative_to(bl.REPO)} is missing (a docs block asks for it)")
+    return json.loads(path.read_text())
 
 
-README = bl.REPO / "README.md"
-BEGIN, END = "<!-- bench-table:begin (bench/summarize.py writes this) -->", "<!-- bench-table:end -->"
-
-
-def update_readme(records: list[dict]) -> bool:
-    """Replace the table between BEGIN and END in the top-level README; False if the markers are missing."""
-    text = README.read_text()
-    if BEGIN not in text or END not in text:
-        return False
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(head + BEGIN + "\n" + "\n".join(table(records)) + "\n" + END + tail)
-    return True
-
-
-def render(records: list[dict]) -> str:
-    header = ["benchmark", "A", "B", "median ratio [95% interval]", "budget", "pass/miss", "date", "machine"]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|---|---:|---:|---|---|---|"]
-    notes, commands = [], []
-    for record in records:
+def comparison_table(records: list[tuple[str, dict]]) -> list[str]:
+    """The comparison rows of these results, what each row measures, and where each file comes from."""
+    lines = ["| comparison | A | B | median ratio [95% interval] | budget | verdict |", "|---|---|---|---:|---:|---|"]
+    notes, sources = [], []
+    for name, record in records:
         for c in record["comparisons"]:
-            ratio = f"{c['ratio']:.3f}" if c.get("ratio") is not None else "—"
-            if c.get("ratio_lo") is not None:  # the 95% interval of the median over pairs
-                ratio += f" [{c['ratio_lo']:.3f}, {c['ratio_hi']:.3f}]" + (" within noise" if c.get("within_noise") else "")
-            cells = [c["name"], arm(c["a"], c["a_median"], c["unit"]), arm(c["b"], c["b_median"], c["unit"]), ratio,
-                     budget(c), verdict(c), record["date"][:10], machine(record)]
+            cells = [c["name"], arm(c["a"], c["a_median"], c["unit"]), arm(c["b"], c["b_median"], c["unit"]),
+                     ratio_cell(c), budget(c), verdict(c)]
             lines.append("| " + " | ".join(escape(x) for x in cells) + " |")
             detail = "; ".join(filter(None, [f"ratio = {c['ratio_definition']}" if c.get("ratio_definition") else "",
+                                             f"budget: {c['budget_definition']}" if c.get("budget_definition") else "",
                                              c.get("note", "")]))
-            notes.append(f"- **{c['name']}**: {detail}")
-        quick = " (quick)" if record.get("quick") else ""
-        load = record["machine"].get("load_avg_start"), record["machine"].get("load_avg_end")
-        load_text = f"; 1-min load average {load[0][0]:.2f} at start, {load[1][0]:.2f} at end" if all(load) else ""
-        versions = ", ".join(f"{k} {v}" for k, v in record["machine"]["versions"].items())
-        commands.append(f"- `{record['benchmark']}`{quick}: `{record['command']}` ({record['wall_s']:.0f} s; "
-                        f"{versions}{load_text})")
-    return "\n".join([
-        "# Benchmarks of the lab's own cost",
-        "",
-        "Written by `bench/summarize.py` from `bench/results/*.json` (`make bench`). A and B ran in the same "
-        "benchmark, alternating (A B B A ...); values are medians. Definitions: each script's docstring in `bench/`.",
-        "",
-        *lines,
-        "",
-        "## What each row measures",
-        "",
-        *notes,
-        "",
-        "## Commands",
-        "",
-        *commands,
-        "",
-    ])
+            if detail:
+                notes.append(f"- *{c['name']}*: {detail}")
+        sources.append(f"- {provenance(record, name)}")
+    return [*lines, "", "What each row measures:", "", *notes, "", "Measured:", "", *sources]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="summarize bench/results/quick/")
-    args = parser.parse_args()
-    folder = bl.results_dir(args.quick)
-    paths = sorted(folder.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
-    if not paths:
-        sys.exit(f"no results in {folder}; run `make bench` first")
-    records, skipped = [], []
-    for path in paths:
-        record = json.loads(path.read_text())
-        # results of other shapes (e.g. minicluster_bandwidth.json) have no comparison rows
-        ok = isinstance(record.get("comparisons"), list) and isinstance(record.get("machine"), dict) \
-            and "hardware" in record["machine"]
-        (records if ok else skipped).append(record if ok else path.name)
+def block_table(folder: Path, names: list[str]) -> list[str]:
+    return comparison_table([(name, load(folder, name)) for name in names])
+
+
+def block_make_bench(folder: Path, names: list[str]) -> list[str]:
+    """What `make bench` runs (bench/run_all.py), and what each of those benchmarks took when its result was made."""
+    import run_all
+
+    lines = ["| benchmark | script | committed result: date, machine | wall time |", "|---|---|---|---:|"]
+    total = 0.0
+    for name in run_all.BENCHMARKS:
+        script, extra = run_all.VARIANTS.get(name, (name, []))
+        record = load(folder, name)
+        total += record.get("wall_s") or 0.0
+        lines.append(f"| {name} | `bench/{script}.py{''.join(' ' + a for a in extra)}` | {record['date'][:10]}, "
+                     f"{machine(record)} | {minutes(record['wall_s'])} |")
+    others = sorted(p.stem for p in folder.glob("*.json") if p.stem not in run_all.BENCHMARKS)
+    return [*lines, "",
+            f"`make bench` runs these {len(run_all.BENCHMARKS)} benchmarks; their committed results took "
+            f"{minutes(total)} together (each on the machine and date in its row; the first `make bench` also builds "
+            f"Horovod). The other committed results are run one by one, each with the command under its table: "
+            + ", ".join(f"`{n}`" for n in others) + "."]
+
+
+def block_anchors(folder: Path, names: list[str]) -> list[str]:
+    import projection_anchors
+
+    record = load(folder, "projection_anchors")
+    return [*projection_anchors.markdown(record["anchors"]).splitlines(), "",
+            f"- {provenance(record, 'projection_anchors')}"]
+
+
+def block_projection_vs_minicluster(folder: Path, names: list[str]) -> list[str]:
+    record = load(folder, "projection_vs_minicluster")
+    headline = record["goal"]["judged_on"]
+    lines = ["| cap | all-reduce of the gradients: fitted / in the run | step: predicted / measured (error) | "
+             "A/B overhead: predicted / measured (error) | measured step per repeat |", "|---|---:|---:|---:|---|"]
+    for row in record["comparison"]:
+        cap, fit, measured = row["cap"], record["fits"][row["cap"]], record["measured"].get(row["cap"]) or {}
+        repeats = ", ".join(f"{1e3 * r['step_s']:.1f}" for r in measured.get("per_repeat", []))
+        in_run = (measured.get("diagnosis") or {}).get("allreduce_in_run_s")
+        in_run_text = f"{1e3 * in_run:.1f}" if in_run is not None else "—"
+        lines.append(
+            f"| {cap} | {1e3 * fit['gradient_allreduce_fitted_s']:.1f} / {in_run_text} ms "
+            f"| {1e3 * row[f'predicted_step_s[{headline}]']:.1f} / {1e3 * row['measured_step_s']:.1f} ms "
+            f"({row[f'step_error_pct[{headline}]']:+.1f}%{'' if row['step_pass'] else ', **misses**'}) "
+            f"| {row[f'predicted_comm_overhead_pct[{headline}]']:.1f} / {row['measured_comm_overhead_pct']:.1f}% "
+            f"({row[f'overhead_error_pp[{headline}]']:+.1f} pp{'' if row['overhead_pass'] else ', **misses**'}) "
+            f"| {repeats} ms |")
+    goal = record["goal"]
+    return [*lines, "",
+            f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and A/B overhead within "
+            f"{goal['comm_overhead_pp']:g} pp at every cap: **{'met' if record['goal_met'] else 'not met'}**. "
+            f"Predictions written {record['predicted_at'][:16].replace('T', ' ')} UTC, before the first 2-worker run; "
+            f"{record['repeats_per_cap']} runs per cap, compared by their median.", "",
+            f"- {provenance(record, 'projection_vs_minicluster')}"]
+
+
+def block_minicluster_bandwidth(folder: Path, names: list[str]) -> list[str]:
+    record = load(folder, "minicluster_bandwidth")
+    lines = ["| link cap | A/B overhead | all-reduce in the run | idle all-reduce probe | bandwidth bound | step |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for row in record["rows"]:
+        bound = f"{row['bandwidth_bound_ms']:.1f} ms" if row.get("bandwidth_bound_ms") else "—"
+        lines.append(f"| {row['link_bandwidth']} | {row['comm_overhead_pct']:.1f}% | {row['allreduce_ms']:.1f} ms | "
+                     f"{row['probe_allreduce_ms']:.1f} ms | {bound} | {row['step_ms']:.1f} ms |")
+    hw = record["machine"]
+    return [*lines, "",
+            f"{record['what']}; {record['gradient_bytes'] / 1e6:.2f} MB of gradients per step.", "",
+            f"- `bench/results/minicluster_bandwidth.json`: {record['date'][:10]}, {hw['cpu_model']}, "
+            f"{hw['cpu_count']} CPUs; `{record['command']}`"]
+
+
+def block_interference(folder: Path, names: list[str]) -> list[str]:
+    """Per arm of the interference ground truth: the three communication figures and the measured slowdown."""
+    import interference_ground_truth as igt
+
+    record = load(folder, "interference_ground_truth")
+    lines = ["| arm | bucket cap | step | communicating | exposed | A/B overhead | interference | overlap slowdown | runs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, arm_figures in record["by_arm"].items():
+        runs = [r for r in record["runs"] if r["arm"] == name]
+        slowdowns = ", ".join(f"{r['overlap_slowdown']:.2f}" for r in runs if r.get("overlap_slowdown") is not None)
+        lines.append(f"| {name} | {igt.CAPS_MB[name]:g} MB | {1e3 * arm_figures['step_s']:.1f} ms | "
+                     f"{arm_figures['allreduce_pct']:.1f}% | {arm_figures['exposed_comm_pct']:.1f}% | "
+                     f"{arm_figures['comm_overhead_pct']:.1f}% | {1e3 * arm_figures['interference_s']:.1f} ms | "
+                     f"{arm_figures['overlap_slowdown']:.2f} ({slowdowns}) | {len(runs)} |")
+    return [*lines, "", "Medians per arm; the slowdown per run in brackets.", "", *comparison_table([("interference_ground_truth", record)])]
+
+
+def block_figure(folder: Path, names: list[str]) -> list[str]:
+    (name,) = names
+    source = folder / f"{name}.png"
+    if not source.exists():
+        raise SystemExit(f"summarize: {source.relative_to(bl.REPO)} is missing (a docs block asks for it)")
+    copy = FIGURES / source.name
+    if not copy.exists() or copy.read_bytes() != source.read_bytes():
+        STALE_FIGURES.append(copy.relative_to(bl.REPO).as_posix())
+        if WRITE:
+            FIGURES.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, copy)
+    return [f"![{name}](figures/bench/{source.name})"]
+
+
+WRITE = True  # False under --check: nothing is written
+STALE_FIGURES: list[str] = []  # figure copies that differed from bench/results/
+
+BLOCKS = {"table": block_table, "make-bench": block_make_bench, "anchors": block_anchors,
+          "projection-vs-minicluster": block_projection_vs_minicluster,
+          "minicluster-bandwidth": block_minicluster_bandwidth, "interference": block_interference, "figure": block_figure}
+
+
+def render_page(text: str, folder: Path, page: Path) -> str:
+    def replace(match: re.Match) -> str:
+        kind, *names = match["key"].split()
+        if kind not in BLOCKS:
+            raise SystemExit(f"summarize: {page.relative_to(bl.REPO)} asks for an unknown block {kind!r}; "
+                             f"known: {', '.join(BLOCKS)}")
+        body = "\n".join(BLOCKS[kind](folder, names))
+        return f"<!-- begin bench/summarize.py: {match['key']} -->\n{body}\n<!-- end bench/summarize.py: {match['key']} -->"
+
+    return MARKER.sub(replace, text)
+
+
+def quick_page(folder: Path) -> str:
+    names = sorted(p.stem for p in folder.glob("*.json"))
+    records = [(n, r) for n in names if isinstance((r := json.loads((folder / f"{n}.json").read_text())).get("comparisons"), list)
+               and r["comparisons"]]
     if not records:
-        sys.exit(f"no benchmark results with comparisons in {folder}")
-    text = render(records)
-    if skipped:
-        text += f"\nNot in the table (no `comparisons`): {', '.join(skipped)}.\n"
-    out = folder / "README.md"
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out.relative_to(bl.REPO)}")
-    if not args.quick and update_readme(records):
-        print(f"updated the table in {README.relative_to(bl.REPO)}")
+        raise SystemExit(f"no benchmark results with comparisons in {folder.relative_to(bl.REPO)}; run `make bench QUICK=1` first")
+    return "\n".join(["# Quick benchmarks (not committed)", "",
+                      "`make bench QUICK=1`: a check that every benchmark runs, too short to be a measurement.", "",
+                      *comparison_table(records), ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="render bench/results/quick/ into bench/results/quick/README.md")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a docs block differs from the results")
+    args = parser.parse_args(argv)
+    folder = bl.results_dir(args.quick)
+    if args.quick:
+        out = folder / "README.md"
+        out.write_text(quick_page(folder))
+        print(f"wrote {out.relative_to(bl.REPO)}")
+        return 0
+    global WRITE
+    WRITE = not args.check
+    stale = []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text()
+        new = render_page(text, folder, page)
+        if new != text:
+            stale.append(page.relative_to(bl.REPO).as_posix())
+            if not args.check:
+                page.write_text(new)
+    stale += STALE_FIGURES
+    if args.check:
+        if stale:
+            print(f"summarize: out of date with bench/results/: {', '.join(stale)} (run bench/summarize.py)", file=sys.stderr)
+            return 1
+        print("summarize: every docs block matches bench/results/")
+        return 0
+    print(f"updated {', '.join(stale)}" if stale else "every docs block already matched bench/results/")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
