@@ -29,8 +29,11 @@ demo: install
 	$(BIN)/scaling sweep experiments/quickstart.yaml --out results/demo
 	$(BIN)/scaling report results/demo
 
+# The docs site (mkdocs.yml) builds with --strict into build/site, so a broken link or a page missing from the nav
+# fails the suite, and its benchmark tables must match bench/results/ (bench/summarize.py --check).
 test: install-test horovod
 	$(BIN)/lint-imports
+	$(BIN)/python bench/summarize.py --check && $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -q
 
 # The unit tier only (pytest -m unit: no Ray, Horovod, minicluster or training runs), for quick iterations.
@@ -38,12 +41,13 @@ test-fast: install-test
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m unit
 
+# Removes the venv, every run and sweep under results/, and pytest's cache.
 clean:
 	rm -rf $(VENV) results .pytest_cache
 
-# Benchmarks of the lab's own cost (bench/, issue 8): each writes bench/results/<name>.json, then
-# bench/summarize.py writes the table bench/results/README.md (and into README.md). About 15 minutes on a 2-core
-# CPU machine, plus the Horovod build the first time (the all-reduce benchmark compares it with gloo).
+# Benchmarks of the lab's own cost (bench/, issue 8): the ones bench/run_all.py lists (BENCHMARKS), each writing
+# bench/results/<name>.json, then bench/summarize.py writes their tables into docs/ (docs/benchmarks.md lists them
+# with the time each took), plus the Horovod build the first time (the all-reduce benchmark compares it with gloo).
 # `make bench QUICK=1` (or `make bench-quick`) is the few-minute variant, written to bench/results/quick/.
 .PHONY: bench bench-quick
 bench: install horovod
@@ -55,8 +59,8 @@ bench-quick: install horovod
 # Horovod 0.28.1 (issue 5), built from PyPI's source release against the venv's torch, with gloo,
 # without MPI/TensorFlow/MXNet; with NCCL where torch is a CUDA build, which needs nvcc and NCCL: the
 # script refuses (exit 3) rather than build CPU-only when either is missing (docs/horovod.md). The wheel
-# is cached under ~/.cache/scaling/wheels, keyed by horovod, torch, python and cpu/cuda: the first
-# build takes about 6 minutes on 2 cores, a rebuild of the venv seconds.
+# is cached under ~/.cache/scaling/wheels, keyed by horovod, torch, python and cpu/cuda, so a new venv installs it
+# without compiling (the build's measured time: docs/horovod.md). It needs g++ >= 9 (C++17).
 .PHONY: horovod
 horovod: $(VENV)/.horovod
 
