@@ -357,8 +357,8 @@ def print_projection(df, console=None) -> None:
         table.add_row(*row)
     console.print(table)
     console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
-                  "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) / t_sync, "
-                  "exposed + interference[/dim]", highlight=False)
+                  "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x synced "
+                  "micro-batches / t_step, exposed + interference[/dim]", highlight=False)
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
     for caveat in df.attrs.get("caveats", []):
@@ -577,7 +577,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
          or _fmt(summary["exposed_comm_pct"], ".1f", "% of step") + " not hidden behind backward ("
          + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms") + ")"),
         ("comm overhead (A/B)", absent("comm_overhead_pct")
-         or _fmt(summary["comm_overhead_pct"], ".1f", " %") + " (t_sync - t_no_sync) / t_sync"),
+         or _fmt(summary["comm_overhead_pct"], ".1f", " %")
+         + " of step: comm_delta_s x synced_micro_batches / step_s"),
         ("compute", _fmt(summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9, ".3g", " GFLOP/sample")
          + ", " + (f"rate and MFU {absent('achieved_flops_per_s')}" if absent("achieved_flops_per_s") else
                    _fmt(summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12, ".3g", " TFLOP/s per worker")

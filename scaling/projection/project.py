@@ -33,7 +33,7 @@ Three communication figures, the lab's three (scaling/analysis/run_metrics.py), 
   analysis' "communication overhead" (Coleman et al. 2019), overlapped or not. Equally the
   share of an epoch (every step of an epoch is the same here).
 - exposed_comm_s / exposed_comm_pct: the part backward did not hide.
-- comm_overhead_pct: the A/B overhead, (t_sync - t_no_sync) / t_sync = 100 x (exposed_comm_s
+- comm_overhead_pct: the A/B overhead, (t_sync - t_no_sync) / t_step = 100 x (exposed_comm_s
   + interference_s) / step_s: what communication costs the step, hidden or not.
 - throughput_samples_per_s = num_workers x per-GPU batch / step_s;
   speedup_throughput = throughput(N) / throughput(1 GPU); efficiency_throughput = speedup / N.
