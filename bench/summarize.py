@@ -158,19 +158,20 @@ def block_make_bench(folder: Path, names: list[str]) -> list[str]:
     """What `make bench` runs (bench/run_all.py), and what each of those benchmarks took when its result was made."""
     import run_all
 
-    lines = ["| benchmark | script | committed result: date, machine | wall time |", "|---|---|---|---:|"]
+    lines = ["| benchmark | script | committed result: date, machine |", "|---|---|---|"]
     total = 0.0
     for name in run_all.BENCHMARKS:
         script, extra = run_all.VARIANTS.get(name, (name, []))
         record = load(folder, name)
         total += record.get("wall_s") or 0.0
         lines.append(f"| {name} | `bench/{script}.py{''.join(' ' + a for a in extra)}` | {record['date'][:10]}, "
-                     f"{machine(record)} | {minutes(record['wall_s'])} |")
+                     f"{machine(record)} |")
     others = sorted(p.stem for p in folder.glob("*.json") if p.stem not in run_all.BENCHMARKS)
     return [*lines, "",
             f"`make bench` runs these {len(run_all.BENCHMARKS)} benchmarks; their committed results took "
-            f"{minutes(total)} together (each on the machine and date in its row; the first `make bench` also builds "
-            f"Horovod). The other committed results are run one by one, each with the command under its table: "
+            f"{minutes(total)} together (each on the machine and date in its row, its own time under its table; the "
+            f"first `make bench` also builds Horovod). The other committed results are run one by one, each with the "
+            f"command under its table: "
             + ", ".join(f"`{n}`" for n in others) + "."]
 
 
