@@ -3,7 +3,7 @@
 precision, batch per GPU, cluster preset, all-reduce software), and the error per point.
 
     .venv/bin/python bench/projection_anchors.py            # writes bench/results/projection_anchors.json
-    .venv/bin/python bench/projection_anchors.py --markdown # also prints the README's table
+    .venv/bin/python bench/projection_anchors.py --markdown # also prints docs/projection.md's table
 
 No training and no network: the projection is pure arithmetic, so the whole benchmark takes a few
 seconds and gives the same numbers on every machine. Each anchor names its source, the
@@ -139,7 +139,7 @@ def tally(points: list[dict]) -> dict:
 
 
 def count_line(points: list[dict]) -> str:
-    """The count as the README and the projection README quote it."""
+    """The count as docs/projection.md and the projection README quote it."""
     counted = tally(points)
     calibration = len(counted["calibration"])
     return (f"{counted['met']} of {counted['of']} checks meet the goal; {calibration} calibration "
@@ -183,7 +183,7 @@ def evaluate(anchor: dict) -> dict:
 
 
 def markdown(points: list[dict]) -> str:
-    """The README's table, from the results."""
+    """docs/projection.md's table, from the results."""
     lines = ["| anchor | configuration | efficiency published / projected (error) | communicating published / "
              "projected | goal | role |", "|---|---|---|---|---|---|"]
     for p in points:
@@ -206,7 +206,7 @@ def markdown(points: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="print the README's table")
+    parser.add_argument("--markdown", action="store_true", help="print docs/projection.md's table")
     parser.add_argument("--quick", action="store_true",
                         help="the same benchmark (it takes seconds), written to bench/results/quick/ as `make bench QUICK=1` expects")
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
   training thread's CPU seconds, involuntary context switches (preemptions) and minor page
   faults per step in the epochs after the first, and the share of the training wall time it was
   off its core. Under Ray the same loop needs the same CPU per step; what it loses is time
-  preempted by Ray's own processes on its core (README, "The lab's own cost").
+  preempted by Ray's own processes on its core (docs/benchmarks.md).
 - `--pin`: the head (so every Ray process: GCS, raylet, dashboard, controller, helper actors,
   and the workers' own Ray threads) and both arms' drivers run under `taskset -c <last CPU>`, and
   the training threads are pinned to CPUs 0..workers-1 (`workers.pin_cpus`): the fix, where a

@@ -5,7 +5,7 @@ The shape of Ray's PyTorch quickstart (an MLP on 28 x 28 images, TorchTrainer, `
 built in memory (`ray.data.from_items`, generated images whose class decides a pattern; no
 download), handed to `TorchTrainer(datasets=...)`, and each worker reads its shard with
 `ray.train.get_dataset_shard("train").iter_torch_batches(...)`. The lines marked `# scaling` are
-all that measuring it takes (README, "Your own job"): the shard's batches go through
+all that measuring it takes (README, "Measure your own job"; docs/own-job.md): the shard's batches go through
 `meter.batches`, so a step's `data_s` is the time the loop waited for Ray Data's next batch.
 
 `--stall-ms` injects a known stall into the ingest, as a slow preprocessing step would: Ray

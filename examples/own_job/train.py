@@ -2,7 +2,7 @@
 
 Its own model (vit.py, not in the lab's registry), its own DataLoader over generated data
 (data.py), `prepare_model`, `prepare_data_loader`, `ray.train.report`. The lines marked
-`# scaling` are all that measuring it takes (README, "Your own job").
+`# scaling` are all that measuring it takes (README, "Measure your own job"; docs/own-job.md).
 
 Run it on its own (records in results/own-job/w2, summary and figures as for the lab's runs):
 
