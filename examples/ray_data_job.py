@@ -131,7 +131,7 @@ def train_func(config: dict):
     meter = instrument.attach(model, optimizer, run_dir=config.get("run_dir"),  # scaling
                               forward_backward=forward_backward, calibration_data=calibration, **settings)  # scaling
     for epoch in range(epochs):
-        for batch in meter.batches(shard_batches(train_shard, batch_size, stall_per_epoch[epoch])):  # scaling: was the shard's batches
+        for batch in meter.batches(shard_batches(train_shard, batch_size, stall_per_epoch[epoch])):  # scaling
             loss = criterion(model(batch["image"]), batch["label"])
             optimizer.zero_grad()
             loss.backward()
