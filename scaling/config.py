@@ -51,7 +51,7 @@ def _backend_choices() -> tuple[str, ...]:
 Backend = Annotated[str, RegistryChoice(_backend_choices)]  # the backend adapters' (scaling/instrument/backends/)
 Schedule = Literal["constant", "cosine"]
 TtaRule = Literal["first_eval", "epoch_end"]
-TargetMetric = Literal["top1", "top5"]
+TargetMetric = Literal["top1", "top5", "val_loss"]
 Precision = Literal["fp32", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16"]
 Market = Literal["on_demand", "spot"]
@@ -64,14 +64,16 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "embedded"  # embedded (learnable, generated from seed) | synthetic (random, throughput only) | cifar10 | imagenet | a user's by import path package.module:callable (taking this data config, returning train_x, train_y, val_x, val_y)
+    name: str = "embedded"  # embedded (learnable, generated from seed) | synthetic (random, throughput only) | cifar10 | imagenet | tokens (token sequences by a learnable rule, generated from seed) | tokens_file (uint16 token ids, nanoGPT's train.bin/val.bin or llm.c's .bin, under path) | a user's by import path package.module:callable (taking this data config, returning train_x, train_y, val_x, val_y)
     seed: int = 0  # generates the embedded dataset; the same seed gives the same images
-    num_classes: int = 10
+    num_classes: int = 10  # token data: the vocabulary (ids in [0, num_classes); 50257 for GPT-2's tokenizer)
     image_size: int = 32  # pixels per side
     train_samples: int = 8192  # embedded: training-set size; synthetic: samples per epoch
     val_samples: int = 2048  # embedded: held-out validation-set size (ignored by synthetic)
     difficulty: float = 1.0  # embedded: noise scale; higher is harder (see scaling/data/embedded.py)
-    path: str = ""  # cifar10: the cifar-10-batches-py folder; imagenet: the folder holding train/ and val/
+    path: str = ""  # cifar10: the cifar-10-batches-py folder; imagenet: the folder holding train/ and val/; tokens_file: a .bin of uint16 ids (its last val_samples windows validate) or a folder with train.bin and val.bin
+    seq_len: int = 64  # tokens, tokens_file: tokens per sample (a window; the model's context at most)
+    token_noise: float = 0.1  # tokens: probability that a token is drawn at random instead of by the rule (sets the loss floor)
     loader_workers: int = 2  # imagenet: Pillow-decoding DataLoader processes per training worker
 
 
@@ -93,7 +95,8 @@ class TrainConfig:
     seed: int = 0  # model init and data order
     eval_every: float = 1.0  # validate every this fraction of an epoch (0.25: four times per epoch), and at every epoch's end; 1/eval_every must be a whole number
     tta_rule: TtaRule = "first_eval"  # TTA = training time to: first_eval (the first evaluation at the target) | epoch_end (the end of the first epoch at the target: DAWNBench's rule, always in tta_epoch_end_s)
-    target_metric: TargetMetric = "top1"  # validation accuracy that target_accuracy applies to: top1 | top5 (DAWNBench ImageNet: top5)
+    target_metric: TargetMetric = "top1"  # what the target applies to: top1 | top5 (validation accuracy >= target_accuracy; DAWNBench ImageNet: top5) | val_loss (validation cross-entropy <= target_loss)
+    target_loss: float = 0.0  # with target_metric val_loss: the validation loss (nats per token for a language model) that stops the run; modded-nanogpt's GPT-2 speedrun: 3.28
     precision: Precision = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
     compile: bool = False  # torch.compile the model (first steps pay compilation; they are warm-up)
@@ -282,6 +285,29 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def _check_tokens(cfg: ExperimentConfig, require) -> None:
+    """Token data goes to a language model and images to an image model (registry models; a user's own is not
+    known here), and a sequence fits the model's context."""
+    from scaling.data import TOKEN_DATASETS
+    from scaling.import_path import is_import_path
+    from scaling.models import context_length
+
+    tokens = cfg.data.name in TOKEN_DATASETS
+    if tokens:
+        require(cfg.data.seq_len >= 1, f"data.seq_len must be >= 1, got {cfg.data.seq_len}")
+        require(0.0 <= cfg.data.token_noise < 1.0, f"data.token_noise must be in [0, 1), got {cfg.data.token_noise}")
+    if is_import_path(cfg.model.name) or is_import_path(cfg.data.name):
+        return
+    context = context_length(cfg.model.name)
+    require(tokens or context is None,
+            f"model.name {cfg.model.name} is a language model (token ids in): use data.name tokens or tokens_file, not {cfg.data.name}")
+    require(not tokens or context is not None,
+            f"data.name {cfg.data.name} gives token ids: use a language model (gpt2-tiny, gpt2-small), not {cfg.model.name}")
+    if tokens:
+        require(cfg.data.seq_len <= context,
+                f"data.seq_len={cfg.data.seq_len} is longer than {cfg.model.name}'s context of {context} tokens")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Refuse values that cannot give a meaningful run, naming the key and the fix.
 
@@ -335,6 +361,9 @@ def validate(cfg: ExperimentConfig) -> None:
     require(0 < cfg.train.eval_every <= 1 and abs(1 / cfg.train.eval_every - round(1 / cfg.train.eval_every)) < 1e-9,
             f"train.eval_every must be 1/k for a whole k (1, 0.5, 0.25, ...), got {cfg.train.eval_every}")
     require(not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5), "train.target_metric top5 needs more than 5 classes")
+    require(cfg.train.target_metric != "val_loss" or cfg.train.target_loss > 0,
+            f"train.target_metric val_loss needs train.target_loss > 0 (the validation loss to reach), got {cfg.train.target_loss}")
+    _check_tokens(cfg, require)
     require(0.0 <= cfg.train.label_smoothing < 1.0, f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
     require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")

@@ -211,13 +211,20 @@ BATCH_COLUMNS = [
 ]
 
 
+def _any(runs: pd.DataFrame, column: str) -> bool:
+    return column in runs.columns and runs[column].notna().any()
+
+
 def _run_columns(runs: pd.DataFrame) -> list[tuple]:
     axes = [(c, c.removeprefix("sweep."), _text) for c in runs.columns if c.startswith("sweep.")]
+    # runs of sequences (a language model's) are read per token, and a loss target by its best loss
+    best_loss = [("best_val_loss", "best val loss", _num(".3f"))] if _any(runs, "target_loss") else []
+    tokens = [("throughput_tokens_per_s", "throughput (tokens/s)", _num(",.0f"))] if _any(runs, "throughput_tokens_per_s") else []
     return [("run_key", "run", _text), ("num_workers", "workers", _text), *axes, ("seed", "seed", _text),
             ("status", "status", _text), ("epochs_run", "epochs", _text), ("epochs_to_target", "epochs to target", _text),
-            ("best_accuracy", "best acc.", _num(".2%")), ("tta_s", "TTA (s)", _num(".1f")),
+            ("best_accuracy", "best acc.", _num(".2%")), *best_loss, ("tta_s", "TTA (s)", _num(".1f")),
             ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),
-            ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")),
+            ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")), *tokens,
             ("comm_overhead_pct", "comm overhead (%)", _num(".1f"))]
 
 

@@ -1,10 +1,11 @@
-"""Model zoo: published parameter counts, a forward+backward for every registered model, and the
-error for an unknown name."""
+"""Model zoo: published parameter counts, a forward+backward for every registered image model, and
+the error for an unknown name. The language models (token ids in) have theirs in
+tests/test_transformer.py."""
 
 import pytest
 import torch
 
-from scaling.models import UnknownModelError, build_model, model_names
+from scaling.models import UnknownModelError, build_model, context_length, model_names
 from scaling.models.resnet import PadShortcut
 from tests.one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread)
 
@@ -81,10 +82,11 @@ _INPUT_SIZE = {
 # amoebanet_d_6_64 runs the same cells here, and tests/test_amoebanet.py checks that these build
 # and have the published parameter counts.
 _TOO_SLOW_ON_CPU = {"amoebanet_d_18_208", "amoebanet_d_18_256"}
+IMAGE_MODELS = [name for name in model_names() if context_length(name) is None]
 
 
-def test_every_registered_model_has_an_input_size():
-    assert set(model_names()) == set(_INPUT_SIZE)
+def test_every_registered_image_model_has_an_input_size():
+    assert set(IMAGE_MODELS) == set(_INPUT_SIZE)
 
 
 @pytest.mark.parametrize(
@@ -93,7 +95,7 @@ def test_every_registered_model_has_an_input_size():
         pytest.param(name, marks=pytest.mark.skip(reason="too slow on a CPU"))
         if name in _TOO_SLOW_ON_CPU
         else name
-        for name in model_names()
+        for name in IMAGE_MODELS
     ],
 )
 def test_forward_backward(name):

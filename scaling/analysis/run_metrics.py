@@ -40,7 +40,17 @@ Every figure in `summary.json` is defined here, once:
   effects); the only epoch if there is one. Evaluation and calibration are excluded.
 - `throughput_samples_per_s`: median over the same epochs of samples / train_s;
   `throughput_steps_per_s`: of optimizer steps / train_s (one rank's steps: every rank takes each).
-- `epochs_to_target`: the first epoch whose end-of-epoch validation accuracy reaches the target.
+- `tokens_per_sample`, `throughput_tokens_per_s`: where a sample is a sequence of token ids (the
+  first training input, as `compute_profile.json` records it, is an integer tensor of one
+  dimension per sample: (T,)), T and throughput_samples_per_s x T; None for other inputs.
+  A language model's figures are read per token: modded-nanogpt's and llm.c's tokens/s.
+- The target: `val_accuracy` (the metric `train.target_metric` names, top-1 or top-5) reaches
+  `target_accuracy` when >= it; or, with `target_loss` (`train.target_metric: val_loss`), the
+  validation loss (`val_loss` in epochs.parquet and evals.parquet: mean cross-entropy, per token
+  for a language model) reaches it when <= it: lower is better, as modded-nanogpt's GPT-2
+  speedrun measures time to 3.28. `best_accuracy` is the highest val_accuracy, `best_val_loss`
+  the lowest val_loss (None without the column).
+- `epochs_to_target`: the first epoch whose end-of-epoch validation metric reaches the target.
 - `tta_epoch_end_s`: DAWNBench's rule: training time (sum of train_s) up to and including
   that epoch (what the DAWNBench export reports).
 - `tta_s`, the headline, follows `tta_rule`:
@@ -52,8 +62,9 @@ Every figure in `summary.json` is defined here, once:
     `epoch_end`: `tta_epoch_end_s` (`train.tta_rule: epoch_end`, and runs without
       evals.parquet). Evaluating once per epoch, the two rules give the same TTA.
   `tta_wall_s`: wall time from the first step to that evaluation (includes evaluation,
-  calibration and reporting). None when the target was not reached. The accuracy is the
-  one `train.target_metric` names (top-1 or top-5), recorded as `val_accuracy` per epoch.
+  calibration and reporting). None when the target was not reached. The metric is the one
+  `train.target_metric` names: top-1 or top-5 accuracy, recorded as `val_accuracy` per epoch,
+  or the validation loss, `val_loss` (the target above).
 - `restarts`: how many times the worker group was restarted after a failure (attempts - 1).
   `time_lost_s`: per restart, the wall time from the checkpoint it resumed from (or, with none,
   from the first attempt's first step) to its own first step: the discarded training plus
@@ -276,6 +287,29 @@ def mfu(achieved_flops_per_s: float | None, peak_flops_per_s: float | None) -> t
     return ratio, None
 
 
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def tokens_per_sample(profile: dict | None) -> int | None:
+    """T where a sample is a sequence of T token ids (an integer input of shape (T,)); None otherwise."""
+    profile = profile or {}
+    shape, dtype = profile.get("input_shape"), profile.get("input_dtype")
+    if dtype in INTEGER_DTYPES and shape is not None and len(shape) == 1:
+        return int(shape[0])
+    return None
+
+
+def target_reached(values: pd.Series, target_accuracy: float | None, target_loss: float | None) -> pd.Series:
+    """Which rows reached the target: val_loss <= target_loss when there is one, else val_accuracy >= target_accuracy
+    (`values`: the frame of epochs or evaluations; NaN never reaches)."""
+    if target_loss is not None:
+        column = values["val_loss"] if "val_loss" in values.columns else pd.Series(math.nan, index=values.index)
+        return column <= target_loss
+    if target_accuracy is None:
+        return pd.Series(False, index=values.index)
+    return values["val_accuracy"] >= target_accuracy
+
+
 def utilisation(throughput_samples_per_s: float | None, num_workers: int, profile: dict | None) -> dict:
     """Achieved FLOP/s per worker, MFU and arithmetic intensity (definitions: module docstring)."""
     profile = profile or {}
@@ -403,7 +437,7 @@ def worker_counts(attempts: list[dict] | None) -> dict:
 def summarize_run(
     steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
     compute_profile: dict | None = None, attempts: list[dict] | None = None, ab_calibration: bool = True,
-    evals: pd.DataFrame | None = None, tta_rule: str = "first_eval",
+    evals: pd.DataFrame | None = None, tta_rule: str = "first_eval", target_loss: float | None = None,
 ) -> dict:
     """The run's figures; fields absent from the records come back as None.
 
@@ -411,7 +445,8 @@ def summarize_run(
     columns in STEP_COLUMNS suffice) for a record set too large to hold
     (scaling.results.step_batches). `num_nodes` (distinct node ranks) is in the result.
 
-    `target_accuracy` None: no target, no TTA. `ab_calibration` False: the job gave the
+    `target_accuracy` None: no target, no TTA. `target_loss`: the target is the validation loss
+    instead, reached at or below it (module docstring). `ab_calibration` False: the job gave the
     instrument no forward+backward function, so the A/B figure is absent (`comm_overhead_note`).
     """
     out: dict = {}
@@ -472,8 +507,9 @@ def summarize_run(
     out["epochs_run"] = int(len(epochs))
     out.update(tta_rule="epoch_end", epochs_to_target_progress=None, tta_epoch_end_s=None)
     if epochs.empty:
-        out.update(best_accuracy=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
+        out.update(best_accuracy=None, best_val_loss=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
                    time_per_epoch_s=None, throughput_samples_per_s=None, throughput_steps_per_s=None,
+                   tokens_per_sample=tokens_per_sample(compute_profile), throughput_tokens_per_s=None,
                    calibration_s=None, eval_s=None)
         out.update(utilisation(None, num_workers, compute_profile))
         return _with_not_measured(out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason)
@@ -482,12 +518,16 @@ def summarize_run(
     out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
     out["throughput_steps_per_s"] = (float((steady_epochs["steps"] / steady_epochs["train_s"]).median())
                                      if "steps" in steady_epochs.columns else None)
+    tokens = tokens_per_sample(compute_profile)
+    out["tokens_per_sample"] = tokens
+    out["throughput_tokens_per_s"] = out["throughput_samples_per_s"] * tokens if tokens else None
     out["calibration_s"] = float(epochs["calibration_s"].sum())
     out["eval_s"] = float(epochs["eval_s"].sum())
     out.update(utilisation(out["throughput_samples_per_s"], num_workers, compute_profile))
     accuracy = epochs["val_accuracy"]
     out["best_accuracy"] = _finite_or_none(accuracy.max())
-    reached = epochs[accuracy >= target_accuracy] if target_accuracy is not None else epochs.iloc[0:0]
+    out["best_val_loss"] = _finite_or_none(epochs["val_loss"].min()) if "val_loss" in epochs.columns else None
+    reached = epochs[target_reached(epochs, target_accuracy, target_loss)]
     if reached.empty:
         out.update(epochs_to_target=None, tta_s=None, tta_wall_s=None)
     else:
@@ -499,9 +539,10 @@ def summarize_run(
         out["tta_s"] = out["tta_epoch_end_s"]
         out["tta_wall_s"] = float(first["elapsed_wall_s"])
         out["epochs_to_target_progress"] = float(first["epoch"])
-    if tta_rule == "first_eval" and evals is not None and not evals.empty and target_accuracy is not None:
+    if (tta_rule == "first_eval" and evals is not None and not evals.empty
+            and (target_accuracy is not None or target_loss is not None)):
         out["tta_rule"] = "first_eval"
-        at_target = evals[evals["val_accuracy"] >= target_accuracy].sort_values("elapsed_train_s")
+        at_target = evals[target_reached(evals, target_accuracy, target_loss)].sort_values("elapsed_train_s")
         if not at_target.empty:
             first_eval = at_target.iloc[0]
             lost = time_lost_before_epoch(attempts, int(first_eval["epoch"]))

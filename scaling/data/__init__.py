@@ -6,11 +6,16 @@
   device, augmented per batch on the device.
 - `imagenet`: `data.path/{train,val}/<class>/*.JPEG`, decoded with Pillow in DataLoader
   worker processes (imagefolder.py).
+- `tokens`: token sequences generated from a seed by a learnable rule, for language models
+  (tokens.py; `data.num_classes` is the vocabulary, `data.seq_len` the tokens per sample).
+- `tokens_file`: a local tokenized text file of uint16 ids, nanoGPT's `train.bin`/`val.bin` or
+  llm.c's `.bin` with its header, under `data.path` (tokens.py), read through a memmap.
 - a user's own, by import path `package.module:callable`: called with the data config, it
   returns tensors (train_x, train_y, val_x, val_y) held on the device like `embedded`.
 
 Every source gives the loop the same three things: `num_train`, `train_batches(...)` and
-`val_batches(...)`, yielding float batches on the worker's device, normalised. Sharding gives
+`val_batches(...)`, yielding batches on the worker's device: images as floats, normalised;
+token data as int64 ids (batch, seq_len) with next-token targets of the same shape. Sharding gives
 every rank a disjoint slice of each epoch's permutation (torch's DistributedSampler with
 drop_last), so no sample is seen twice in one epoch across workers and every rank runs the
 same number of steps; validation covers every sample exactly once across ranks.
@@ -31,9 +36,12 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from scaling.data import cifar10, imagefolder
 from scaling.data.embedded import make_embedded
 from scaling.data.errors import DatasetError
+from scaling.data.tokens import TokenFile, make_token_rule
 
-DATASETS = ("embedded", "synthetic", "cifar10", "imagenet")
-PATH_DATASETS = ("cifar10", "imagenet")
+DATASETS = ("embedded", "synthetic", "cifar10", "imagenet", "tokens", "tokens_file")
+PATH_DATASETS = ("cifar10", "imagenet", "tokens_file")
+# Sequences of token ids (a language model's input), not images.
+TOKEN_DATASETS = ("tokens", "tokens_file")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -166,6 +174,13 @@ def check_dataset(data_cfg) -> dict:
         return {}
     if not data_cfg.path:
         raise DatasetError(f"data.name {data_cfg.name} needs data.path (the dataset's folder)")
+    if data_cfg.name == "tokens_file":
+        tokens = TokenFile(data_cfg.path, data_cfg.seq_len, data_cfg.val_samples)
+        largest = tokens.largest_id()
+        if largest >= data_cfg.num_classes:
+            raise DatasetError(f"{data_cfg.path} holds token id {largest}; set data.num_classes (the vocabulary) above it "
+                               f"(50257 for GPT-2's tokenizer), got {data_cfg.num_classes}")
+        return {"train": tokens.train_windows, "val": tokens.val_windows}
     if data_cfg.name == "cifar10":
         counts = cifar10.check_cifar10(data_cfg.path)
         classes = cifar10.NUM_CLASSES
@@ -212,6 +227,14 @@ def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = No
         )
         return InMemoryDataset(_laid_out(train_x.to(device), channels_last), train_y.to(device),
                                _laid_out(val_x.to(device), channels_last), val_y.to(device))
+    if data_cfg.name == "tokens":
+        train_x, train_y, val_x, val_y = make_token_rule(
+            data_cfg.seed, data_cfg.num_classes, data_cfg.seq_len, data_cfg.train_samples, data_cfg.val_samples,
+            data_cfg.token_noise,
+        )
+        return InMemoryDataset(train_x.to(device), train_y.to(device), val_x.to(device), val_y.to(device))
+    if data_cfg.name == "tokens_file":
+        return TokenFile(data_cfg.path, data_cfg.seq_len, data_cfg.val_samples, device)
     if data_cfg.name == "synthetic":
         generator = torch.Generator(device=device).manual_seed(data_cfg.seed)
         size = data_cfg.image_size

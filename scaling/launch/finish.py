@@ -41,7 +41,7 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     figures = summarize_run(steps, epochs, description["target_accuracy"], description["num_workers"],
                             run.compute_profile(), run.attempts(), ab_calibration=description.get("ab_calibration", True),
                             evals=evals if run.evals_path.exists() else None,
-                            tta_rule=description.get("tta_rule", "first_eval"))
+                            tta_rule=description.get("tta_rule", "first_eval"), target_loss=description.get("target_loss"))
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     if description.get("step_timing") is False:  # no step records by design: say so, not "none recorded"

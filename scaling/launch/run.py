@@ -125,6 +125,7 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "seed": cfg.train.seed,
         "target_accuracy": cfg.train.target_accuracy,
         "target_metric": cfg.train.target_metric,
+        "target_loss": cfg.train.target_loss if cfg.train.target_metric == "val_loss" else None,
         "eval_every": cfg.train.eval_every,
         "tta_rule": cfg.train.tta_rule,
         "precision": cfg.train.precision,

@@ -1,5 +1,5 @@
 """Model zoo: plain torch modules selectable by name (see registry.py)."""
 
-from scaling.models.registry import UnknownModelError, build_model, model_names
+from scaling.models.registry import UnknownModelError, build_model, context_length, model_names
 
-__all__ = ["UnknownModelError", "build_model", "model_names"]
+__all__ = ["UnknownModelError", "build_model", "context_length", "model_names"]

@@ -3,6 +3,9 @@
 Every model is plain torch (no Ray, no timers). Unknown names raise `UnknownModelError`
 naming the valid ones. A user's own model is named by import path, `package.module:callable`
 (the callable takes num_classes and returns the module).
+
+Language models (gpt.py) take token ids, not images: for them `num_classes` is the vocabulary,
+and `context_length(name)` is the longest sequence they take (None for the image models).
 """
 
 from collections.abc import Callable
@@ -10,6 +13,7 @@ from collections.abc import Callable
 from torch import nn
 
 from scaling.models.amoebanet import amoebanet_d_6_64, amoebanet_d_18_208, amoebanet_d_18_256
+from scaling.models.gpt import GPT2_SMALL, GPT2_TINY, gpt2_small, gpt2_tiny
 from scaling.models.resnet import resnet18, resnet20, resnet50, resnet56, resnet101
 from scaling.models.small import SmallCNN
 from scaling.models.vgg import vgg16
@@ -34,7 +38,14 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
     "amoebanet_d_18_208": amoebanet_d_18_208,
     "amoebanet_d_18_256": amoebanet_d_18_256,
     "amoebanet_d_6_64": amoebanet_d_6_64,
+    # GPT-2-class decoders (token ids in; num_classes is the vocabulary): GPT-2 small's shapes,
+    # 124M parameters at GPT-2's 50,257 tokens, and a tiny one that trains on a CPU in seconds
+    "gpt2-small": gpt2_small,
+    "gpt2-tiny": gpt2_tiny,
 }
+
+# Models whose input is a sequence of token ids: name -> the longest sequence (context) they take.
+LANGUAGE_MODELS: dict[str, int] = {"gpt2-small": GPT2_SMALL.context, "gpt2-tiny": GPT2_TINY.context}
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
@@ -55,3 +66,8 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
 def model_names() -> list[str]:
     return sorted(MODELS)
+
+
+def context_length(name: str) -> int | None:
+    """A registry language model's context (tokens), None for the image models and a user's model."""
+    return LANGUAGE_MODELS.get(name)

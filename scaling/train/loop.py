@@ -5,7 +5,14 @@
 the process group must already be initialised. It is a client of the public instrument
 (`scaling.instrument.attach`), like a user's own job: the instrument times every step, runs
 the A/B calibration window at each epoch's end and writes the records. The loop validates on
-all ranks and stops at the first epoch whose validation accuracy reaches the target.
+all ranks and stops at the first epoch whose validation metric reaches the target: accuracy at
+or above `train.target_accuracy`, or (`train.target_metric: val_loss`) the validation loss at or
+below `train.target_loss`.
+
+A language model (token data: scaling/data/tokens.py) is trained and validated as a classifier
+of every position: logits (batch, T, vocab) against next-token targets (batch, T), cross-entropy
+and top-k accuracy per token; `val_loss` is the mean cross-entropy per token (per sample for a
+classifier), in every epoch's and evaluation's record.
 
 Per epoch: train (timed: `train_s`) | validate (`eval_s`) | calibrate (`calibration_s`) |
 record + report (with a checkpoint every `failure.checkpoint_every_epochs`). TTA and
@@ -25,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from scaling.config import ExperimentConfig
-from scaling.data import load_dataset, steps_per_epoch
+from scaling.data import TOKEN_DATASETS, load_dataset, steps_per_epoch
 from scaling.errors import UsageError
 from scaling.models import build_model
 from scaling.train.backends import for_run
@@ -104,24 +111,52 @@ def lr_multiplier(step: int, steps_per_ep: int, cfg: ExperimentConfig) -> float:
     return 1.0
 
 
-def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Precision) -> dict:
-    """Top-1 and top-5 accuracy over the whole validation set: each rank its shard, summed across ranks."""
+def _per_position(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows of logits, their targets): a language model's (batch, T, vocab) logits as batch x T rows."""
+    return logits.flatten(0, -2), targets.flatten()
+
+
+def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Precision,
+              batch_size: int = EVAL_BATCH) -> dict:
+    """Top-1 and top-5 accuracy and the mean cross-entropy (`loss`) over the whole validation set, per
+    sample (per token for a language model): each rank its shard, summed across ranks."""
     model.eval()
-    totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)  # top-1 correct, top-5 correct, samples
+    totals = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # top-1 correct, top-5 correct, loss sum, rows
     with torch.no_grad():
-        for inputs, targets in dataset.val_batches(ctx.rank, ctx.world_size, EVAL_BATCH):
+        for inputs, targets in dataset.val_batches(ctx.rank, ctx.world_size, batch_size):
             with precision.autocast():
                 logits = model(precision.layout(inputs))
+            logits, targets = _per_position(logits, targets)
             top = logits.topk(min(5, logits.shape[1]), dim=1).indices
             hits = top == targets.view(-1, 1)
             totals[0] += hits[:, 0].sum()
             totals[1] += hits.any(dim=1).sum()
-            totals[2] += len(targets)
+            totals[2] += F.cross_entropy(logits.float(), targets, reduction="sum")
+            totals[3] += len(targets)
     if ctx.world_size > 1:
         dist.all_reduce(totals)
     model.train()
-    samples = float(totals[2])
-    return {"top1": float(totals[0]) / samples, "top5": float(totals[1]) / samples}
+    rows = float(totals[3])
+    return {"top1": float(totals[0]) / rows, "top5": float(totals[1]) / rows, "loss": float(totals[2]) / rows}
+
+
+def _target_value(evaluation: dict, cfg: ExperimentConfig) -> float:
+    """The figure the target applies to (`train.target_metric`)."""
+    return evaluation.get("loss" if cfg.train.target_metric == "val_loss" else cfg.train.target_metric, float("nan"))
+
+
+def _reached(evaluation: dict, cfg: ExperimentConfig) -> bool:
+    """Accuracy at or above train.target_accuracy; a loss at or below train.target_loss (lower is better)."""
+    if not evaluation:
+        return False
+    if cfg.train.target_metric == "val_loss":
+        return evaluation["loss"] <= cfg.train.target_loss
+    return evaluation[cfg.train.target_metric] >= cfg.train.target_accuracy
+
+
+def _accuracy_column(evaluation: dict, cfg: ExperimentConfig) -> float:
+    """`val_accuracy` of the records: the accuracy train.target_metric names, top-1 for a loss target."""
+    return evaluation.get("top1" if cfg.train.target_metric == "val_loss" else cfg.train.target_metric, float("nan"))
 
 
 class Checkpoints:
@@ -233,7 +268,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
     forward = torch.compile(model) if cfg.train.compile else model
 
     def loss_fn(logits, targets):
-        return F.cross_entropy(logits, targets, label_smoothing=cfg.train.label_smoothing)
+        return F.cross_entropy(*_per_position(logits, targets), label_smoothing=cfg.train.label_smoothing)
 
     def forward_backward(batch):
         """One calibration pass (the A/B window): forward, loss and backward, no step."""
@@ -249,6 +284,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
 
     meter = attach(
         model, optimizer, run_dir=run_dir, forward_module=forward, name=cfg.name, target_accuracy=cfg.train.target_accuracy,
+        target_loss=cfg.train.target_loss if cfg.train.target_metric == "val_loss" else None,
         forward_backward=forward_backward, calibration_data=calibration_batches, settings=cfg.instrument,
         # the launcher writes the run's summary: no finisher
         parts=Parts(identity=Identity(ctx.rank, ctx.world_size, ctx.local_rank, ctx.node_rank), live_metrics=live_metrics),
@@ -274,6 +310,9 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
 
     # Evaluations inside an epoch (train.eval_every < 1), after these steps; the epoch's end always evaluates.
     evaluations = round(1 / cfg.train.eval_every)
+    # A sequence's logits are T x vocab: validate in training-sized batches (what fits for training fits here).
+    tokens = cfg.data.name in TOKEN_DATASETS
+    eval_batch = cfg.train.per_worker_batch if tokens else EVAL_BATCH
     mid_epoch_evals = {round(k * steps_per_ep / evaluations) for k in range(1, evaluations)} - {0, steps_per_ep}
     model.train()
     restored = checkpoints.load()
@@ -300,25 +339,28 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
                 if step_in_epoch in mid_epoch_evals and dataset.has_validation:
                     with meter.paused():  # outside train_s, the step and TTA
-                        mid = _evaluate(plain_model, dataset, ctx, precision)
-                        meter.record_eval(mid.get(cfg.train.target_metric), epoch_progress=epoch - 1 + step_in_epoch / steps_per_ep,
-                                          val_top1=mid["top1"], val_top5=mid["top5"])
-            accuracy = _evaluate(plain_model, dataset, ctx, precision) if dataset.has_validation else {}
-            val_accuracy = accuracy.get(cfg.train.target_metric, float("nan"))
+                        mid = _evaluate(plain_model, dataset, ctx, precision, eval_batch)
+                        meter.record_eval(_accuracy_column(mid, cfg), epoch_progress=epoch - 1 + step_in_epoch / steps_per_ep,
+                                          val_top1=mid["top1"], val_top5=mid["top5"], val_loss=mid["loss"])
+            evaluation = _evaluate(plain_model, dataset, ctx, precision, eval_batch) if dataset.has_validation else {}
             train_loss = float(loss_sum) / steps_per_ep
             last_row = meter.end_epoch(
-                val_accuracy=val_accuracy, samples=steps_per_ep * cfg.global_batch, train_loss=train_loss,
-                # both kinds of accuracy beside the one the target applies to (train.target_metric)
-                val_top1=accuracy.get("top1", float("nan")), val_top5=accuracy.get("top5", float("nan")),
-                lr=optimizer.param_groups[0]["lr"],
+                val_accuracy=_accuracy_column(evaluation, cfg), samples=steps_per_ep * cfg.global_batch, train_loss=train_loss,
+                # both kinds of accuracy and the loss beside the figure the target applies to (train.target_metric)
+                val_top1=evaluation.get("top1", float("nan")), val_top5=evaluation.get("top5", float("nan")),
+                val_loss=evaluation.get("loss", float("nan")), lr=optimizer.param_groups[0]["lr"],
             )
             if ctx.rank == 0:
+                rate = f"{last_row['throughput_samples_per_s']:,.0f} samples/s"
+                if tokens:
+                    rate += f" ({last_row['throughput_samples_per_s'] * cfg.data.seq_len:,.0f} tokens/s)"
+                figure = "val_loss" if cfg.train.target_metric == "val_loss" else f"val_acc({cfg.train.target_metric})"
                 print(
-                    f"epoch {epoch:3d}  val_acc({cfg.train.target_metric}) {val_accuracy:.4f}  loss {train_loss:.4f}  "
-                    f"train {last_row['train_s']:.2f}s  {last_row['throughput_samples_per_s']:,.0f} samples/s",
+                    f"epoch {epoch:3d}  {figure} {_target_value(evaluation, cfg):.4f}  loss {train_loss:.4f}  "
+                    f"train {last_row['train_s']:.2f}s  {rate}",
                     flush=True,
                 )
-            reached = dataset.has_validation and val_accuracy >= cfg.train.target_accuracy
+            reached = dataset.has_validation and _reached(evaluation, cfg)
             every = cfg.failure.checkpoint_every_epochs
             state = None
             if ctx.rank == 0 and every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs:
