@@ -167,7 +167,10 @@ def test_imagenet_folder_shapes_and_top5(imagenet_dir):
     # so top-1 = 3/18; the top five are every class but 0, so top-5 = 15/18.
     ctx = WorkerContext(rank=0, world_size=1, local_rank=0, node_rank=0, device=CPU)
     accuracy = _evaluate(_ConstantLogits(), data, ctx, Precision("fp32", False, CPU))
-    assert accuracy == {"top1": pytest.approx(3 / 18), "top5": pytest.approx(15 / 18)}
+    # and the loss: the mean over the classes (3 images each) of logsumexp(scores) - the true class's score
+    scores = torch.tensor([0.0, 1.0, 5.0, 4.0, 3.0, 2.0])
+    loss = float((torch.logsumexp(scores, 0) - scores).mean())
+    assert accuracy == {"top1": pytest.approx(3 / 18), "top5": pytest.approx(15 / 18), "loss": pytest.approx(loss)}
 
 
 def test_imagenet_folder_shards_and_labels(tmp_path):
