@@ -6,6 +6,7 @@
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out DIR] [--from-run DIR ...]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
+    scaling dashboard install [--session-dir DIR]
     scaling --version
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
@@ -234,6 +235,28 @@ def _build_parser() -> argparse.ArgumentParser:
     mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: 0, the head)")
     mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                            help="the command and its arguments, after -- (required)")
+
+    dashboard = _command(
+        commands, "dashboard", "the lab's Grafana dashboard, beside Ray's Train Dashboard",
+        "The lab's Grafana dashboard (step time per rank, communication, stragglers, throughput, MFU),\n"
+        "shipped with the package and shown beside Ray's Train Dashboard (docs/dashboard.md).",
+        ["scaling dashboard install"], ["  0    done", _USAGE])
+    dashboard_commands = dashboard.add_subparsers(dest="action", required=True, parser_class=OneLineParser,
+                                                  metavar="ACTION")
+    dashboard_install = _command(
+        dashboard_commands, "install", "copy the dashboard where Ray's Grafana provisioning finds it",
+        "Copy the dashboard into the Grafana provisioning a Ray head wrote under its session directory\n"
+        "(<session>/metrics/grafana/dashboards/, beside Ray's own dashboards) and print how to open it.\n"
+        "Without a session on this machine (and no --session-dir), print the dashboard's path and how to\n"
+        "import it by hand. A head started again rewrites that folder: install again after `ray start`.",
+        ["scaling dashboard install", "scaling dashboard install --session-dir /tmp/ray/session_latest"],
+        ["  0    installed (or, with no Ray session here, the dashboard's path and the steps printed)",
+         "  2    the session directory is not a Ray head's with its Grafana folder, or bad arguments "
+         "(one line on stderr, nothing written)"])
+    dashboard_install.add_argument(
+        "--session-dir", type=Path, metavar="DIR",
+        help="the Ray head's session directory, e.g. /tmp/ray/session_latest (default: $RAY_TMPDIR or the system's "
+             "temp dir, then ray/session_latest)")
     return parser
 
 
@@ -465,6 +488,23 @@ def _cmd_minicluster(args) -> int:
     raise AssertionError(f"unhandled minicluster action {args.action!r}")
 
 
+def _cmd_dashboard(args) -> int:
+    from scaling import dashboard
+
+    session_dir = args.session_dir
+    if session_dir is None and not dashboard.default_session_dir().is_dir():
+        print(f"no Ray session at {dashboard.default_session_dir()}: nothing installed")
+        for step in dashboard.manual_steps():
+            print(f"  {step}")
+        return 0
+    session_dir = session_dir or dashboard.default_session_dir()
+    target = dashboard.install(session_dir)
+    print(f"installed: {target}")
+    for step in dashboard.grafana_steps(session_dir):
+        print(f"  {step}")
+    return 0
+
+
 def _cmd_run(args) -> int:
     from scaling.config import load_config
     from scaling.launch.preflight import preflight
@@ -605,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report, "minicluster": _cmd_minicluster,
-                    "project": _cmd_project, "cluster": _cmd_cluster}
+                    "project": _cmd_project, "cluster": _cmd_cluster, "dashboard": _cmd_dashboard}
         return commands[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

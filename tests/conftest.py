@@ -11,8 +11,9 @@ needs one; its tests run last (`pytest_collection_modifyitems`) so that its node
 other test. A test that preempts a node gives it back (`whole_minicluster`).
 
 Capabilities (`CAPABILITIES`): where this process cannot build the minicluster's network, or
-Horovod does not import, the tests that need them skip with the reason — on a developer's
-machine. A runner that declares them required (`SCALING_TEST_REQUIRE=netns,horovod`, as `.ci/run`
+Horovod does not import, or no Prometheus server is installed, the tests that need them skip
+with the reason — on a developer's machine. A runner that declares them required
+(`SCALING_TEST_REQUIRE=netns,horovod,prometheus`, as `.ci/run`
 does) fails at once, in one line naming what is missing: a CI machine that lost a capability
 must not lose its proofs in silence.
 """
@@ -122,8 +123,23 @@ def horovod_capability() -> str | None:
     return None if ok else (why or "horovod does not import")
 
 
+@functools.lru_cache(maxsize=None)
+def prometheus_capability() -> str | None:
+    """None if a Prometheus server runs here (`prometheus --version`: Debian's package, apt-get install
+    prometheus); otherwise why not. The dashboard's queries are checked against it (tests/test_dashboard.py)."""
+    if shutil.which("prometheus") is None:
+        return "no `prometheus` on PATH (apt-get install prometheus)"
+    try:
+        probe = subprocess.run(["prometheus", "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`prometheus --version` did not run: {exc}"
+    if probe.returncode != 0:
+        return f"`prometheus --version` failed: {(probe.stderr.strip() or f'exit {probe.returncode}').splitlines()[-1]}"
+    return None
+
+
 # What a runner may lack, each with its probe (None: present). `.ci/run` requires them all.
-CAPABILITIES = {"netns": netns_capability, "horovod": horovod_capability}
+CAPABILITIES = {"netns": netns_capability, "horovod": horovod_capability, "prometheus": prometheus_capability}
 REQUIRE_ENV = "SCALING_TEST_REQUIRE"
 
 

@@ -40,7 +40,8 @@ def test_version(capsys):
 
 def test_every_command_is_covered():
     assert {"run", "sweep", "report", "project", "cluster check", "minicluster up", "minicluster exec",
-            "minicluster preempt", "minicluster rejoin", "minicluster status", "minicluster down"} <= set(IDS)
+            "minicluster preempt", "minicluster rejoin", "minicluster status", "minicluster down",
+            "dashboard install"} <= set(IDS)
 
 
 @pytest.mark.parametrize("words, parser", COMMANDS, ids=IDS)
@@ -106,6 +107,7 @@ def test_out_is_a_directory_everywhere():
     (["minicluster", "preempt"], "--node"),
     (["minicluster", "exec"], "the command is missing"),
     (["minicluster", "exec", "--"], "the command is missing"),
+    (["dashboard"], "ACTION"),
 ])
 def test_a_missing_argument_is_named_as_missing(argv, named, capsys):
     assert main(argv) == 2

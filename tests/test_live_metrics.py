@@ -1,6 +1,8 @@
 """The run's figures, live, in Ray's own metrics (scaling/launch/live_metrics.py): during a real
 2-worker Ray Train run, the head node's Prometheus endpoint serves each rank's step time,
-exposed communication, waiting and throughput, tagged with the run's name.
+exposed communication, waiting and throughput, tagged with the run's name and Ray Train's world
+rank (what each figure means, checked against the run's records through a real Prometheus:
+tests/test_dashboard.py).
 
 Ray exports a worker's gauges only while the worker lives (every few seconds; the metrics agent
 drops a dead worker's), so the run is held (tests/held_model.py) in its second epoch's
@@ -46,7 +48,7 @@ def _scrape(url: str, name: str, seen: dict) -> None:
         for metric in WANTED:
             match = re.match(rf"{metric}{{(.*)}} (\S+)$", line)
             if match and f'run="{name}"' in match.group(1):
-                rank = re.search(r'(?:^|,)rank="(\d+)"', match.group(1)).group(1)  # not node_rank
+                rank = re.search(r'ray_train_worker_world_rank="(\d+)"', match.group(1)).group(1)
                 seen[(metric, rank)] = float(match.group(2))
 
 
