@@ -593,6 +593,9 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         ("model / data", f"{summary['model']} / {summary['dataset']}"),
         ("workers (nodes)", f"{summary['num_workers']} ({_fmt(summary['num_nodes'], 'd')}), backend {summary['backend']}"),
         ("batch", f"{summary['per_worker_batch']} per worker, {summary['global_batch']} global"),
+        # a loss target (train.target_metric: val_loss) is read as a loss, lower is better
+        ("val loss", f"best {_fmt(summary.get('best_val_loss'), '.4f')}, target {summary['target_loss']}")
+        if summary.get("target_loss") is not None else
         ("accuracy", (f"best {absent('best_accuracy')}" if absent("best_accuracy") else f"best {_fmt(summary['best_accuracy'], '.4f')}")
          + f", target {summary['target_accuracy']}"),
         ("epochs", f"{summary['epochs_run']} run, target at {_fmt(summary['epochs_to_target'], 'd')}"),
@@ -602,7 +605,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
          or _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)"),
         ("throughput", absent("throughput_samples_per_s")
          or _fmt(summary["throughput_samples_per_s"],
-                 ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g", " samples/s")),
+                 ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g", " samples/s")
+         + (f" ({summary['throughput_tokens_per_s']:,.0f} tokens/s)" if summary.get("throughput_tokens_per_s") else "")),
         ("step", absent("step_s")
          or _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
          + "  = data " + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
