@@ -74,6 +74,7 @@ EPOCHS_PARQUET = "epochs.parquet"
 EVALS_PARQUET = "evals.parquet"
 STEPS_PARQUET = "steps.parquet"  # a directory of per-rank parts (rank_part_path)
 TELEMETRY_PARQUET = "telemetry.parquet"  # the same layout
+COLLECTIVES_PARQUET = "collectives.parquet"  # the same layout: a sharded job's every all-gather and reduce-scatter
 MACHINE_JSON = "machine.json"
 COMPUTE_PROFILE_JSON = "compute_profile.json"
 ATTEMPTS_JSON = "attempts.json"
@@ -267,6 +268,7 @@ class RunDir:
     evals_path = property(lambda self: self.path / EVALS_PARQUET)
     steps_path = property(lambda self: self.path / STEPS_PARQUET)
     telemetry_path = property(lambda self: self.path / TELEMETRY_PARQUET)
+    collectives_path = property(lambda self: self.path / COLLECTIVES_PARQUET)
     machine_path = property(lambda self: self.path / MACHINE_JSON)
     compute_profile_path = property(lambda self: self.path / COMPUTE_PROFILE_JSON)
     attempts_path = property(lambda self: self.path / ATTEMPTS_JSON)
@@ -316,6 +318,10 @@ class RunDir:
 
     def telemetry(self, columns: list[str] | None = None) -> pd.DataFrame:
         return _read_columns(self.telemetry_path, columns)
+
+    def collectives(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """A sharded job's every all-gather and reduce-scatter (one row each); empty for other backends."""
+        return _read_columns(self.collectives_path, columns)
 
     def ranks(self) -> pd.DataFrame:
         return pd.read_parquet(self.ranks_path) if self.ranks_path.exists() else pd.DataFrame()

@@ -64,7 +64,7 @@ def test_impossible_values_are_refused(override, key):
 
 
 def test_closed_choices_are_types_refused_when_the_tree_is_built():
-    with pytest.raises(ConfigError, match=r"config key 'backend' must be one of auto, gloo, nccl, horovod; got 'mpi'"):
+    with pytest.raises(ConfigError, match=r"config key 'backend' must be one of auto, gloo, nccl, fsdp, horovod; got 'mpi'"):
         from_dict({"backend": "mpi"})
     with pytest.raises(ConfigError, match="train.precision"):
         from_dict({"train": {"precision": True}})

@@ -15,10 +15,11 @@
     # leaving the block finishes the run (or `meter.finish()` without `with`)
 
 `model` is the DDP model (as `ray.train.torch.prepare_model` returns it; at world size 1 the
-plain module), `optimizer` the torch optimizer or Horovod's `DistributedOptimizer` (a list of
-them where a batch steps several, as a GAN does). Attach
-before registering a DDP comm hook of your own: yours is then kept and timed (DDP allows one
-hook per model and cannot replace it later).
+plain module), or a model whose modules were sharded with FSDP2's `fully_shard`, `optimizer`
+the torch optimizer or Horovod's `DistributedOptimizer` (a list of them where a batch steps
+several, as a GAN does). Attach before registering a DDP comm hook of your own: yours is then
+kept and timed (DDP allows one hook per model and cannot replace it later); with FSDP2, after
+setting its communication (`set_custom_all_gather` and the like), which is then timed.
 
 How a step is cut into phases, without per-phase code (marks on `Clock`: the host clock on CPU,
 CUDA events on GPU, resolved once per epoch):
@@ -55,8 +56,10 @@ CUDA events on GPU, resolved once per epoch):
   training forward, an optimizer step, the next batch request, the epoch's end). The pause is
   taken out of the step's phases and of `train_s` and counted in the epoch's `eval_s`, as
   `meter.paused()` does explicitly (which also covers work before the first eval forward);
-- communication per bucket from the comm timer (`allreduce_s`, `exposed_comm_s`: timing.py),
-  summed over the step's micro-batches.
+- communication per collective from the backend's timer (`allreduce_s`, `exposed_comm_s`:
+  timing.py; FSDP2's all-gathers and reduce-scatters: backends/fsdp.py), summed over the step's
+  micro-batches;
+- peak memory per rank and epoch (`peak_memory_bytes`: memory.py), over the epoch's training.
 
 A/B communication overhead: with `forward_backward` (a function that runs forward, loss and
 backward on one batch) and `calibration_data` (an iterable of batches, or a function of the
@@ -96,6 +99,7 @@ import torch
 import torch.distributed as dist
 
 from scaling.instrument.backends import detect
+from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
 from scaling.instrument.recorder import RunRecorder
 from scaling.instrument.settings import InstrumentSettings, LaunchedRun
@@ -195,14 +199,18 @@ class StepMeter:
         self.timing = bool(settings.step_timing)
         # The lab's own 1-worker runs train the plain module: nothing to time.
         communicates = self.world_size > 1 or self.backend.communicates_alone
+        if settings.inject_comm_delay_s and settings.inject_comm_delay_into not in self.backend.injectable:
+            raise ValueError(f"inject_comm_delay_into={settings.inject_comm_delay_into!r} is not offered by "
+                             f"{self.backend.wraps} (it offers {', '.join(self.backend.injectable)})")
         if self.timing and communicates:
-            self.backend.install_timer(self.clock, settings.inject_comm_delay_s)
+            self.backend.install_timer(self.clock, settings.inject_comm_delay_s, settings.inject_comm_delay_into)
         elif settings.inject_comm_delay_s:
             raise ValueError("inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)")
         self._handles = []
         watched = forward_module if forward_module is not None else model
         if self.timing:
-            self._handles += [watched.register_forward_pre_hook(self._on_forward_start),
+            # first among the pre-hooks: FSDP's own (its root's all-gather) belongs to forward
+            self._handles += [watched.register_forward_pre_hook(self._on_forward_start, prepend=True),
                               watched.register_forward_hook(self._on_forward_end)]
             inner = self.backend.plain_model
             if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
@@ -225,8 +233,6 @@ class StepMeter:
             for each in optimizers:
                 self._handles += [each.register_step_pre_hook(self._on_step_start),
                                   each.register_step_post_hook(self._on_step_end)]
-        # whether the loop cleared the gradients between two batches (a skipped step; module docstring)
-        self._grad_probe = next((q for q in self.backend.plain_model.parameters() if q.requires_grad), None)
         self.attached_unix = time.time()
         self._started_at = dt.datetime.now(dt.timezone.utc)
         self.global_step = 0  # training steps so far, over the run (continues after a restart)
@@ -254,6 +260,9 @@ class StepMeter:
         self._finished = False
         self._evals: list[dict] = []  # this epoch's evaluations, written at end_epoch
         self._step_depth = 0  # nesting of optimizer step() calls (see _on_step_start)
+        self._peak_memory = PeakMemory(self.device)
+        self._epoch_peak_memory: tuple[float, str] = (float("nan"), "")
+        self._memory_epochs: list[dict] = []  # this rank's peak per epoch (workers/rank<R>-memory.json)
         self._telemetry, self.telemetry_note = None, "GPU telemetry off"
         if settings.telemetry_interval_s > 0:
             from scaling.instrument.telemetry import start_telemetry
@@ -425,13 +434,9 @@ class StepMeter:
         elif step.stepped:
             continues = False
         else:
-            continues = not self._gradients_cleared()
+            continues = not self.backend.gradients_cleared()
         step.phase, step.forwarded, step.stepped = "data", False, False
         return continues
-
-    def _gradients_cleared(self) -> bool:
-        probe = self._grad_probe
-        return probe is None or probe.grad is None
 
     def _begin_training(self) -> None:
         if self.run_first_step_unix is None:
@@ -449,6 +454,7 @@ class StepMeter:
         self._training_end = None
         self._thread_usage = ThreadUsage()
         self._paused_usage: list[dict] = []
+        self._peak_memory.begin()
         self._train_started = time.perf_counter()
 
     def _close_step(self, end) -> None:
@@ -466,7 +472,8 @@ class StepMeter:
             return  # nothing was trained: batches drawn and skipped up to the loader's end
         self.recorder.step(StepMarks(
             self.epoch + 1, step.index, "train", step.index < self.settings.warmup_steps, step.samples,
-            step.start, step.segments, step.micro_buckets, step.pauses, step.optimizer_steps))
+            step.start, step.segments, step.micro_buckets, step.pauses, step.optimizer_steps,
+            comm_rule=self.backend.comm_rule))
 
     def _end_training(self) -> None:
         if self.clock.cuda:
@@ -477,6 +484,7 @@ class StepMeter:
         for paused in self._paused_usage:
             usage = {k: v - paused[k] for k, v in usage.items()}
         self._training_thread = usage
+        self._epoch_peak_memory = self._peak_memory.end()
 
     # --- end of an epoch -----------------------------------------------------------------
 
@@ -496,6 +504,10 @@ class StepMeter:
             self._end_training()
         train_s = self._training_end - self._train_started - self._paused_s
         training_thread = self._training_thread
+        peak_memory_bytes, peak_memory_method = self._epoch_peak_memory
+        self._memory_epochs.append({"epoch": self.epoch + 1, "peak_memory_bytes": peak_memory_bytes,
+                                    "peak_memory_method": peak_memory_method})
+        self.recorder.write_rank_json("memory", {"epochs": self._memory_epochs})
         # the job's own validation, between training and here, and any evaluation it paused training for
         eval_s = time.perf_counter() - self._training_end + self._paused_s
         self.elapsed_train_s += train_s
@@ -528,6 +540,9 @@ class StepMeter:
             "elapsed_wall_s": time.time() - self.run_first_step_unix,
             "first_step_unix": self.first_step_unix,
             **training_thread,  # was the loop slow, or kept off its core? (thread_usage.py)
+            # this rank's peak memory over the epoch's training (memory.py); over the ranks once recorded
+            "peak_memory_bytes": peak_memory_bytes,
+            "peak_memory_method": peak_memory_method,
             **columns,
         }
         if self.second_opinion is not None:
@@ -607,7 +622,7 @@ class StepMeter:
         saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
         self._calibrating = True
         try:
-            with self._rng_untouched():
+            with self._rng_untouched(), self.backend.calibration():
                 for q in parameters:
                     q.grad = None
                 data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
@@ -635,7 +650,8 @@ class StepMeter:
                         segments = [("data", marks.get("forward_start", start)),
                                     ("forward", marks.get("forward_end", start)), ("backward", end)]
                         self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start,
-                                                     segments, [self.backend.take()], pair=pair))
+                                                     segments, [self.backend.take()], pair=pair,
+                                                     comm_rule=self.backend.comm_rule))
                 del batches, data
         finally:
             self._calibrating = False

@@ -14,6 +14,10 @@ instrument times without a run directory).
 Each step record also carries `model_flops` (samples x training FLOPs per sample, once the
 instrument has counted them: `flops_per_sample`) and `achieved_flops_per_s` (model_flops /
 step_s, per rank).
+
+A backend whose steps' rule records each collective (`CommRule.per_collective`: FSDP's
+all-gathers and reduce-scatters, scaling/instrument/backends/fsdp.py) has them written the same
+way, one row per collective, to `collectives.parquet/rank<R>-epoch<E>.parquet`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import pandas as pd
 
 from scaling.instrument.timing import Clock, StepMarks
 from scaling.results import (
-    ATTEMPTS_JSON, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, part_epoch, part_rank,
+    ATTEMPTS_JSON, COLLECTIVES_PARQUET, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, part_epoch,
+    part_rank,
     rank_part_path, rank_parts, rank_record_path, worker_record_path, write_json_atomic, write_parquet_atomic,
 )
 
@@ -59,7 +64,7 @@ class RunRecorder:
         # This rank's files of epochs after the checkpoint (written before the failure) would be duplicates;
         # so would those of ranks the restarted group no longer has (an elastic restart with fewer workers),
         # which rank 0 removes.
-        for table in (STEPS_PARQUET, TELEMETRY_PARQUET):
+        for table in (STEPS_PARQUET, TELEMETRY_PARQUET, COLLECTIVES_PARQUET):
             for part in rank_parts(self.run_dir / table, None if self.rank == 0 else self.rank):
                 if part_epoch(part) > last_epoch and (part_rank(part) == self.rank or part_rank(part) >= self.world_size):
                     part.unlink()
@@ -90,7 +95,7 @@ class RunRecorder:
         attempts = json.loads(path.read_text())["attempts"] if path.exists() else []
         if attempts and resumed_from is None:
             # A restart with no checkpoint to resume from starts the records afresh.
-            for table in (STEPS_PARQUET, TELEMETRY_PARQUET):
+            for table in (STEPS_PARQUET, TELEMETRY_PARQUET, COLLECTIVES_PARQUET):
                 for part in rank_parts(self.run_dir / table):
                     part.unlink()
             (self.run_dir / EPOCHS_PARQUET).unlink(missing_ok=True)
@@ -141,11 +146,20 @@ class RunRecorder:
         rows = [self._resolved(m) for m in self._pending]
         traced = [event for m in self._pending if m.kind == "train" and m.step in self.trace_steps
                   for event in m.trace_events(self.clock, self.offset_s, self.rank)]
+        collectives = [{**row, **self.identity} for m in self._pending if m.comm_rule is not None
+                       and m.comm_rule.per_collective for row in m.comm_rule.collective_rows(m, self.clock)]
         self._pending = []
         epoch = epoch_row["epoch"]
         if self.world_size > 1 and self.group is not None:
             epoch_row.update(self.attribute(rows))
+            if "peak_memory_bytes" in epoch_row:
+                epoch_row.update(self.memory_across_ranks(epoch_row["peak_memory_bytes"]))
+        for row in rows:
+            row.pop("sync_points", None)  # the attribution's input, not a column
         if self.run_dir is not None:
+            if collectives:
+                write_parquet_atomic(rank_part_path(self.run_dir / COLLECTIVES_PARQUET, self.rank, epoch),
+                                     pd.DataFrame(collectives))
             if traced:
                 from scaling.instrument.trace import write_rank_events
 
@@ -165,49 +179,82 @@ class RunRecorder:
             write_parquet_atomic(self.run_dir / EPOCHS_PARQUET, pd.DataFrame(self.epoch_rows))
         return rows
 
-    def attribute(self, rows: list[dict]) -> dict:
-        """Split each training step's exposed communication into waiting and transfer (collective).
+    def memory_across_ranks(self, peak_bytes: float) -> dict:
+        """The epoch's peak memory over the ranks (collective): the largest rank's and the smallest's.
 
-        Every rank shares the moments its training steps of the epoch finished backward
-        compute (`compute_end_t`, its last bucket handed over, on rank 0's clock) with one
-        all-gather of a float tensor (steps x ranks floats; nothing else crosses ranks). Per step:
-        - `straggler_rank`: the rank that handed its last bucket over last;
-        - `waiting_s` = min(exposed_comm_s, latest compute end - this rank's): the exposed time
-          spent waiting for the slowest rank (no faster network helps it);
-        - `transfer_s` = exposed_comm_s - waiting_s: the exposed time once every rank was ready
-          (moving bytes: bandwidth and latency).
-        Adds the columns to `rows` in place; returns the epoch's straggler (the rank most often
-        last among the steady-state steps) and its share of them, for the epoch's row.
+        `peak_memory_bytes` in the epoch's row becomes the largest rank's (what a device must hold),
+        `peak_memory_min_bytes` the smallest's (an uneven sharding shows as a gap between the two).
         """
         import torch
         import torch.distributed as dist
 
+        both = torch.tensor([peak_bytes, -peak_bytes], dtype=torch.float64)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        return {"peak_memory_bytes": float(both[0]), "peak_memory_min_bytes": float(-both[1])}
+
+    def attribute(self, rows: list[dict]) -> dict:
+        """Split each training step's exposed communication into waiting and transfer (collective).
+
+        A step's *sync points* are the collectives every rank runs in the same order, each with
+        the moment this rank arrived at it (on rank 0's clock) and how long its compute waited
+        there. A DDP or Horovod step has one: its last bucket handed over (`compute_end_t`,
+        backward compute done) with the step's `exposed_comm_s`; a sharded job's steps have one
+        per all-gather and reduce-scatter (`sync_points`, its rule's: backends/fsdp.py). Every
+        rank shares its arrivals with one all-gather of a float tensor (steps x points x ranks
+        floats; nothing else crosses ranks). Per step:
+        - at each point, this rank waited for the slowest rank min(its wait there, latest
+          arrival - its own arrival);
+        - `waiting_s` = min(exposed_comm_s, the sum of those): the exposed time spent waiting
+          for the slowest rank (no faster network helps it);
+        - `transfer_s` = exposed_comm_s - waiting_s: the exposed time once every rank was ready
+          (moving bytes: bandwidth and latency);
+        - `straggler_rank`: the rank that arrived last at the most points (with one point: the
+          rank that handed its last bucket over last; ties: the lowest rank).
+        Adds the columns to `rows` in place (and takes the rows' `sync_points` out); returns the
+        epoch's straggler (the rank most often last among the steady-state steps) and its share
+        of them, for the epoch's row.
+        """
+        import torch
+        import torch.distributed as dist
+
+        for row in rows:
+            points = row.pop("sync_points", None)
+            if row["kind"] == "train":
+                row["_points"] = (points if points is not None else
+                                  [(row["compute_end_t"], row["exposed_comm_s"])] if row["num_buckets"] else [])
         train = [r for r in rows if r["kind"] == "train"]
-        count = torch.tensor([len(train)], dtype=torch.float64)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
-        ends = torch.full((int(count.item()),), float("nan"), dtype=torch.float64)
-        if train:
-            ends[:len(train)] = torch.tensor([r["compute_end_t"] for r in train], dtype=torch.float64)
-        gathered = [torch.empty_like(ends) for _ in range(self.world_size)]
-        dist.all_gather(gathered, ends, group=self.group)
-        matrix = torch.stack(gathered)  # ranks x steps
+        shape = torch.tensor([len(train), max((len(r["_points"]) for r in train), default=0)], dtype=torch.float64)
+        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.group)
+        steps, width = int(shape[0].item()), max(1, int(shape[1].item()))
+        arrivals = torch.full((steps, width), float("nan"), dtype=torch.float64)
+        for i, row in enumerate(train):
+            if row["_points"]:
+                arrivals[i, :len(row["_points"])] = torch.tensor([moment for moment, _ in row["_points"]],
+                                                                 dtype=torch.float64)
+        gathered = [torch.empty_like(arrivals) for _ in range(self.world_size)]
+        dist.all_gather(gathered, arrivals, group=self.group)
+        matrix = torch.stack(gathered)  # ranks x steps x points
         known = ~torch.isnan(matrix).all(dim=0)
-        latest = torch.where(known, torch.nan_to_num(matrix, nan=float("-inf")).max(dim=0).values,
-                             torch.tensor(float("nan"), dtype=torch.float64))
-        straggler = torch.nan_to_num(matrix, nan=float("-inf")).argmax(dim=0)
+        filled = torch.nan_to_num(matrix, nan=float("-inf"))
+        latest = torch.where(known, filled.max(dim=0).values, torch.tensor(float("nan"), dtype=torch.float64))
+        last_rank = filled.argmax(dim=0)  # steps x points
         stragglers = []
         for i, row in enumerate(train):
+            points = row.pop("_points")
             if row["num_buckets"] == 0:
                 # nothing communicated, nothing exposed: zero, so that every figure averages over the same steps
                 row.update(waiting_s=0.0, transfer_s=0.0, straggler_rank=-1)
                 continue
-            if not bool(known[i]) or row["compute_end_t"] != row["compute_end_t"]:
+            usable = [k for k, (moment, _) in enumerate(points) if bool(known[i, k]) and moment == moment]
+            if not usable:
                 row.update(waiting_s=float("nan"), transfer_s=float("nan"), straggler_rank=-1)
                 continue
-            waiting = min(row["exposed_comm_s"], max(0.0, float(latest[i]) - row["compute_end_t"]))
-            row.update(waiting_s=waiting, transfer_s=row["exposed_comm_s"] - waiting, straggler_rank=int(straggler[i]))
+            waited = sum(min(points[k][1], max(0.0, float(latest[i, k]) - points[k][0])) for k in usable)
+            waiting = min(row["exposed_comm_s"], waited)
+            straggler = int(torch.bincount(last_rank[i, usable], minlength=self.world_size).argmax())
+            row.update(waiting_s=waiting, transfer_s=row["exposed_comm_s"] - waiting, straggler_rank=straggler)
             if not row["warmup"]:
-                stragglers.append(int(straggler[i]))
+                stragglers.append(straggler)
         if not stragglers:
             return {"straggler_rank": -1, "straggler_share": float("nan")}
         most = max(set(stragglers), key=stragglers.count)

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 LAUNCHED_RUN_ENV = "SCALING_INSTRUMENT_RUN"
 
@@ -35,6 +36,10 @@ class InstrumentSettings:
     """Per epoch: (no_sync, sync) step pairs for the A/B comm overhead (with `forward_backward`); 0 = off."""
     inject_comm_delay_s: float = 0.0
     """Ground truth: extra seconds added to the last gradient bucket's all-reduce, per step."""
+    inject_comm_delay_into: Literal["gradients", "parameters"] = "gradients"
+    """Where `inject_comm_delay_s` goes: gradients = the collective that synchronises them, once per
+    synchronised backward (DDP's last bucket, Horovod's wait, FSDP's last reduce-scatter); parameters =
+    FSDP's first all-gather of every training forward (the A/B cannot see it: backends/fsdp.py)."""
     inject_straggler_s: float = 0.0
     """Ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler)."""
     straggler_rank: int = 0
@@ -50,8 +55,12 @@ class InstrumentSettings:
         """Values out of range, one line each naming the key (`prefix`: where the settings sit, e.g. "instrument.")."""
         at_least_zero = ("warmup_steps", "calibration_pairs", "inject_comm_delay_s", "inject_straggler_s",
                          "straggler_rank", "trace_steps", "telemetry_interval_s")
-        return [f"{prefix}{name} must be >= 0, got {getattr(self, name)}" for name in at_least_zero
-                if getattr(self, name) < 0]
+        problems = [f"{prefix}{name} must be >= 0, got {getattr(self, name)}" for name in at_least_zero
+                    if getattr(self, name) < 0]
+        if self.inject_comm_delay_into not in ("gradients", "parameters"):
+            problems.append(f"{prefix}inject_comm_delay_into must be gradients or parameters, "
+                            f"got {self.inject_comm_delay_into!r}")
+        return problems
 
     def instrument_only(self, **overrides) -> InstrumentSettings:
         """These settings as the instrument's own (a config section's extra fields dropped), with

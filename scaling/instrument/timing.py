@@ -19,6 +19,11 @@ when its all-reduce completed. From those marks (definitions, once, here):
 - `injected_s`: the ground-truth delay injected in this step's communication, as measured
   around it (0 in real runs; below).
 
+Those are the all-reduce rule's (`CommRule`, DDP's and Horovod's). A backend whose collectives
+are not all-reduces gives its steps a rule of its own (`StepMarks.comm_rule`, from the adapter):
+FSDP's all-gathers and reduce-scatters, with their exposed time, are defined in
+scaling/instrument/backends/fsdp.py.
+
 `inject_delay_s` is the ground truth: it holds the last bucket's all-reduce for a known time
 inside the all-reduce path, so the exposed communication and the A/B overhead must grow by
 exactly that much (tests/test_ground_truth.py). Where it runs, in the last bucket's completion
@@ -130,6 +135,9 @@ def spin_cycles_per_s(device=None, probe_s: float = 0.02) -> float:
 
 @dataclass
 class BucketMarks:
+    """One collective's marks: a DDP bucket's all-reduce, a Horovod tensor's, or a sharded job's
+    all-gather or reduce-scatter (backends/fsdp.py, which also sets the fields after `completion_known`)."""
+
     index: int
     handed_over: object  # mark: the bucket's gradients are ready, its all-reduce starts
     completed: object = None  # mark: its all-reduce finished (set on the communication thread)
@@ -137,6 +145,11 @@ class BucketMarks:
     # False where the completion mark is only an upper bound too loose to time the all-reduce
     # (Horovod on GPU: backends/horovod.py); the step's allreduce_s is then absent (NaN), exposed_comm_s stays.
     completion_known: bool = True
+    kind: str = "all_reduce"  # all_reduce | all_gather | reduce_scatter
+    nbytes: int = 0  # nccl-tests' size: the whole gathered (all-gather) or reduced (reduce-scatter) buffer
+    module: str = ""  # the sharded module whose parameters or gradients it moves
+    backward: bool = False  # issued in backward (a re-gather, a reduce-scatter), else in forward
+    waited_from: object = None  # mark: compute began to wait for it (the sharded rule's exposed time); None: never
 
 
 class CommTimingHook:
@@ -216,6 +229,54 @@ def interval_union_s(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+class CommRule:
+    """How a step's collectives become its communication figures: DDP's and Horovod's all-reduces.
+
+    `step_columns(micro_buckets, since_start)` gets each micro-batch's `BucketMarks` and a
+    function giving a mark's seconds since the step's start; it returns `allreduce_s`,
+    `exposed_comm_s`, `comm_span_s`, `num_buckets`, `compute_end` and `comm_end` (seconds since
+    the start; NaN without communication) as the module docstring defines them, plus any columns
+    of its own. A rule may add `sync_points`, [(moment, waited s)] per collective every rank runs
+    in the same order, for the attribution across ranks (recorder.attribute); without them a step
+    has one, its last hand-over. `synchronised` tells a micro-batch that synchronised its
+    gradients (`synced_micro_batches`). `collective_rows` gives one row per collective where a backend
+    records them (`per_collective`; none here: DDP's buckets are summed per step).
+    """
+
+    per_collective = False
+
+    def synchronised(self, buckets: list) -> bool:
+        """Whether a micro-batch with these collectives synchronised its gradients (any all-reduce did)."""
+        return bool(buckets)
+
+    def step_columns(self, micro_buckets: list, since_start) -> dict:
+        intervals, exposed_comm_s, comm_span_s = [], 0.0, 0.0
+        compute_end = comm_end = float("nan")
+        known = True
+        for buckets in micro_buckets:
+            if not buckets:
+                continue
+            spans = [(since_start(b.handed_over), since_start(b.completed)) for b in buckets]
+            intervals += spans
+            known = known and all(b.completion_known for b in buckets)
+            # per communicating micro-batch: from the last bucket handed over (backward compute
+            # done) to the last all-reduce done; the attribution across ranks uses the last one
+            compute_end = max(start for start, _ in spans)
+            comm_end = max(end for _, end in spans)
+            exposed_comm_s += max(0.0, comm_end - compute_end)
+            # first hand-over to last completion: the span PyTorch DDP's own timers call backward comm time
+            comm_span_s += comm_end - min(start for start, _ in spans)
+        return {"allreduce_s": interval_union_s(intervals) if known else float("nan"), "exposed_comm_s": exposed_comm_s,
+                "comm_span_s": comm_span_s, "num_buckets": len(intervals), "compute_end": compute_end,
+                "comm_end": comm_end}
+
+    def collective_rows(self, marks: StepMarks, clock: Clock) -> list[dict]:
+        """One row per collective of the step (collectives.parquet); none for all-reduces."""
+        return []
+
+
+ALL_REDUCE_RULE = CommRule()
+
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
@@ -246,14 +307,17 @@ class StepMarks:
     pauses: list = field(default_factory=list)  # [(start mark, end mark)]
     optimizer_steps: int = 1  # optimizer.step() calls that ran (0: skipped, e.g. by GradScaler on inf)
     pair: int = -1  # calibration: index of the (no_sync, sync) pair within the epoch; -1 for training steps
+    comm_rule: CommRule | None = None  # how its collectives become figures (the backend's); None: ALL_REDUCE_RULE
 
     @classmethod
     def single(cls, epoch: int, step: int, kind: str, warmup: bool, samples: int, start, after_data, after_forward,
-               after_backward, after_optimizer, buckets: list | None = None, pair: int = -1) -> StepMarks:
+               after_backward, after_optimizer, buckets: list | None = None, pair: int = -1,
+               comm_rule: CommRule | None = None) -> StepMarks:
         """A step of one micro-batch and one optimizer step, from the marks between its phases."""
         segments = [("data", after_data), ("forward", after_forward), ("backward", after_backward),
                     ("optimizer", after_optimizer)]
-        return cls(epoch, step, kind, warmup, samples, start, segments, [list(buckets or [])], pair=pair)
+        return cls(epoch, step, kind, warmup, samples, start, segments, [list(buckets or [])], pair=pair,
+                   comm_rule=comm_rule)
 
     def _resolved_segments(self, clock: Clock) -> tuple[list[tuple[str, float, float]], list[tuple[float, float]]]:
         """(phase, begin, end) in seconds since `start`, never running backwards; pauses likewise."""
@@ -276,26 +340,16 @@ class StepMarks:
         def since_start(mark) -> float:
             return clock.seconds(self.start, mark)
 
-        intervals, exposed_comm_s, comm_span_s = [], 0.0, 0.0
-        compute_end = comm_end = float("nan")
-        known = True
-        for buckets in self.micro_buckets:
-            if not buckets:
-                continue
-            spans = [(since_start(b.handed_over), since_start(b.completed)) for b in buckets]
-            intervals += spans
-            known = known and all(b.completion_known for b in buckets)
-            # per communicating micro-batch: from the last bucket handed over (backward compute
-            # done) to the last all-reduce done; the attribution across ranks uses the last one
-            compute_end = max(start for start, _ in spans)
-            comm_end = max(end for _, end in spans)
-            exposed_comm_s += max(0.0, comm_end - compute_end)
-            # first hand-over to last completion: the span PyTorch DDP's own timers call backward comm time
-            comm_span_s += comm_end - min(start for start, _ in spans)
-        allreduce_s = interval_union_s(intervals) if known else float("nan")
+        rule = self.comm_rule or ALL_REDUCE_RULE
+        comm = rule.step_columns(self.micro_buckets, since_start)
+        compute_end, comm_end = comm.pop("compute_end"), comm.pop("comm_end")
+        allreduce_s, exposed_comm_s = comm.pop("allreduce_s"), comm.pop("exposed_comm_s")
+        comm_span_s, num_buckets = comm.pop("comm_span_s"), comm.pop("num_buckets")
         injected_s = sum((clock.seconds(*b.injected) for buckets in self.micro_buckets for b in buckets
                           if b.injected is not None), 0.0)
         start_t = clock.host_time(self.start) + offset_s
+        if "sync_points" in comm:  # moments since the step's start -> on rank 0's clock (recorder.attribute)
+            comm["sync_points"] = [(start_t + moment, waited) for moment, waited in comm["sync_points"]]
         return {
             "epoch": self.epoch,
             "step": self.step,
@@ -304,7 +358,7 @@ class StepMarks:
             "warmup": self.warmup,
             "samples": self.samples,
             "micro_batches": len(self.micro_buckets),
-            "synced_micro_batches": sum(1 for buckets in self.micro_buckets if buckets),
+            "synced_micro_batches": sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets)),
             "optimizer_steps": self.optimizer_steps,
             **{f"{phase}_s": phase_s[phase] for phase in PHASES},
             "step_s": step_s,
@@ -313,8 +367,9 @@ class StepMarks:
             "exposed_comm_s": exposed_comm_s,
             "comm_span_s": comm_span_s,
             "compute_s": step_s - phase_s["data"] - exposed_comm_s,
-            "num_buckets": len(intervals),
+            "num_buckets": num_buckets,
             "injected_s": injected_s,
+            **comm,  # a rule's own columns (the sharded one's per collective kind: backends/fsdp.py)
             # moments on rank 0's clock (s), for attribution across ranks (recorder.py):
             # the step's start, this rank's last bucket handed over (its backward compute done)
             # and its last all-reduce done
@@ -340,8 +395,17 @@ class StepMarks:
                            "start_s": start_t + begin, "end_s": start_t + end, "args": {"step": self.step}})
         for buckets in self.micro_buckets:
             for bucket in buckets:
-                events.append({"name": f"bucket {bucket.index}", "cat": "allreduce", "track": "all-reduce", "rank": rank,
-                               "start_s": start_t + clock.seconds(self.start, bucket.handed_over),
-                               "end_s": start_t + clock.seconds(self.start, bucket.completed),
-                               "args": {"step": self.step, "bucket": bucket.index}})
+                if bucket.completed is None:
+                    continue
+                event = {"name": f"bucket {bucket.index}", "cat": "allreduce", "track": "all-reduce", "rank": rank,
+                         "start_s": start_t + clock.seconds(self.start, bucket.handed_over),
+                         "end_s": start_t + clock.seconds(self.start, bucket.completed),
+                         "args": {"step": self.step, "bucket": bucket.index}}
+                if bucket.kind != "all_reduce":  # a sharded job's: one track per kind, named by module and pass
+                    track = bucket.kind.replace("_", "-")
+                    event.update(name=f"{track} {bucket.module or 'root'} ({'backward' if bucket.backward else 'forward'})",
+                                 cat=bucket.kind, track=track,
+                                 args={"step": self.step, "index": bucket.index, "module": bucket.module,
+                                       "bytes": bucket.nbytes})
+                events.append(event)
         return events

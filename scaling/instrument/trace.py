@@ -6,8 +6,9 @@ in seconds on rank 0's clock (clock_sync.py). When the run finishes (scaling/lau
 `merge_trace` turns them into `trace.json` in the Trace Event Format that Perfetto
 (ui.perfetto.dev) and chrome://tracing open: one process per rank, with two tracks (threads):
 "phases" (each step, and inside it data | forward | backward | optimizer, which nest in it and
-add up to it) and "all-reduce" (each gradient bucket from its hand-over to its completion).
-Times are µs from the earliest event.
+add up to it) and "all-reduce" (each gradient bucket from its hand-over to its completion); a
+sharded job (FSDP2) has "all-gather" and "reduce-scatter" tracks instead of the latter, each
+collective named by its module and pass. Times are µs from the earliest event.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from scaling.results import RunDir, trace_part_path, write_json_atomic
 
-TRACKS = {"phases": 0, "all-reduce": 1}
+TRACKS = {"phases": 0, "all-reduce": 1}  # always named; any other track (a collective kind) follows, by name
 
 
 def write_rank_events(run_dir: Path, rank: int, epoch: int, events: list[dict]) -> None:
@@ -34,14 +35,17 @@ def merge_trace(run_dir: Path) -> Path | None:
         return None
     origin = min(e["start_s"] for e in events)
     ranks = sorted({e["rank"] for e in events})
+    tracks = dict(TRACKS)
+    for track in sorted({e["track"] for e in events} - set(TRACKS)):
+        tracks[track] = len(tracks)
     trace = []
     for rank in ranks:
         trace.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
         trace.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        for track, tid in TRACKS.items():
+        for track, tid in tracks.items():
             trace.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
     for e in sorted(events, key=lambda e: (e["rank"], e["start_s"], -e["end_s"])):
-        trace.append({"ph": "X", "name": e["name"], "cat": e["cat"], "pid": e["rank"], "tid": TRACKS[e["track"]],
+        trace.append({"ph": "X", "name": e["name"], "cat": e["cat"], "pid": e["rank"], "tid": tracks[e["track"]],
                       "ts": round((e["start_s"] - origin) * 1e6, 3),
                       "dur": round(max(0.0, e["end_s"] - e["start_s"]) * 1e6, 3), "args": e["args"]})
     path = run.trace_path

@@ -1,18 +1,19 @@
-"""Backend adapters: what differs between DDP, Horovod and a single process, behind one interface.
+"""Backend adapters: what differs between DDP, FSDP2, Horovod and a single process, behind one interface.
 
 The instrument (scaling/instrument/meter.py) and the lab's loop (scaling/train/loop.py) never ask
 which backend runs; they call the adapter `detect` picks from the objects a job already holds:
 
     backend = detect(model, optimizer)
-    backend.install_timer(clock, inject_delay_s)  # time every gradient all-reduce from now on
-    with backend.no_sync(): ...                   # a forward+backward that communicates nothing (A/B)
+    backend.install_timer(clock, inject_delay_s)  # time every collective from now on
+    with backend.no_sync(): ...                   # a forward+backward that synchronises no gradients (A/B)
     backend.wait_after_backward()                 # wait for the all-reduces backward launched (timed)
-    backend.take()                                # the BucketMarks of the all-reduces since the last take
+    backend.take()                                # the BucketMarks of the collectives since the last take
+    backend.comm_rule                             # how a step's collectives become its figures (timing.py)
     backend.second_opinion(warmup_steps)          # the framework's own comm timers, or None
     backend.checkpoint_state()                    # model and optimizer state for a checkpoint
 
 `Backend` (base.py) documents each method and holds the single process's answers; one module per
-adapter overrides what differs: local.py, ddp.py, horovod.py. A new backend is one more module
+adapter overrides what differs: local.py, ddp.py, fsdp.py, horovod.py. A new backend is one more module
 here and its line in `ADAPTERS`; the lab's side of it (building the wrapped model and optimizer
 from a config) is scaling/train/backends/ (docs/architecture.md lists the files).
 """
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 from scaling.instrument.backends.base import Backend
 from scaling.instrument.backends.ddp import DDPBackend
+from scaling.instrument.backends.fsdp import FSDPBackend
 from scaling.instrument.backends.horovod import HorovodBackend
 from scaling.instrument.backends.local import LocalBackend
 
 # Asked in this order; the first that claims the job adapts it (the single process, last, claims
 # any job of one rank). Their choices, in this order, are the config's.
-ADAPTERS: tuple[type[Backend], ...] = (DDPBackend, HorovodBackend, LocalBackend)
+ADAPTERS: tuple[type[Backend], ...] = (DDPBackend, FSDPBackend, HorovodBackend, LocalBackend)
 
 
 def choices() -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from scaling.instrument.timing import BucketMarks, Clock
+from scaling.instrument.timing import ALL_REDUCE_RULE, BucketMarks, Clock, CommRule
 
 
 class Backend:
@@ -30,9 +30,15 @@ class Backend:
     # The wait for backward's communication moves to the optimizer step's start even when steps
     # are not timed (Horovod: its step would otherwise all-reduce a second time).
     waits_at_step = False
+    # Where `inject_comm_delay_s` can go (the settings' `inject_comm_delay_into`): "gradients", the
+    # collective that synchronises them (DDP's last bucket, Horovod's wait, FSDP's last reduce-scatter);
+    # "parameters", FSDP's all-gathers.
+    injectable: tuple[str, ...] = ("gradients",)
 
     def __init__(self, model, optimizer):
         self.model, self.optimizer = model, optimizer
+        # whether the loop cleared the gradients between two batches is asked of this parameter
+        self._grad_probe = next((q for q in self.plain_model.parameters() if q.requires_grad), None)
 
     @classmethod
     def process_group(cls, choice: str, use_gpu: bool) -> str:
@@ -49,14 +55,30 @@ class Backend:
         """The user's module inside any wrapper (FLOPs, the model's name, checkpoints)."""
         return self.model
 
-    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
-        """Time every gradient all-reduce from now on (`inject_delay_s`: the ground truth's delay)."""
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0, inject_into: str = "gradients") -> None:
+        """Time every collective from now on (`inject_delay_s`: the ground truth's delay, into `inject_into`)."""
         if inject_delay_s:
             raise ValueError("inject_comm_delay_s needs communication: a DDP model or a Horovod optimizer at world size > 1")
 
+    @property
+    def comm_rule(self) -> CommRule:
+        """How a step's collectives become its figures (timing.py): the all-reduces' rule here."""
+        return ALL_REDUCE_RULE
+
     def no_sync(self):
-        """A forward+backward inside this block communicates nothing (the A/B window's no_sync half)."""
+        """A forward+backward inside this block synchronises no gradients (the A/B window's no_sync half)."""
         return contextlib.nullcontext()
+
+    def calibration(self):
+        """Around the whole A/B window: sets aside, and puts back after, gradient state of the job's
+        that the meter cannot see in `model.parameters()`. Nothing here."""
+        return contextlib.nullcontext()
+
+    def gradients_cleared(self) -> bool:
+        """Whether the job holds no gradients (zero_grad set them to None): after a batch with no
+        optimizer step, a step GradScaler skipped rather than accumulation (meter.py's rule)."""
+        probe = self._grad_probe
+        return probe is None or probe.grad is None
 
     def wait_after_backward(self) -> None:
         """Wait (timed) for the all-reduces backward launched. Nothing launched here."""

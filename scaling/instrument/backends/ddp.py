@@ -47,7 +47,7 @@ class DDPBackend(Backend):
     def plain_model(self) -> torch.nn.Module:
         return self.model.module
 
-    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0, inject_into: str = "gradients") -> None:
         registered = self.model._comm_hooks[0][0] if self.model._comm_hooks else None
         if isinstance(registered, CommTimingHook):
             # Registered at wrapping time around a compression hook (the lab's set-up,

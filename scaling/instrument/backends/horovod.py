@@ -36,7 +36,7 @@ class HorovodBackend(Backend):
     def claims(cls, model, optimizer) -> bool:
         return hasattr(optimizer, "_allreduce_grad_async") and hasattr(optimizer, "synchronize")
 
-    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
+    def install_timer(self, clock: Clock, inject_delay_s: float = 0.0, inject_into: str = "gradients") -> None:
         self._timer = HorovodCommTimer(self.optimizer, clock, inject_delay_s=inject_delay_s)
 
     def no_sync(self):
