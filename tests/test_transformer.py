@@ -245,6 +245,18 @@ def test_a_loss_target_is_reached_at_or_below_it_and_its_best_is_the_lowest():
     assert not math.isnan(images["throughput_samples_per_s"])
 
 
+def test_the_reports_runs_table_reads_runs_of_sequences_in_tokens_per_second():
+    from scaling.report import _cells, _run_columns
+
+    images = pd.DataFrame({"run_key": ["w1-r0"], "num_workers": [1], "throughput_samples_per_s": [100.0],
+                           "throughput_tokens_per_s": [None], "target_loss": [None]})
+    headers, _ = _cells(images, _run_columns(images))
+    assert "throughput (tokens/s)" not in headers and "best val loss" not in headers
+    tokens = images.assign(throughput_tokens_per_s=[6400.0], target_loss=[1.3], best_val_loss=[1.25])
+    headers, rows = _cells(tokens, _run_columns(tokens))
+    assert rows[0][headers.index("throughput (tokens/s)")] == "6,400" and rows[0][headers.index("best val loss")] == "1.250"
+
+
 # --- the lab's run -------------------------------------------------------------------------------------
 
 # Half the yaml's tokens per sample, a quarter of its data, a vocabulary of 64 (a loss floor of 0.73
