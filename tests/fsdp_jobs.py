@@ -19,7 +19,7 @@ from torch import nn
 
 FEATURES, CLASSES, BATCH, BLOCKS = 32, 4, 16, 3
 DELAY_S = 0.5  # the ground truth's delay: per synchronised backward (gradients), per forward (parameters)
-STEPS, WARMUP, PAIRS = 8, 2, 5
+STEPS, WARMUP, PAIRS = 10, 2, 8
 
 
 class Blocks(nn.Module):
