@@ -76,6 +76,14 @@ def test_the_shipped_dashboard_has_its_variables_and_queries_only_of_exported_me
     assert {f"ray_{name}" for name in (*GAUGES, *HISTOGRAMS)} <= used, "every exported figure has a panel"
 
 
+def test_the_docs_show_every_panels_query():
+    page = (REPO / "docs" / "dashboard.md").read_text()
+    board = dashboard.load()
+    missing = [(title, ref) for title, ref, expr in dashboard.panel_queries(board) if expr not in page or title not in page]
+    assert not missing, f"docs/dashboard.md lacks these panels' queries: {missing}"
+    assert all(definition in page for definition in dashboard.variable_queries(board).values())
+
+
 def test_install_copies_it_where_rays_grafana_provisioning_reads(tmp_path, monkeypatch):
     monkeypatch.delenv(dashboard.DASHBOARD_OUTPUT_DIR_ENV, raising=False)
     session = tmp_path / "session_latest"
@@ -112,6 +120,11 @@ def test_epoch_figures_of_a_sharded_job_take_its_collective_columns():
     assert ("scaling_collective_seconds", ("allreduce",)) not in figures  # NaN: not a figure
     assert figures[("scaling_throughput_tokens_per_second", ())] == 2048.0
     assert figures[("scaling_straggler_share", ())] == 1.0
+    # a sequence of token ids without a `tokens` column: samples/s x tokens per sample, as the summary counts
+    tokens = {name: value for name, tags, value in epoch_figures(
+        [], {"epoch": 1, "train_s": 2.0, "throughput_samples_per_s": 10.0, "num_workers": 2},
+        rank=0, profile={"input_shape": [128], "input_dtype": "int64"})}
+    assert tokens["scaling_throughput_tokens_per_second"] == 1280.0
 
 
 # --- against Prometheus ----------------------------------------------------------------------------------------
@@ -394,6 +407,9 @@ def test_every_panel_answers_with_the_runs_records(ray_connected, tmp_path):
         how, want = expected[key]
         problems += _compare(*key, how, want, _by_series(result))
     assert not problems, "\n".join(problems)
+    absent = [f"{title} [{ref}]" for (title, ref), (_, want) in expected.items() if not want]
+    print(f"{len(answers)} panel queries agree with the records; without series, as the records have no such "
+          f"figure: {', '.join(absent) or 'none'}")
     # the histogram's p50 is interpolated inside buckets 2^(1/4) apart: within one bucket of the exact median
     exact = records.per_rank(records.steady, lambda f: float(f["step_s"].median()))
     got = _by_series(answers[("Step time p50 and p99 per rank (run so far)", "A")][1])

@@ -37,7 +37,9 @@ not set):
                                                where the adapter counts them, else for all-reduce
                                                `num_buckets` (one all-reduce per gradient bucket)
     ray_scaling_throughput_samples_per_second  the epoch's training throughput, all ranks (this rank's row)
-    ray_scaling_throughput_tokens_per_second   the same in tokens, where the epoch's row counts them (`tokens`)
+    ray_scaling_throughput_tokens_per_second   the same in tokens: the epoch's `tokens` / train_s where its row
+                                               counts them, else samples/s x tokens per sample where a
+                                               sample is a sequence of token ids (run_metrics.tokens_per_sample)
     ray_scaling_achieved_flops_per_second      model FLOP/s per worker, once the instrument counted the
                                                model's FLOPs (run_metrics.utilisation)
     ray_scaling_mfu                            achieved / the device's peak, where the run's
@@ -172,6 +174,11 @@ def epoch_figures(rows: list[dict] | None, epoch_row: dict, rank: int, profile: 
     put("scaling_throughput_samples_per_second", throughput)
     if _finite(epoch_row.get("tokens")) and _finite(train_s) and train_s > 0:
         put("scaling_throughput_tokens_per_second", epoch_row["tokens"] / train_s)
+    elif _finite(throughput) and profile:
+        from scaling.analysis.run_metrics import tokens_per_sample
+
+        tokens = tokens_per_sample(profile)  # a sample that is a sequence of T token ids: T, as the summary counts
+        put("scaling_throughput_tokens_per_second", throughput * tokens if tokens else None)
     if _finite(throughput) and profile:
         from scaling.analysis.run_metrics import utilisation
 
