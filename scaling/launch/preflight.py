@@ -133,8 +133,12 @@ def check_data(cfg: ExperimentConfig, cache: dict | None = None) -> dict:
 
 def check_backend(cfg: ExperimentConfig) -> None:
     """What the run's backend can only know by looking (scaling/train/backends/)."""
-    from scaling.train.backends import for_choice
+    from scaling.instrument.backends import for_choice as adapter_for
+    from scaling.train.backends import LAB_BACKENDS, for_choice
 
+    if adapter_for(cfg.backend) not in LAB_BACKENDS:  # an adapter the instrument has, the lab's loop not yet
+        raise ConfigError(f"backend {cfg.backend}: the lab's own loop does not train with it yet; a job of your own "
+                          "that uses it is measured through scaling.instrument.attach (docs/own-job.md)")
     refusal = for_choice(cfg.backend).preflight(cfg)
     if refusal:
         raise ConfigError(refusal)
