@@ -25,7 +25,7 @@ LAUNCHERS = ("ray", "local")
 def resolve_out(out: Path | None, default_name: str) -> Path:
     """Where results go. A relative --out is taken under $SCALING_RESULTS_DIR when that is set:
     inside `ray job submit` the working directory is a temporary copy, so a job names shared
-    storage there (docs: README, "ray job submit")."""
+    storage there (docs/running.md, "ray job submit")."""
     out = Path(out) if out is not None else Path("results") / default_name
     root = os.environ.get(RESULTS_ROOT_ENV)
     if root and not out.is_absolute():
