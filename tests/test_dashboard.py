@@ -14,7 +14,8 @@ agree with the run's steps.parquet and epochs.parquet (epochs 1 and 2, each rank
 steps):
 
 - per-epoch gauges (step time, its phases, communication, waiting, the straggler's share,
-  collectives, throughput, FLOP/s, MFU): epoch 2's figures to 1e-6 (the same arithmetic);
+  collectives): epoch 2's figures to 1e-6 (the same arithmetic); throughput, FLOP/s and MFU, which
+  come from the epoch's row (epochs.parquet keeps rank 0's): rank 0's to 1e-6, the others' above 0;
 - quantiles of the per-step histograms (p50, p99): within 5% of the same bucket-interpolated
   quantile of the records (`bucket_quantile`, Prometheus's `histogram_quantile` applied to the
   records' values); the step time's p50 also within one bucket (19%) of the records' exact median;
@@ -45,7 +46,7 @@ from pathlib import Path
 import pytest
 
 from scaling import dashboard
-from scaling.launch.live_metrics import BUCKETS, GAUGES, HISTOGRAMS, bucket_quantile, epoch_figures
+from scaling.launch.live_metrics import BUCKETS, COLLECTIVE_COLUMN, GAUGES, HISTOGRAMS, bucket_quantile, epoch_figures
 from tests.conftest import REPO, prometheus_capability
 from tests.held_model import hold, release
 
@@ -258,7 +259,7 @@ class Records:
         return {("0",): figures[name]} if name in figures else {}
 
 
-EXACT, QUANTILE, SHARE, PRESENT, ROUGH = "exact", "quantile", "share", "present", "rough"
+EXACT, QUANTILE, SHARE, PRESENT, RANK0 = "exact", "quantile", "share", "present", "rank 0"
 
 
 def _expected(records: Records) -> dict:
@@ -268,8 +269,11 @@ def _expected(records: Records) -> dict:
               for v in [r.last[r.last["rank"] == rank][f"{p}_s"].mean()]}
     # every rank records each step's straggler (the same all-gathered answer): the share of steps that name it
     straggler = r.per_rank(r.last, lambda f: float((f["straggler_rank"] == f["rank"]).mean()))
-    kind = {(str(rank), "allreduce"): v for (rank,), v in r.mean("allreduce_s").items()}
-    buckets = {(str(rank), "allreduce"): v for (rank,), v in r.mean("num_buckets").items()}
+    kinds = [m.group(1) for c in r.last.columns if (m := COLLECTIVE_COLUMN.match(c)) and r.last[c].notna().any()]
+    kind = {(rank, k): v for k in kinds for (rank,), v in r.mean(f"{k}_s").items()}
+    counts = {k: f"{k}s" if f"{k}s" in r.last.columns else "num_buckets" for k in kinds}
+    buckets = {(rank, k): v for k in kinds for (rank,), v in r.mean(counts[k]).items()}
+    communicating = "comm_s" if "comm_s" in r.last.columns else "allreduce_s"
     return {
         ("Epoch finished per rank", "A"): (EXACT, {(str(rank),): float(r.last_epoch) for rank in r.ranks}),
         ("Step time per rank (epoch mean)", "A"): (EXACT, r.mean("step_s")),
@@ -278,7 +282,7 @@ def _expected(records: Records) -> dict:
         ("Step time p50 and p99 per rank (run so far)", "B"): (QUANTILE, r.quantile("step_s", 0.99)),
         ("Phase p50 and p99 per rank (run so far)", "A"): (QUANTILE, r.quantile("", 0.5, phases=True)),
         ("Phase p50 and p99 per rank (run so far)", "B"): (QUANTILE, r.quantile("", 0.99, phases=True)),
-        ("Communication, % of the step (epoch)", "A"): (EXACT, r.share("allreduce_s")),
+        ("Communication, % of the step (epoch)", "A"): (EXACT, r.share(communicating)),
         ("Communication, % of the step (epoch)", "B"): (SHARE, r.share("exposed_comm_s")),
         ("Communication, % of the step (epoch)", "C"): (EXACT, r.ab_share()),
         ("Exposed communication, % of the step (run so far)", "A"): (
@@ -292,11 +296,11 @@ def _expected(records: Records) -> dict:
         ("Waiting p50 and p99 per rank (run so far)", "A"): (QUANTILE, r.quantile("waiting_s", 0.5)),
         ("Waiting p50 and p99 per rank (run so far)", "B"): (QUANTILE, r.quantile("waiting_s", 0.99)),
         ("The straggler: share of steps each rank arrived last (epoch)", "A"): (EXACT, straggler),
-        ("Throughput, samples/s (epoch)", "A"): (ROUGH, r.rank0_figure("scaling_throughput_samples_per_second")),
+        ("Throughput, samples/s (epoch)", "A"): (RANK0, r.rank0_figure("scaling_throughput_samples_per_second")),
         ("Throughput, tokens/s (epoch; models whose samples are token sequences)", "A"): (
-            ROUGH, r.rank0_figure("scaling_throughput_tokens_per_second")),
-        ("MFU (epoch)", "A"): (ROUGH, r.rank0_figure("scaling_mfu")),
-        ("Achieved model FLOP/s per worker (epoch)", "A"): (ROUGH, r.rank0_figure("scaling_achieved_flops_per_second")),
+            RANK0, r.rank0_figure("scaling_throughput_tokens_per_second")),
+        ("MFU (epoch)", "A"): (RANK0, r.rank0_figure("scaling_mfu")),
+        ("Achieved model FLOP/s per worker (epoch)", "A"): (RANK0, r.rank0_figure("scaling_achieved_flops_per_second")),
         ("Ray Train: report blocked time per rank (cumulative)", "A"): (PRESENT, {(str(rank),): None for rank in r.ranks}),
     }
 
@@ -304,15 +308,14 @@ def _expected(records: Records) -> dict:
 def _compare(title: str, ref: str, how: str, expected: dict, got: dict) -> list[str]:
     """What disagrees (empty: all agree)."""
     where = f"{title} [{ref}]"
-    if how == ROUGH:  # rank 0's row is recorded: rank 0 exactly, the other ranks' own view within 10%
+    if how == RANK0:  # epochs.parquet is rank 0's row: rank 0 exactly; the others' own rows are not recorded
         if not expected:
             return [] if not got else [f"{where}: series {sorted(got)} where the records have no such figure"]
         if ("0",) not in got:
             return [f"{where}: no series of rank 0 in {sorted(got)} (records: {expected[('0',)]})"]
         problems = [] if math.isclose(got[("0",)], expected[("0",)], rel_tol=1e-6) else [
             f"{where}: rank 0 {got[('0',)]} != records {expected[('0',)]}"]
-        return problems + [f"{where}: rank {k[0]} {v} not within 10% of rank 0's {expected[('0',)]}"
-                           for k, v in got.items() if not math.isclose(v, expected[("0",)], rel_tol=0.10)]
+        return problems + [f"{where}: rank {k[0]}: {v}" for k, v in got.items() if not v > 0]
     if set(got) != set(expected):
         return [f"{where}: series {sorted(got)} != expected {sorted(expected)}"]
     problems = []
@@ -331,11 +334,24 @@ def _compare(title: str, ref: str, how: str, expected: dict, got: dict) -> list[
     return problems
 
 
+def test_install_puts_it_beside_rays_train_dashboard_in_a_heads_session(ray_connected, monkeypatch):
+    monkeypatch.delenv(dashboard.DASHBOARD_OUTPUT_DIR_ENV, raising=False)
+    session = _session_dir()
+    target = dashboard.install(session)
+    try:
+        assert (target.parent / "train_grafana_dashboard.json").is_file(), "beside Ray's own Train Dashboard"
+        provider = (session / "metrics" / "grafana" / "provisioning" / "dashboards" / "default.yml").read_text()
+        assert f"path: {target.parent}" in provider, provider  # the folder Ray's Grafana provisioning reads
+    finally:
+        target.unlink()
+
+
+PROMETHEUS_MISSING = prometheus_capability()
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(PROMETHEUS_MISSING is not None, reason=str(PROMETHEUS_MISSING))
 def test_every_panel_answers_with_the_runs_records(ray_connected, tmp_path):
-    why = prometheus_capability()
-    if why is not None:
-        pytest.skip(why)
     from scaling.config import load_config
     from scaling.launch.run import execute_run
 
