@@ -8,10 +8,12 @@ so the fused kernels of the device run it. No dropout (the speedruns train witho
 
 - `gpt2-small`: 12 layers, 12 heads, 768 wide, context 1024; with GPT-2's vocabulary of 50,257
   it has 124,439,808 parameters (the tied head counted once), GPT-2's "124M".
+- `gpt2-medium`: 24 layers, 16 heads, 1024 wide, context 1024: 354,823,168 parameters at
+  GPT-2's vocabulary, GPT-2's "350M" (for the projection's layer tables; it trains as gpt2-small does).
 - `gpt2-tiny`: 2 layers, 2 heads, 64 wide, context 64: learns the generated token rule
   (scaling/data/tokens.py) in a few seconds on a CPU.
 
-The registry builds both with `num_classes` as the vocabulary (data.num_classes: the token ids'
+The registry builds each with `num_classes` as the vocabulary (data.num_classes: the token ids'
 range, 50257 for GPT-2's tokenizer). Initialisation is GPT-2's: normal(0, 0.02), the projections
 into the residual stream scaled by 1/sqrt(2 x layers).
 """
@@ -39,6 +41,7 @@ class GPTShape:
 
 
 GPT2_SMALL = GPTShape(layers=12, heads=12, width=768, context=1024)
+GPT2_MEDIUM = GPTShape(layers=24, heads=16, width=1024, context=1024)
 GPT2_TINY = GPTShape(layers=2, heads=2, width=64, context=64)
 GPT2_VOCAB = 50257
 
@@ -122,6 +125,10 @@ class GPT(nn.Module):
 
 def gpt2_small(vocab: int = GPT2_VOCAB) -> GPT:
     return GPT(GPT2_SMALL, vocab)
+
+
+def gpt2_medium(vocab: int = GPT2_VOCAB) -> GPT:
+    return GPT(GPT2_MEDIUM, vocab)
 
 
 def gpt2_tiny(vocab: int = 256) -> GPT:

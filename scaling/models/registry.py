@@ -13,7 +13,7 @@ from collections.abc import Callable
 from torch import nn
 
 from scaling.models.amoebanet import amoebanet_d_6_64, amoebanet_d_18_208, amoebanet_d_18_256
-from scaling.models.gpt import GPT2_SMALL, GPT2_TINY, gpt2_small, gpt2_tiny
+from scaling.models.gpt import GPT2_MEDIUM, GPT2_SMALL, GPT2_TINY, gpt2_medium, gpt2_small, gpt2_tiny
 from scaling.models.resnet import resnet18, resnet20, resnet50, resnet56, resnet101
 from scaling.models.small import SmallCNN
 from scaling.models.vgg import vgg16
@@ -39,13 +39,15 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
     "amoebanet_d_18_256": amoebanet_d_18_256,
     "amoebanet_d_6_64": amoebanet_d_6_64,
     # GPT-2-class decoders (token ids in; num_classes is the vocabulary): GPT-2 small's shapes,
-    # 124M parameters at GPT-2's 50,257 tokens, and a tiny one that trains on a CPU in seconds
+    # 124M parameters at GPT-2's 50,257 tokens, GPT-2 medium's (355M), and a tiny one that trains on
+    # a CPU in seconds
     "gpt2-small": gpt2_small,
+    "gpt2-medium": gpt2_medium,
     "gpt2-tiny": gpt2_tiny,
 }
 
 # Models whose input is a sequence of token ids: name -> the longest sequence (context) they take.
-LANGUAGE_MODELS: dict[str, int] = {"gpt2-small": GPT2_SMALL.context, "gpt2-tiny": GPT2_TINY.context}
+LANGUAGE_MODELS: dict[str, int] = {"gpt2-small": GPT2_SMALL.context, "gpt2-medium": GPT2_MEDIUM.context, "gpt2-tiny": GPT2_TINY.context}
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
