@@ -291,7 +291,9 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default=None,
                         help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs) "
                              "(default: none, --nodes decides)")
-    parser.add_argument("--per-gpu-batch", type=int, default=None, help="samples per GPU per step (default: the run's, else 64)")
+    parser.add_argument("--per-gpu-batch", type=int, default=None,
+                        help="samples (a transformer: sequences) per GPU per step (default: the run's, else 64; 2 "
+                             "sequences for a transformer)")
     parser.add_argument("--precision", default=None, type=str.lower, choices=(*PRECISIONS, *PRECISION_ALIASES),
                         help="fp32, fp16 or bf16; amp and mixed are fp16 autocast, tf32 is fp32 (default: the run's, "
                              "else fp32)")
@@ -310,8 +312,21 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
                              "run's, else the device table's)")
     parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
                         help="all-reduce algorithm (default: the cluster's)")
-    parser.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
-                        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion (default ddp)")
+    parser.add_argument("--backend", choices=("ddp", "horovod", "fsdp", "hsdp"), default="ddp",
+                        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion; fsdp: FSDP's "
+                             "all-gathers and reduce-scatters per block (a transformer: llama3-8b, gpt2-small, "
+                             "gpt2-medium); hsdp: sharded inside a node, replicated across nodes (default ddp)")
+    parser.add_argument("--mfu", type=float, default=None,
+                        help="a transformer's compute rate as model FLOPs utilisation, e.g. 0.35 (default: the "
+                             "device's published one, else required)")
+    parser.add_argument("--activation-checkpointing", choices=("none", "selective", "full"), default=None,
+                        help="transformers: activations held and recomputed (default selective, torchtitan's)")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                        help="--backend fsdp/hsdp: keep gathered blocks until backward, no re-gather (default: "
+                             "reshard every block but the last, torchtitan's)")
+    parser.add_argument("--fsdp-reduce-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="--backend fsdp/hsdp: the gradients' dtype in the reduce-scatter (default fp32, "
+                             "torchtitan's)")
     parser.add_argument("--horovod-cycle-time-ms", type=float, default=None,
                         help="--backend horovod: HOROVOD_CYCLE_TIME (default 1, Horovod's since 0.21; 5 before)")
     parser.add_argument("--horovod-fusion-threshold-mb", type=float, default=None,
@@ -365,6 +380,10 @@ def print_projection(df, console=None) -> None:
     # the three communication figures, each named for what it is (scaling/projection/project.py)
     headers = ["nodes", "GPUs", "batch", "step ms", "communicating %", "exposed %", "A/B overhead %", "samples/s",
                "speedup", "effic.", "epoch"]
+    tokens = "tokens_per_s_per_gpu" in df.columns
+    if tokens:  # a transformer: tokens/s per GPU and memory per GPU beside the step
+        headers[7] = "tokens/s/GPU"
+        headers[-1] = "memory GiB/GPU"
     tta = "tta_s" in df.columns
     if tta:
         headers += ["epochs", "TTA", "TTA x"]
@@ -374,14 +393,22 @@ def print_projection(df, console=None) -> None:
         row = [f"{r.num_nodes}", f"{r.num_workers}", f"{r.global_batch:,}", _ms(r.step_s), f"{r.allreduce_pct:.1f}",
                f"{r.exposed_comm_pct:.1f}", f"{r.comm_overhead_pct:.1f}", f"{r.throughput_samples_per_s:,.0f}",
                f"{r.speedup_throughput:.2f}", f"{r.efficiency_throughput:.3f}", _duration(r.time_per_epoch_s)]
+        if tokens:
+            row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}"
         if tta:
             row += [f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""), _duration(r.tta_s),
                     f"{r.speedup_tta:.2f}"]
         table.add_row(*row)
     console.print(table)
-    console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
-                  "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x synced "
-                  "micro-batches / t_step, exposed + interference[/dim]", highlight=False)
+    if df.attrs.get("backend") in ("fsdp", "hsdp"):
+        console.print("[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
+                      "compute waiting on a collective; A/B overhead %: the step less the step without reduce-scatters "
+                      "(the lab's FSDP A/B), / t_step; batch in sequences; memory: parameters, gradients, optimizer "
+                      "state, activations and FSDP's buffers per GPU[/dim]", highlight=False)
+    else:
+        console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
+                      "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x "
+                      "synced micro-batches / t_step, exposed + interference[/dim]", highlight=False)
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
     for caveat in df.attrs.get("caveats", []):
@@ -434,6 +461,8 @@ def _cmd_project(args) -> int:
         straggler_s=None if args.straggler_ms is None else args.straggler_ms / 1e3,
         backend=args.backend, horovod_cycle_time_ms=args.horovod_cycle_time_ms,
         horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
+        mfu=args.mfu, activation_checkpointing=args.activation_checkpointing,
+        reshard_after_forward=args.reshard_after_forward, fsdp_reduce_dtype=args.fsdp_reduce_dtype,
     )
     rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
     written = _write_projection(df, rows, args.out) if args.out is not None else []

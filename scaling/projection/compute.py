@@ -25,6 +25,16 @@ the projected compute is optimistic there). It is split as:
   8.18 : 16.12 GFLOP per sample, about 1 : 2 -- backward computes the gradients w.r.t. inputs
   and weights, twice the forward's work, less the first layer's input gradient).
 
+From a model FLOPs utilisation (`compute_from_mfu`, transformers): a training step of b
+sequences of T tokens does b T x `train_flops_per_token` model FLOPs (the layer table's count,
+6N + 12 L H Q T by torchtitan's formula), done at MFU x the device's dense peak
+(scaling/devices.yaml): compute = b T x FLOPs per token / (MFU x peak). MFU is a measured
+end-to-end figure (its step includes the exposed communication and the optimizer), so taking it
+as compute alone is a little pessimistic. Forward and backward split it in the ratio of their
+hardware FLOPs: backward does 2x forward plus what activation checkpointing recomputes (the
+table's `recompute_flops`). The default MFU per device is a published one (`TRANSFORMER_MFU`);
+where none is, `--mfu` is required.
+
 From concurrent runs (`compute_from_concurrent_runs`): K one-worker runs started together, one
 where each rank of the synchronous run will be (e.g. one per node of a minicluster), so that
 every worker computes under the contention the K-rank run will see (shared cores, memory
@@ -54,6 +64,17 @@ from scaling.errors import UsageError
 from scaling.projection.cluster import device_throughput, normalize_precision
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, forward_share, load_layer_table
 
+ADAMW_BYTES_PER_PARAMETER = 28  # read weight, gradient, two moments; write weight and moments: 7 x fp32
+# Published model FLOPs utilisation of a transformer's training step, per device (bf16 autocast / FSDP
+# mixed precision); the projection's default compute rate for a transformer on that device.
+TRANSFORMER_MFU = {
+    "H100 SXM": {
+        "mfu": 0.33, "precision": "bf16",
+        "source": "torchtitan benchmarks/llama3_h100_202412_torchtitan.md: Llama 3.1 8B, FSDP, bf16, selective "
+                  "activation checkpointing, no torch.compile, 8 and 128 H100s: 33% MFU of the SXM's dense bf16 "
+                  "peak (39% with torch.compile)",
+    },
+}
 SGD_MOMENTUM_PASSES = 5  # as scaling/instrument/flops.py: read weights, gradients, momentum; write weights, momentum
 RUN_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "per_worker_batch", "num_workers", "model")
 
@@ -134,6 +155,54 @@ def compute_from_device(device: str | None, model: str, precision: str, per_work
     return StepCompute(data_s=0.0, forward_s=share * compute, backward_s=(1 - share) * compute,
                        optimizer_s=optimizer, per_worker_batch=per_worker_batch, precision=precision,
                        source=source, device=device)
+
+
+def adamw_estimate_s(parameters: float, memory_bandwidth_bytes_per_s: float) -> float:
+    """AdamW's step, memory-bound: 28 bytes per parameter (fp32 weight, gradient, two moments) / bandwidth."""
+    return ADAMW_BYTES_PER_PARAMETER * parameters / memory_bandwidth_bytes_per_s
+
+
+def recompute_share(table: dict, activation_checkpointing: str) -> float:
+    """Forward FLOPs recomputed in backward under that checkpointing, per forward FLOP (0 without)."""
+    units = table.get("units") or []
+    recomputed = sum(u["recompute_flops"][activation_checkpointing] for u in units)
+    forward = sum(u["forward_flops"] for u in units)
+    return recomputed / forward if forward else 0.0
+
+
+def compute_from_mfu(device: str | None, model: str, precision: str, per_worker_batch: int, mfu: float | None = None,
+                     activation_checkpointing: str = "selective") -> StepCompute:
+    """One GPU's forward and backward of a transformer from a model FLOPs utilisation (module docstring)."""
+    precision = normalize_precision(precision)
+    table = load_layer_table(model)
+    if table.get("kind") != "transformer":
+        raise UsageError(f"--mfu needs a transformer's layer table; {model} has none (give --samples-per-s)")
+    if not (isinstance(per_worker_batch, int) and per_worker_batch > 0):
+        raise UsageError(f"per-GPU batch must be a positive integer, got {per_worker_batch!r}")
+    spec = load_devices().get(device) if device else None
+    peak = ((spec or {}).get("peak_tflops_per_s") or {}).get(precision)
+    if not peak:
+        raise UsageError(f"no {precision} peak for {device or 'this cluster (no device)'} in scaling/devices.yaml; "
+                         f"give --samples-per-s (sequences/s per GPU) or --from-run")
+    published = TRANSFORMER_MFU.get(device)
+    if mfu is None:
+        if published is None or published["precision"] != precision:
+            raise UsageError(f"no published {precision} MFU of a transformer on {device}; give --mfu (e.g. 0.35) or "
+                             f"--samples-per-s")
+        mfu, source = published["mfu"], f"MFU {100 * published['mfu']:.0f}% ({published['source']})"
+    else:
+        if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
+            raise UsageError(f"--mfu must be in (0, 1], got {mfu!r}")
+        source = f"MFU {100 * mfu:.3g}% (given)"
+    tokens = per_worker_batch * table["seq_len"]
+    step = tokens * table["train_flops_per_token"] / (mfu * peak * 1e12)
+    forward = table["forward_flops_per_sample"]
+    backward = table["backward_flops_per_sample"] + recompute_share(table, activation_checkpointing) * forward
+    source = (f"{device} {precision}: {table['train_flops_per_token'] / 1e9:.2f} GFLOP per token (layer table) at "
+              f"{source} of {peak:g} TFLOP/s; {per_worker_batch} x {table['seq_len']} tokens per GPU")
+    return StepCompute(data_s=0.0, forward_s=step * forward / (forward + backward),
+                       backward_s=step * backward / (forward + backward), optimizer_s=0.0,
+                       per_worker_batch=per_worker_batch, precision=precision, source=source, device=device)
 
 
 def _finite(value) -> bool:

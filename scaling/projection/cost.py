@@ -60,8 +60,37 @@ fit in a cycle (the training loop locks onto the cycle): with compute C per step
 cycle's negotiation and all-reduce c, the step is ceil((C + c) / cycle) cycles, not C plus a
 fraction of a cycle (measured on this machine: bench/horovod_cycle_ground_truth.py).
 
+FSDP (`fsdp_schedule`): each sharded unit (a transformer block; the root: embeddings, final
+norm, output head) is all-gathered before its forward, all-gathered again before its backward
+when it was resharded after forward, and its gradients reduce-scattered after its backward.
+Costs by NCCL's definitions (nccl-tests' PERFORMANCE.md: all-gather and reduce-scatter move
+(n-1)/n of the full buffer S through every rank, busbw = algbw (n-1)/n):
+      T_ag(S, n) = T_rs(S, n) = (n-1)/n * S / B  +  latency
+over a flat ring of N nodes x g GPUs with B the slowest edge (the node's network when N > 1,
+NVLink inside one node) and NCCL's latency split: (N-1) network steps at alpha_inter and (n-N)
+NVLink steps at alpha_intra, plus the collective latency once (`gather_s`, `scatter_s`).
+HSDP (`hsdp_gather_s`, `hsdp_scatter_s`: shard inside a node, replicate across nodes): the
+all-gather stays inside the node (over g); the reduce-scatter inside the node is followed by an
+all-reduce of each GPU's shard across the N nodes, the node's g shards sharing its network:
+      T_hsdp_rs = T_rs,intra(S, g) + 2(N-1) alpha_inter + 2(N-1)/N * S / B_inter
+The schedule: collectives run one at a time in the order they are issued (one link, FIFO:
+FSDP2's all-gather and reduce-scatter streams can overlap, but they share the link's bandwidth,
+so the sum is the same); compute runs one unit at a time. Forward: the root and the first block
+are gathered at once, and each next block's all-gather is issued when the block before it starts
+computing (prefetch of one unit, FSDP2's default); a block computes once its all-gather is done
+and the block before it has finished; the root's own compute (the head and the loss) comes last.
+Backward: the root (not resharded: FSDP2 keeps the root unsharded after forward) computes
+first, then the blocks in reverse; a resharded block's re-gather is issued when the block after
+it (in forward order) starts its backward, and each block's reduce-scatter when its backward
+ends; the root's reduce-scatter is issued when backward compute ends (the embedding's gradient
+is the last). Exposed communication is the time compute waited on a collective (a unit waiting
+for its gather) plus the wait after backward compute for the last reduce-scatter; time
+communicating is the union of the intervals from each collective's issue to its finish.
+
 Not modelled (each makes the projection optimistic): NCCL's lower bandwidth on small messages
-(protocol switch-over, fewer channels); network congestion from other tenants.
+(protocol switch-over, fewer channels); network congestion from other tenants; in FSDP, the
+all-gather and reduce-scatter kernels' share of the SMs (the interference term is not applied to
+FSDP's schedule) and the copy-in/copy-out of FSDP's flat buffers.
 """
 
 from __future__ import annotations
@@ -367,3 +396,137 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: in
     fitted = alpha * x + beta * y
     rms = float(math.sqrt(np.mean(((fitted - times) / times) ** 2)))
     return AlphaBeta(alpha_s=float(alpha), bandwidth_bytes_per_s=float(1.0 / beta), n=int(n), rms_relative_error=rms)
+
+
+# ---------------------------------------------------------------------------- FSDP
+
+
+def gather_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
+             collective_latency_s: float = 0.0) -> float:
+    """One all-gather (or reduce-scatter: the same cost) of a full buffer of `nbytes` over
+    nodes x gpus_per_node ranks, flat ring (module docstring); 0 for one rank."""
+    n = nodes * gpus_per_node
+    if n <= 1:
+        return 0.0
+    if nodes == 1:
+        if intra is None:
+            raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
+        return collective_latency_s + reduce_scatter_s(nbytes, n, intra.latency_s, intra.bandwidth_bytes_per_s)
+    if inter is None:
+        raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
+    intra_latency = intra.latency_s if intra is not None else 0.0
+    latency = (nodes - 1) * inter.latency_s + (n - nodes) * intra_latency
+    return collective_latency_s + latency + (n - 1) / n * nbytes / inter.bandwidth_bytes_per_s
+
+
+scatter_s = gather_s  # a ring reduce-scatter moves what a ring all-gather moves (nccl-tests' PERFORMANCE.md)
+
+
+def hsdp_gather_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
+                  collective_latency_s: float = 0.0) -> float:
+    """HSDP's all-gather: inside the node only (the parameters are sharded over its g GPUs)."""
+    return gather_s(nbytes, 1, gpus_per_node, intra, inter, collective_latency_s)
+
+
+def hsdp_scatter_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
+                   collective_latency_s: float = 0.0) -> float:
+    """HSDP's gradient reduction: reduce-scatter inside the node, then the shards all-reduced across
+    the nodes (each of the g GPUs its own S/g, together S through the node's network)."""
+    inside = gather_s(nbytes, 1, gpus_per_node, intra, inter, collective_latency_s)
+    if nodes <= 1:
+        return inside
+    if inter is None:
+        raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
+    return inside + collective_latency_s + 2 * (nodes - 1) * inter.latency_s + \
+        2 * (nodes - 1) / nodes * nbytes / inter.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One FSDP collective: kind ("all_gather", "re_gather", "reduce_scatter"), unit, and times
+    (issue, start, finish) in seconds from the start of the step's forward."""
+
+    kind: str
+    unit: int
+    issue_s: float
+    start_s: float
+    finish_s: float
+
+
+@dataclass(frozen=True)
+class FsdpSchedule:
+    """A step of FSDP without the optimizer: forward and backward compute and their collectives."""
+
+    collectives: tuple[Collective, ...]
+    compute_s: float  # forward + backward compute alone
+    end_s: float  # when the last reduce-scatter finished or backward compute ended, whichever is later
+    waited_s: float  # compute waiting on a gather, plus the wait after backward for the last reduce-scatter
+    forward_waited_s: float = 0.0  # the part of waited_s in forward
+
+    @property
+    def exposed_s(self) -> float:
+        return self.waited_s
+
+    @property
+    def busy_s(self) -> float:
+        """Time communicating: the union of every collective's issue-to-finish interval."""
+        return interval_union_s([(c.issue_s, c.finish_s) for c in self.collectives])
+
+    def seconds(self, kind: str) -> float:
+        """Transfer time of the collectives of one kind (their start to finish, summed)."""
+        return sum(c.finish_s - c.start_s for c in self.collectives if c.kind == kind)
+
+
+def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gather_cost_s: Sequence[float],
+                  scatter_cost_s: Sequence[float], reshard_after_forward: Sequence[bool]) -> FsdpSchedule:
+    """FSDP's step (module docstring). Per unit, in forward order with the root first (index 0):
+    its forward and backward compute (backward including any recomputation), the cost of its
+    all-gather and of its reduce-scatter, and whether it is resharded after forward (then gathered
+    again for backward). The root's forward compute runs after the blocks' (the head and the loss)."""
+    units = len(forward_s)
+    if not (len(backward_s) == len(gather_cost_s) == len(scatter_cost_s) == len(reshard_after_forward) == units):
+        raise ValueError("one forward, backward, gather and scatter cost and reshard flag per unit")
+    collectives: list[Collective] = []
+    link = [0.0]
+
+    def run(kind: str, unit: int, issue: float, cost: float) -> float:
+        start = max(issue, link[0])
+        link[0] = start + cost
+        collectives.append(Collective(kind, unit, issue, start, link[0]))
+        return link[0]
+
+    waited, t = 0.0, 0.0
+    gathered = {0: run("all_gather", 0, 0.0, gather_cost_s[0])}
+    blocks = list(range(1, units))
+    if blocks:
+        gathered[blocks[0]] = run("all_gather", blocks[0], 0.0, gather_cost_s[blocks[0]])
+    # forward: the blocks in order, each prefetching the next one's all-gather, then the root's compute
+    for k, unit in enumerate(blocks):
+        start = max(t, gathered[unit], gathered[0])
+        waited += start - t
+        if k + 1 < len(blocks):
+            gathered[blocks[k + 1]] = run("all_gather", blocks[k + 1], start, gather_cost_s[blocks[k + 1]])
+        t = start + forward_s[unit]
+    start = max(t, gathered[0])
+    waited += start - t
+    t = start + forward_s[0]
+    forward_waited = waited
+    # backward: the root first (unsharded), then the blocks in reverse
+    order = list(reversed(blocks))
+    ready: dict[int, float] = {}
+
+    def prefetch(i: int, at: float) -> None:
+        if i < len(order) and reshard_after_forward[order[i]]:
+            ready[order[i]] = run("re_gather", order[i], at, gather_cost_s[order[i]])
+
+    prefetch(0, t)
+    t += backward_s[0]
+    for i, unit in enumerate(order):
+        start = max(t, ready.get(unit, 0.0))
+        waited += start - t
+        prefetch(i + 1, start)
+        t = start + backward_s[unit]
+        run("reduce_scatter", unit, t, scatter_cost_s[unit])
+    last = run("reduce_scatter", 0, t, scatter_cost_s[0])
+    waited += max(0.0, last - t)
+    return FsdpSchedule(tuple(collectives), sum(forward_s) + sum(backward_s), max(t, last), waited, forward_waited)

@@ -16,6 +16,29 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   phase in the cycle follows from the step before (cost.horovod_schedule). Each all-reduce
   is costed with the cluster's algorithm, link latencies and bandwidths (transport efficiency
   included) and the fixed collective latency (scaling/projection/cost.py).
+- backend "fsdp" (a transformer's layer table: its FSDP units, scaling/projection/cost.py
+  `fsdp_schedule`): per unit, the all-gather before forward (the next unit's prefetched while
+  this one computes), the re-gather before backward of a unit resharded after forward (every
+  block but the last, torchtitan's default; the root is never resharded), the reduce-scatter
+  after backward; parameters gathered in the compute precision (bf16: 2 bytes), gradients
+  reduced in fp32 (torchtitan's MixedPrecisionPolicy default; `fsdp_reduce_dtype`). Backend
+  "hsdp": sharded inside a node, replicated across nodes (all-gather inside the node;
+  reduce-scatter inside it, then an all-reduce of the shards across nodes). The optimizer steps
+  its shard: 1/(GPUs sharding) of the one-GPU optimizer time. exposed_comm_s = the time compute
+  waited on a collective (and for the last reduce-scatter); allreduce_s = time communicating (any
+  collective in flight); comm_overhead_pct = what the lab's FSDP A/B measures: the step less the
+  step without reduce-scatters (the all-gathers cannot be turned off), / step. Columns allgather_s,
+  regather_s, reducescatter_s: each kind's transfer time per step.
+- memory (transformers; `memory_*_bytes`, `memory_gib` per GPU): parameters (fp32), gradients
+  (fp32) and AdamW's two moments (fp32), 16 bytes per parameter, over the GPUs sharding them
+  (FSDP: all; HSDP: a node's; DDP: 1); activations held for backward (the table's bytes per
+  token under the activation checkpointing, x tokens per GPU) plus the largest transient (a
+  checkpointed block's recomputed activations, or the loss's fp32 gradient of the logits);
+  FSDP's buffers: the root's unsharded bf16 parameters and gradients (held from its forward to
+  its reduce-scatter), two blocks' bf16 parameters (the one computing and the one prefetched) and
+  one unit's fp32 gradients at its reduce-scatter. Not counted: the CUDA context, the caching
+  allocator's reserve and fragmentation, NCCL's buffers.
+- tokens_per_s_per_gpu = per-GPU batch x sequence length / step_s (transformers).
 - interference_s: how much longer backward compute takes because all-reduces overlap it
   (the cluster's overlap_slowdown; cost.overlap_schedule). 0 at one worker.
 - exposed_comm_s = finish of the last all-reduce - end of (stretched) backward compute, >= 0,
@@ -63,19 +86,29 @@ import pandas as pd
 
 from scaling.errors import UsageError
 from scaling.projection.cluster import (
-    Cluster, cluster_from_alpha_beta, describe_link, describe_terms, load_cluster, normalize_precision,
+    PRESET_DIR, Cluster, cluster_from_alpha_beta, describe_link, describe_terms, load_cluster, normalize_precision,
 )
 from scaling.projection.compute import (
-    StepCompute, compute_from_concurrent_runs, compute_from_device, compute_from_run, jitter_straggler_s, run_model,
+    ADAMW_BYTES_PER_PARAMETER, StepCompute, adamw_estimate_s, compute_from_concurrent_runs, compute_from_device,
+    compute_from_mfu, compute_from_run, jitter_straggler_s, recompute_share, run_model,
 )
-from scaling.projection.cost import allreduce_s, horovod_schedule, overlap_schedule
+from scaling.devices import load_devices
+from scaling.projection.cost import (
+    allreduce_s, fsdp_schedule, gather_s, horovod_schedule, hsdp_gather_s, hsdp_scatter_s, overlap_schedule, scatter_s,
+)
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, load_layer_table, model_buckets,
     tensor_schedule,
 )
 
 COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
-BACKENDS = ("ddp", "horovod")
+BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp")
+ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
+STATE_BYTES_PER_PARAMETER = 16  # fp32 parameter, fp32 gradient, AdamW's two fp32 moments
+GIB = 2 ** 30
 # Horovod's defaults since 0.21 (its changelog: cycle time 5 -> 1 ms, fusion buffer 64 -> 128 MB)
 HOROVOD_CYCLE_MS = 1.0
 HOROVOD_FUSION_MB = 128.0  # MiB (HOROVOD_FUSION_THRESHOLD = 128 x 2**20 bytes)
@@ -91,6 +124,9 @@ COLUMNS = (
     "num_buckets", "grad_bytes", "allreduce_algorithm", "backend",
 )
 TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
+FSDP_COLUMNS = ("allgather_s", "regather_s", "reducescatter_s")
+TRANSFORMER_COLUMNS = ("tokens_per_s_per_gpu", "memory_states_bytes", "memory_activations_bytes",
+                       "memory_buffers_bytes", "memory_bytes", "memory_gib")
 
 
 def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
@@ -174,7 +210,8 @@ def placements(nodes: Sequence[int] | None, workers: Sequence[int] | None, gpus_
 
 
 def _resolve_compute(model: str, cluster: Cluster, per_gpu_batch: int | None, precision: str | None,
-                     from_run, samples_per_s: float | None) -> tuple[StepCompute, list[str]]:
+                     from_run, samples_per_s: float | None, mfu: float | None = None,
+                     activation_checkpointing: str = "selective") -> tuple[StepCompute, list[str]]:
     notes = []
     runs = list(from_run) if isinstance(from_run, (list, tuple)) else None
     if runs is not None and len(runs) == 1:
@@ -190,8 +227,18 @@ def _resolve_compute(model: str, cluster: Cluster, per_gpu_batch: int | None, pr
                              f"would need another run")
         compute = compute.at_batch(per_gpu_batch)
         notes.append(f"compute: {compute.source}; the cluster's links carry its gradients")
+    elif load_layer_table(model).get("kind") == "transformer" and samples_per_s is None:
+        compute = compute_from_mfu(cluster.device, model, precision or "bf16", per_gpu_batch or TRANSFORMER_BATCH, mfu,
+                                   activation_checkpointing)
+        notes.append(f"compute: {compute.source}; split forward:backward by FLOPs with {activation_checkpointing} "
+                     f"activation checkpointing's recomputation in backward, data 0")
     else:
-        compute = compute_from_device(cluster.device, model, precision or "fp32", per_gpu_batch or 64, samples_per_s)
+        if mfu is not None:
+            raise UsageError("give --mfu or --samples-per-s, not both")
+        transformer = load_layer_table(model).get("kind") == "transformer"
+        default_batch = TRANSFORMER_BATCH if transformer else 64
+        compute = compute_from_device(cluster.device, model, precision or ("bf16" if transformer else "fp32"),
+                                      per_gpu_batch or default_batch, samples_per_s)
         notes.append(f"compute: {compute.source}; split forward:backward by FLOPs, optimizer memory-bound, data 0")
     return compute, notes
 
@@ -216,6 +263,10 @@ def run_projection(
     horovod_cycle_time_ms: float | None = None,
     horovod_fusion_threshold_mb: float | None = None,
     overlap_slowdown: float | None = None,
+    mfu: float | None = None,
+    activation_checkpointing: str | None = None,
+    reshard_after_forward: bool = True,
+    fsdp_reduce_dtype: str = "fp32",
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -243,11 +294,32 @@ def run_projection(
     Horovod's current 1 ms and 128 MiB).
     overlap_slowdown: the interference term instead of the cluster's (e.g. what a multi-worker
     run measured: compute.measured_overlap_slowdown).
+    backend "fsdp" or "hsdp" (a transformer: llama3-8b, gpt2-small, gpt2-medium): FSDP's
+    collectives per unit (module docstring). mfu: the compute rate of a transformer, its model
+    FLOPs utilisation (default the device's published one, compute.TRANSFORMER_MFU).
+    activation_checkpointing: none | selective | full (transformers; default selective,
+    torchtitan's): the activations held and the recomputation in backward.
+    reshard_after_forward: FSDP frees a block's gathered parameters after its forward and gathers
+    them again for backward (default True: every block but the last, torchtitan's default; False:
+    none). fsdp_reduce_dtype: the gradients' dtype in the reduce-scatter (fp32, torchtitan's
+    default, or bf16). For transformers the per-GPU batch is in sequences (default 2) and the
+    precision defaults to bf16.
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
     links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
     """
     table = load_layer_table(model)
+    transformer = table.get("kind") == "transformer"
+    if activation_checkpointing is None:
+        activation_checkpointing = "selective" if transformer else "none"
+    if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+        raise UsageError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
+                         f"got {activation_checkpointing!r}")
+    if backend in SHARDED and not transformer:
+        raise UsageError(f"backend {backend} needs a transformer's FSDP units; {model} has none "
+                         f"(transformers: {', '.join(m for m in available_transformers())})")
+    if fsdp_reduce_dtype not in ("fp32", "bf16"):
+        raise UsageError(f"fsdp_reduce_dtype must be fp32 or bf16, got {fsdp_reduce_dtype!r}")
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     cluster = cluster.with_algorithm(allreduce)
@@ -260,7 +332,8 @@ def run_projection(
     rows_at = placements(nodes, workers, cluster.gpus_per_node)
     if any(n > 1 for n, _ in rows_at) and cluster.inter_node is None:
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
-    compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s)
+    compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s, mfu,
+                                      activation_checkpointing)
     b = compute.per_worker_batch
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -314,11 +387,15 @@ def run_projection(
     wire_bytes = [e * wire for e in elements]
     on_wire = f"{sum(wire_bytes) / 1e6:.1f} MB of gradients per step on the wire " \
               f"({'fp32' if grad_compression == 'none' else grad_compression})"
-    if backend == "ddp":
+    if backend in SHARDED:
+        pass
+    elif backend == "ddp":
         notes.append(f"buckets: {len(elements)} ({bucket_note}); {on_wire}; ready times {schedule_source}")
     else:
         notes.append(f"{on_wire}; tensor ready times estimated from layer FLOPs")
-    notes.append(f"cluster {cluster.name}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
+    where = f" (each value's source beside it in {cluster.source})" if cluster.source != cluster.name or \
+        (PRESET_DIR / f"{cluster.source}.yaml").is_file() else ""
+    notes.append(f"cluster {cluster.name}{where}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
                  + describe_link(cluster.intra_node, "intra-node") + "; " + describe_link(cluster.inter_node, "inter-node")
                  + "; " + describe_terms(cluster))
     tensors = tensor_schedule(table)
@@ -326,12 +403,22 @@ def run_projection(
         notes.append(f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
                      f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)")
 
+    fsdp = _fsdp_plan(table, compute, cluster, backend, activation_checkpointing, reshard_after_forward,
+                      fsdp_reduce_dtype, from_run is not None) if backend in SHARDED else None
+    if fsdp is not None:
+        notes.extend(fsdp["notes"])
+
     samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
-    if not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
+    if samples_per_epoch is None and transformer:
+        notes.append("epoch: no dataset size for a transformer's table: no time per epoch (--dataset-size SEQUENCES)")
+    elif not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
         raise UsageError(f"dataset size must be a positive integer, got {samples_per_epoch!r}")
-    source = ("given" if dataset_size else "the run's epochs" if compute.samples_per_epoch
-              else f"{table['dataset']}, the usual dataset of {model}")
-    notes.append(f"epoch: {samples_per_epoch:,} samples ({source})")
+    else:
+        source = ("given" if dataset_size else "the run's epochs" if compute.samples_per_epoch
+                  else f"{table['dataset']}, the usual dataset of {model}")
+        notes.append(f"epoch: {samples_per_epoch:,} {'sequences' if transformer else 'samples'} ({source})")
+    if transformer:
+        notes.append(_memory_note(backend, activation_checkpointing))
 
     rows = []
     for n_nodes, per_node in rows_at:
@@ -349,7 +436,10 @@ def run_projection(
             wait = jitter_straggler_s(compute.data_s + compute.forward_s + compute.backward_s,
                                       cluster.step_jitter_cv, n)
         sched = None
-        if n > 1 and backend == "ddp":
+        fsdp_row = None
+        if backend in SHARDED:
+            fsdp_row = _fsdp_row(fsdp, compute, cluster, backend, n_nodes, per_node)
+        elif n > 1 and backend == "ddp":
             sched = overlap_schedule(fractions, [cost(b) for b in wire_bytes], compute.backward_s,
                                      cluster.overlap_slowdown)
         elif n > 1:
@@ -364,30 +454,55 @@ def run_projection(
         interference = sched.interference_s if sched else 0.0
         busy = sched.busy_s + wait if sched else 0.0
         step = compute.step_s + interference + exposed
+        optimizer = compute.optimizer_s
+        extra = {}
+        if fsdp_row is not None:
+            optimizer = fsdp_row["optimizer_s"]
+            exposed = fsdp_row["exposed_s"] + (wait if n > 1 else 0.0)
+            busy = fsdp_row["busy_s"] + (wait if n > 1 else 0.0)
+            step = compute.data_s + fsdp_row["end_s"] + optimizer + (wait if n > 1 else 0.0)
+            ab_s = fsdp_row["ab_s"] + (wait if n > 1 else 0.0)
+            extra = {k: fsdp_row[k] for k in FSDP_COLUMNS}
+        if transformer:
+            extra.update(_memory(table, compute, backend, n_nodes, per_node, activation_checkpointing,
+                                 reshard_after_forward))
+            extra["tokens_per_s_per_gpu"] = b * table["seq_len"] / step
         throughput = n * b / step
-        steps_per_epoch = samples_per_epoch // (n * b)
+        steps_per_epoch = samples_per_epoch // (n * b) if samples_per_epoch else 0
         rows.append({
             "num_nodes": n_nodes, "workers_per_node": per_node, "num_workers": n, "per_worker_batch": b,
             "global_batch": n * b, "data_s": compute.data_s, "forward_s": compute.forward_s,
             "backward_compute_s": compute.backward_s, "backward_s": compute.backward_s + interference + exposed,
-            "optimizer_s": compute.optimizer_s, "step_s": step, "interference_s": interference,
+            "optimizer_s": optimizer, "step_s": step, "interference_s": interference,
             "allreduce_s": busy, "allreduce_pct": 100 * busy / step, "straggler_s": wait,
             "exposed_comm_s": exposed, "exposed_comm_pct": 100 * exposed / step,
-            "comm_overhead_pct": 100 * (exposed + interference) / step,
+            "comm_overhead_pct": 100 * (ab_s if fsdp_row is not None else exposed + interference) / step,
             "throughput_samples_per_s": throughput, "steps_per_epoch": steps_per_epoch,
             "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,
             "num_buckets": len(sched.finish_s) if sched else 0, "grad_bytes": sum(wire_bytes) if n > 1 else 0,
             "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring", "backend": backend,
+            **extra,
         })
+        if fsdp_row is not None:
+            rows[-1].update(num_buckets=fsdp_row["collectives"], grad_bytes=fsdp_row["grad_bytes"] if n > 1 else 0,
+                            allreduce_algorithm="hsdp" if backend == "hsdp" and n_nodes > 1 else "ring")
+        if fsdp_row is not None:
+            # the phases as the lab records them: forward and backward with the time they waited on collectives
+            rows[-1]["forward_s"] = compute.forward_s + fsdp_row["forward_wait_s"]
+            rows[-1]["backward_s"] = step - compute.data_s - rows[-1]["forward_s"] - optimizer
     df = pd.DataFrame(rows)
     base = df.iloc[0]
     df["speedup_throughput"] = df["throughput_samples_per_s"] / base["throughput_samples_per_s"]
     df["efficiency_throughput"] = df["speedup_throughput"] / df["num_workers"]
     df["speedup_time_per_epoch"] = base["time_per_epoch_s"] / df["time_per_epoch_s"]
-    if (df["steps_per_epoch"] == 0).any():
+    if samples_per_epoch and (df["steps_per_epoch"] == 0).any():
         notes.append(f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
                      f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)")
     columns = list(COLUMNS)
+    if backend in SHARDED:
+        columns += FSDP_COLUMNS
+    if transformer:
+        columns += TRANSFORMER_COLUMNS
     caveats = []
     table_e = parse_epochs_table(epochs_to_target)
     if table_e is not None:
@@ -404,8 +519,115 @@ def run_projection(
     df = df[columns]
     df.attrs.update(model=model, cluster=cluster.name, precision=compute.precision, per_gpu_batch=b,
                     allreduce=cluster.allreduce, backend=backend, notes=notes, caveats=caveats,
-                    schedule=schedule_source)
+                    schedule=schedule_source if backend not in SHARDED else "FSDP units from the layer table",
+                    activation_checkpointing=activation_checkpointing if transformer else None,
+                    seq_len=table.get("seq_len"))
     return df
+
+
+def available_transformers() -> list[str]:
+    """The models whose layer table holds FSDP units (backend fsdp or hsdp)."""
+    from scaling.projection.layers import available_models
+
+    return [m for m in available_models() if load_layer_table(m).get("kind") == "transformer"]
+
+
+def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str, checkpointing: str,
+               reshard: bool, reduce_dtype: str, from_run: bool) -> dict:
+    """Per unit (root first): compute times, bytes gathered and reduced, reshard flags; the notes."""
+    units = table["units"]
+    forward_flops = sum(u["forward_flops"] for u in units)
+    backward_flops = sum(u["backward_flops"] + u["recompute_flops"][checkpointing] for u in units)
+    forward = [compute.forward_s * u["forward_flops"] / forward_flops for u in units]
+    backward = [compute.backward_s * (u["backward_flops"] + u["recompute_flops"][checkpointing]) / backward_flops
+                for u in units]
+    param_bytes = DTYPE_BYTES[compute.precision]
+    gather_bytes = [u["params"] * param_bytes for u in units]
+    scatter_bytes = [u["params"] * DTYPE_BYTES[reduce_dtype] for u in units]
+    # the root is never resharded (FSDP2 keeps it), nor the last block (its backward comes first: torchtitan)
+    flags = [False] + [reshard and i < len(units) - 2 for i in range(len(units) - 1)]
+    if from_run:
+        optimizer_note = "the optimizer: the run's one-worker step over the GPU's shard"
+        optimizer_s = compute.optimizer_s
+    else:
+        spec = load_devices().get(compute.device) or {}
+        bandwidth = spec.get("memory_bandwidth_GBps")
+        optimizer_s = adamw_estimate_s(table["parameters"], bandwidth * 1e9) if bandwidth else 0.0
+        optimizer_note = (f"the optimizer: AdamW, memory-bound ({ADAMW_BYTES_PER_PARAMETER} bytes per parameter at "
+                          f"{bandwidth:g} GB/s, {compute.device}'s datasheet), over the GPU's shard"
+                          if bandwidth else "the optimizer: not split out (no device memory bandwidth)")
+    resharded = sum(flags)
+    notes = [
+        f"backend {backend}: {len(units)} units (root: {', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
+        f"of {units[1]['params'] / 1e6:.1f}M parameters); all-gather in {compute.precision} "
+        f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
+        f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks resharded after forward and gathered again for "
+        f"backward{' (torchtitan: all but the last)' if reshard else ''}; one unit prefetched; "
+        + ("sharded inside a node, replicated across nodes (reduce-scatter inside, all-reduce of the shards across)"
+           if backend == "hsdp" else "sharded over every GPU"),
+        f"costs (cost.py, nccl-tests' definitions): all-gather and reduce-scatter (n-1)/n x S / bus bandwidth over the "
+        f"slowest link in the ring, plus NCCL's latency per step and the collective latency; {optimizer_note}",
+    ]
+    return {"forward": forward, "backward": backward, "gather_bytes": gather_bytes, "scatter_bytes": scatter_bytes,
+            "flags": flags, "optimizer_s": optimizer_s, "notes": notes}
+
+
+def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n_nodes: int, per_node: int) -> dict:
+    """One worker count's FSDP step: the schedule, with and without the reduce-scatters (the lab's A/B)."""
+    n = n_nodes * per_node
+    gather, scatter = (hsdp_gather_s, hsdp_scatter_s) if backend == "hsdp" else (gather_s, scatter_s)
+    link = (n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.collective_latency_s)
+    if n > 1 and n_nodes > 1 and cluster.inter_node is None:
+        raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
+    g_cost = [gather(b, *link) if n > 1 else 0.0 for b in plan["gather_bytes"]]
+    s_cost = [scatter(b, *link) if n > 1 else 0.0 for b in plan["scatter_bytes"]]
+    sched = fsdp_schedule(plan["forward"], plan["backward"], g_cost, s_cost, plan["flags"])
+    without = fsdp_schedule(plan["forward"], plan["backward"], g_cost, [0.0] * len(s_cost), plan["flags"])
+    shards = per_node if backend == "hsdp" else n
+    return {
+        "end_s": sched.end_s, "exposed_s": sched.exposed_s if n > 1 else 0.0, "busy_s": sched.busy_s if n > 1 else 0.0,
+        "ab_s": max(0.0, sched.end_s - without.end_s) if n > 1 else 0.0,
+        "optimizer_s": plan["optimizer_s"] / shards,
+        "allgather_s": sched.seconds("all_gather"), "regather_s": sched.seconds("re_gather"),
+        "reducescatter_s": sched.seconds("reduce_scatter"),
+        "collectives": len(sched.collectives) if n > 1 else 0, "grad_bytes": sum(plan["scatter_bytes"]),
+        "forward_wait_s": sched.forward_waited_s if n > 1 else 0.0,
+        "backward_wait_s": sched.waited_s - sched.forward_waited_s if n > 1 else 0.0,
+    }
+
+
+def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_node: int, checkpointing: str,
+            reshard: bool) -> dict:
+    """Memory per GPU (module docstring), in bytes."""
+    n = n_nodes * per_node
+    shards = n if backend == "fsdp" else per_node if backend == "hsdp" else 1
+    units = table["units"]
+    tokens = compute.per_worker_batch * table["seq_len"]
+    states = STATE_BYTES_PER_PARAMETER * table["parameters"] / shards
+    held = tokens * sum(u["activation_bytes_per_token"][checkpointing] for u in units)
+    # the largest transient: a checkpointed block's activations recomputed for its backward, or the
+    # loss's gradient of the fp32 logits beside the saved log-softmax (4 bytes per vocabulary entry per token)
+    blocks = units[1:]
+    recomputed = max((u["activation_bytes_per_token"]["none"] - u["activation_bytes_per_token"][checkpointing]
+                      for u in blocks), default=0.0)
+    transient = tokens * max(recomputed, 4.0 * table["num_classes"])
+    buffers = 0.0
+    if backend in SHARDED:
+        param_bytes = DTYPE_BYTES[compute.precision]
+        root, block = units[0]["params"], max((u["params"] for u in blocks), default=0)
+        buffers = 2 * param_bytes * root + 2 * param_bytes * block + 4 * max(root, block)
+    total = states + held + transient + buffers
+    return {"memory_states_bytes": states, "memory_activations_bytes": held + transient,
+            "memory_buffers_bytes": buffers, "memory_bytes": total, "memory_gib": total / GIB}
+
+
+def _memory_note(backend: str, checkpointing: str) -> str:
+    shard = {"fsdp": "over every GPU", "hsdp": "over a node's GPUs"}.get(backend, "not sharded (DDP: every GPU a copy)")
+    return (f"memory per GPU: fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter) "
+            f"{shard}; activations under {checkpointing} activation checkpointing (the layer table, bf16) plus the "
+            f"largest transient" + ("; FSDP's buffers: the root's bf16 parameters and gradients, two blocks' bf16 "
+                                    "parameters, one unit's fp32 gradients" if backend in SHARDED else "")
+            + "; not counted: CUDA context, allocator reserve and fragmentation, NCCL buffers")
 
 
 def project_cluster_from_alpha_beta(
