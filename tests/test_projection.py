@@ -741,3 +741,175 @@ def test_overlap_slowdown_measured_from_a_run(tmp_path):
     assert (slowed["comm_overhead_pct"] > slowed["exposed_comm_pct"]).iloc[-1]
     with pytest.raises(UsageError, match="overlap_slowdown"):
         run_projection("resnet50", "p3.16xlarge", [1], overlap_slowdown=-1)
+
+
+# ---------------------------------------------------------------------------- FSDP, transformers, memory
+
+TRANSFORMERS = ("gpt2-small", "gpt2-medium", "llama3-8b")
+
+
+@pytest.mark.parametrize("model", TRANSFORMERS)
+def test_transformer_tables_hold_torchtitans_flops_formula(model):
+    """The counted training FLOPs per token (FlopCounterMode on the meta device) against
+    torchtitan's get_nparams_and_flops: 6 (N - embedding) + 12 L H Q T, recomputed here by hand
+    from the table's shape (make_layer_tables.py). The counter leaves out the elementwise work the
+    formula gives 6 FLOPs per parameter of norms and biases: at most 0.1% under it."""
+    table = load_layer_table(model)
+    shape, seq = table["shape"], table["seq_len"]
+    formula = 6 * (table["parameters"] - shape["lookup_embedding_params"]) + \
+        12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq
+    assert table["formula_flops_per_token"] == formula
+    counted = table["train_flops_per_token"]
+    assert formula * 0.999 <= counted <= formula
+    # FSDP units: the root and one per block, every parameter in one unit, FLOPs adding up
+    units = table["units"]
+    assert units[0]["name"] == "root" and len(units) == shape["layers"] + 1
+    assert sum(u["params"] for u in units) == table["parameters"]
+    assert sum(u["forward_flops"] + u["backward_flops"] for u in units) == pytest.approx(counted, rel=1e-9)
+    for u in units[1:]:
+        act = u["activation_bytes_per_token"]
+        assert act["full"] == 2 * shape["width"]  # the block's bf16 input only
+        assert act["full"] < act["selective"] < act["none"]
+        assert 0 < u["recompute_flops"]["selective"] < u["recompute_flops"]["full"] == u["forward_flops"]
+
+
+def test_llama3_8b_table_is_llama_3_1_8b():
+    table = load_layer_table("llama3-8b")
+    assert table["parameters"] == 8_030_261_248  # Llama 3.1 8B
+    assert table["shape"].items() >= {"layers": 32, "heads": 32, "head_dim": 128, "width": 4096, "kv_heads": 8}.items()
+    assert table["seq_len"] == 8192 and table["num_classes"] == 128_256 and not table["shape"]["tied_head"]
+    # 6 x 7.505e9 non-embedding parameters + 12 x 32 x 32 x 128 x 8192 = 45.03 + 12.88 GFLOP per token
+    assert table["formula_flops_per_token"] == 6 * (8_030_261_248 - 128_256 * 4096) + 12 * 32 * 32 * 128 * 8192
+    # a block keeps, per token, without checkpointing about 30 widths of bf16 (SwiGLU's 3.5x-wide
+    # intermediates, flash attention's q, k, v and output): 246,920 bytes
+    assert table["units"][1]["activation_bytes_per_token"]["none"] == pytest.approx(30.1 * 2 * 4096, rel=0.01)
+
+
+def test_gather_and_scatter_costs_by_hand():
+    from scaling.projection.cost import gather_s, hsdp_gather_s, hsdp_scatter_s, scatter_s
+
+    nvlink, net = Link(100e9, 2e-6), Link(10e9, 10e-6)
+    # one node of 8: (n-1)/n S / B + (n-1) alpha + base: 7/8 x 1e9 / 1e11 + 7 x 2 us + 5 us
+    assert gather_s(1e9, 1, 8, nvlink, net, 5e-6) == pytest.approx(8.75e-3 + 14e-6 + 5e-6)
+    assert scatter_s(1e9, 1, 8, nvlink, net) == pytest.approx(8.75e-3 + 14e-6)
+    # 4 nodes of 8 (n = 32): 31/32 S / B_inter + 3 network steps + 28 NVLink steps
+    assert gather_s(1e9, 4, 8, nvlink, net) == pytest.approx(31 / 32 * 0.1 + 3 * 10e-6 + 28 * 2e-6)
+    # HSDP: the gather stays in the node; the reduction adds an all-reduce of the shards across 4 nodes
+    assert hsdp_gather_s(1e9, 4, 8, nvlink, net) == pytest.approx(8.75e-3 + 14e-6)
+    assert hsdp_scatter_s(1e9, 4, 8, nvlink, net) == pytest.approx(8.75e-3 + 14e-6 + 6 * 10e-6 + 1.5 * 0.1)
+    assert gather_s(1e9, 1, 1, nvlink, net) == 0.0
+
+
+def test_fsdp_schedule_by_hand():
+    """Root (unit 0) and two blocks: forward 1 / 2 / 2, backward 2 / 4 / 4, each gather 1, each
+    reduce-scatter 2; block 1 resharded after forward, block 2 (the last) not.
+    Link: gather root 0-1, block 1 1-2 (both issued at 0), block 2 2-3 (prefetched at block 1's
+    start, 2). Forward: block 1 waits for its gather until 2 (2 s exposed), computes 2-4, block 2
+    4-6, the root's head 6-7. Backward: root 7-9; block 2 9-13, issuing block 1's re-gather at 9
+    (9-10); reduce-scatter of block 2 13-15; block 1 13-17; its reduce-scatter 17-19; the root's
+    17 -> 19-21: 4 s after backward compute. Exposed 2 + 4 = 6; communicating: the union of
+    [0, 3], [9, 10], [13, 15], [17, 21] = 10."""
+    from scaling.projection.cost import fsdp_schedule
+
+    sched = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], [False, True, False])
+    kinds = [(c.kind, c.unit, c.issue_s, c.start_s, c.finish_s) for c in sched.collectives]
+    assert kinds == [("all_gather", 0, 0, 0, 1), ("all_gather", 1, 0, 1, 2), ("all_gather", 2, 2, 2, 3),
+                     ("re_gather", 1, 9, 9, 10), ("reduce_scatter", 2, 13, 13, 15), ("reduce_scatter", 1, 17, 17, 19),
+                     ("reduce_scatter", 0, 17, 19, 21)]
+    assert (sched.end_s, sched.exposed_s, sched.forward_waited_s, sched.busy_s, sched.compute_s) == (21, 6, 2, 10, 15)
+    assert (sched.seconds("all_gather"), sched.seconds("re_gather"), sched.seconds("reduce_scatter")) == (3, 1, 6)
+
+
+def test_fsdp_projection_of_llama3_8b():
+    df = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="fsdp")
+    assert df["num_workers"].tolist() == [1, 8, 128]
+    for column in ("allgather_s", "regather_s", "reducescatter_s", "tokens_per_s_per_gpu", "memory_gib"):
+        assert column in df.columns
+    r8, r128 = df.iloc[1], df.iloc[2]
+    # bf16 all-gathers of 8.03e9 parameters, fp32 reduce-scatters: 16.06 GB and 32.12 GB per step
+    assert r128["grad_bytes"] == 4 * 8_030_261_248
+    # the sharded state, 16 bytes per parameter over the GPUs, by hand; memory falls with the shards
+    assert r8["memory_states_bytes"] == pytest.approx(16 * 8_030_261_248 / 8)
+    assert r128["memory_states_bytes"] == pytest.approx(16 * 8_030_261_248 / 128)
+    assert r8["memory_gib"] - r128["memory_gib"] == pytest.approx(16 * 8_030_261_248 * (1 / 8 - 1 / 128) / 2 ** 30)
+    # tokens/s per GPU = batch x sequence / step; the three figures ordered as defined
+    assert r8["tokens_per_s_per_gpu"] == pytest.approx(2 * 8192 / r8["step_s"])
+    for r in (r8, r128):
+        assert 0 < r["exposed_comm_pct"] < r["allreduce_pct"] and 0 < r["comm_overhead_pct"] <= r["exposed_comm_pct"]
+        assert r["step_s"] == pytest.approx(r["data_s"] + r["forward_s"] + r["backward_s"] + r["optimizer_s"])
+    # no re-gather without resharding; HSDP keeps a node's shard (more memory) and reduces across nodes
+    kept = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="fsdp", reshard_after_forward=False)
+    assert (kept["regather_s"] == 0).all()
+    hsdp = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="hsdp")
+    assert hsdp["memory_gib"].iloc[2] == pytest.approx(r8["memory_gib"])
+    assert hsdp["allreduce_algorithm"].iloc[2] == "hsdp"
+    # full checkpointing holds less and recomputes more
+    full = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1], backend="fsdp", activation_checkpointing="full")
+    assert full["memory_gib"].iloc[1] < r8["memory_gib"] and full["backward_s"].iloc[1] > r8["backward_s"]
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(model="resnet50", backend="fsdp"), "needs a transformer"),
+    (dict(model="llama3-8b", backend="fsdp", mfu=1.5), "--mfu must be in"),
+    (dict(model="llama3-8b", backend="fsdp", activation_checkpointing="some"), "activation checkpointing"),
+    (dict(model="llama3-8b", backend="fsdp", cluster="p4d.24xlarge"), "no published bf16 MFU"),
+])
+def test_fsdp_errors_are_one_line(kwargs, says):
+    kwargs = {"cluster": "h100x8_400g_per_gpu", **kwargs}
+    with pytest.raises(UsageError, match=says) as info:
+        run_projection(kwargs.pop("model"), kwargs.pop("cluster"), [1], **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_new_presets_and_their_figures():
+    p4d, p5, tt = load_cluster("p4d.24xlarge"), load_cluster("p5.48xlarge"), load_cluster("h100x8_400g_per_gpu")
+    assert (p4d.device, p5.device, tt.device) == ("A100 SXM4 40GB", "H100 SXM", "H100 SXM")
+    assert p4d.inter_node.bandwidth_bytes_per_s == pytest.approx(400e9 / 8 * 0.8)
+    assert p5.inter_node.bandwidth_bytes_per_s == tt.inter_node.bandwidth_bytes_per_s == pytest.approx(3200e9 / 8 * 0.8)
+    for name in ("p4d.24xlarge", "p5.48xlarge", "h100x8_400g_per_gpu"):
+        text = (Path(__file__).resolve().parent.parent / "scaling" / "projection" / "presets" / f"{name}.yaml").read_text()
+        assert "https://" in text  # every preset names its source
+
+
+def test_main_projects_llama_with_fsdp(capsys):
+    """The issue's command: step time, tokens/s per GPU, memory per GPU, the three communication
+    figures, and where every parameter comes from."""
+    assert main(["project", "--model", "llama3-8b", "--cluster", "h100x8_400g_per_gpu", "--backend", "fsdp",
+                 "--nodes", "1,16"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for words in ("step ms", "tokens/s/GPU", "memory GiB/GPU", "communicating %", "exposed %", "A/B overhead %",
+                  "MFU 33% (torchtitan", "each value's source beside it in h100x8_400g_per_gpu",
+                  "all-gather in bf16", "reduce-scatter in fp32", "16 bytes per parameter"):
+        assert words in out, words
+
+
+def test_the_overlay_projects_fsdp_sweeps(tmp_path):
+    """An FSDP sweep (synthetic: the report's fake sweep, its runs a gpt2-small under backend fsdp)
+    is projected with FSDP's collectives, as `scaling project --backend fsdp` would."""
+    from scaling.analysis.scaling_tables import prepare_runs
+    from scaling.projection.overlay import project_sweep
+    from scaling.results import SweepDir
+    from tests.fake_sweep import make_fake_sweep
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("name: two-hosts-1gbit\ngpus_per_node: 1\n"
+                       "inter_node: {name: 1 Gbit/s, bandwidth_Gbps: 1, efficiency: 1.0, latency_us: 100}\n")
+    sweep = make_fake_sweep(tmp_path, backend="fsdp", cluster=str(cluster))
+    for summary_path in Path(sweep).glob("runs/*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        summary_path.write_text(json.dumps({**summary, "model": "gpt2-small"}))
+    runs = SweepDir(sweep).runs.assign(model="gpt2-small")
+    assert set(runs["backend"]) == {"fsdp"}
+    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",),
+                                               lambda run: SweepDir(sweep).run(run["run_key"]))
+    assert not warnings and "backend fsdp" in notes[0]
+    direct = run_projection("gpt2-small", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
+                            backend="fsdp")
+    by_n = projected.set_index("num_workers")
+    assert by_n["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
+    assert by_n["projected_exposed_comm_pct"].tolist() == pytest.approx(direct["exposed_comm_pct"].tolist())
+    assert (by_n.loc[[2, 4], "projected_comm_overhead_pct"] > 0).all()
+    # a DDP model on the same sweep is refused in a warning, not an exception
+    projected, _, warnings = project_sweep(prepare_runs(runs.assign(model="small_cnn")), ("num_workers",),
+                                           lambda run: SweepDir(sweep).run(run["run_key"]))
+    assert projected.empty and "needs a transformer" in warnings[0]

@@ -20,7 +20,11 @@ projected throughput(base), rebased to the series' base worker count as the meas
 is, and `projected_efficiency_throughput` = that speedup / (N / base).
 
 The projection is `run_projection`, the same model and cluster terms as `scaling project`, with
-the runs' backend (DDP or Horovod, and Horovod's cycle time and fusion threshold).
+the runs' backend (DDP, Horovod with its cycle time and fusion threshold, or FSDP/HSDP, whose
+model needs a transformer's layer table: gpt2-small, gpt2-medium, llama3-8b). For an FSDP sweep
+the three figures are FSDP's (project.py): time with an all-gather or reduce-scatter in flight,
+compute waiting on a collective, and the A/B without reduce-scatters, as the lab's FSDP adapter
+measures them.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tupl
         base = _base_run(part)
         counts = sorted(int(n) for n in part["num_workers"].unique())
         horovod = {}
+        if str(base.get("backend")) in ("fsdp", "hsdp"):
+            horovod = {"backend": str(base.get("backend"))}
         if str(base.get("backend")) == "horovod":
             horovod = {"backend": "horovod"}
             for key in ("horovod_cycle_time_ms", "horovod_fusion_threshold_mb"):
