@@ -55,6 +55,8 @@ TargetMetric = Literal["top1", "top5", "val_loss"]
 Precision = Literal["fp32", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16"]
 Market = Literal["on_demand", "spot"]
+FsdpDtype = Literal["float32", "bfloat16"]
+FsdpShard = Literal["blocks", "root"]
 
 
 @dataclass
@@ -132,6 +134,16 @@ class InstrumentConfig(InstrumentSettings):
 
 
 @dataclass
+class FsdpConfig:
+    """backend fsdp (FSDP2's fully_shard; scaling/train/backends/fsdp.py): what is sharded and how."""
+
+    reshard_after_forward: bool = True  # free each unit's gathered parameters after its forward and gather them again in backward (FSDP2's default, ZeRO-3); false keeps them to backward (fewer all-gathers, more memory)
+    param_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype parameters are gathered and computed in (MixedPrecisionPolicy.param_dtype); the sharded parameters and optimizer state stay float32
+    reduce_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype)
+    shard: FsdpShard = "blocks"  # blocks: fully_shard each module of the model's outermost nn.ModuleLists (a transformer's blocks), then the root | root: the whole model as one unit
+
+
+@dataclass
 class FailureConfig:
     max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies or its node is lost (Ray launcher); 0 = fail at once
     capacity_wait_s: float = 300.0  # per restart, seconds to wait for the workers' resources (a lost node back, or its replacement started) before the run fails with one line
@@ -141,13 +153,14 @@ class FailureConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
-    backend: Backend = "auto"  # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's DistributedOptimizer; gloo, NCCL on GPU)
+    backend: Backend = "auto"  # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's DistributedOptimizer; gloo, NCCL on GPU) | fsdp (FSDP2's fully_shard; gloo, NCCL on GPU; its settings under fsdp:)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     failure: FailureConfig = field(default_factory=FailureConfig)
 
     @property
@@ -308,6 +321,19 @@ def _check_tokens(cfg: ExperimentConfig, require) -> None:
                 f"data.seq_len={cfg.data.seq_len} is longer than {cfg.model.name}'s context of {context} tokens")
 
 
+def _check_fsdp(cfg: ExperimentConfig, require) -> None:
+    """What the lab's FSDP loop cannot run (scaling/train/backends/fsdp.py); the model's shape is the preflight's."""
+    require(cfg.train.precision != "fp16",
+            "train.precision=fp16 scales the loss with GradScaler, whose inf check FSDP's shards would each make alone "
+            "(torch's ShardedGradScaler is not used by the lab's loop): with backend fsdp use train.precision bf16 or "
+            "fp32 (or fsdp.param_dtype bfloat16)")
+    require(not cfg.train.compile, "train.compile with backend fsdp is not run by the lab's loop (FSDP2's hooks under "
+            "torch.compile are untested here): set train.compile false")
+    require(cfg.data.val_samples >= cfg.workers.num_workers,
+            f"backend fsdp validates with every rank's forward gathering parameters together, so each needs a "
+            f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers ({cfg.workers.num_workers})")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Refuse values that cannot give a meaningful run, naming the key and the fix.
 
@@ -387,6 +413,11 @@ def validate(cfg: ExperimentConfig) -> None:
     # sweep` refuses one beyond its largest worker count (scaling/launch/sweep.py).
     for problem in cfg.instrument.problems(prefix="instrument."):
         require(False, problem)
+    require(not cfg.instrument.inject_comm_delay_s or cfg.instrument.inject_comm_delay_into in backend.injectable,
+            f"instrument.inject_comm_delay_into={cfg.instrument.inject_comm_delay_into} is not offered by backend "
+            f"{cfg.backend} ({backend.wraps}): it injects into {' or '.join(backend.injectable)}")
+    if cfg.backend == "fsdp":
+        _check_fsdp(cfg, require)
     require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
     # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
     # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such

@@ -382,12 +382,3 @@ def test_the_ray_launcher_checks_memory_against_the_nodes_ray_reports(ray_connec
     message = str(refused.value)
     assert "\n" not in message and "data.train_samples=1,000,000,000" in message
     assert f"the Ray cluster's nodes can hold 0 of the 1 workers (memory per node as Ray reports it: {_gb(reported[0])}" in message
-
-
-def test_a_backend_the_lab_loop_does_not_train_with_is_refused_before_any_worker():
-    """fsdp has an instrument adapter (a user's FSDP2 job is measured through attach) but no lab loop side yet."""
-    from scaling.launch.preflight import check_backend
-
-    cfg = load_config(QUICKSTART, overrides=["backend=fsdp"], num_workers=2)  # a valid choice ...
-    with pytest.raises(ConfigError, match="the lab's own loop does not train with it yet"):
-        check_backend(cfg)  # ... the preflight refuses in one line

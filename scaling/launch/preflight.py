@@ -10,7 +10,8 @@ each other). What can only be known by looking is here, in one place:
 - the cluster a projection is drawn for (a preset or a cluster YAML);
 - the minicluster link cap (a rate `tc` takes, and a minicluster to apply it in);
 - the backend's own checks (scaling/train/backends/: Horovod built, with gloo, with NCCL for GPU
-  workers; the communication-delay injection on GPUs, docs/gpu.md);
+  workers; the communication-delay injection on GPUs, docs/gpu.md; FSDP's shard units in the
+  model, built on the meta device);
 - the launcher: a Ray Train function, and an elastic run, need the Ray launcher;
 - capacity: the Ray cluster's CPUs and GPUs, or this host's for the plain launcher;
 - memory: what each worker must hold for its datasets and its model (`estimate_worker_memory`)
@@ -133,12 +134,8 @@ def check_data(cfg: ExperimentConfig, cache: dict | None = None) -> dict:
 
 def check_backend(cfg: ExperimentConfig) -> None:
     """What the run's backend can only know by looking (scaling/train/backends/)."""
-    from scaling.instrument.backends import for_choice as adapter_for
-    from scaling.train.backends import LAB_BACKENDS, for_choice
+    from scaling.train.backends import for_choice
 
-    if adapter_for(cfg.backend) not in LAB_BACKENDS:  # an adapter the instrument has, the lab's loop not yet
-        raise ConfigError(f"backend {cfg.backend}: the lab's own loop does not train with it yet; a job of your own "
-                          "that uses it is measured through scaling.instrument.attach (docs/own-job.md)")
     refusal = for_choice(cfg.backend).preflight(cfg)
     if refusal:
         raise ConfigError(refusal)
@@ -300,14 +297,20 @@ def _model_sizes(name: str, num_classes: int) -> tuple[int, int, int]:
 def model_memory(cfg: ExperimentConfig) -> tuple[int, str]:
     """(bytes, what) of the model's state on one worker: parameters, their gradients, SGD's
     momentum buffer (optim.momentum > 0), and at more than one worker the backend's communication
-    buffers (`communication_bytes`: DDP's gradient buckets, Horovod's fusion buffer); plus buffers."""
+    buffers (`communication_bytes`: DDP's gradient buckets, Horovod's fusion buffer, FSDP's gathered
+    parameters); plus buffers. FSDP holds a 1/N shard of the weights, gradients and momentum (`state_share`)."""
     params, buffers, count = _model_sizes(cfg.model.name, cfg.data.num_classes)
     copies = ["weights", "gradients"] + (["momentum"] if cfg.optim.momentum > 0 else [])
     total = len(copies) * params + buffers
     if cfg.workers.num_workers > 1:
         from scaling.train.backends import for_choice
 
-        extra, what = for_choice(cfg.backend).communication_bytes(cfg, params)
+        backend = for_choice(cfg.backend)
+        share = backend.state_share(cfg)  # FSDP: each worker holds its shard of the three
+        if share < 1:
+            total = int(len(copies) * params * share) + buffers
+            copies = [f"{', '.join(copies)} (a {share:.2g} shard)"]
+        extra, what = backend.communication_bytes(cfg, params)
         total += extra
         copies.append(what)
     return total, f"model.name={cfg.model.name} ({count:,} parameters: {', '.join(copies)})"

@@ -1,4 +1,4 @@
-"""One worker's training loop: plain torch + DDP, launcher-agnostic.
+"""One worker's training loop: plain torch + DDP, Horovod or FSDP2 (scaling/train/backends/), launcher-agnostic.
 
 `train_worker(cfg, ctx, run_dir, checkpoints)` runs identically under Ray Train
 (scaling/launch/ray_train.py) and a plain torch.distributed launcher (scaling/launch/local.py):
@@ -116,14 +116,39 @@ def _per_position(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     return logits.flatten(0, -2), targets.flatten()
 
 
+def _in_lockstep(batches, ctx: WorkerContext):
+    """`batches`, with every rank taking as many forwards as the rank with the most: a sharded model's forward
+    gathers its parameters with every rank, so a rank whose shard ran out runs its last batch again (None: its
+    result is not counted) until all have ended, which a flag all-reduced per batch tells."""
+    batches, last = iter(batches), None
+    while True:
+        batch = next(batches, None)
+        more = torch.tensor([batch is not None], dtype=torch.int32, device=ctx.device)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if not more.item():
+            return
+        if batch is not None:
+            last = batch
+            yield batch
+        else:
+            yield None, last
+
+
 def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Precision,
-              batch_size: int = EVAL_BATCH) -> dict:
+              batch_size: int = EVAL_BATCH, lockstep: bool = False) -> dict:
     """Top-1 and top-5 accuracy and the mean cross-entropy (`loss`) over the whole validation set, per
-    sample (per token for a language model): each rank its shard, summed across ranks."""
+    sample (per token for a language model): each rank its shard, summed across ranks. `lockstep`:
+    every rank takes the same number of forwards (a sharded model's: `_in_lockstep`)."""
     model.eval()
     totals = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # top-1 correct, top-5 correct, loss sum, rows
+    batches = dataset.val_batches(ctx.rank, ctx.world_size, batch_size)
     with torch.no_grad():
-        for inputs, targets in dataset.val_batches(ctx.rank, ctx.world_size, batch_size):
+        for item in (_in_lockstep(batches, ctx) if lockstep else batches):
+            if item[0] is None:  # this rank's shard ended: a forward the others need, not counted
+                with precision.autocast():
+                    model(precision.layout(item[1][0]))
+                continue
+            inputs, targets = item
             with precision.autocast():
                 logits = model(precision.layout(inputs))
             logits, targets = _per_position(logits, targets)
@@ -169,10 +194,13 @@ class Checkpoints:
         """End of an epoch: report metrics; `state` (rank 0's, or None) is saved as the latest checkpoint."""
 
 
-def _checkpoint_state(scheduler, precision, meter, device: torch.device) -> dict:
-    """Everything a restarted run needs to continue exactly where the checkpoint was taken."""
+def _checkpoint_state(scheduler, precision, meter, device: torch.device, model_state: dict | None = None) -> dict:
+    """Everything a restarted run needs to continue exactly where the checkpoint was taken.
+
+    `model_state`: the model's and the optimizer's, as the backend keeps them (`meter.backend.checkpoint_state()`,
+    asked here when not given; a sharded model's is made by every rank beforehand)."""
     return {
-        **meter.backend.checkpoint_state(),  # the model's and the optimizer's, as the backend keeps them
+        **(model_state if model_state is not None else meter.backend.checkpoint_state()),
         "scheduler": scheduler.state_dict(),
         "scaler": precision.scaler.state_dict(),
         "torch_rng": torch.get_rng_state(),
@@ -260,7 +288,9 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         plain_model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
         nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
     )
-    model, optimizer, close_backend = for_run(cfg, ctx.world_size).wrap(cfg, ctx, plain_model, optimizer, run_dir)
+    lab_backend = for_run(cfg, ctx.world_size)
+    model, optimizer, close_backend = lab_backend.wrap(cfg, ctx, plain_model, optimizer, run_dir)
+    lockstep = lab_backend.sharded  # a sharded model (FSDP) validates with every rank's forward together
     if cfg.workers.pin_cpus and pins_after_backend(cfg, ctx):
         pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
     # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP,
@@ -339,10 +369,11 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
                 if step_in_epoch in mid_epoch_evals and dataset.has_validation:
                     with meter.paused():  # outside train_s, the step and TTA
-                        mid = _evaluate(plain_model, dataset, ctx, precision, eval_batch)
+                        mid = _evaluate(plain_model, dataset, ctx, precision, eval_batch, lockstep)
                         meter.record_eval(_accuracy_column(mid, cfg), epoch_progress=epoch - 1 + step_in_epoch / steps_per_ep,
                                           val_top1=mid["top1"], val_top5=mid["top5"], val_loss=mid["loss"])
-            evaluation = _evaluate(plain_model, dataset, ctx, precision, eval_batch) if dataset.has_validation else {}
+            evaluation = (_evaluate(plain_model, dataset, ctx, precision, eval_batch, lockstep)
+                          if dataset.has_validation else {})
             train_loss = float(loss_sum) / steps_per_ep
             last_row = meter.end_epoch(
                 val_accuracy=_accuracy_column(evaluation, cfg), samples=steps_per_ep * cfg.global_batch, train_loss=train_loss,
@@ -363,8 +394,12 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
             reached = dataset.has_validation and _reached(evaluation, cfg)
             every = cfg.failure.checkpoint_every_epochs
             state = None
-            if ctx.rank == 0 and every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs:
-                state = _checkpoint_state(scheduler, precision, meter, ctx.device)
+            due = every and epoch % every == 0 and not reached and epoch < cfg.train.max_epochs
+            # a sharded model (FSDP): every rank gives its shards to the state rank 0 keeps
+            if due and (ctx.rank == 0 or lab_backend.sharded):
+                model_state = meter.backend.checkpoint_state()
+                if ctx.rank == 0:
+                    state = _checkpoint_state(scheduler, precision, meter, ctx.device, model_state)
             checkpoints.report(dict(last_row), state)
             if reached:
                 break

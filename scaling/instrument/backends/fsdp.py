@@ -198,16 +198,22 @@ class FSDPBackend(Backend):
         return "fsdp"
 
     def checkpoint_state(self) -> dict:
-        """Each rank's shards of the model and optimizer state (DTensors), for torch.distributed.checkpoint."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        """The whole model and optimizer state, keyed by parameter name, gathered from every rank's shards onto
+        rank 0's CPU (torch.distributed.checkpoint.state_dict's `get_state_dict`, full state dicts): a
+        collective, every rank calls it; the other ranks get empty dicts. A checkpoint of it loads at any
+        world size (`load_checkpoint_state` takes each rank's shard)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {"model": model_state, "optimizer": optimizer_state}
 
     def load_checkpoint_state(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        """Every rank, with the whole state of `checkpoint_state`: each keeps its shard (`set_state_dict`)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
 
 
 def _set_aside_unsharded_gradients(groups: list) -> list:

@@ -5,7 +5,7 @@
     ... train ...
     close()   # after a normal end, on every rank
 
-`LabBackend` (base.py) says what each answers; one module per backend (ddp.py, horovod.py),
+`LabBackend` (base.py) says what each answers; one module per backend (ddp.py, horovod.py, fsdp.py),
 registered in `LAB_BACKENDS` beside the instrument's adapter it goes with
 (scaling/instrument/backends/: how a run names the backend, timing, no-sync, checkpoint state).
 A new backend is one module here and its line in `LAB_BACKENDS` (docs/architecture.md).
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from scaling.instrument import backends as adapters
 from scaling.instrument.backends.ddp import DDPBackend
+from scaling.instrument.backends.fsdp import FSDPBackend
 from scaling.instrument.backends.horovod import HorovodBackend
 from scaling.train.backends.base import LabBackend
 from scaling.train.backends.ddp import DDP
+from scaling.train.backends.fsdp import FSDP
 from scaling.train.backends.horovod import Horovod
 
-LAB_BACKENDS: dict[type[adapters.Backend], LabBackend] = {DDPBackend: DDP(), HorovodBackend: Horovod()}
+LAB_BACKENDS: dict[type[adapters.Backend], LabBackend] = {DDPBackend: DDP(), HorovodBackend: Horovod(), FSDPBackend: FSDP()}
 # One worker trains the module and optimizer as they are, whatever the choice: nothing to synchronise.
 SINGLE_PROCESS = LabBackend()
 

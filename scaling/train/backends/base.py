@@ -14,6 +14,11 @@ from __future__ import annotations
 class LabBackend:
     """One backend as the lab runs it; the defaults are a backend without settings of its own."""
 
+    # Whether each rank holds only its shard of the model (FSDP): then every forward gathers the
+    # parameters with every rank (the loop validates in lockstep) and every rank takes part in
+    # making a checkpoint's state; a replica's (DDP, Horovod) rank 0 makes it alone.
+    sharded = False
+
     def preflight(self, cfg) -> str | None:
         """What only looking at this machine can refuse (one line), or None."""
         return None
@@ -21,6 +26,10 @@ class LabBackend:
     def describe(self, cfg) -> dict:
         """What a run's summary.json says of its backend: `backend` (the name its records use) and its settings."""
         return {"backend": cfg.resolved_backend}
+
+    def state_share(self, cfg) -> float:
+        """The share of the model's parameters, gradients and optimizer state one worker holds: 1 for a replica."""
+        return 1.0
 
     def communication_bytes(self, cfg, parameter_bytes: int) -> tuple[int, str]:
         """(bytes, what) each worker holds for communication beyond the model's state, at more than one worker."""
