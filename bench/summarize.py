@@ -14,10 +14,13 @@ Blocks: `table NAME...` (the comparison rows of those result files: A and B with
 the median ratio with its 95% interval, the budget and the verdict, what each row measures, and
 under the table each file's date, machine, command and wall time), `make-bench` (what `make
 bench` runs and what each of those benchmarks took), `anchors` (the projection against
-published measurements), `projection-vs-minicluster`, `minicluster-bandwidth`, `interference`, `figure NAME`
-(bench/results/NAME.png copied to docs/figures/bench/, so that the site, which only sees docs/,
-shows the committed figure). So every number of a benchmark is written once, by this script,
-from its results file, with the machine and the date beside it; `make bench` ends by running it.
+published measurements), `torchtitan [short]` (the FSDP projection against torchtitan's Llama
+3.1 8B weak scaling; `short`: the table alone), `projection-vs-minicluster`,
+`minicluster-bandwidth`, `interference`, `figure NAME` (bench/results/NAME.png copied to
+docs/figures/bench/, so that the site, which only sees docs/, shows the committed figure).
+README.md is rendered as the docs pages are. So every number of a benchmark is written once, by
+this script, from its results file, with the machine and the date beside it; `make bench` ends
+by running it.
 
 The verdict of a row with a budget is the results file's own (`verdict`) where it has one;
 otherwise it is read from the file's fields: "pass" or "miss" by the median ratio, and
@@ -183,6 +186,14 @@ def block_anchors(folder: Path, names: list[str]) -> list[str]:
             f"- {provenance(record, 'projection_anchors')}"]
 
 
+def block_torchtitan(folder: Path, names: list[str]) -> list[str]:
+    import projection_torchtitan
+
+    record = load(folder, "projection_torchtitan")
+    return [*projection_torchtitan.markdown(record, short=names == ["short"]).splitlines(), "",
+            f"- {provenance(record, 'projection_torchtitan')}"]
+
+
 def block_projection_vs_minicluster(folder: Path, names: list[str]) -> list[str]:
     record = load(folder, "projection_vs_minicluster")
     headline = record["goal"]["judged_on"]
@@ -258,7 +269,7 @@ def block_figure(folder: Path, names: list[str]) -> list[str]:
 WRITE = True  # False under --check: nothing is written
 STALE_FIGURES: list[str] = []  # figure copies that differed from bench/results/
 
-BLOCKS = {"table": block_table, "make-bench": block_make_bench, "anchors": block_anchors,
+BLOCKS = {"table": block_table, "make-bench": block_make_bench, "anchors": block_anchors, "torchtitan": block_torchtitan,
           "projection-vs-minicluster": block_projection_vs_minicluster,
           "minicluster-bandwidth": block_minicluster_bandwidth, "interference": block_interference, "figure": block_figure}
 
@@ -300,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     global WRITE
     WRITE = not args.check
     stale = []
-    for page in sorted(DOCS.rglob("*.md")):
+    # the docs pages, and the README, whose projection section shows one table
+    for page in [*sorted(DOCS.rglob("*.md")), bl.REPO / "README.md"]:
         text = page.read_text()
         new = render_page(text, folder, page)
         if new != text:

@@ -913,3 +913,23 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     projected, _, warnings = project_sweep(prepare_runs(runs.assign(model="small_cnn")), ("num_workers",),
                                            lambda run: SweepDir(sweep).run(run["run_key"]))
     assert projected.empty and "needs a transformer" in warnings[0]
+
+
+def test_committed_torchtitan_results_are_what_the_model_gives():
+    """bench/results/projection_torchtitan.json (docs/projection.md's and the README's table) is the
+    current model's output, and its count leaves the calibration row and the rows without a goal out."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "projection_torchtitan.py"
+    spec = importlib.util.spec_from_file_location("projection_torchtitan", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    committed = json.loads((path.parent / "results" / "projection_torchtitan.json").read_text())
+    now = bench.evaluate()
+    assert [r["name"] for r in now["rows"]] == [r["name"] for r in committed["rows"]]
+    for before, row in zip(committed["rows"], now["rows"]):
+        assert row["projected"] == pytest.approx(before["projected"], rel=1e-9)
+        assert (row["role"], row["meets_goal"]) == (before["role"], before["meets_goal"])
+    assert [r["role"] for r in now["rows"]] == ["calibration", "check", "check", "check", "check"]
+    assert bench.tally(now["rows"]) == {"met": committed["met"], "of": committed["of"],
+                                        "calibration": ["tokens/s per GPU at 8 GPUs"]} and committed["of"] == 1
