@@ -1,4 +1,4 @@
-"""Scaling projection: the step time of synchronous data-parallel training (DDP) on a cluster
+"""Scaling projection: the step time of synchronous data-parallel training (DDP, Horovod, FSDP) on a cluster
 the lab has not run on, from one worker's compute time, the model's gradient buckets and when
 backward makes them ready, and an alpha-beta model of the cluster's all-reduce.
 
@@ -9,15 +9,18 @@ Pure Python: pandas, numpy, PyYAML; no torch or ray on import, and nothing of th
 line, launchers, records or figures: a run's records come in as its reader (scaling.results.RunDir),
 `scaling project` is wired in scaling/cli.py and the figure drawn by scaling/plots/projection.py.
 
-- layers.py   layer tables (layers/*.json), DDP's bucket assignment, bucket ready fractions
+- layers.py   layer tables (layers/*.json; a transformer's with FSDP units), DDP's bucket assignment, bucket ready
+              fractions
 - cost.py     alpha-beta costs (ring, hierarchical, NCCL's latency split), the overlapped bucket schedule with
-              compute interference, Horovod's cycles and Tensor Fusion, fit_alpha_beta
+              compute interference, Horovod's cycles and Tensor Fusion, FSDP's and HSDP's all-gathers and
+              reduce-scatters per unit, fit_alpha_beta
 - cluster.py  cluster presets (presets/*.yaml); one GPU's published throughput (scaling/devices.yaml)
-- compute.py  one worker's step (data, forward, backward, optimizer) from a run or a device
+- compute.py  one worker's step (data, forward, backward, optimizer) from a run, a device, or a transformer's MFU
 - project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
 - overlay.py  project_sweep, add_projection: projected columns for `scaling report` (a sweep with workers.cluster)
 - make_layer_tables.py  regenerates layers/*.json (needs torch and the instrument's FLOP counting; never
               imported by the package)
+- llama.py    Llama 3.1 8B's shape as a torch module, for make_layer_tables.py only (meta device)
 """
 
 from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, load_cluster, preset_names
