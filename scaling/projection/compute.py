@@ -32,7 +32,8 @@ sequences of T tokens does b T x `train_flops_per_token` model FLOPs (the layer 
 end-to-end figure (its step includes the exposed communication and the optimizer), so taking it
 as compute alone is a little pessimistic. Forward and backward split it in the ratio of their
 hardware FLOPs: backward does 2x forward plus what activation checkpointing recomputes (the
-table's `recompute_flops`). The default MFU per device is a published one (`TRANSFORMER_MFU`);
+table's `recompute_flops`). The optimizer is AdamW's step, memory-bound: 28 bytes per parameter
+at the device's memory bandwidth (an FSDP projection divides it over the shards). The default MFU per device is a published one (`TRANSFORMER_MFU`);
 where none is, `--mfu` is required.
 
 From concurrent runs (`compute_from_concurrent_runs`): K one-worker runs started together, one
@@ -198,10 +199,14 @@ def compute_from_mfu(device: str | None, model: str, precision: str, per_worker_
     step = tokens * table["train_flops_per_token"] / (mfu * peak * 1e12)
     forward = table["forward_flops_per_sample"]
     backward = table["backward_flops_per_sample"] + recompute_share(table, activation_checkpointing) * forward
+    bandwidth = (spec or {}).get("memory_bandwidth_GBps")
+    optimizer = adamw_estimate_s(table["parameters"], bandwidth * 1e9) if bandwidth else 0.0
     source = (f"{device} {precision}: {table['train_flops_per_token'] / 1e9:.2f} GFLOP per token (layer table) at "
-              f"{source} of {peak:g} TFLOP/s; {per_worker_batch} x {table['seq_len']} tokens per GPU")
+              f"{source} of {peak:g} TFLOP/s; {per_worker_batch} x {table['seq_len']} tokens per GPU; the optimizer "
+              + (f"AdamW, memory-bound ({ADAMW_BYTES_PER_PARAMETER} bytes per parameter at {bandwidth:g} GB/s, the "
+                 f"datasheet's)" if bandwidth else "not split out (no device memory bandwidth)"))
     return StepCompute(data_s=0.0, forward_s=step * forward / (forward + backward),
-                       backward_s=step * backward / (forward + backward), optimizer_s=0.0,
+                       backward_s=step * backward / (forward + backward), optimizer_s=optimizer,
                        per_worker_batch=per_worker_batch, precision=precision, source=source, device=device)
 
 

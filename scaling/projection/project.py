@@ -89,10 +89,9 @@ from scaling.projection.cluster import (
     PRESET_DIR, Cluster, cluster_from_alpha_beta, describe_link, describe_terms, load_cluster, normalize_precision,
 )
 from scaling.projection.compute import (
-    ADAMW_BYTES_PER_PARAMETER, StepCompute, adamw_estimate_s, compute_from_concurrent_runs, compute_from_device,
-    compute_from_mfu, compute_from_run, jitter_straggler_s, recompute_share, run_model,
+    StepCompute, compute_from_concurrent_runs, compute_from_device,
+    compute_from_mfu, compute_from_run, jitter_straggler_s, run_model,
 )
-from scaling.devices import load_devices
 from scaling.projection.cost import (
     allreduce_s, fsdp_schedule, gather_s, horovod_schedule, hsdp_gather_s, hsdp_scatter_s, overlap_schedule, scatter_s,
 )
@@ -404,9 +403,12 @@ def run_projection(
                      f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)")
 
     fsdp = _fsdp_plan(table, compute, cluster, backend, activation_checkpointing, reshard_after_forward,
-                      fsdp_reduce_dtype, from_run is not None) if backend in SHARDED else None
+                      fsdp_reduce_dtype) if backend in SHARDED else None
     if fsdp is not None:
         notes.extend(fsdp["notes"])
+        if cluster.overlap_slowdown:
+            notes.append(f"note: the overlap slowdown ({cluster.overlap_slowdown:g}) is not applied to FSDP's "
+                         f"schedule (cost.py): its interference is 0 here")
 
     samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
     if samples_per_epoch is None and transformer:
@@ -533,7 +535,7 @@ def available_transformers() -> list[str]:
 
 
 def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str, checkpointing: str,
-               reshard: bool, reduce_dtype: str, from_run: bool) -> dict:
+               reshard: bool, reduce_dtype: str) -> dict:
     """Per unit (root first): compute times, bytes gathered and reduced, reshard flags; the notes."""
     units = table["units"]
     forward_flops = sum(u["forward_flops"] for u in units)
@@ -546,16 +548,8 @@ def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str
     scatter_bytes = [u["params"] * DTYPE_BYTES[reduce_dtype] for u in units]
     # the root is never resharded (FSDP2 keeps it), nor the last block (its backward comes first: torchtitan)
     flags = [False] + [reshard and i < len(units) - 2 for i in range(len(units) - 1)]
-    if from_run:
-        optimizer_note = "the optimizer: the run's one-worker step over the GPU's shard"
-        optimizer_s = compute.optimizer_s
-    else:
-        spec = load_devices().get(compute.device) or {}
-        bandwidth = spec.get("memory_bandwidth_GBps")
-        optimizer_s = adamw_estimate_s(table["parameters"], bandwidth * 1e9) if bandwidth else 0.0
-        optimizer_note = (f"the optimizer: AdamW, memory-bound ({ADAMW_BYTES_PER_PARAMETER} bytes per parameter at "
-                          f"{bandwidth:g} GB/s, {compute.device}'s datasheet), over the GPU's shard"
-                          if bandwidth else "the optimizer: not split out (no device memory bandwidth)")
+    optimizer_s = compute.optimizer_s  # one GPU's step over every parameter; each GPU steps its shard
+    optimizer_note = "the optimizer: the one-GPU step (compute, above) over the GPU's shard"
     resharded = sum(flags)
     notes = [
         f"backend {backend}: {len(units)} units (root: {', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
