@@ -1,8 +1,10 @@
 """A user's own Ray Train job (examples/own_job) through the lab, as a user would run it.
 
 - `ray job submit ... scaling sweep examples/own_job/sweep.yaml --workers 1,2` on a real Ray
-  head runs the user's train function at 1 and 2 workers into the lab's run directories, and
-  `scaling report` draws the speedup, communication-overhead and step-breakdown figures;
+  head runs the user's train function at 1 and 2 workers into the lab's run directories under
+  the job's SCALING_RESULTS_DIR (the job's log names the sweep directory there; this is the
+  suite's one `ray job submit` of a sweep), and `scaling report` draws the speedup,
+  communication-overhead and step-breakdown figures;
 - the ground truth on the user's job: `instrument.inject_comm_delay_s = D` grows, against the
   sweep's own 2-worker run (the same config but for D), each of these by D within +-15%:
   the exposed communication per step (the comm hook's marks), the A/B (sync - no_sync)
@@ -69,6 +71,10 @@ def own_sweep(ray_cluster, tmp_path_factory):
     job_id = re.search(r"Job '([^']+)' submitted successfully", submit.stdout + submit.stderr).group(1)
     status = subprocess.run([str(BIN / "ray"), "job", "status", job_id], env=env, capture_output=True, text=True, timeout=60)
     assert "succeeded" in (status.stdout + status.stderr).lower()
+    # the job's log names where the results landed: under SCALING_RESULTS_DIR, not the job's
+    # temporary working directory (docs/running.md, "ray job submit")
+    logs = subprocess.run([str(BIN / "ray"), "job", "logs", job_id], env=env, capture_output=True, text=True, timeout=60)
+    assert f"sweep directory: {tmp / 'results' / 'own'}" in logs.stdout, logs.stdout[-2000:]
     return tmp / "results" / "own"
 
 

@@ -1,13 +1,13 @@
-"""Sweeps: every run recorded, a failed run does not stop the sweep, re-running resumes,
-and `ray job submit` runs a sweep on a real Ray head whose results are found afterwards."""
+"""Sweeps: every run recorded, a failed run does not stop the sweep, re-running resumes, and
+`repeats: auto` adds repeats until the interval is narrow or the cap. `ray job submit` of a
+sweep on a real Ray head, its results found afterwards under SCALING_RESULTS_DIR, is
+tests/test_own_job.py's sweep (one Ray job for both proofs)."""
 
 import json
-import re
-import subprocess
 
 import pandas as pd
 
-from tests.conftest import BIN, REPO, run_cli
+from tests.conftest import REPO, run_cli
 
 # One epoch, one evaluation: 16 steps at 1 worker, 8 per rank at 2 (3 after the warm-up); what the
 # sweep tests check is the sweep's bookkeeping, which one epoch per run exercises whole.
@@ -60,25 +60,6 @@ def test_sweep_refuses_a_different_sweep_in_the_same_dir(tmp_path):
 def test_sweep_bad_workers_list(tmp_path):
     result = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1,x", "--out", str(tmp_path / "s"))
     assert result.returncode == 2 and "--workers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-
-
-def test_ray_job_submit_runs_a_sweep(ray_cluster, tmp_path):
-    env = {**ray_cluster["env"], "RAY_ADDRESS": ray_cluster["dashboard"]}
-    runtime_env = json.dumps({"env_vars": {"SCALING_RESULTS_DIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}})
-    submit = subprocess.run(
-        [str(BIN / "ray"), "job", "submit", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
-         "scaling", "sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", "results/qs", *TINY],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
-    job_id = re.search(r"Job '([^']+)' submitted successfully", submit.stdout + submit.stderr).group(1)
-    status = subprocess.run([str(BIN / "ray"), "job", "status", job_id], env=env, capture_output=True, text=True, timeout=60)
-    assert "succeeded" in (status.stdout + status.stderr).lower()
-    logs = subprocess.run([str(BIN / "ray"), "job", "logs", job_id], env=env, capture_output=True, text=True, timeout=60)
-    assert f"sweep directory: {tmp_path / 'results' / 'qs'}" in logs.stdout
-    index = pd.read_parquet(tmp_path / "results" / "qs" / "runs.parquet")
-    assert sorted(index["num_workers"]) == [1, 2] and set(index["status"]) == {"max_epochs"}
-    assert set(index["launcher"]) == {"ray"}
 
 
 def test_repeats_auto_adds_repeats_until_the_interval_is_narrow_or_the_cap(tmp_path):
