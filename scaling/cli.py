@@ -321,9 +321,11 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
                              "device's published one, else required)")
     parser.add_argument("--activation-checkpointing", choices=("none", "selective", "full"), default=None,
                         help="transformers: activations held and recomputed (default selective, torchtitan's)")
-    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
-                        help="--backend fsdp/hsdp: keep gathered blocks until backward, no re-gather (default: "
-                             "reshard every block but the last, torchtitan's)")
+    parser.add_argument("--reshard-after-forward", choices=("all-but-last", "all", "none"), default="all-but-last",
+                        help="--backend fsdp/hsdp: the blocks freed after forward and gathered again for backward "
+                             "(default all-but-last, torchtitan's; all: FSDP2's default; none: kept to backward)")
+    parser.add_argument("--fsdp-param-dtype", choices=("fp32", "bf16"), default=None,
+                        help="--backend fsdp/hsdp: the parameters' dtype in the all-gather (default: the precision)")
     parser.add_argument("--fsdp-reduce-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="--backend fsdp/hsdp: the gradients' dtype in the reduce-scatter (default fp32, "
                              "torchtitan's)")
@@ -463,6 +465,7 @@ def _cmd_project(args) -> int:
         horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
         mfu=args.mfu, activation_checkpointing=args.activation_checkpointing,
         reshard_after_forward=args.reshard_after_forward, fsdp_reduce_dtype=args.fsdp_reduce_dtype,
+        fsdp_param_dtype=args.fsdp_param_dtype,
     )
     rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
     written = _write_projection(df, rows, args.out) if args.out is not None else []

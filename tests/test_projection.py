@@ -745,7 +745,8 @@ def test_overlap_slowdown_measured_from_a_run(tmp_path):
 
 # ---------------------------------------------------------------------------- FSDP, transformers, memory
 
-TRANSFORMERS = ("gpt2-small", "gpt2-medium", "llama3-8b")
+# the counted FLOPs may fall under the formula by the norms' and biases' share (GPT-2 tiny's 64-wide layers: 1.3%)
+TRANSFORMERS = {"gpt2-tiny": 0.015, "gpt2-small": 0.001, "gpt2-medium": 0.001, "llama3-8b": 0.001}
 
 
 @pytest.mark.parametrize("model", TRANSFORMERS)
@@ -753,14 +754,15 @@ def test_transformer_tables_hold_torchtitans_flops_formula(model):
     """The counted training FLOPs per token (FlopCounterMode on the meta device) against
     torchtitan's get_nparams_and_flops: 6 (N - embedding) + 12 L H Q T, recomputed here by hand
     from the table's shape (make_layer_tables.py). The counter leaves out the elementwise work the
-    formula gives 6 FLOPs per parameter of norms and biases: at most 0.1% under it."""
+    formula gives 6 FLOPs per parameter of norms and biases: at most 0.1% under it, but for
+    gpt2-tiny, whose biases and norms weigh more beside 64-wide matrices."""
     table = load_layer_table(model)
     shape, seq = table["shape"], table["seq_len"]
     formula = 6 * (table["parameters"] - shape["lookup_embedding_params"]) + \
         12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq
     assert table["formula_flops_per_token"] == formula
     counted = table["train_flops_per_token"]
-    assert formula * 0.999 <= counted <= formula
+    assert formula * (1 - TRANSFORMERS[model]) <= counted <= formula
     # FSDP units: the root and one per block, every parameter in one unit, FLOPs adding up
     units = table["units"]
     assert units[0]["name"] == "root" and len(units) == shape["layers"] + 1
@@ -839,7 +841,10 @@ def test_fsdp_projection_of_llama3_8b():
         assert r["step_s"] == pytest.approx(r["data_s"] + r["forward_s"] + r["backward_s"] + r["optimizer_s"])
     # no re-gather without resharding; HSDP keeps a node's shard (more memory) and reduces across nodes
     kept = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="fsdp", reshard_after_forward=False)
-    assert (kept["regather_s"] == 0).all()
+    assert (kept["regather_s"] == 0).all() and (kept["memory_gib"] > df["memory_gib"]).iloc[1:].all()
+    every = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="fsdp", reshard_after_forward="all")
+    # FSDP2's default re-gathers the last block too: 32 blocks' bf16 parameters, against torchtitan's 31
+    assert every["regather_s"].iloc[1] == pytest.approx(df["regather_s"].iloc[1] * 32 / 31, rel=1e-6)
     hsdp = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="hsdp")
     assert hsdp["memory_gib"].iloc[2] == pytest.approx(r8["memory_gib"])
     assert hsdp["allreduce_algorithm"].iloc[2] == "hsdp"
@@ -853,6 +858,7 @@ def test_fsdp_projection_of_llama3_8b():
     (dict(model="llama3-8b", backend="fsdp", mfu=1.5), "--mfu must be in"),
     (dict(model="llama3-8b", backend="fsdp", activation_checkpointing="some"), "activation checkpointing"),
     (dict(model="llama3-8b", backend="fsdp", cluster="p4d.24xlarge"), "no published bf16 MFU"),
+    (dict(model="llama3-8b", backend="fsdp", reshard_after_forward="some"), "reshard_after_forward must be"),
 ])
 def test_fsdp_errors_are_one_line(kwargs, says):
     kwargs = {"cluster": "h100x8_400g_per_gpu", **kwargs}
@@ -895,6 +901,9 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     cluster.write_text("name: two-hosts-1gbit\ngpus_per_node: 1\n"
                        "inter_node: {name: 1 Gbit/s, bandwidth_Gbps: 1, efficiency: 1.0, latency_us: 100}\n")
     sweep = make_fake_sweep(tmp_path, backend="fsdp", cluster=str(cluster))
+    for config_path in Path(sweep).glob("runs/*/config.yaml"):  # the lab's FSDP settings, FSDP2's defaults
+        config_path.write_text(config_path.read_text() + "fsdp: {reshard_after_forward: true, param_dtype: float32, "
+                               "reduce_dtype: bfloat16}\n")
     for summary_path in Path(sweep).glob("runs/*/summary.json"):
         summary = json.loads(summary_path.read_text())
         summary_path.write_text(json.dumps({**summary, "model": "gpt2-small"}))
@@ -903,8 +912,10 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",),
                                                lambda run: SweepDir(sweep).run(run["run_key"]))
     assert not warnings and "backend fsdp" in notes[0]
+    assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks resharded" in notes[0]
     direct = run_projection("gpt2-small", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
-                            backend="fsdp")
+                            backend="fsdp", reshard_after_forward=True, fsdp_reduce_dtype="bf16",
+                            fsdp_param_dtype="fp32", activation_checkpointing="none")
     by_n = projected.set_index("num_workers")
     assert by_n["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
     assert by_n["projected_exposed_comm_pct"].tolist() == pytest.approx(direct["exposed_comm_pct"].tolist())

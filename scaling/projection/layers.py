@@ -4,7 +4,7 @@ Layer tables (`scaling/projection/layers/<model>.json`, written by
 `python -m scaling.projection.make_layer_tables`) hold, per leaf module with parameters and in
 the order backward makes their gradients ready (measured from DDP), its forward and backward
 FLOPs per sample and its parameter tensors. A transformer's table (`"kind": "transformer"`:
-gpt2-small, gpt2-medium, llama3-8b) also holds its FSDP `units`, per-token FLOPs, saved
+gpt2-tiny, gpt2-small, gpt2-medium, llama3-8b) also holds its FSDP `units`, per-token FLOPs, saved
 activations and recomputation (make_layer_tables.py); its layers are in reverse forward order,
 an estimate of the gradient order (DDP is not probed), and it has no recorded DDP bucket sizes.
 

@@ -28,7 +28,7 @@ reports that order (`rebuilt_per_bucket_param_indices`) and the rebuilt bucket s
 the tests to hold the pure-Python bucketing to. Gradient order does not depend on the input size, so the DDP probe runs at a
 small input (`probe_size`) to be quick on a CPU.
 
-Transformers (`TRANSFORMERS`: gpt2-small, gpt2-medium from the registry; llama3-8b from
+Transformers (`TRANSFORMERS`: gpt2-tiny, gpt2-small, gpt2-medium from the registry; llama3-8b from
 scaling/projection/llama.py, meta device only) get, besides `layers`, a list of FSDP `units` in
 forward order, as torchtitan and the lab shard them (`fully_shard` on every block, then on the
 root, which holds the embeddings, the final norm and the output head):
@@ -88,9 +88,11 @@ MODELS = {
     "resnet56": (10, 32, 32, "cifar10", 50_000),
     "small_cnn": (10, 32, 32, "cifar10", 50_000),
 }
-# name -> (builder of the model on the meta device, vocabulary, sequence length, shape: layers, heads, head dim,
-# the embedding tables that do no matmul). Sequence lengths: GPT-2's context; torchtitan's llama3_8b.toml (8,192).
+# name -> (where the model comes from, vocabulary, sequence length). Sequence lengths: GPT-2's context;
+# torchtitan's llama3_8b.toml (8,192); gpt2-tiny at experiments/gpt2-tiny.yaml's vocabulary and sequence,
+# so that the report can project the lab's own FSDP sweeps of it.
 TRANSFORMERS = {
+    "gpt2-tiny": ("registry", 256, 64),
     "gpt2-small": ("registry", 50257, 1024),
     "gpt2-medium": ("registry", 50257, 1024),
     "llama3-8b": ("llama", 128256, 8192),

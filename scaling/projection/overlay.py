@@ -21,7 +21,9 @@ is, and `projected_efficiency_throughput` = that speedup / (N / base).
 
 The projection is `run_projection`, the same model and cluster terms as `scaling project`, with
 the runs' backend (DDP, Horovod with its cycle time and fusion threshold, or FSDP/HSDP, whose
-model needs a transformer's layer table: gpt2-small, gpt2-medium, llama3-8b). For an FSDP sweep
+model needs a transformer's layer table: gpt2-tiny, gpt2-small, gpt2-medium, llama3-8b; the run's
+`fsdp:` settings, reshard after forward and the gathered and reduced dtypes, and no activation
+checkpointing, as the lab's loop trains). For an FSDP sweep
 the three figures are FSDP's (project.py): time with an all-gather or reduce-scatter in flight,
 compute waiting on a collective, and the A/B without reduce-scatters, as the lab's FSDP adapter
 measures them.
@@ -42,6 +44,26 @@ def _mode(values: pd.Series):
     values = values.dropna()
     values = values[values.astype(str) != ""]
     return values.mode().iloc[0] if not values.empty else None
+
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def _fsdp_settings(run) -> dict:
+    """The FSDP settings a run trained with (its config's `fsdp:`), as run_projection takes them; the
+    lab's loop checkpoints no activations."""
+    try:
+        fsdp = (run.config or {}).get("fsdp") or {}
+    except (OSError, ValueError):
+        fsdp = {}
+    settings = {"activation_checkpointing": "none"}
+    if isinstance(fsdp.get("reshard_after_forward"), bool):
+        settings["reshard_after_forward"] = fsdp["reshard_after_forward"]  # FSDP2's bool: every block, or none
+    if fsdp.get("reduce_dtype") in _DTYPES:
+        settings["fsdp_reduce_dtype"] = _DTYPES[fsdp["reduce_dtype"]]
+    if fsdp.get("param_dtype") in _DTYPES:
+        settings["fsdp_param_dtype"] = _DTYPES[fsdp["param_dtype"]]
+    return settings
 
 
 def _base_run(ok: pd.DataFrame) -> pd.Series:
@@ -79,7 +101,7 @@ def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tupl
         counts = sorted(int(n) for n in part["num_workers"].unique())
         horovod = {}
         if str(base.get("backend")) in ("fsdp", "hsdp"):
-            horovod = {"backend": str(base.get("backend"))}
+            horovod = {"backend": str(base.get("backend")), **_fsdp_settings(run_dir_of(base))}
         if str(base.get("backend")) == "horovod":
             horovod = {"backend": "horovod"}
             for key in ("horovod_cycle_time_ms", "horovod_fusion_threshold_mb"):

@@ -35,8 +35,9 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   token under the activation checkpointing, x tokens per GPU) plus the largest transient (a
   checkpointed block's recomputed activations, or the loss's fp32 gradient of the logits);
   FSDP's buffers: the root's unsharded bf16 parameters and gradients (held from its forward to
-  its reduce-scatter), two blocks' bf16 parameters (the one computing and the one prefetched) and
-  one unit's fp32 gradients at its reduce-scatter. Not counted: the CUDA context, the caching
+  its reduce-scatter), two blocks' bf16 parameters (the one computing and the one prefetched;
+  every block's when none is resharded) and one unit's fp32 gradients at its reduce-scatter. A
+  block's activations in the table are bf16's; they double under fp32 compute. Not counted: the CUDA context, the caching
   allocator's reserve and fragmentation, NCCL's buffers.
 - tokens_per_s_per_gpu = per-GPU batch x sequence length / step_s (transformers).
 - interference_s: how much longer backward compute takes because all-reduces overlap it
@@ -103,6 +104,7 @@ from scaling.projection.layers import (
 COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
 BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
 SHARDED = ("fsdp", "hsdp")
+RESHARD = ("all-but-last", "all", "none")  # blocks resharded after forward: torchtitan's, FSDP2's default, none
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
@@ -264,8 +266,9 @@ def run_projection(
     overlap_slowdown: float | None = None,
     mfu: float | None = None,
     activation_checkpointing: str | None = None,
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool | str = "all-but-last",
     fsdp_reduce_dtype: str = "fp32",
+    fsdp_param_dtype: str | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -293,15 +296,16 @@ def run_projection(
     Horovod's current 1 ms and 128 MiB).
     overlap_slowdown: the interference term instead of the cluster's (e.g. what a multi-worker
     run measured: compute.measured_overlap_slowdown).
-    backend "fsdp" or "hsdp" (a transformer: llama3-8b, gpt2-small, gpt2-medium): FSDP's
+    backend "fsdp" or "hsdp" (a transformer: llama3-8b, gpt2-small, gpt2-medium, gpt2-tiny): FSDP's
     collectives per unit (module docstring). mfu: the compute rate of a transformer, its model
     FLOPs utilisation (default the device's published one, compute.TRANSFORMER_MFU).
     activation_checkpointing: none | selective | full (transformers; default selective,
     torchtitan's): the activations held and the recomputation in backward.
-    reshard_after_forward: FSDP frees a block's gathered parameters after its forward and gathers
-    them again for backward (default True: every block but the last, torchtitan's default; False:
-    none). fsdp_reduce_dtype: the gradients' dtype in the reduce-scatter (fp32, torchtitan's
-    default, or bf16). For transformers the per-GPU batch is in sequences (default 2) and the
+    reshard_after_forward: which blocks FSDP frees after forward and gathers again for backward:
+    "all-but-last" (default, torchtitan's policy), "all" (FSDP2's default, `True`), "none"
+    (`False`). fsdp_reduce_dtype: the gradients' dtype in the reduce-scatter (fp32, torchtitan's
+    default, or bf16); fsdp_param_dtype: the parameters' in the all-gather and compute (default
+    the compute precision). For transformers the per-GPU batch is in sequences (default 2) and the
     precision defaults to bf16.
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
@@ -319,6 +323,13 @@ def run_projection(
                          f"(transformers: {', '.join(m for m in available_transformers())})")
     if fsdp_reduce_dtype not in ("fp32", "bf16"):
         raise UsageError(f"fsdp_reduce_dtype must be fp32 or bf16, got {fsdp_reduce_dtype!r}")
+    if fsdp_param_dtype not in (None, "fp32", "bf16"):
+        raise UsageError(f"fsdp_param_dtype must be fp32 or bf16, got {fsdp_param_dtype!r}")
+    reshard_after_forward = {True: "all", False: "none"}.get(reshard_after_forward, reshard_after_forward) \
+        if isinstance(reshard_after_forward, bool) else reshard_after_forward
+    if reshard_after_forward not in RESHARD:
+        raise UsageError(f"reshard_after_forward must be one of {', '.join(RESHARD)} (or True / False), "
+                         f"got {reshard_after_forward!r}")
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     cluster = cluster.with_algorithm(allreduce)
@@ -402,8 +413,9 @@ def run_projection(
         notes.append(f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
                      f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)")
 
+    param_dtype = fsdp_param_dtype or compute.precision
     fsdp = _fsdp_plan(table, compute, cluster, backend, activation_checkpointing, reshard_after_forward,
-                      fsdp_reduce_dtype) if backend in SHARDED else None
+                      fsdp_reduce_dtype, param_dtype) if backend in SHARDED else None
     if fsdp is not None:
         notes.extend(fsdp["notes"])
         if cluster.overlap_slowdown:
@@ -467,7 +479,7 @@ def run_projection(
             extra = {k: fsdp_row[k] for k in FSDP_COLUMNS}
         if transformer:
             extra.update(_memory(table, compute, backend, n_nodes, per_node, activation_checkpointing,
-                                 reshard_after_forward))
+                                 reshard_after_forward, fsdp_param_dtype or compute.precision))
             extra["tokens_per_s_per_gpu"] = b * table["seq_len"] / step
         throughput = n * b / step
         steps_per_epoch = samples_per_epoch // (n * b) if samples_per_epoch else 0
@@ -535,7 +547,7 @@ def available_transformers() -> list[str]:
 
 
 def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str, checkpointing: str,
-               reshard: bool, reduce_dtype: str) -> dict:
+               reshard: str, reduce_dtype: str, param_dtype: str) -> dict:
     """Per unit (root first): compute times, bytes gathered and reduced, reshard flags; the notes."""
     units = table["units"]
     forward_flops = sum(u["forward_flops"] for u in units)
@@ -543,20 +555,21 @@ def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str
     forward = [compute.forward_s * u["forward_flops"] / forward_flops for u in units]
     backward = [compute.backward_s * (u["backward_flops"] + u["recompute_flops"][checkpointing]) / backward_flops
                 for u in units]
-    param_bytes = DTYPE_BYTES[compute.precision]
+    param_bytes = DTYPE_BYTES[param_dtype]
     gather_bytes = [u["params"] * param_bytes for u in units]
     scatter_bytes = [u["params"] * DTYPE_BYTES[reduce_dtype] for u in units]
-    # the root is never resharded (FSDP2 keeps it), nor the last block (its backward comes first: torchtitan)
-    flags = [False] + [reshard and i < len(units) - 2 for i in range(len(units) - 1)]
+    # the root is never resharded (FSDP2 keeps it); torchtitan keeps the last block too (its backward comes first)
+    flags = [False] + [reshard == "all" or (reshard == "all-but-last" and i < len(units) - 2)
+                       for i in range(len(units) - 1)]
     optimizer_s = compute.optimizer_s  # one GPU's step over every parameter; each GPU steps its shard
     optimizer_note = "the optimizer: the one-GPU step (compute, above) over the GPU's shard"
     resharded = sum(flags)
     notes = [
         f"backend {backend}: {len(units)} units (root: {', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
-        f"of {units[1]['params'] / 1e6:.1f}M parameters); all-gather in {compute.precision} "
+        f"of {units[1]['params'] / 1e6:.1f}M parameters); all-gather in {param_dtype} "
         f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
         f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks resharded after forward and gathered again for "
-        f"backward{' (torchtitan: all but the last)' if reshard else ''}; one unit prefetched; "
+        f"backward ({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); one unit prefetched; "
         + ("sharded inside a node, replicated across nodes (reduce-scatter inside, all-reduce of the shards across)"
            if backend == "hsdp" else "sharded over every GPU"),
         f"costs (cost.py, nccl-tests' definitions): all-gather and reduce-scatter (n-1)/n x S / bus bandwidth over the "
@@ -591,25 +604,31 @@ def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, 
 
 
 def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_node: int, checkpointing: str,
-            reshard: bool) -> dict:
+            reshard: str, param_dtype: str) -> dict:
     """Memory per GPU (module docstring), in bytes."""
     n = n_nodes * per_node
     shards = n if backend == "fsdp" else per_node if backend == "hsdp" else 1
     units = table["units"]
     tokens = compute.per_worker_batch * table["seq_len"]
     states = STATE_BYTES_PER_PARAMETER * table["parameters"] / shards
-    held = tokens * sum(u["activation_bytes_per_token"][checkpointing] for u in units)
+    # the table's bytes are bf16 compute's: a block's activations scale with the compute precision (the
+    # root's are mostly the loss's fp32 log-softmax, in fp32 either way)
+    scale = DTYPE_BYTES[compute.precision] / 2
+    blocks = units[1:]
+    held = tokens * (units[0]["activation_bytes_per_token"][checkpointing]
+                     + scale * sum(u["activation_bytes_per_token"][checkpointing] for u in blocks))
     # the largest transient: a checkpointed block's activations recomputed for its backward, or the
     # loss's gradient of the fp32 logits beside the saved log-softmax (4 bytes per vocabulary entry per token)
-    blocks = units[1:]
-    recomputed = max((u["activation_bytes_per_token"]["none"] - u["activation_bytes_per_token"][checkpointing]
-                      for u in blocks), default=0.0)
+    recomputed = scale * max((u["activation_bytes_per_token"]["none"] - u["activation_bytes_per_token"][checkpointing]
+                              for u in blocks), default=0.0)
     transient = tokens * max(recomputed, 4.0 * table["num_classes"])
     buffers = 0.0
     if backend in SHARDED:
-        param_bytes = DTYPE_BYTES[compute.precision]
+        param_bytes = DTYPE_BYTES[param_dtype]
         root, block = units[0]["params"], max((u["params"] for u in blocks), default=0)
-        buffers = 2 * param_bytes * root + 2 * param_bytes * block + 4 * max(root, block)
+        # gathered blocks: the one computing and the one prefetched, or, never resharded, every block to backward
+        gathered = sum(u["params"] for u in blocks) if reshard == "none" else 2 * block
+        buffers = 2 * param_bytes * root + param_bytes * gathered + 4 * max(root, block)
     total = states + held + transient + buffers
     return {"memory_states_bytes": states, "memory_activations_bytes": held + transient,
             "memory_buffers_bytes": buffers, "memory_bytes": total, "memory_gib": total / GIB}
