@@ -13,6 +13,7 @@ writes, atomically, into SWEEP/report/:
     report.md                 tables (markdown) and the figures, one line defining each
     speedup.{png,svg}         comm_overhead.{png,svg}    step_breakdown.{png,svg}
     accuracy_curves.{png,svg} throughput_vs_tta.{png,svg} tta_spread.{png,svg}  roofline.{png,svg}
+    memory.{png,svg}             (runs that recorded their peak memory per rank)
     comm_vs_bandwidth.{png,svg}  (a minicluster sweep over link caps)
 
 Failed runs are counted and named in a warning, and left out of the figures (the rule:
@@ -95,16 +96,38 @@ COMM_FIGURES = (
     ("exposed_comm_pct", "exposed comm (% of step)"),
     ("comm_overhead_pct", "comm overhead A/B (% of step)"),
 )
+# A sharded backend's (FSDP's) collectives by kind, beside the all-reduce: shown where a run has them.
+KIND_FIGURES = (
+    ("allgather_pct", "communicating: all-gather in flight (% of step)"),
+    ("regather_pct", "of which backward re-gathers (% of step)"),
+    ("reducescatter_pct", "communicating: reduce-scatter in flight (% of step)"),
+    ("exposed_allgather_pct", "exposed all-gather (% of step)"),
+    ("exposed_reducescatter_pct", "exposed reduce-scatter (% of step)"),
+)
 
 
-def _comm_columns(keys) -> list[tuple]:
-    return _key_columns(keys) + [(column, header, _num(".1f")) for column, header in COMM_FIGURES] + [
+MEMORY_FIGURES = (
+    ("peak_memory_bytes", "peak memory, largest rank (MiB)"),
+    ("peak_memory_min_bytes", "smallest rank (MiB)"),
+)
+
+
+def _comm_columns(keys, table: pd.DataFrame | None = None) -> list[tuple]:
+    """The communication table's columns: the kinds and the peak memory where the runs recorded them."""
+    def present(column: str) -> bool:
+        return table is not None and _any(table, column)
+
+    kinds = [(column, header, _num(".1f")) for column, header in KIND_FIGURES if present(column)]
+    memory = [(column, header, _num(",.0f", 2**-20)) for column, header in MEMORY_FIGURES if present(column)]
+    return _key_columns(keys) + [(column, header, _num(".1f")) for column, header in COMM_FIGURES[:1]] + kinds + [
+        (column, header, _num(".1f")) for column, header in COMM_FIGURES[1:]] + [
         ("step_s", "step (ms)", _num(".2f", 1e3)),
         ("data_s", "data (ms)", _num(".2f", 1e3)),
         ("forward_s", "forward (ms)", _num(".2f", 1e3)),
         ("backward_compute_s", "backward compute (ms)", _num(".2f", 1e3)),
         ("exposed_comm_s", "exposed comm (ms)", _num(".2f", 1e3)),
         ("optimizer_s", "optimizer (ms)", _num(".2f", 1e3)),
+        *memory,
     ]
 
 
@@ -304,6 +327,8 @@ def _figures(table, curves, spread, target, bandwidth) -> dict:
         "roofline": (fg.roofline_figure, table),
         "tta_spread": (fg.tta_spread_figure, spread),
     }
+    if _any(table, "peak_memory_bytes"):  # beside the speedup, where the runs recorded their peak memory
+        figures = {"speedup": figures.pop("speedup"), "memory": (fg.memory_figure, table), **figures}
     if not bandwidth.empty:  # a minicluster sweep over link caps
         figures["comm_vs_bandwidth"] = (fg.comm_vs_bandwidth_figure, bandwidth)
     return figures
@@ -411,7 +436,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
         ("Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)", _scaling_columns(keys), table),
         ("Uncertainty: 95% intervals over repeats (bootstrap over runs)", _interval_columns(keys), table),
         ("Time to accuracy over repeats", _tta_columns(keys), table),
-        ("Communication and step time", _comm_columns(keys), table),
+        ("Communication and step time", _comm_columns(keys, table), table),
         ("Hardware utilisation (model FLOPs)", _utilisation_columns(keys), table),
     ]
     if not parts.empty:

@@ -36,6 +36,17 @@ Every figure in `summary.json` is defined here, once:
   or NCCL's kernels taking compute); each also as `_pct` of step_s. `straggler_rank`: the rank most
   often last to finish backward compute, `straggler_share` the share of steps it was.
   The per-rank means ("who waits for whom") go to ranks.parquet.
+- Per collective kind, where a backend has several (FSDP2: all-gathers of parameters, among them
+  the backward re-gathers, and reduce-scatters of gradients; DDP and Horovod have the all-reduce
+  alone, and these are None): `comm_s` (any collective in flight), `allgather_s`, `regather_s`,
+  `reducescatter_s` (that kind in flight) and `exposed_allgather_s`, `exposed_reducescatter_s`
+  (compute waiting for that kind), means over steady-state steps as the others, each also as
+  `_pct` of step_s (`comm_pct`, `allgather_pct`, ...). The same marks make collectives.parquet's
+  rows, one per collective (scaling/instrument/backends/fsdp.py defines each).
+- `peak_memory_bytes`: the largest rank's peak memory over the run's epochs (each epoch's
+  training; epochs.parquet, scaling/instrument/memory.py: max allocated on a GPU, the process's
+  resident high-water mark on a CPU, `peak_memory_method`); `peak_memory_min_bytes` the smallest
+  rank's (uneven shards or data show as a gap between the two).
 - `time_per_epoch_s`: median `train_s` over epochs after the first (the first holds start-up
   effects); the only epoch if there is one. Evaluation and calibration are excluded.
 - `throughput_samples_per_s`: median over the same epochs of samples / train_s;
@@ -116,8 +127,10 @@ import math
 import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
+# Per collective kind, where the backend has more than one (FSDP: scaling/instrument/backends/fsdp.py)
+KIND_FIELDS = ("comm_s", "allgather_s", "regather_s", "reducescatter_s", "exposed_allgather_s", "exposed_reducescatter_s")
 STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s",
-                        "micro_batches", "synced_micro_batches")
+                        "micro_batches", "synced_micro_batches", *KIND_FIELDS)
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
 STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
@@ -364,6 +377,23 @@ def ddp_second_opinion(epochs: pd.DataFrame, comm_span_s: float | None, comm_spa
     return out
 
 
+def peak_memory(epochs: pd.DataFrame) -> dict:
+    """`peak_memory_bytes`: the largest rank's peak over the run's epochs; `peak_memory_min_bytes`: the
+    smallest rank's, over the same epochs; `peak_memory_method`: how (module docstring). None without them."""
+    out = {"peak_memory_bytes": None, "peak_memory_min_bytes": None, "peak_memory_method": None}
+    if epochs.empty or "peak_memory_bytes" not in epochs.columns:
+        return out
+    out["peak_memory_bytes"] = _finite_or_none(epochs["peak_memory_bytes"].max())
+    if "peak_memory_min_bytes" in epochs.columns:  # one rank: its own peak
+        out["peak_memory_min_bytes"] = _finite_or_none(epochs["peak_memory_min_bytes"].max())
+    else:
+        out["peak_memory_min_bytes"] = out["peak_memory_bytes"]
+    if "peak_memory_method" in epochs.columns:
+        methods = epochs["peak_memory_method"].dropna()
+        out["peak_memory_method"] = str(methods.iloc[-1]) if not methods.empty else None
+    return out
+
+
 def _restarts_lost(attempts: list[dict] | None) -> list[tuple[int, float]]:
     """Per restart: (the epoch whose checkpoint it resumed from, 0 with none; the seconds it lost)."""
     attempts = attempts or []
@@ -478,6 +508,9 @@ def summarize_run(
     step_s = out["step_s"]
     out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
     out["allreduce_pct"] = 100.0 * out["allreduce_s"] / step_s if (step_s and out["allreduce_s"] is not None) else None
+    for kind in KIND_FIELDS:  # None where the backend has no such collective (DDP: no all-gather)
+        out[kind.removesuffix("_s") + "_pct"] = 100.0 * out[kind] / step_s if (step_s and out[kind] is not None) else None
+    out.update(peak_memory(epochs))
 
     out["comm_overhead_note"] = None
     steps_recorded = accumulator.counts["train"]["step_s"] > 0

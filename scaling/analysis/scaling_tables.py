@@ -20,6 +20,13 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
   `allreduce_pct` (time communicating: all-reduce in flight, % of step), `exposed_comm_pct`
   (exposed) and `comm_overhead_pct` (A/B): the **median** over the group's runs of the run's
   figure (defined once in scaling/analysis/run_metrics.py; docs/results.md).
+- Per collective kind, where a backend has several (FSDP2): `comm_pct` (any collective in flight),
+  `allgather_pct`, `regather_pct` (the backward re-gathers among them), `reducescatter_pct`,
+  `exposed_allgather_pct`, `exposed_reducescatter_pct`: the median over the group's runs of the
+  run's figure (run_metrics.py); NaN for DDP and Horovod, whose one kind is `allreduce_pct`; 0 by
+  definition at one worker in a series that has that kind at another count.
+- `peak_memory_bytes`, `peak_memory_min_bytes`: the median over the group's runs of the run's
+  largest and smallest rank's peak memory (run_metrics.py `peak_memory`): what sharding saves.
 - `reached_fraction` = n_reached / n_ok: the fraction of (non-failed) repeats that reached
   the target accuracy.
 - `tta_mean_s`, `tta_std_s`: mean and sample standard deviation (ddof=1) of `tta_s` over the
@@ -69,20 +76,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scaling.analysis.run_metrics import node_cost_usd
+from scaling.analysis.run_metrics import KIND_FIELDS, node_cost_usd
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
 # `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
 EXTRA_KEYS = ("backend", "global_batch", "num_nodes", "sweep")
 STEP_PARTS = ("data_s", "forward_s", "backward_compute_s", "exposed_comm_s", "optimizer_s")
 SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
+# Per collective kind (run_metrics.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
+KIND_PCTS = tuple(kind.removesuffix("_s") + "_pct" for kind in KIND_FIELDS)
 _NUMERIC = (
     "num_workers", "num_nodes", "global_batch", "per_worker_batch", "seed", "repeat", "target_accuracy",
     "epochs_run", "epochs_to_target", "tta_s", "tta_wall_s", "time_per_epoch_s", "throughput_samples_per_s",
     "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "exposed_comm_pct",
     "comm_overhead_pct", "allreduce_s", "allreduce_pct", "node_price_per_hour",
     "mfu", "achieved_flops_per_s", "arithmetic_intensity", "peak_flops_per_s", "mem_bytes_per_s",
-    "link_bandwidth_bits_per_s",
+    "link_bandwidth_bits_per_s", *KIND_PCTS, "peak_memory_bytes", "peak_memory_min_bytes",
 )
 
 
@@ -230,6 +239,10 @@ def _group_figures(group: pd.DataFrame) -> dict:
         "comm_overhead_pct": _col(ok, "comm_overhead_pct").median(),
         "exposed_comm_pct": _col(ok, "exposed_comm_pct").median(),
         "allreduce_pct": _allreduce_pct(ok).median(),
+        **{pct: _col(ok, pct).median() for pct in KIND_PCTS},
+        # the largest rank's peak memory (and the smallest rank's), median over the runs
+        "peak_memory_bytes": _col(ok, "peak_memory_bytes").median(),
+        "peak_memory_min_bytes": _col(ok, "peak_memory_min_bytes").median(),
         "step_s": _col(ok, "step_s").mean(),
         "data_s": _col(ok, "data_s").mean(),
         "forward_s": _col(ok, "forward_s").mean(),
@@ -266,8 +279,23 @@ def per_worker_count(runs: pd.DataFrame, group_by: tuple[str, ...] | list[str] =
     if missing:
         raise ValueError(f"group_by columns not in the run table: {missing}")
     table = _aggregate(prepare_runs(runs), keys)
+    table = _kinds_zero_at_one_worker(table, keys)
     table = add_speedup(table, keys)
     table.attrs["group_by"] = tuple(keys)
+    return table
+
+
+def _kinds_zero_at_one_worker(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """A collective kind's share is 0 by definition at one worker (the plain module: nothing communicated),
+    said in the series that have that kind at another count (an FSDP series' all-gathers, not DDP's)."""
+    table = table.copy()
+    others = [k for k in keys if k != "num_workers"]
+    parts = [part.index for _, part in table.groupby(others, dropna=False, sort=False)] if others else [table.index]
+    for index in parts:
+        one = index[(table.loc[index, "num_workers"] == 1).to_numpy()]
+        for pct in KIND_PCTS:
+            if table.loc[index, pct].notna().any():
+                table.loc[one, pct] = table.loc[one, pct].fillna(0.0)
     return table
 
 

@@ -65,6 +65,12 @@ PHASES = (  # column, legend label, colour: bottom of the stack first
     ("optimizer_s", "optimizer", "#F0E442"),
 )
 COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR = "#CC79A7", "#D55E00", "#0072B2"
+# Time in flight per collective kind: DDP's and Horovod's all-reduce; FSDP's all-gathers and reduce-scatters
+IN_FLIGHT = (  # column, legend label, colour, marker
+    ("allreduce_pct", "communicating: all-reduce in flight / t_step", COMM_IN_FLIGHT_COLOUR, "^"),
+    ("allgather_pct", "communicating: all-gather in flight (re-gathers too) / t_step", "#56B4E9", "v"),
+    ("reducescatter_pct", "communicating: reduce-scatter in flight / t_step", "#009E73", "D"),
+)
 # Projected curves (scaling/projection/overlay.py) over measured points: thin, dotted, grey-toned.
 PROJECTED_LINE = dict(linestyle=":", linewidth=1.4, marker="x", markersize=6, zorder=5)
 IDEAL = dict(color="black", linestyle="--", linewidth=1.0)
@@ -271,15 +277,17 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
 
 
 @captioned("Communication overhead",
-           "Three figures, medians over repeats, each a share of the step time: time communicating (an all-reduce "
-           "in flight, hidden or not: the DAWNBench analysis' \"communication overhead\"), the A/B communication "
-           "overhead, (t_sync − t_no_sync) / t_step, and the exposed communication (all-reduce not hidden behind "
-           "backward).")
+           "Three figures, medians over repeats, each a share of the step time: time communicating, per collective "
+           "kind (an all-reduce in flight for DDP and Horovod; an all-gather of parameters, backward re-gathers "
+           "included, and a reduce-scatter of gradients for FSDP; hidden or not: the DAWNBench analysis' "
+           "\"communication overhead\"), the A/B communication overhead, (t_sync − t_no_sync) / t_step (FSDP's "
+           "removes the reduce-scatters, not the all-gathers), and the exposed communication (what compute "
+           "waited for).")
 def comm_overhead_figure(table: pd.DataFrame) -> Figure:
     """Time communicating, communication overhead (A/B, headline) and exposed communication, % of step time."""
     log = use_log(table["num_workers"])
     # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
-    values = table[[c for c in ("allreduce_pct", "comm_overhead_pct", "exposed_comm_pct",
+    values = table[[c for c in (*(kind[0] for kind in IN_FLIGHT), "comm_overhead_pct", "exposed_comm_pct",
                                 "projected_comm_overhead_pct", "projected_allreduce_pct")
                     if c in table.columns]].to_numpy(dtype=float)
     highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
@@ -289,7 +297,7 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
         counts = part["num_workers"].to_numpy(dtype=float)
         drawn = False
         for column, label, colour, marker, style in (
-            ("allreduce_pct", "communicating: all-reduce in flight / t_step", COMM_IN_FLIGHT_COLOUR, "^", ":"),
+            *((column, label, colour, marker, ":") for column, label, colour, marker in IN_FLIGHT),
             ("comm_overhead_pct", "comm overhead, A/B: (t_sync − t_no_sync) / t_step", COMM_AB_COLOUR, "o", "-"),
             ("exposed_comm_pct", "exposed communication / t_step", COMM_EXPOSED_COLOUR, "s", "--"),
         ):
@@ -314,6 +322,46 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
 
     return _per_series(table, draw, title="Communication overhead vs. number of workers",
                        ylabel="share of step time (%, median over repeats, 95% interval)")
+
+
+@captioned("Peak memory per rank",
+           "Peak memory of a rank over an epoch's training (the largest over the run's epochs; median over repeats), "
+           "the largest rank's (solid) and the smallest rank's (dotted), per series: what sharding saves. On a GPU "
+           "the tensors' max allocated; on a CPU the process's resident high-water mark, interpreter and libraries "
+           "included (scaling/instrument/memory.py).")
+def memory_figure(table: pd.DataFrame) -> Figure:
+    """Peak memory per rank against the worker count, every series on one panel (DDP beside FSDP)."""
+    log = use_log(table["num_workers"])
+    with mpl.rc_context(STYLE):
+        fig, axes = _figure(1)
+        ax = axes[0]
+        keys = [k for k in group_columns(table) if table[k].nunique(dropna=False) > 1]
+        parts = ([(", ".join(_fmt_value(v) for v in (values if isinstance(values, tuple) else (values,))), part)
+                  for values, part in table.groupby(keys, dropna=False, sort=True)] if keys else [("", table)])
+        colours = mpl.colormaps["tab10"]
+        drawn = False
+        for i, (series, part) in enumerate(parts):
+            part = part.sort_values("num_workers")
+            counts = part["num_workers"].to_numpy(dtype=float)
+            for column, style, what in (("peak_memory_bytes", "-", "largest rank"),
+                                        ("peak_memory_min_bytes", ":", "smallest rank")):
+                if column not in part.columns:
+                    continue
+                values = part[column].to_numpy(dtype=float) / 2**20
+                keep = np.isfinite(values)
+                if keep.any():
+                    label = f"{series}: {what}" if series else what
+                    ax.plot(counts[keep], values[keep], linestyle=style, marker="os"[i % 2], color=colours(i % 10),
+                            label=label)
+                    drawn = True
+        if not drawn:
+            _no_data(ax, "no peak memory recorded")
+        worker_axis(ax, table["num_workers"], log)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("peak memory per rank (MiB)")
+        _legend(fig, axes, loc="lower left")
+        fig.suptitle("Peak memory per rank vs. number of workers", fontweight="bold", fontsize=10)
+    return fig
 
 
 @captioned("Step breakdown",
