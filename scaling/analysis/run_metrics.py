@@ -40,8 +40,9 @@ Every figure in `summary.json` is defined here, once:
   the backward re-gathers, and reduce-scatters of gradients; DDP and Horovod have the all-reduce
   alone, and these are None): `comm_s` (any collective in flight), `allgather_s`, `regather_s`,
   `reducescatter_s` (that kind in flight) and `exposed_allgather_s`, `exposed_reducescatter_s`
-  (compute waiting for that kind), means over steady-state steps as the others, each also as
-  `_pct` of step_s (`comm_pct`, `allgather_pct`, ...). The same marks make collectives.parquet's
+  (compute waiting for that kind), `exposed_forward_comm_s` (the exposed time inside forward: the
+  forward all-gathers'; the rest of exposed_comm_s is inside backward), means over steady-state
+  steps as the others, each also as `_pct` of step_s (`comm_pct`, `allgather_pct`, ...). The same marks make collectives.parquet's
   rows, one per collective (scaling/instrument/backends/fsdp.py defines each).
 - `peak_memory_bytes`: the largest rank's peak memory over the run's epochs (each epoch's
   training; epochs.parquet, scaling/instrument/memory.py: max allocated on a GPU, the process's
@@ -128,7 +129,8 @@ import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
 # Per collective kind, where the backend has more than one (FSDP: scaling/instrument/backends/fsdp.py)
-KIND_FIELDS = ("comm_s", "allgather_s", "regather_s", "reducescatter_s", "exposed_allgather_s", "exposed_reducescatter_s")
+KIND_FIELDS = ("comm_s", "allgather_s", "regather_s", "reducescatter_s", "exposed_allgather_s", "exposed_reducescatter_s",
+               "exposed_forward_comm_s")
 STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s",
                         "micro_batches", "synced_micro_batches", *KIND_FIELDS)
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).

@@ -43,9 +43,11 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
   standard deviations have different units (epochs vs seconds); NaN when either CV is
   undefined or time_per_epoch_cv is 0.
 - Step breakdown, **means** over the group's runs of the run's mean step phases (seconds per
-  step): `data_s`, `forward_s`, `backward_compute_s` = backward_s - exposed_comm_s,
-  `exposed_comm_s`, `optimizer_s`; they add up to `step_s`. At one worker exposed_comm_s is
-  0 by definition.
+  step): `data_s`, `forward_compute_s` = forward_s - exposed_forward_comm_s (FSDP's forward
+  all-gathers compute waited for; 0 for DDP and Horovod, whose exposed time is all in backward),
+  `backward_compute_s` = backward_s - (exposed_comm_s - exposed_forward_comm_s),
+  `exposed_comm_s`, `optimizer_s`; they add up to `step_s`. `forward_s` (the whole phase) is
+  there too. At one worker exposed_comm_s is 0 by definition.
 - `cost_to_accuracy_usd` = tta_s / 3600 x num_nodes x node_price_per_hour per run (DAWNBench's
   cost at the price paid, the time lost to restarts included: `run_metrics.node_cost_usd`), mean
   over the repeats that reached the target; NaN when the price is unknown (0).
@@ -81,7 +83,7 @@ from scaling.analysis.run_metrics import KIND_FIELDS, node_cost_usd
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
 # `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
 EXTRA_KEYS = ("backend", "global_batch", "num_nodes", "sweep")
-STEP_PARTS = ("data_s", "forward_s", "backward_compute_s", "exposed_comm_s", "optimizer_s")
+STEP_PARTS = ("data_s", "forward_compute_s", "backward_compute_s", "exposed_comm_s", "optimizer_s")
 SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
 # Per collective kind (run_metrics.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
 KIND_PCTS = tuple(kind.removesuffix("_s") + "_pct" for kind in KIND_FIELDS)
@@ -217,6 +219,7 @@ def _group_figures(group: pd.DataFrame) -> dict:
     reached = ok[ok["tta_s"].notna()] if "tta_s" in ok.columns else ok.iloc[0:0]
     exposed = _col(ok, "exposed_comm_s")
     exposed = exposed.where(exposed.notna() | (_col(ok, "num_workers") != 1), 0.0)  # 0 by definition at 1 worker
+    exposed_forward = _col(ok, "exposed_forward_comm_s").fillna(0.0)  # FSDP's forward all-gathers; none for DDP
     epochs_cv = _cv(_col(reached, "epochs_to_target"))
     time_cv = _cv(_col(reached, "time_per_epoch_s"))
     out = {
@@ -246,7 +249,8 @@ def _group_figures(group: pd.DataFrame) -> dict:
         "step_s": _col(ok, "step_s").mean(),
         "data_s": _col(ok, "data_s").mean(),
         "forward_s": _col(ok, "forward_s").mean(),
-        "backward_compute_s": (_col(ok, "backward_s") - exposed).mean(),
+        "forward_compute_s": (_col(ok, "forward_s") - exposed_forward).mean(),
+        "backward_compute_s": (_col(ok, "backward_s") - (exposed - exposed_forward)).mean(),
         "exposed_comm_s": exposed.mean(),
         "optimizer_s": _col(ok, "optimizer_s").mean(),
         "cost_to_accuracy_usd": _cost_usd(reached).mean(),

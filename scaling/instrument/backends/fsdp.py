@@ -60,7 +60,9 @@ collectives.parquet). Definitions, once, here:
       of a backward are waited for at its end (`finalize_backward`): from their own module's
       post-backward start, when its gradients were computed (DDP's rule for its last bucket).
   `exposed_allgather_s`, `exposed_reducescatter_s`: the same union per kind (on CPU they add up
-  to `exposed_comm_s`; on GPU two waits may overlap). `compute_s` = step - data - exposed, as
+  to `exposed_comm_s`; on GPU two waits may overlap); `exposed_forward_comm_s`: the same union over
+  the forward all-gathers, the part of the exposed time inside the forward phase (the rest is in
+  backward). `compute_s` = step - data - exposed, as
   for DDP; the exposed time lies in forward and in backward.
 - `synced_micro_batches`: those with a reduce-scatter (`set_requires_gradient_sync(False)`
   accumulation leaves them out); `num_buckets`: the step's collectives; `comm_span_s`: per
@@ -472,6 +474,7 @@ class ShardedCommRule(CommRule):
         in_flight = {kind: [] for kind in KINDS}
         regathers: list[tuple[float, float]] = []
         waits = {kind: [] for kind in KINDS}
+        forward_waits: list[tuple[float, float]] = []  # the forward all-gathers' waits: inside forward_s
         seconds = dict.fromkeys(KINDS, 0.0)
         nbytes = dict.fromkeys((*KINDS, "regather"), 0)
         counts = dict.fromkeys((*KINDS, "regather"), 0)
@@ -501,6 +504,8 @@ class ShardedCommRule(CommRule):
                         begin = since_start(b.waited_from)
                         if done > begin:
                             waits[b.kind].append((begin, done))
+                            if not b.backward:
+                                forward_waits.append((begin, done))
                             waited = done - begin
                     first = issued if first is None else min(first, issued)
                     last = done if last is None else max(last, done)
@@ -512,6 +517,7 @@ class ShardedCommRule(CommRule):
         columns = {
             "allreduce_s": nan,
             "exposed_comm_s": interval_union_s(waits["all_gather"] + waits["reduce_scatter"]),
+            "exposed_forward_comm_s": interval_union_s(forward_waits),
             "comm_span_s": comm_span_s,
             "num_buckets": count,
             "compute_end": compute_end,
