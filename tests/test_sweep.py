@@ -17,8 +17,11 @@ TINY = ["--set", "data.train_samples=1024", "--set", "data.val_samples=256", "--
 
 def _write_sweep_config(tmp_path):
     config = (REPO / "experiments" / "quickstart.yaml").read_text()
-    # one axis whose second value makes that run fail at step 3: the sweep must go on
-    config += "sweep:\n  workers: [1, 2]\n  repeats: 1\n  axes:\n    instrument.fail_at_step: [-1, 3]\n"
+    # one axis whose second value makes that run fail at step 3: the sweep must go on. Two
+    # repeats at 1 worker give the four runs (two finished, two failed) that the bookkeeping
+    # needs from one process each; sweeps over worker counts: tests/test_own_job.py (1,2) and
+    # tests/test_minicluster.py
+    config += "sweep:\n  workers: [1]\n  repeats: 2\n  axes:\n    instrument.fail_at_step: [-1, 3]\n"
     path = tmp_path / "sweep.yaml"
     path.write_text(config)
     return path
