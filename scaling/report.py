@@ -365,11 +365,14 @@ def _header(dirs: list[Path], runs: pd.DataFrame, incomplete: list[str], target:
     ]))
     machine = ", ".join(filter(None, [_first(runs, "hardware.cpu_model"),
                                       _first(runs, "hardware.gpu_name") and f"GPU {_first(runs, 'hardware.gpu_name')}"]))
-    target_text = f"{target:.0%}" if target is not None else "?"
+    target_text = f"accuracy {target:.0%}" if target is not None else "accuracy ?"
+    losses = runs["target_loss"].dropna() if "target_loss" in runs.columns else pd.Series(dtype=float)
+    if not losses.empty and "target_metric" in runs.columns and (runs["target_metric"] == "val_loss").all():
+        target_text = f"validation loss {float(losses.mode().iloc[0]):g}"  # reached at or below it
     return [
         (f"Sweep directory `{dirs[0]}`" if len(dirs) == 1 else
          "Sweep directories " + ", ".join(f"`{d}`" for d in dirs)) + (f": {what}." if what else "."),
-        f"{len(runs)} runs with a summary: {len(runs) - failed} finished ({reached} reached the target accuracy "
+        f"{len(runs)} runs with a summary: {len(runs) - failed} finished ({reached} reached the target "
         f"{target_text}), {failed} failed; {len(incomplete)} incomplete." + (f" Machine (rank 0): {machine}." if machine else ""),
         "Every figure is defined once in `scaling/analysis/scaling_tables.py` (per run: `docs/results.md`).",
     ]
