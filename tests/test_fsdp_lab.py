@@ -5,7 +5,7 @@ names each collective kind and draws peak memory per rank.
 
 - In one pair of spawned gloo processes (start-up paid once, `world`): the lab's loop
   (`scaling.train.loop.train_worker`, what both launchers run) trains two epochs with a
-  checkpoint after the first, then a second run resumes from that checkpoint and trains the
+  checkpoint after the first (validating uneven shards: one rank runs a forward more), then a second run resumes from that checkpoint and trains the
   second epoch again: its losses are the uninterrupted run's (what a killed worker's restart
   under Ray Train gets: the launcher hands every rank the latest checkpoint,
   scaling/launch/ray_train.py, as tests/test_failures.py proves for DDP).
@@ -65,7 +65,8 @@ def world_job(rank: int, port: int, tmp: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    cfg = load_config(FSDP_YAML, overrides=[*SMALL, "train.max_epochs=2", "train.target_loss=0.01",
+    # 33 validation samples: rank 0's shard takes two batches of 16, rank 1's one (validation in lockstep)
+    cfg = load_config(FSDP_YAML, overrides=[*SMALL, "data.val_samples=33", "train.max_epochs=2", "train.target_loss=0.01",
                                             "failure.checkpoint_every_epochs=1"], num_workers=2)
     ctx = WorkerContext(rank=rank, world_size=2, local_rank=rank, node_rank=0, device=torch.device("cpu"))
     set_up_worker(cfg, ctx)
