@@ -2,7 +2,9 @@
 
 While a 2-worker run is in its second epoch (epoch 1's checkpoint registered by Ray Train's
 controller), node 1 is preempted: its link goes down and every process in its namespace is
-SIGKILLed (`minicluster.preempt`), no clean shutdown. Two outcomes, one run each:
+SIGKILLed (`minicluster.preempt`), no clean shutdown. The run is held in epoch 2's evaluation
+(tests/held_model.py) until the preemption has landed, so it lands in epoch 2 however fast the
+machine trains, and the runs can be small (1024 samples). Two outcomes, one run each:
 
 - the node comes back (`minicluster.rejoin`, as an autoscaler's replacement would) within
   `failure.capacity_wait_s`: the run waits, resumes from epoch 1's checkpoint on 2 workers and
@@ -29,11 +31,12 @@ import pytest
 
 from scaling.analysis.run_metrics import summarize_run
 from tests.conftest import BIN, REPO, make_whole, registered_checkpoint_epoch, wait_for
+from tests.held_model import held, hold, release
 
 RUN_TIMEOUT_S = 480
 
 
-RUN_SETTINGS = ["--set", "data.train_samples=4096", "--set", "data.val_samples=256", "--set", "train.max_epochs=2",
+RUN_SETTINGS = ["--set", "data.train_samples=1024", "--set", "data.val_samples=256", "--set", "train.max_epochs=2",
                 # out of reach, so that a run trains both epochs; TTA is checked for a reached target below
                 "--set", "train.target_accuracy=1.0", "--set", "train.eval_every=1",
                 "--set", "instrument.calibration_pairs=2", "--set", "failure.max_failures=1"]
@@ -46,7 +49,7 @@ def _in_cluster(name: str, *command: str) -> list[str]:
 def _start_run(name: str, run_dir, capacity_wait_s: float, log) -> subprocess.Popen:
     return subprocess.Popen(
         _in_cluster(name, "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
-                    "--set", f"failure.capacity_wait_s={capacity_wait_s}"),
+                    *HELD, "--set", f"failure.capacity_wait_s={capacity_wait_s}"),
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -62,13 +65,29 @@ def _restart_asks_for_workers(log_path) -> bool:
     return Path(log_path).read_text(errors="replace").count(GROUP_START) >= 2
 
 
-def _preempt_in_epoch_2(name: str, run_dir, process) -> float:
-    """Preempt node 1 once epoch 1's checkpoint is registered; returns when."""
+# The preempted runs' model: held at the gate the test makes (tests/held_model.py).
+HELD = ["--set", "model.name=tests.held_model:held_small_cnn"]
+
+
+def _hold_in_epoch_2(run_dir, at=None) -> Path:
+    """Hold the run in `run_dir` in epoch 2's evaluation (one evaluation per epoch, eval_every=1:
+    the second is epoch 2's), after epoch 1's checkpoint and before epoch 2 can end."""
+    return hold(run_dir, after_evaluations=2, at=at)
+
+
+def _preempt_in_epoch_2(name: str, run_dir, process, gate) -> float:
+    """Preempt node 1 once epoch 1's checkpoint is registered and rank 1 (on node 1) is held in
+    epoch 2, then let the run go on; returns when the node was lost."""
     from scaling.testbed import minicluster as mc
 
-    epoch = wait_for(lambda: registered_checkpoint_epoch(run_dir), 300, "epoch 1's checkpoint", process)
-    lost_unix = mc.preempt(name, 1)
-    assert epoch == 1, f"epoch {epoch}'s checkpoint was the first seen: the preemption came too late for epoch 2"
+    try:
+        wait_for(lambda: registered_checkpoint_epoch(run_dir) and held(gate, rank=1), 300,
+                 "rank 1 held in epoch 2 with epoch 1's checkpoint registered", process)
+        epoch = registered_checkpoint_epoch(run_dir)
+        lost_unix = mc.preempt(name, 1)
+    finally:
+        release(gate)  # rank 0 goes on (into the lost rank), the restarted workers run unheld
+    assert epoch == 1, f"epoch {epoch}'s checkpoint was registered while epoch 2 was held"
     return lost_unix
 
 
@@ -82,10 +101,11 @@ def node_back_in_time(minicluster, tmp_path_factory):
     make_whole(name)
     run_dir = tmp_path_factory.mktemp("node_loss") / "rejoined"
     log_path = run_dir.parent / "output.log"
+    gate = _hold_in_epoch_2(run_dir)
     with open(log_path, "w") as log:
         process = _start_run(name, run_dir, 300, log)
     try:
-        lost_unix = _preempt_in_epoch_2(name, run_dir, process)
+        lost_unix = _preempt_in_epoch_2(name, run_dir, process, gate)
         cluster = mc.load(name)
         wait_for(lambda: mc.alive_nodes(cluster) == 1, 120, "the head to see node 1 gone", process)
         seen_gone_unix = time.time()
@@ -151,12 +171,15 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
     capacity_wait_s = 10
     sweep_dir = tmp_path / "sweep"
     sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", str(sweep_dir),
-             *RUN_SETTINGS, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
+             *RUN_SETTINGS, *HELD, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
     log_path = tmp_path / "output.log"
+    # the gate lies outside the sweep directory (a sweep refuses a directory that holds anything
+    # else); only w2-r0 has one, so w1-r0 runs unheld
+    gate = _hold_in_epoch_2(sweep_dir / "runs" / "w2-r0", at=tmp_path)
     with open(log_path, "w") as log:
         process = subprocess.Popen(_in_cluster(name, *sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        lost_unix = _preempt_in_epoch_2(name, sweep_dir / "runs" / "w2-r0", process)
+        lost_unix = _preempt_in_epoch_2(name, sweep_dir / "runs" / "w2-r0", process, gate)
         process.wait(timeout=RUN_TIMEOUT_S)
         ended_unix = time.time()
     finally:
@@ -203,13 +226,14 @@ def test_an_elastic_run_goes_on_with_the_workers_left(whole_minicluster, tmp_pat
     name = whole_minicluster
     run_dir = tmp_path / "elastic"
     log_path = tmp_path / "output.log"
+    gate = _hold_in_epoch_2(run_dir)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             _in_cluster(name, "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
-                        "--set", "workers.min_workers=1", "--set", "failure.capacity_wait_s=300"),
+                        *HELD, "--set", "workers.min_workers=1", "--set", "failure.capacity_wait_s=300"),
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        _preempt_in_epoch_2(name, run_dir, process)
+        _preempt_in_epoch_2(name, run_dir, process, gate)
         process.wait(timeout=RUN_TIMEOUT_S)
     finally:
         if process.poll() is None:
