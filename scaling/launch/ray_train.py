@@ -180,7 +180,10 @@ WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 # An elastic run's tries at starting its group: Ray Train's elastic policy sees the cluster through
 # Ray's AutoscalingCoordinator, which refreshes its view every 20 s, so its first try after a lost
 # node may still count the node's resources and wait for them; short tries let it count again.
-ELASTIC_START_TRY_S = 30.0
+# A try waits only for the group's resources (its placement group), not for its workers to start,
+# so a short one costs a retry, not a run: at 30 s the restart after a lost node waited out the
+# whole first try at the old size; at 10 s it asks again within the view's next refresh.
+ELASTIC_START_TRY_S = 10.0
 
 
 def capacity_wait(cfg: ExperimentConfig) -> tuple[float, int]:
