@@ -646,12 +646,21 @@ def print_summary(summary: dict, run_dir: Path) -> None:
          + " + bwd " + _fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
          + " + opt " + _fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f") + " ms"),
         # the three communication figures (scaling/analysis/run_metrics.py), each by its name
-        ("communicating", absent("allreduce_pct")
+        # a sharded run's collectives are all-gathers and reduce-scatters: comm_s is their union, each kind beside it
+        ("communicating", (_fmt(summary["comm_pct"], ".1f", "% of step") + " with a collective in flight ("
+                           + _fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step") + "; all-gather "
+                           + _fmt(summary.get("allgather_pct"), ".1f", " %") + ", reduce-scatter "
+                           + _fmt(summary.get("reducescatter_pct"), ".1f", " %") + ")")
+         if summary.get("comm_pct") is not None and summary.get("allgather_pct") is not None else
+         absent("allreduce_pct")
          or _fmt(summary.get("allreduce_pct"), ".1f", "% of step") + " with an all-reduce in flight ("
          + _fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step") + ")"),
         ("exposed comm", absent("exposed_comm_pct")
-         or _fmt(summary["exposed_comm_pct"], ".1f", "% of step") + " not hidden behind backward ("
-         + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms") + ")"),
+         or _fmt(summary["exposed_comm_pct"], ".1f", "% of step")
+         + (" not hidden behind compute (" if summary.get("exposed_forward_comm_s") is not None else " not hidden behind backward (")
+         + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
+         + (", of which in forward " + _fmt(summary["exposed_forward_comm_s"] * 1e3, ".2f", " ms")
+            if summary.get("exposed_forward_comm_s") is not None else "") + ")"),
         ("comm overhead (A/B)", absent("comm_overhead_pct")
          or _fmt(summary["comm_overhead_pct"], ".1f", " %")
          + " of step: comm_delta_s x synced_micro_batches / step_s"),

@@ -39,7 +39,10 @@ def projection_title(df: pd.DataFrame) -> str:
     a = df.attrs
     if not a:
         return "Projected scaling"
-    return (f"Projected: {a.get('model')} on {a.get('cluster')} ({a.get('allreduce')} all-reduce), "
+    # a sharded projection's collectives are NCCL's ring all-gathers and reduce-scatters, not the cluster's all-reduce
+    collectives = ("ring all-gather, reduce-scatter" if a.get("backend") in ("fsdp", "hsdp")
+                   else f"{a.get('allreduce')} all-reduce")
+    return (f"Projected: {a.get('model')} on {a.get('cluster')} ({collectives}), "
             f"{a.get('precision')}, batch {a.get('per_gpu_batch')}/GPU")
 
 
@@ -75,7 +78,10 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         left.set_title("Speedup", fontsize=9)
         left.legend(loc="upper left")
 
+        sharded = df.attrs.get("backend") in ("fsdp", "hsdp")
         for column, label, line in COMM_LINES:
+            if sharded and column == "allreduce_pct":  # the same figure: time with a collective in flight
+                label = "communicating: all-gather or reduce-scatter in flight"
             right.plot(n, df[column], label=label, linewidth=1.8, markersize=5, **line)
         highest = float(df[[c for c, _, _ in COMM_LINES]].max().max())
         right.set_ylim(0, max(5.0, highest * 1.15))
