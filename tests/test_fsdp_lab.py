@@ -114,6 +114,14 @@ def test_the_lab_loop_trains_fsdp_and_records_every_collective_per_kind(world):
     # the A/B window ran on the sharded model (its no_sync half without reduce-scatters)
     calibration = collectives[collectives["step_kind"] == "calib_nosync"]
     assert not calibration.empty and set(calibration["collective"]) == {"all_gather"}
+    # FLOPs counted on a meta replica of the sharded model (fully_shard refuses deepcopy), as the plain model counts
+    from scaling.instrument.flops import training_flops_per_sample
+    from scaling.models.registry import build_model
+
+    profile = json.loads((run_dir / "compute_profile.json").read_text())
+    plain = training_flops_per_sample(build_model("gpt2-tiny", 64), (32,), 64, input_dtype=torch.long)
+    assert profile.get("train_flops") == pytest.approx(plain["train_flops"]), profile.get("error")
+    assert profile["counted_on"] == "meta" and profile["parameters"] == plain["parameters"]
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     assert list(epochs["epoch"]) == [1, 2] and (epochs["peak_memory_bytes"] > 0).all()
     assert (epochs["peak_memory_min_bytes"] <= epochs["peak_memory_bytes"]).all()

@@ -102,7 +102,44 @@ def _meta_copy(model: nn.Module) -> nn.Module:
         if isinstance(tensor, nn.Parameter):
             meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = meta
-    return copy.deepcopy(model, memo).to("meta")
+    try:
+        return copy.deepcopy(model, memo).to("meta")
+    except Exception:  # noqa: BLE001 - a module that refuses deepcopy (a sharded one): rebuild its structure
+        # plain meta tensors of each parameter's global shape (a sharded parameter's empty_like would stay sharded)
+        plain: dict = {}
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            meta = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="meta")
+            plain[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(
+                tensor, nn.Parameter) else meta
+        return _meta_replica(model, plain)
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _meta_replica(module: nn.Module, memo: dict) -> nn.Module:
+    """The module tree of `module` rebuilt without copying it: each module a new instance of its class
+    (made without calling its constructor) sharing its plain attributes, with the meta tensors of
+    `memo` for its parameters and buffers, its children replicated, and no hooks.
+
+    For a module that refuses deepcopy: FSDP2's `fully_shard` does, and its per-module hooks
+    (which all-gather and reshard) are what the replica leaves out. A sharded parameter's meta
+    stand-in has the parameter's global shape (a DTensor's `shape`), so the replica computes as
+    the unsharded model does, which is what a rank computes between its all-gathers.
+    """
+    replica = object.__new__(type(module))  # not type(module)(...): a wrapper class's __new__ may rebuild it
+    attributes = dict(module.__dict__)
+    attributes["_parameters"] = {name: memo.get(id(p), p) for name, p in module._parameters.items()}
+    attributes["_buffers"] = {name: memo.get(id(b), b) for name, b in module._buffers.items()}
+    attributes["_modules"] = {name: None if child is None else memo.setdefault(id(child), _meta_replica(child, memo))
+                              for name, child in module._modules.items()}
+    for hooks in _HOOK_DICTS:
+        if hooks in attributes:
+            attributes[hooks] = type(attributes[hooks])()
+    replica.__dict__.update(attributes)
+    return replica
 
 
 def is_token_input(dtype: torch.dtype) -> bool:
