@@ -44,6 +44,21 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def alive_nodes_at(dashboard: str, timeout_s: float = 30.0) -> int:
+    """How many Ray nodes the head whose dashboard is at `dashboard` reports alive (0 when it cannot
+    be asked): one request to its state API (`ray list nodes` asks the same), which reads the GCS's
+    node table, so an answer means the GCS is up and that many raylets registered with it."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{dashboard}/api/v0/nodes?limit=1000&detail=false", timeout=timeout_s) as response:
+            nodes = json.load(response)["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return sum(node.get("state") == "ALIVE" for node in nodes)
+
+
 def ray_env() -> dict:
     """The environment of the head and of the processes that use it: no auth on loopback, no usage
     stats, and this venv first on PATH (`ray job submit` entrypoints such as `scaling ...` run in the
@@ -55,9 +70,11 @@ def ray_env() -> dict:
 class PrivateRayHead:
     """`ray start --head --block` in its own session, private temp dir and ports; stopped by pid.
 
-    `start()` returns once `ray status` and the dashboard (the job server) answer, then waits
-    `settle_s` for the head's own start-up work to settle (a benchmark's first run should not
-    share the CPU with it). `start_s`: seconds from the command to an answering head.
+    `start()` returns once the dashboard (the job server) answers and its state API counts the
+    head's node alive (the GCS up, the raylet registered), then waits `settle_s` for the head's
+    own start-up work to settle (a benchmark's first run should not share the CPU with it).
+    `start_s`: seconds from the command to an answering head. The probes are HTTP requests, not
+    `ray status` (a Python process importing Ray every half second, beside the starting head).
     """
 
     def __init__(self, num_cpus: int = 2, taskset: list[str] | None = None, settle_s: float = 0.0,
@@ -96,14 +113,14 @@ class PrivateRayHead:
                                         start_new_session=True)
         deadline = t0 + self.timeout_s
         while True:
-            probe = subprocess.run([str(BIN / "ray"), "status", f"--address={self.address}"], env=self.env,
-                                   capture_output=True)
-            if probe.returncode == 0 and http_ok(f"{self.dashboard}/api/version"):
-                break  # the job server (dashboard) comes up a few seconds after the GCS
+            # the job server (dashboard) comes up a few seconds after the GCS; its state API answers from the GCS
+            if http_ok(f"{self.dashboard}/api/version") and alive_nodes_at(self.dashboard) >= 1:
+                break
             if time.time() > deadline or self.process.poll() is not None:
+                exited = self.process.poll()
                 self.stop()
-                raise RuntimeError(f"private Ray head did not start: {probe.stderr.decode()[-500:]}")
-            time.sleep(0.5)
+                raise RuntimeError(f"private Ray head did not start: {'its `ray start` exited with status ' + str(exited) if exited is not None else f'no answer from {self.dashboard} within {self.timeout_s:g} s'}")
+            time.sleep(0.2)
         self.start_s = time.time() - t0
         time.sleep(self.settle_s)
         return self

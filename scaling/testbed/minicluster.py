@@ -49,6 +49,7 @@ from pathlib import Path
 
 from scaling.errors import UsageError
 from scaling.results import write_json_atomic
+from scaling.testbed.local_cluster import alive_nodes_at
 
 STATE_ROOT = Path(os.environ.get("SCALING_MINICLUSTER_STATE", "/run/scaling-minicluster"))
 NODE_IFACE = "lab0"  # the node end of each veth, the same name in every namespace (for GLOO_SOCKET_IFNAME)
@@ -208,18 +209,11 @@ def _http_ok(url: str) -> bool:
 
 
 def alive_nodes(cluster: MiniCluster) -> int:
-    """How many Ray nodes the head reports alive (0 when it cannot be asked).
-
-    One request to the head's state API (`ray list nodes` asks the same), which reads the GCS's
-    node table: what `ray.nodes()` gives, without starting a Python driver in the head's namespace
+    """How many Ray nodes the head reports alive (0 when it cannot be asked): one request to its
+    state API (`local_cluster.alive_nodes_at`), not a Python driver started in the head's namespace
     (importing Ray and registering a job took seconds per answer on a loaded 2-core machine, and
     `up`, `rejoin` and a preemption test poll this until the count they wait for)."""
-    try:
-        with urllib.request.urlopen(f"{cluster.dashboard}/api/v0/nodes?limit=1000&detail=false", timeout=30) as response:
-            nodes = json.load(response)["data"]["result"]["result"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    return sum(node.get("state") == "ALIVE" for node in nodes)
+    return alive_nodes_at(cluster.dashboard)
 
 
 # --------------------------------------------------------------------------- up / down
