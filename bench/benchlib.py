@@ -27,6 +27,7 @@ Run the scripts with the repository's venv from the repository root, e.g.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import shlex
 import statistics
@@ -69,29 +70,75 @@ def ratio(numerator, denominator) -> float | None:
     return float(numerator) / float(denominator)
 
 
+def median_order_interval(values, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """The distribution-free interval of the median of `values`, from their order statistics (the
+    sign test's): [x_(k), x_(n+1-k)] of the n sorted values, k the largest with P(Binomial(n, 1/2)
+    < k) <= (1 - confidence) / 2. It covers the median with probability >= `confidence` whatever
+    the values' distribution (independent draws of one continuous distribution), so a few
+    outliers (a run another job disturbed) cannot narrow it. (None, None) below the smallest n
+    that has one: 6 values at 95% (then [min, max], 96.9%); 10 give [x_(2), x_(9)], 16 [x_(4), x_(13)]."""
+    xs = sorted(float(v) for v in values if v is not None and math.isfinite(v))
+    n, tail = len(xs), (1 - confidence) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) < k + 1)
+    while k < n:
+        below += math.comb(n, k) / 2 ** n
+        if below > tail:
+            break
+        k += 1
+    return (xs[k - 1], xs[n - k]) if k > 0 else (None, None)
+
+
+UNDECIDED = "undecided: more pairs needed"
+
+
+def interval_verdict(lo: float | None, hi: float | None, budget: float) -> str:
+    """A ratio's verdict against its budget by its interval: "pass" when the whole interval is within
+    it (hi <= budget), "miss" when the whole interval is beyond it (lo > budget), else `UNDECIDED`."""
+    if lo is None or hi is None:
+        return UNDECIDED
+    if hi <= budget:
+        return "pass"
+    return "miss" if lo > budget else UNDECIDED
+
+
 def comparison(name: str, a: str, b: str, a_median, b_median, unit: str, ratio_value, ratio_definition: str,
                budget: float | None = None, budget_definition: str = "", note: str = "",
-               budget_on: str = "ratio", pair_ratios=None) -> dict:
+               budget_on: str = "ratio", pair_ratios=None, decided_by_interval: bool = False) -> dict:
     """One row of the summary table. `pass`: the ratio (budget_on="ratio") or A's median
     (budget_on="a", a budget in `unit`) is <= budget; null without a budget or a value.
 
     With `pair_ratios` (the per-pair ratios the median ratio is taken over), the row carries the
     95% interval of that median (`ratio_lo`, `ratio_hi`: percentile bootstrap over pairs,
     scaling/analysis/intervals.py) and `within_noise`: whether it includes 1 (no difference
-    between A and B shown) and, with a budget, `budget_within_noise`: whether it straddles it."""
+    between A and B shown) and, with a budget, `budget_within_noise`: whether it straddles it.
+
+    `decided_by_interval` (a ratio budget and `pair_ratios`): the interval is the order-statistic one
+    (`median_order_interval`, which holds at few pairs where the bootstrap's is too narrow) and it
+    alone decides: `verdict` is `interval_verdict`'s, and `pass` true on "pass", false on "miss",
+    null while undecided."""
     from scaling.analysis.intervals import median_interval
 
     value = ratio_value if budget_on == "ratio" else a_median
     passed = None if budget is None or value is None else bool(value <= budget)
-    lo, hi = median_interval(pair_ratios) if pair_ratios else (None, None)
-    lo, hi = (None, None) if lo is None or lo != lo else (lo, hi)
-    return {
+    decided = decided_by_interval and budget is not None and budget_on == "ratio"
+    if decided:
+        lo, hi = median_order_interval(pair_ratios or [])
+    else:
+        lo, hi = median_interval(pair_ratios) if pair_ratios else (None, None)
+        lo, hi = (None, None) if lo is None or lo != lo else (lo, hi)
+    row = {
         "name": name, "a": a, "b": b, "a_median": a_median, "b_median": b_median, "unit": unit,
         "ratio": ratio_value, "ratio_lo": lo, "ratio_hi": hi, "ratio_definition": ratio_definition,
         "within_noise": None if lo is None else bool(lo <= 1.0 <= hi),
         "budget_within_noise": None if lo is None or budget is None or budget_on != "ratio" else bool(lo <= budget < hi),
         "budget": budget, "budget_on": budget_on, "budget_definition": budget_definition, "pass": passed, "note": note,
     }
+    if decided:
+        verdict = interval_verdict(lo, hi, budget)
+        row.update(interval="95% order-statistic (sign-test) interval of the median over pairs", verdict=verdict,
+                   pairs=len([r for r in pair_ratios or [] if r is not None]),
+                   budget_within_noise=verdict == UNDECIDED, **{"pass": {"pass": True, "miss": False}.get(verdict)})
+    return row
 
 
 def command_line() -> str:
@@ -363,6 +410,9 @@ def write_result(name: str, doc: str, quick: bool, started: float, load_avg_star
 def print_comparisons(comparisons: list[dict]) -> None:
     for c in comparisons:
         verdict = "" if c["pass"] is None else ("  PASS" if c["pass"] else "  MISS")
+        if c.get("verdict"):
+            interval = f" [{c['ratio_lo']:.3f}, {c['ratio_hi']:.3f}]" if c.get("ratio_lo") is not None else ""
+            verdict = f"{interval}, {c['pairs']} pairs: {c['verdict'].upper()}"
         on = "" if c.get("budget_on", "ratio") == "ratio" else f" {c['unit']}, on A"
         budget = f" (budget <= {c['budget']}{on})" if c["budget"] is not None else ""
         r = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"

@@ -13,18 +13,26 @@ in both arms to save time) and `data.val_samples=512` (validation is outside `tr
 
 Measured: per run, the steady-state step time = median over the epochs after the first of
 `train_s / steps` (epochs.parquet; steps = samples / global batch). Runs alternate A B B A ...
-(`--pairs` pairs; quick: `data.train_samples=2048` too), each launched in-process with
-`scaling.launch.run.execute_run(cfg, dir, launcher="local")`, i.e. what `scaling run
-experiments/quickstart.yaml --launcher local --workers 2 --set ...` does. The headline ratio is
-the median over adjacent (A, B) pairs of A / B; the ratio of the two arms' medians is reported
-beside it. Each run also records the mean number of runnable tasks while it ran (bench/benchlib.py
-`RunQueue`), to show contention, and the CPU time of its processes (`TreeCpu`, from /proc): the
-training workers' CPU seconds per steady-state step are a second view of the overhead, which other
-jobs on the machine hardly move (reported beside the wall-time ratio, with the same budget).
+in pairs, each launched in-process with `scaling.launch.run.execute_run(cfg, dir,
+launcher="local")`, i.e. what `scaling run experiments/quickstart.yaml --launcher local --workers 2
+--set ...` does. Each run also records the mean number of runnable tasks while it ran
+(bench/benchlib.py `RunQueue`), to show contention, and the CPU time of its processes (`TreeCpu`,
+from /proc): the training workers' CPU seconds per steady-state step are a second view of the
+overhead, which other jobs on the machine hardly move, with the same budget.
 
-    .venv/bin/python bench/instrumentation_overhead.py            # 3 pairs x 3 epochs (about 3 min here)
-    .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs
-    .venv/bin/python bench/instrumentation_overhead.py --job own  # the user's job of examples/own_job
+The verdict is the interval's, for both figures: the headline ratio is the median over adjacent
+(A, B) pairs of A / B, and its 95% interval the order-statistic (sign-test) interval of that median
+(bench/benchlib.py `median_order_interval`: it holds for any spread of the pair ratios, outliers
+included, and exists from 6 pairs on). "pass" when the interval's upper end is <= 1.03, "miss"
+when its lower end is > 1.03, else "undecided: more pairs needed". The benchmark runs `--pairs`
+pairs, then adds one pair at a time while either verdict is undecided, up to `--max-pairs` and
+`--max-minutes` (the verdict is then looked at after every pair, so the 95% is per look, not for
+the whole sequence; the file keeps every pair ratio and the number of pairs). The ratio of the two
+arms' medians is reported beside it.
+
+    .venv/bin/python bench/instrumentation_overhead.py            # 8 to 24 pairs x 3 epochs (at most about 9 min)
+    .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs (no interval: a check that it runs)
+    .venv/bin/python bench/instrumentation_overhead.py --job own  # the user's job of examples/own_job (6 to 14 pairs)
 
 `--job own` measures the same switch on a user's own job (examples/own_job/sweep.yaml: a small
 vision transformer in a Ray Train quickstart-shaped train function, instrumented through the
@@ -39,6 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -63,10 +72,67 @@ def base_overrides(epochs: int, quick: bool) -> list[str]:
     ]
 
 
+def measure(arm: str, i: int, name: str, cfg, tmp: str, launcher: str) -> dict:
+    """One run of `arm`: its steady-state step time and workers' CPU per step, with its contention."""
+    from scaling.launch.run import execute_run
+
+    run_dir = Path(tmp) / f"run{i:02d}-{arm}"
+    with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()]) as cpu:
+        summary = execute_run(cfg, run_dir, launcher=launcher)
+    if summary["status"] == "failed":
+        raise RuntimeError(f"{arm} run failed: {summary['error']}")
+    epochs_table = RunDir(run_dir).epochs()
+    step_s, epoch_rows = steady_step_s(epochs_table, cfg.global_batch)
+    steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a long sequence of runs would otherwise fill the temporary directory
+    print(f"[{name}]   steady-state step {step_s * 1e3:.2f} ms, worker CPU "
+          f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (runnable tasks {rq.mean}; cores {steady['cores']})",
+          flush=True)
+    return {"order": i, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean, **steady,
+            "epochs": epoch_rows, "summary_step_s": summary.get("step_s")}
+
+
+def figures(runs: list[dict], args, launcher: str, pairs: int, epochs: int) -> list[dict]:
+    """The two comparison rows (step time, workers' CPU per step), each decided by its interval."""
+    sequence = [(r["arm"], r["steady_step_s"]) for r in runs]
+    sequence_cpu = [(r["arm"], r["worker_cpu_s_per_step"]) for r in runs]
+    pair_ratios = [a / b for a, b in bl.adjacent_pairs(sequence, "instrumented", "plain")]
+    cpu_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_cpu, "instrumented", "plain") if a and b]
+    a_med = bl.median(v for arm, v in sequence if arm == "instrumented")
+    b_med = bl.median(v for arm, v in sequence if arm == "plain")
+    cpu_a = bl.median(v for arm, v in sequence_cpu if arm == "instrumented")
+    cpu_b = bl.median(v for arm, v in sequence_cpu if arm == "plain")
+    elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r["cores"]]
+    return [bl.comparison(
+        "instrumentation overhead (step time)", "instrumented (step_timing=true)", "plain (step_timing=false)",
+        a_med, b_med, "s/step", bl.median(pair_ratios),
+        "median over adjacent ABBA pairs of instrumented / plain steady-state step time",
+        BUDGET, "instrumented / plain <= 1.03 on CPU, by the 95% interval of the median ratio",
+        pair_ratios=pair_ratios, decided_by_interval=True,
+        note=f"{args.config}, {args.workers} workers, {launcher} launcher, {pairs} pairs x {epochs} epochs; "
+             f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
+             f"{bl.contention_note(runs)}",
+    ), bl.comparison(
+        "instrumentation overhead (workers' CPU per step)", "instrumented (step_timing=true)",
+        "plain (step_timing=false)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
+        "median over adjacent ABBA pairs of instrumented / plain CPU seconds of the training workers per steady-state "
+        "step", BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs), by the 95% interval of "
+        "the median ratio", pair_ratios=cpu_pairs, decided_by_interval=True,
+        note=f"/proc CPU time of the {args.workers} worker processes while the epochs after the first trained; "
+             f"ratio of arm medians {bl.ratio(cpu_a, cpu_b):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}"
+             + (f"; the rest of the machine (other jobs) used {min(elsewhere):.2f} to {max(elsewhere):.2f} cores meanwhile"
+                if elsewhere else ""),
+    )]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs")
-    parser.add_argument("--pairs", type=int, help="A/B pairs (default 3; quick 1)")
+    parser.add_argument("--pairs", type=int, help="A/B pairs always run (default: lab 8, own 6; quick 1)")
+    parser.add_argument("--max-pairs", type=int,
+                        help="pairs at most, added one at a time while a verdict is undecided (default: lab 24, own 14)")
+    parser.add_argument("--max-minutes", type=float, default=9.0,
+                        help="no pair beyond --pairs starts once the next would end after this (default 9)")
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="experiments/quickstart.yaml")
@@ -78,69 +144,47 @@ def main() -> None:
     if args.job == "own":
         name, launcher, args.config = f"{NAME}_own_job", "ray", "examples/own_job/sweep.yaml"
         extra = ["train.function_config.num_train=8192"]
-    pairs = args.pairs or (1 if args.quick else 3)
+    min_pairs = args.pairs or (1 if args.quick else {"lab": 8, "own": 6}[args.job])
+    max_pairs = max(min_pairs, args.max_pairs or (min_pairs if args.quick else {"lab": 24, "own": 14}[args.job]))
     epochs = args.epochs or (2 if args.quick else 3)
 
     from scaling.config import load_config
-    from scaling.launch.run import execute_run
 
     started, load_start = time.time(), bl.load_average()
     overrides = [*base_overrides(epochs, args.quick), *extra]
     config_path = bl.REPO / args.config
-    sequence, sequence_cpu, runs = [], [], []
+    configs = {arm: load_config(config_path, overrides=[*overrides, switch], num_workers=args.workers)
+               for arm, switch in ARMS.items()}
+    runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
-        for i, arm in enumerate(bl.abba(pairs, "instrumented", "plain")):
-            cfg = load_config(config_path, overrides=[*overrides, ARMS[arm]], num_workers=args.workers)
-            run_dir = Path(tmp) / f"run{i:02d}-{arm}"
-            print(f"[{name}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
-            with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()]) as cpu:
-                summary = execute_run(cfg, run_dir, launcher=launcher)
-            if summary["status"] == "failed":
-                raise RuntimeError(f"{arm} run failed: {summary['error']}")
-            epochs_table = RunDir(run_dir).epochs()
-            step_s, epoch_rows = steady_step_s(epochs_table, cfg.global_batch)
-            steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
-            sequence.append((arm, step_s))
-            sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
-            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean, **steady,
-                         "epochs": epoch_rows, "summary_step_s": summary.get("step_s")})
-            print(f"[{name}]   steady-state step {step_s * 1e3:.2f} ms, worker CPU "
-                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (runnable tasks {rq.mean}; cores {steady['cores']})",
-                  flush=True)
-
-    pair_values = bl.adjacent_pairs(sequence, "instrumented", "plain")
-    pair_ratios = [a / b for a, b in pair_values]
-    a_med = bl.median(v for arm, v in sequence if arm == "instrumented")
-    b_med = bl.median(v for arm, v in sequence if arm == "plain")
-    headline = bl.median(pair_ratios)
-    cpu_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_cpu, "instrumented", "plain") if a and b]
-    cpu_a = bl.median(v for arm, v in sequence_cpu if arm == "instrumented")
-    cpu_b = bl.median(v for arm, v in sequence_cpu if arm == "plain")
-    elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r["cores"]]
-    comparisons = [bl.comparison(
-        "instrumentation overhead (step time)", "instrumented (step_timing=true)", "plain (step_timing=false)",
-        a_med, b_med, "s/step", headline,
-        "median over adjacent ABBA pairs of instrumented / plain steady-state step time",
-        BUDGET, "instrumented / plain <= 1.03 on CPU", pair_ratios=pair_ratios,
-        note=f"{args.config}, {args.workers} workers, {launcher} launcher, {pairs} pairs x {epochs} epochs; "
-             f"ratio of arm medians {bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
-             f"{bl.contention_note(runs)}",
-    ), bl.comparison(
-        "instrumentation overhead (workers' CPU per step)", "instrumented (step_timing=true)",
-        "plain (step_timing=false)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
-        "median over adjacent ABBA pairs of instrumented / plain CPU seconds of the training workers per steady-state "
-        "step", BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)", pair_ratios=cpu_pairs,
-        note=f"/proc CPU time of the 2 worker processes while the epochs after the first trained; pair ratios "
-             f"{', '.join(f'{r:.3f}' for r in cpu_pairs)}" + (f"; the rest of the machine (other jobs) used "
-             f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else ""),
-    )]
+        for pair in range(max_pairs):
+            elapsed = time.time() - started
+            if pair >= min_pairs:
+                verdicts = [c["verdict"] for c in figures(runs, args, launcher, pair, epochs)]
+                if bl.UNDECIDED not in verdicts:
+                    break
+                if elapsed + elapsed / pair > 60 * args.max_minutes:
+                    print(f"[{name}] undecided after {pair} pairs, and another would end after "
+                          f"{args.max_minutes:g} min: stopping", flush=True)
+                    break
+            for arm in ("instrumented", "plain") if pair % 2 == 0 else ("plain", "instrumented"):
+                print(f"[{name}] pair {pair + 1} (of {min_pairs} to {max_pairs}): {arm}", flush=True)
+                runs.append(measure(arm, len(runs), name, configs[arm], tmp, launcher))
+    pairs = len(runs) // 2
+    comparisons = figures(runs, args, launcher, pairs, epochs)
     cli = f".venv/bin/scaling run {args.config} --launcher {launcher} --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)
+    step_row = comparisons[0]
     path = bl.write_result(
         name, __doc__, args.quick, started, load_start, comparisons,
-        config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
+        config=args.config, workers=args.workers, pairs=pairs, min_pairs=min_pairs, max_pairs=max_pairs,
+        epochs_per_run=epochs, overrides=overrides,
         arms={arm: f"{cli} --set {switch} --out DIR" for arm, switch in ARMS.items()},
-        pair_ratios=pair_ratios, ratio_of_medians=bl.ratio(a_med, b_med), runs=runs,
+        pair_ratios=[a / b for a, b in bl.adjacent_pairs([(r["arm"], r["steady_step_s"]) for r in runs],
+                                                         "instrumented", "plain")],
+        cpu_pair_ratios=[a / b for a, b in bl.adjacent_pairs([(r["arm"], r["worker_cpu_s_per_step"]) for r in runs],
+                                                             "instrumented", "plain") if a and b],
+        ratio_of_medians=bl.ratio(step_row["a_median"], step_row["b_median"]), runs=runs,
     )
     bl.print_comparisons(comparisons)
     print(f"[{name}] wrote {path.relative_to(bl.REPO)}", flush=True)
