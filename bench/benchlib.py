@@ -88,6 +88,19 @@ def median_order_interval(values, confidence: float = 0.95) -> tuple[float | Non
     return (xs[k - 1], xs[n - k]) if k > 0 else (None, None)
 
 
+def steady_run_overrides(epochs: int, quick: bool) -> list[str]:
+    """Overrides that make the quickstart a timing run of `epochs` epochs: the target never reached (every
+    epoch trains), no A/B calibration and a small validation set (neither is inside `train_s`); quick:
+    shorter epochs (the step is the same)."""
+    return [
+        f"train.max_epochs={epochs}",
+        "train.target_accuracy=1.0",
+        "instrument.calibration_pairs=0",
+        "data.val_samples=512",
+        *(["data.train_samples=2048"] if quick else []),
+    ]
+
+
 UNDECIDED = "undecided: more pairs needed"
 
 

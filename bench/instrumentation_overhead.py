@@ -62,15 +62,6 @@ BUDGET = 1.03
 ARMS = {"instrumented": "instrument.step_timing=true", "plain": "instrument.step_timing=false"}
 
 
-def base_overrides(epochs: int, quick: bool) -> list[str]:
-    return [
-        f"train.max_epochs={epochs}",
-        "train.target_accuracy=1.0",
-        "instrument.calibration_pairs=0",
-        "data.val_samples=512",
-        *(["data.train_samples=2048"] if quick else []),  # quick: shorter epochs (the step is the same)
-    ]
-
 
 def measure(arm: str, i: int, name: str, cfg, tmp: str, launcher: str) -> dict:
     """One run of `arm`: its steady-state step time and workers' CPU per step, with its contention."""
@@ -151,7 +142,7 @@ def main() -> None:
     from scaling.config import load_config
 
     started, load_start = time.time(), bl.load_average()
-    overrides = [*base_overrides(epochs, args.quick), *extra]
+    overrides = [*bl.steady_run_overrides(epochs, args.quick), *extra]
     config_path = bl.REPO / args.config
     configs = {arm: load_config(config_path, overrides=[*overrides, switch], num_workers=args.workers)
                for arm, switch in ARMS.items()}

@@ -67,15 +67,6 @@ ARMS = {"live": "1", "off": "0"}  # SCALING_LIVE_METRICS in the workers' environ
 SETTLE_S = 3.0
 
 
-def base_overrides(epochs: int, quick: bool) -> list[str]:
-    return [
-        f"train.max_epochs={epochs}",
-        "train.target_accuracy=1.0",
-        "instrument.calibration_pairs=0",
-        "data.val_samples=512",
-        *(["data.train_samples=2048"] if quick else []),
-    ]
-
 
 SCRAPE_INTERVAL_S = 10.0  # Ray's prometheus.yml (ray/dashboard/modules/metrics/templates.py)
 
@@ -236,7 +227,7 @@ def main() -> None:
     from scaling.testbed.local_cluster import PrivateRayHead
 
     started, load_start = time.time(), bl.load_average()
-    overrides = base_overrides(epochs, args.quick)
+    overrides = bl.steady_run_overrides(epochs, args.quick)
     sequence, sequence_epochs, sequence_cpu, runs = [], [], [], []
     head = PrivateRayHead(num_cpus=args.workers, settle_s=SETTLE_S, prefix="blive-")
     os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": head.address})
