@@ -133,8 +133,12 @@ def _meta_replica(module: nn.Module, memo: dict) -> nn.Module:
     attributes = dict(module.__dict__)
     attributes["_parameters"] = {name: memo.get(id(p), p) for name, p in module._parameters.items()}
     attributes["_buffers"] = {name: memo.get(id(b), b) for name, b in module._buffers.items()}
-    attributes["_modules"] = {name: None if child is None else memo.setdefault(id(child), _meta_replica(child, memo))
-                              for name, child in module._modules.items()}
+    children = {}
+    for name, child in module._modules.items():
+        if child is not None and id(child) not in memo:  # a module used twice is replicated once
+            memo[id(child)] = _meta_replica(child, memo)
+        children[name] = None if child is None else memo[id(child)]
+    attributes["_modules"] = children
     for hooks in _HOOK_DICTS:
         if hooks in attributes:
             attributes[hooks] = type(attributes[hooks])()

@@ -127,6 +127,20 @@ def reduce_scatter_s(nbytes: float, n: int, alpha_s: float, bandwidth_bytes_per_
     return (n - 1) * alpha_s + (n - 1) / n * nbytes / bandwidth_bytes_per_s
 
 
+def _intra_link(intra: Link | None) -> Link:
+    """The cluster's link inside a node, which a collective among a node's GPUs needs."""
+    if intra is None:
+        raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
+    return intra
+
+
+def _inter_link(inter: Link | None) -> Link:
+    """The cluster's link between nodes, which a collective across nodes needs."""
+    if inter is None:
+        raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
+    return inter
+
+
 def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
                 algorithm: str = "ring", collective_latency_s: float = 0.0) -> float:
     """Time of one all-reduce of `nbytes` over `nodes` x `gpus_per_node` ranks (definitions: module docstring)."""
@@ -136,15 +150,12 @@ def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | Non
     if algorithm not in ALGORITHMS:
         raise UsageError(f"unknown all-reduce algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
     if nodes == 1:
-        if intra is None:
-            raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
+        intra = _intra_link(intra)
         return collective_latency_s + ring_allreduce_s(nbytes, n, intra.latency_s, intra.bandwidth_bytes_per_s)
-    if inter is None:
-        raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
+    inter = _inter_link(inter)
     if gpus_per_node == 1:
         return collective_latency_s + ring_allreduce_s(nbytes, n, inter.latency_s, inter.bandwidth_bytes_per_s)
-    if intra is None:
-        raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
+    intra = _intra_link(intra)
     if algorithm == "ring":
         inter_steps, intra_steps = 2 * (nodes - 1), 2 * (n - nodes)
         latency = inter_steps * inter.latency_s + intra_steps * intra.latency_s
@@ -409,11 +420,9 @@ def gather_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, 
     if n <= 1:
         return 0.0
     if nodes == 1:
-        if intra is None:
-            raise UsageError("the cluster has no intra_node link but a node holds more than one GPU")
+        intra = _intra_link(intra)
         return collective_latency_s + reduce_scatter_s(nbytes, n, intra.latency_s, intra.bandwidth_bytes_per_s)
-    if inter is None:
-        raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
+    inter = _inter_link(inter)
     intra_latency = intra.latency_s if intra is not None else 0.0
     latency = (nodes - 1) * inter.latency_s + (n - nodes) * intra_latency
     return collective_latency_s + latency + (n - 1) / n * nbytes / inter.bandwidth_bytes_per_s
@@ -435,8 +444,7 @@ def hsdp_scatter_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | 
     inside = gather_s(nbytes, 1, gpus_per_node, intra, inter, collective_latency_s)
     if nodes <= 1:
         return inside
-    if inter is None:
-        raise UsageError("the cluster has no inter_node link; it cannot span more than one node")
+    inter = _inter_link(inter)
     return inside + collective_latency_s + 2 * (nodes - 1) * inter.latency_s + \
         2 * (nodes - 1) / nodes * nbytes / inter.bandwidth_bytes_per_s
 
