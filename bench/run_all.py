@@ -23,7 +23,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # Shortest first: a broken set-up shows within a minute.
 BENCHMARKS = ("projection_anchors", "projection_torchtitan", "allreduce", "analysis_speed", "instrumentation_overhead", "instrumentation_overhead_own_job",
-              "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth")
+              "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth", "fsdp_overhead")
 # A benchmark that is another's script with arguments: name -> (script, arguments).
 VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["--job", "own"])}
 
