@@ -822,6 +822,66 @@ def test_fsdp_schedule_by_hand():
     assert (sched.seconds("all_gather"), sched.seconds("re_gather"), sched.seconds("reduce_scatter")) == (3, 1, 6)
 
 
+
+def test_fsdp_schedule_with_the_root_resharded_and_synchronous_collectives_by_hand():
+    """The same three units, the root and the first block resharded, the last block not.
+    Beside compute (NCCL): forward as above (2 s waited, done at 7); the root's re-gather 7-8
+    before its backward (1 s waited), which runs 8-10 and issues nothing (block 2 kept); block 2
+    10-14, issuing block 1's re-gather (10-11); reduce-scatters 14-16, 18-20, the root's 20-22:
+    waited 2 + 1 + 4 = 7.
+    Synchronous (gloo on CPU): every collective holds compute. Forward: root 0-1, block 1's gather
+    1-2, compute 2-4, block 2's 4-5, compute 5-7, the root's 7-8 (3 s waited); backward: the root's
+    re-gather 8-9, its compute 9-11; block 2 11-15, its reduce-scatter 15-17; block 1's re-gather
+    17-18, compute 18-22, reduce-scatter 22-24; the root's 24-26. Step 26 = compute 15 + 11, all
+    of the communication exposed."""
+    from scaling.projection.cost import fsdp_schedule
+
+    flags = [True, True, False]
+    beside = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], flags)
+    assert [(c.kind, c.unit, c.start_s, c.finish_s) for c in beside.collectives][3:] == [
+        ("re_gather", 0, 7, 8), ("re_gather", 1, 10, 11), ("reduce_scatter", 2, 14, 16),
+        ("reduce_scatter", 1, 18, 20), ("reduce_scatter", 0, 20, 22)]
+    assert (beside.end_s, beside.exposed_s, beside.forward_waited_s) == (22, 7, 2)
+    held = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], flags, synchronous=True)
+    assert [(c.kind, c.unit, c.issue_s, c.finish_s) for c in held.collectives] == [
+        ("all_gather", 0, 0, 1), ("all_gather", 1, 1, 2), ("all_gather", 2, 4, 5), ("re_gather", 0, 8, 9),
+        ("reduce_scatter", 2, 15, 17), ("re_gather", 1, 17, 18), ("reduce_scatter", 1, 22, 24),
+        ("reduce_scatter", 0, 24, 26)]
+    assert (held.end_s, held.exposed_s, held.forward_waited_s, held.busy_s, held.compute_s) == (26, 11, 3, 11, 15)
+    assert (held.seconds("all_gather"), held.seconds("re_gather"), held.seconds("reduce_scatter")) == (3, 2, 6)
+
+
+def test_fsdp_on_gloo_adds_every_collective_to_the_step():
+    """gpt2-tiny on two one-CPU nodes of a fitted link (FSDP2 on gloo, the lab's settings: every unit
+    resharded, the root too, fp32 both ways): the step is the compute plus, per unit, its all-gather
+    and re-gather ((n-1)/n S / B + alpha each) and its reduce-scatter, which gloo runs as an
+    all-reduce (2(n-1)/n S / B + 2 alpha); all of it exposed; the A/B sees the reduce-scatters."""
+    from scaling.projection import project_cluster_from_alpha_beta
+
+    alpha, bandwidth = 0.5e-3, 12.5e6
+    kwargs = dict(model="gpt2-tiny", per_gpu_batch=32, precision="fp32", samples_per_s=320.0, backend="fsdp",
+                  activation_checkpointing="none", reshard_after_forward="all-and-root", fsdp_param_dtype="fp32",
+                  fsdp_reduce_dtype="fp32")
+    df = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="gloo",
+                                         **kwargs)
+    one, two = df.iloc[0], df.iloc[1]
+    units = [u["params"] * 4 for u in load_layer_table("gpt2-tiny")["units"]]  # root, two blocks
+    gathers = sum(alpha + b / 2 / bandwidth for b in units)
+    scatters = sum(2 * alpha + b / bandwidth for b in units)
+    compute = 32 / 320.0
+    assert one["step_s"] == pytest.approx(compute) and one["exposed_comm_s"] == 0
+    assert two["allgather_s"] == pytest.approx(gathers) and two["regather_s"] == pytest.approx(gathers)
+    assert two["reducescatter_s"] == pytest.approx(scatters)
+    assert two["exposed_comm_s"] == pytest.approx(2 * gathers + scatters)
+    assert two["step_s"] == pytest.approx(compute + 2 * gathers + scatters)
+    assert two["comm_overhead_pct"] == pytest.approx(100 * scatters / two["step_s"])
+    # beside compute (NCCL's way) the same link hides part of it, and a reduce-scatter is half an all-reduce
+    nccl = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, **kwargs).iloc[1]
+    assert nccl["reducescatter_s"] == pytest.approx(sum(alpha + b / 2 / bandwidth for b in units))
+    assert nccl["step_s"] < two["step_s"]
+    with pytest.raises(UsageError, match="fsdp_process_group must be one of"):
+        project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="mpi", **kwargs)
+
 def test_fsdp_projection_of_llama3_8b():
     df = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="fsdp")
     assert df["num_workers"].tolist() == [1, 8, 128]

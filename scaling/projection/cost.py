@@ -86,6 +86,17 @@ ends; the root's reduce-scatter is issued when backward compute ends (the embedd
 is the last). Exposed communication is the time compute waited on a collective (a unit waiting
 for its gather) plus the wait after backward compute for the last reduce-scatter; time
 communicating is the union of the intervals from each collective's issue to its finish.
+A root resharded after forward (FSDP2 does it when `reshard_after_forward=True` is passed to the
+root explicitly, as the lab does) is gathered again before its backward, the first backward
+compute, so compute waits for it.
+Synchronous collectives (`synchronous=True`: FSDP2 on CPU with gloo, which calls every
+collective on the training thread, `async_op=False`, with no second stream to run it on): each
+collective holds compute from its issue to its finish, nothing overlaps, and every unit's
+all-gather is issued when compute reaches the unit (no prefetch ahead of compute). The step is
+then compute plus every collective, and all of it is exposed. Gloo's reduce-scatter all-reduces
+the whole buffer and keeps the rank's shard (torch's ProcessGroupGloo::reduce_scatter_tensor_coalesced;
+timed here between two minicluster nodes: the same time as an all-reduce of the buffer at every
+size), so it costs T_ring(S, n), twice a ring reduce-scatter's traffic (project.py passes that cost).
 
 Not modelled (each makes the projection optimistic): NCCL's lower bandwidth on small messages
 (protocol switch-over, fewer channels); network congestion from other tenants; in FSDP, the
@@ -486,11 +497,13 @@ class FsdpSchedule:
 
 
 def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gather_cost_s: Sequence[float],
-                  scatter_cost_s: Sequence[float], reshard_after_forward: Sequence[bool]) -> FsdpSchedule:
+                  scatter_cost_s: Sequence[float], reshard_after_forward: Sequence[bool],
+                  synchronous: bool = False) -> FsdpSchedule:
     """FSDP's step (module docstring). Per unit, in forward order with the root first (index 0):
     its forward and backward compute (backward including any recomputation), the cost of its
     all-gather and of its reduce-scatter, and whether it is resharded after forward (then gathered
-    again for backward). The root's forward compute runs after the blocks' (the head and the loss)."""
+    again for backward). The root's forward compute runs after the blocks' (the head and the loss).
+    synchronous: every collective holds compute until it is done (gloo on CPU; module docstring)."""
     units = len(forward_s)
     if not (len(backward_s) == len(gather_cost_s) == len(scatter_cost_s) == len(reshard_after_forward) == units):
         raise ValueError("one forward, backward, gather and scatter cost and reshard flag per unit")
@@ -503,6 +516,9 @@ def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gathe
         collectives.append(Collective(kind, unit, issue, start, link[0]))
         return link[0]
 
+    if synchronous:
+        return _synchronous_fsdp_schedule(forward_s, backward_s, gather_cost_s, scatter_cost_s,
+                                          reshard_after_forward, run, collectives)
     waited, t = 0.0, 0.0
     gathered = {0: run("all_gather", 0, 0.0, gather_cost_s[0])}
     blocks = list(range(1, units))
@@ -527,6 +543,10 @@ def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gathe
         if i < len(order) and reshard_after_forward[order[i]]:
             ready[order[i]] = run("re_gather", order[i], at, gather_cost_s[order[i]])
 
+    if reshard_after_forward[0]:  # the root's backward (the head's) computes first: nothing hides its re-gather
+        start = run("re_gather", 0, t, gather_cost_s[0])
+        waited += start - t
+        t = start
     prefetch(0, t)
     t += backward_s[0]
     for i, unit in enumerate(order):
@@ -538,3 +558,33 @@ def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gathe
     last = run("reduce_scatter", 0, t, scatter_cost_s[0])
     waited += max(0.0, last - t)
     return FsdpSchedule(tuple(collectives), sum(forward_s) + sum(backward_s), max(t, last), waited, forward_waited)
+
+
+def _synchronous_fsdp_schedule(forward_s, backward_s, gather_cost_s, scatter_cost_s, reshard_after_forward,
+                               run: Callable, collectives: list) -> FsdpSchedule:
+    """`fsdp_schedule` with every collective issued when compute reaches it and compute waiting for it."""
+    waited, t = 0.0, 0.0
+
+    def hold(kind: str, unit: int, cost: float) -> None:
+        nonlocal waited, t
+        finish = run(kind, unit, t, cost)
+        waited += finish - t
+        t = finish
+
+    blocks = range(1, len(forward_s))
+    hold("all_gather", 0, gather_cost_s[0])
+    for unit in blocks:
+        hold("all_gather", unit, gather_cost_s[unit])
+        t += forward_s[unit]
+    t += forward_s[0]
+    forward_waited = waited
+    if reshard_after_forward[0]:
+        hold("re_gather", 0, gather_cost_s[0])
+    t += backward_s[0]
+    for unit in reversed(blocks):
+        if reshard_after_forward[unit]:
+            hold("re_gather", unit, gather_cost_s[unit])
+        t += backward_s[unit]
+        hold("reduce_scatter", unit, scatter_cost_s[unit])
+    hold("reduce_scatter", 0, scatter_cost_s[0])
+    return FsdpSchedule(tuple(collectives), sum(forward_s) + sum(backward_s), t, waited, forward_waited)

@@ -19,9 +19,12 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
 - backend "fsdp" (a transformer's layer table: its FSDP units, scaling/projection/cost.py
   `fsdp_schedule`): per unit, the all-gather before forward (the next unit's prefetched while
   this one computes), the re-gather before backward of a unit resharded after forward (every
-  block but the last, torchtitan's default; the root is never resharded), the reduce-scatter
+  block but the last, torchtitan's default; the root only when asked), the reduce-scatter
   after backward; parameters gathered in the compute precision (bf16: 2 bytes), gradients
-  reduced in fp32 (torchtitan's MixedPrecisionPolicy default; `fsdp_reduce_dtype`). Backend
+  reduced in fp32 (torchtitan's MixedPrecisionPolicy default; `fsdp_reduce_dtype`).
+  `fsdp_process_group` "gloo" (FSDP2 on CPUs): every collective holds the training thread (no
+  overlap, no prefetch ahead of compute) and a reduce-scatter costs a ring all-reduce of the
+  buffer (gloo implements it so; cost.py). Backend
   "hsdp": sharded inside a node, replicated across nodes (all-gather inside the node;
   reduce-scatter inside it, then an all-reduce of the shards across nodes). The optimizer steps
   its shard: 1/(GPUs sharding) of the one-GPU optimizer time. exposed_comm_s = the time compute
@@ -104,7 +107,10 @@ from scaling.projection.layers import (
 COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
 BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
 SHARDED = ("fsdp", "hsdp")
-RESHARD = ("all-but-last", "all", "none")  # blocks resharded after forward: torchtitan's, FSDP2's default, none
+# units resharded after forward: torchtitan's (every block but the last), FSDP2's default (every block),
+# every block and the root (FSDP2 given reshard_after_forward=True explicitly, as the lab's loop does), none
+RESHARD = ("all-but-last", "all", "all-and-root", "none")
+PROCESS_GROUPS = ("nccl", "gloo")  # how FSDP's collectives run (module docstring)
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
@@ -269,6 +275,7 @@ def run_projection(
     reshard_after_forward: bool | str = "all-but-last",
     fsdp_reduce_dtype: str = "fp32",
     fsdp_param_dtype: str | None = None,
+    fsdp_process_group: str = "nccl",
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -302,8 +309,10 @@ def run_projection(
     activation_checkpointing: none | selective | full (transformers; default selective,
     torchtitan's): the activations held and the recomputation in backward.
     reshard_after_forward: which blocks FSDP frees after forward and gathers again for backward:
-    "all-but-last" (default, torchtitan's policy), "all" (FSDP2's default, `True`), "none"
-    (`False`). fsdp_reduce_dtype: the gradients' dtype in the reduce-scatter (fp32, torchtitan's
+    "all-but-last" (default, torchtitan's policy), "all" (FSDP2's default, `True`), "all-and-root"
+    (the root too: FSDP2 given `reshard_after_forward=True` explicitly), "none" (`False`).
+    fsdp_process_group: "nccl" (default; collectives beside compute) or "gloo" (CPUs: collectives
+    hold compute; the reduce-scatter costs an all-reduce; backend fsdp only). fsdp_reduce_dtype: the gradients' dtype in the reduce-scatter (fp32, torchtitan's
     default, or bf16); fsdp_param_dtype: the parameters' in the all-gather and compute (default
     the compute precision). For transformers the per-GPU batch is in sequences (default 2) and the
     precision defaults to bf16.
@@ -323,6 +332,10 @@ def run_projection(
                          f"(transformers: {', '.join(m for m in available_transformers())})")
     if fsdp_reduce_dtype not in ("fp32", "bf16"):
         raise UsageError(f"fsdp_reduce_dtype must be fp32 or bf16, got {fsdp_reduce_dtype!r}")
+    if fsdp_process_group not in PROCESS_GROUPS:
+        raise UsageError(f"fsdp_process_group must be one of {', '.join(PROCESS_GROUPS)}, got {fsdp_process_group!r}")
+    if fsdp_process_group == "gloo" and backend != "fsdp":
+        raise UsageError(f"fsdp_process_group gloo is modelled for backend fsdp only, not {backend}")
     if fsdp_param_dtype not in (None, "fp32", "bf16"):
         raise UsageError(f"fsdp_param_dtype must be fp32 or bf16, got {fsdp_param_dtype!r}")
     reshard_after_forward = {True: "all", False: "none"}.get(reshard_after_forward, reshard_after_forward) \
@@ -415,7 +428,7 @@ def run_projection(
 
     param_dtype = fsdp_param_dtype or compute.precision
     fsdp = _fsdp_plan(table, compute, cluster, backend, activation_checkpointing, reshard_after_forward,
-                      fsdp_reduce_dtype, param_dtype) if backend in SHARDED else None
+                      fsdp_reduce_dtype, param_dtype, fsdp_process_group) if backend in SHARDED else None
     if fsdp is not None:
         notes.extend(fsdp["notes"])
         if cluster.overlap_slowdown:
@@ -547,7 +560,7 @@ def available_transformers() -> list[str]:
 
 
 def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str, checkpointing: str,
-               reshard: str, reduce_dtype: str, param_dtype: str) -> dict:
+               reshard: str, reduce_dtype: str, param_dtype: str, process_group: str = "nccl") -> dict:
     """Per unit (root first): compute times, bytes gathered and reduced, reshard flags; the notes."""
     units = table["units"]
     forward_flops = sum(u["forward_flops"] for u in units)
@@ -558,25 +571,29 @@ def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str
     param_bytes = DTYPE_BYTES[param_dtype]
     gather_bytes = [u["params"] * param_bytes for u in units]
     scatter_bytes = [u["params"] * DTYPE_BYTES[reduce_dtype] for u in units]
-    # the root is never resharded (FSDP2 keeps it); torchtitan keeps the last block too (its backward comes first)
-    flags = [False] + [reshard == "all" or (reshard == "all-but-last" and i < len(units) - 2)
-                       for i in range(len(units) - 1)]
+    # the root is resharded only when asked explicitly (FSDP2 keeps it otherwise); torchtitan keeps the last
+    # block too (its backward comes first)
+    flags = [reshard == "all-and-root"] + [reshard in ("all", "all-and-root")
+                                           or (reshard == "all-but-last" and i < len(units) - 2)
+                                           for i in range(len(units) - 1)]
     optimizer_s = compute.optimizer_s  # one GPU's step over every parameter; each GPU steps its shard
     optimizer_note = "the optimizer: the one-GPU step (compute, above) over the GPU's shard"
-    resharded = sum(flags)
+    resharded = sum(flags[1:])
     notes = [
         f"backend {backend}: {len(units)} units (root: {', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
         f"of {units[1]['params'] / 1e6:.1f}M parameters); all-gather in {param_dtype} "
         f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
-        f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks resharded after forward and gathered again for "
-        f"backward ({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); one unit prefetched; "
+        f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks{' and the root' if flags[0] else ''} resharded "
+        f"after forward and gathered again for backward ({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); "
+        + ("gloo: every collective holds compute (none overlaps it), a reduce-scatter costs an all-reduce of the "
+           "buffer; " if process_group == "gloo" else "one unit prefetched; ")
         + ("sharded inside a node, replicated across nodes (reduce-scatter inside, all-reduce of the shards across)"
            if backend == "hsdp" else "sharded over every GPU"),
         f"costs (cost.py, nccl-tests' definitions): all-gather and reduce-scatter (n-1)/n x S / bus bandwidth over the "
         f"slowest link in the ring, plus NCCL's latency per step and the collective latency; {optimizer_note}",
     ]
     return {"forward": forward, "backward": backward, "gather_bytes": gather_bytes, "scatter_bytes": scatter_bytes,
-            "flags": flags, "optimizer_s": optimizer_s, "notes": notes}
+            "flags": flags, "optimizer_s": optimizer_s, "notes": notes, "process_group": process_group}
 
 
 def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n_nodes: int, per_node: int) -> dict:
@@ -586,10 +603,16 @@ def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, 
     link = (n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.collective_latency_s)
     if n > 1 and n_nodes > 1 and cluster.inter_node is None:
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
+    gloo = plan["process_group"] == "gloo"
+    if gloo:  # gloo's reduce-scatter is an all-reduce of the buffer (cost.py)
+        def scatter(nbytes, *link):
+            return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce,
+                               cluster.collective_latency_s)
     g_cost = [gather(b, *link) if n > 1 else 0.0 for b in plan["gather_bytes"]]
     s_cost = [scatter(b, *link) if n > 1 else 0.0 for b in plan["scatter_bytes"]]
-    sched = fsdp_schedule(plan["forward"], plan["backward"], g_cost, s_cost, plan["flags"])
-    without = fsdp_schedule(plan["forward"], plan["backward"], g_cost, [0.0] * len(s_cost), plan["flags"])
+    sched = fsdp_schedule(plan["forward"], plan["backward"], g_cost, s_cost, plan["flags"], synchronous=gloo)
+    without = fsdp_schedule(plan["forward"], plan["backward"], g_cost, [0.0] * len(s_cost), plan["flags"],
+                            synchronous=gloo)
     shards = per_node if backend == "hsdp" else n
     return {
         "end_s": sched.end_s, "exposed_s": sched.exposed_s if n > 1 else 0.0, "busy_s": sched.busy_s if n > 1 else 0.0,
