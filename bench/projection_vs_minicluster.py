@@ -110,10 +110,10 @@ class LoadSampler:
         return out
 
 
-def sweep_caps() -> list[str]:
+def sweep_caps(config: str = CONFIG) -> list[str]:
     import yaml
 
-    data = yaml.safe_load((REPO / CONFIG).read_text())
+    data = yaml.safe_load((REPO / config).read_text())
     return list(data["sweep"]["axes"]["workers.link_bandwidth"])
 
 
@@ -168,10 +168,10 @@ def fit_caps(caps: list[str]) -> dict:
 # ---------------------------------------------------------------------------- runs inside the cluster
 
 
-def exec_command(args: list[str], log_path: Path) -> subprocess.Popen:
-    """`scaling ARGS` as a driver inside the cluster (the head's namespace), in its own process group."""
+def exec_command(args: list[str], log_path: Path, name: str = NAME) -> subprocess.Popen:
+    """`scaling ARGS` as a driver inside cluster `name` (the head's namespace), in its own process group."""
     log_file = open(log_path, "w")
-    return subprocess.Popen([SCALING, "minicluster", "exec", "--name", NAME, "--", SCALING, *args],
+    return subprocess.Popen([SCALING, "minicluster", "exec", "--name", name, "--", SCALING, *args],
                             cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -195,16 +195,17 @@ def wait_or_stop(process: subprocess.Popen, deadline: float) -> int | None:
         return None
 
 
-def one_worker_runs(out_dirs: list[Path], logs: Path, epochs: int = BASELINE_EPOCHS, attempts: int = 2) -> None:
-    """1-worker runs of CONFIG, all started at once (Ray puts each worker on its own node:
-    one CPU per node); all of them again, into fresh directories, if one fails or hangs."""
+def one_worker_runs(out_dirs: list[Path], logs: Path, epochs: int = BASELINE_EPOCHS, attempts: int = 2,
+                    config: str = CONFIG, name: str = NAME) -> None:
+    """1-worker runs of `config` in cluster `name`, all started at once (Ray puts each worker on its own
+    node: one CPU per node); all of them again, into fresh directories, if one fails or hangs."""
     import shutil
 
     for attempt in range(1, attempts + 1):
         for d in out_dirs:
             shutil.rmtree(d, ignore_errors=True)
-        processes = [exec_command(["run", CONFIG, "--workers", "1", "--out", str(d), "--set", f"train.max_epochs={epochs}"],
-                                  logs / f"{d.name}.attempt{attempt}.log") for d in out_dirs]
+        processes = [exec_command(["run", config, "--workers", "1", "--out", str(d), "--set", f"train.max_epochs={epochs}"],
+                                  logs / f"{d.name}.attempt{attempt}.log", name) for d in out_dirs]
         deadline = time.time() + RUN_TIMEOUT_S
         codes = [wait_or_stop(p, deadline) for p in processes]
         failed = [d for d, c in zip(out_dirs, codes) if c != 0 or not RunDir(d).has_summary]
@@ -414,12 +415,12 @@ def figure(rows: list[dict], fits: dict, meas: dict, path: Path, load: dict | No
 # ---------------------------------------------------------------------------- main
 
 
-def write(record: dict) -> None:
-    OUT_JSON.parent.mkdir(parents=True, exist_ok=True)
-    tmp = OUT_JSON.with_suffix(".json.tmp")
+def write(record: dict, path: Path = OUT_JSON) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n")
     os.chmod(tmp, 0o644)
-    tmp.replace(OUT_JSON)
+    tmp.replace(path)
 
 
 def main() -> int:
