@@ -23,7 +23,8 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # Shortest first: a broken set-up shows within a minute.
 BENCHMARKS = ("projection_anchors", "projection_torchtitan", "allreduce", "analysis_speed", "instrumentation_overhead", "instrumentation_overhead_own_job",
-              "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth", "fsdp_overhead")
+              "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth", "fsdp_overhead",
+              "projection_vs_minicluster_fsdp")  # root: a minicluster of network namespaces, about 17 minutes
 # A benchmark that is another's script with arguments: name -> (script, arguments).
 VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["--job", "own"])}
 
