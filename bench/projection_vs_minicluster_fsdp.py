@@ -296,7 +296,7 @@ def decompose(run_dir: Path) -> dict:
         "wait_s": float(by_kind["wait_s"].sum()),
         "by_kind": {k: {"transfer_s": float(by_kind.loc[k, "transfer_s"]), "wait_s": float(by_kind.loc[k, "wait_s"])}
                     for k in KINDS if k in by_kind.index},
-        "per_unit": [{"kind": k, "module": m, "bytes": int(r.bytes), "transfer_s": float(r.transfer_s)}
+        "per_unit": [{"kind": k, "module": m, "bytes": int(r["bytes"]), "transfer_s": float(r["transfer_s"])}
                      for (k, m), r in per_unit.iterrows()],
     }
 
