@@ -875,6 +875,11 @@ def test_fsdp_on_gloo_adds_every_collective_to_the_step():
     assert two["exposed_comm_s"] == pytest.approx(2 * gathers + scatters)
     assert two["step_s"] == pytest.approx(compute + 2 * gathers + scatters)
     assert two["comm_overhead_pct"] == pytest.approx(100 * scatters / two["step_s"])
+    # a wait for the slower rank is exposed, and not in the A/B: the no-sync half waits at its all-gathers too
+    waited = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="gloo",
+                                             straggler_s=0.01, **kwargs).iloc[1]
+    assert waited["exposed_comm_s"] == pytest.approx(2 * gathers + scatters + 0.01)
+    assert waited["comm_overhead_pct"] == pytest.approx(100 * scatters / (compute + 2 * gathers + scatters + 0.01))
     # beside compute (NCCL's way) the same link hides part of it, and a reduce-scatter is half an all-reduce
     nccl = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, **kwargs).iloc[1]
     assert nccl["reducescatter_s"] == pytest.approx(sum(alpha + b / 2 / bandwidth for b in units))

@@ -30,7 +30,8 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   its shard: 1/(GPUs sharding) of the one-GPU optimizer time. exposed_comm_s = the time compute
   waited on a collective (and for the last reduce-scatter); allreduce_s = time communicating (any
   collective in flight); comm_overhead_pct = what the lab's FSDP A/B measures: the step less the
-  step without reduce-scatters (the all-gathers cannot be turned off), / step. Columns allgather_s,
+  step without reduce-scatters (the all-gathers cannot be turned off), / step; the wait for the
+  slower rank is in both halves (their all-gathers synchronise the ranks), so not in it. Columns allgather_s,
   regather_s, reducescatter_s: each kind's transfer time per step.
 - memory (transformers; `memory_*_bytes`, `memory_gib` per GPU): parameters (fp32), gradients
   (fp32) and AdamW's two moments (fp32), 16 bytes per parameter, over the GPUs sharding them
@@ -488,7 +489,7 @@ def run_projection(
             exposed = fsdp_row["exposed_s"] + (wait if n > 1 else 0.0)
             busy = fsdp_row["busy_s"] + (wait if n > 1 else 0.0)
             step = compute.data_s + fsdp_row["end_s"] + optimizer + (wait if n > 1 else 0.0)
-            ab_s = fsdp_row["ab_s"] + (wait if n > 1 else 0.0)
+            ab_s = fsdp_row["ab_s"]  # the no-sync half waits for the slower rank at its all-gathers too
             extra = {k: fsdp_row[k] for k in FSDP_COLUMNS}
         if transformer:
             extra.update(_memory(table, compute, backend, n_nodes, per_node, activation_checkpointing,
