@@ -248,6 +248,8 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=30.0,
                         help="no round beyond --pairs starts once the next would end after this (default 30)")
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 4; quick 2)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the committed result's rounds (same config, epochs and order) with more rounds")
     args = parser.parse_args()
     min_rounds = args.pairs or (1 if args.quick else 8)
     max_rounds = max(min_rounds, args.max_pairs or (min_rounds if args.quick else 24))
@@ -264,13 +266,22 @@ def main() -> None:
         raise SystemExit(f"{CONFIG} is no longer the fp32 FSDP2 run per block this benchmark compares against")
     spec = loop_spec(cfg)
     runs: list[dict] = []
+    if args.resume:  # earlier rounds are ABBA pairs like any other: the verdict takes them all
+        earlier = json.loads((bl.REPO / "bench" / "results" / f"{NAME}.json").read_text())
+        if earlier["overrides"] != overrides or earlier.get("quick"):
+            raise SystemExit(f"--resume: bench/results/{NAME}.json was run with other settings; run without --resume")
+        runs = earlier["runs"][:len(ROUND) * earlier["rounds"]]
+        started -= earlier["wall_s"]
+    first_round = len(runs) // len(ROUND)
+    sitting_started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
-        for round_index in range(max_rounds):
-            elapsed = time.time() - started
+        for round_index in range(first_round, max_rounds):
+            elapsed = time.time() - sitting_started
             if round_index >= min_rounds:
                 if bl.UNDECIDED not in [c["verdict"] for c in figures(runs, round_index, epochs)]:
                     break
-                if elapsed + elapsed / round_index > 60 * args.max_minutes:
+                per_round = elapsed / (round_index - first_round) if round_index > first_round else 0.0
+                if round_index > first_round and elapsed + per_round > 60 * args.max_minutes:
                     print(f"[{NAME}] undecided after {round_index} rounds, and another would end after "
                           f"{args.max_minutes:g} min: stopping", flush=True)
                     break
