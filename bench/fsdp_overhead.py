@@ -269,7 +269,7 @@ def main() -> None:
     if args.resume:  # earlier rounds are ABBA pairs like any other: the verdict takes them all
         earlier = json.loads((bl.REPO / "bench" / "results" / f"{NAME}.json").read_text())
         if earlier["overrides"] != overrides or earlier.get("quick"):
-            raise SystemExit(f"--resume: bench/results/{NAME}.json was run with other settings; run without --resume")
+            parser.error(f"--resume: bench/results/{NAME}.json was run with other settings; run without --resume")
         runs = earlier["runs"][:len(ROUND) * earlier["rounds"]]
         started -= earlier["wall_s"]
     first_round = len(runs) // len(ROUND)
