@@ -38,6 +38,9 @@ Steps (`--only a,b` runs some of them), each written to OUT/NN-<step>.json with
   07 sync_audit         host syncs per training step (torch.cuda sync debug mode): the lab's loop
                         at fp16 + channels_last, and a DDP step over NCCL with the comm hook; only
                         GradScaler's is intended
+  08 gpt2               GPT-2 small at bf16: the lab's loop (tokens/s, MFU, peak memory) and a
+                        user's FSDP2 job through `attach` on a 1-rank NCCL group (the adapter's CUDA
+                        path and peak memory; FSDP2 issues no collective at world size 1)
 
 At one rank NCCL turns an in-place sum into nothing at all, so the ground truth and the
 profiler's DDP hook all-reduce with ReduceOp.AVG, which NCCL runs as a reduction kernel even
@@ -69,8 +72,9 @@ from scaling.cli import OneLineParser  # noqa: E402
 from scaling.errors import UsageError  # noqa: E402
 from scaling.testbed.local_cluster import free_port  # noqa: E402
 
-STEPS = ("env", "smoke", "resnet50", "gloo2", "nccl_ground_truth", "profiler", "sync_audit")
+STEPS = ("env", "smoke", "resnet50", "gloo2", "nccl_ground_truth", "profiler", "sync_audit", "gpt2")
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+GPT2_TINY = REPO / "experiments" / "gpt2-tiny.yaml"
 # what the lab imports on the plain launcher's path (mlperf_logging: a run's exports, scaling/launch/exports.py)
 REQUIRED_MODULES = ("numpy", "pandas", "pyarrow", "yaml", "PIL", "mlperf_logging")
 OPTIONAL_MODULES = ("pynvml", "ray", "torchvision")
@@ -80,7 +84,9 @@ NCCL_KERNEL = re.compile(r"nccl|onerank", re.IGNORECASE)
 # Figures of a lab run's summary.json kept in the results file
 RUN_FIGURES = ("status", "error", "epochs_run", "step_s", "data_s", "forward_s", "backward_s", "optimizer_s",
                "allreduce_s", "exposed_comm_s", "throughput_samples_per_s", "time_per_epoch_s", "precision",
-               "train_flops_per_sample", "achieved_flops_per_s", "peak_flops_per_s", "mfu", "mfu_note")
+               "train_flops_per_sample", "achieved_flops_per_s", "peak_flops_per_s", "mfu", "mfu_note",
+               "tokens_per_sample", "throughput_tokens_per_s", "peak_memory_bytes", "peak_memory_method",
+               "collectives_per_step")
 
 
 class Skip(Exception):
@@ -142,16 +148,17 @@ def _batches(ctx: Ctx, count: int, batch: int, size: int, num_classes: int) -> l
              torch.randint(0, num_classes, (batch,), generator=generator, device=ctx.device)) for _ in range(count)]
 
 
-def lab_run(ctx: Ctx, name: str, overrides: list[str], workers: int = 1) -> dict:
-    """One lab run through the plain launcher, preflight included, as `scaling run --launcher local` does."""
+def lab_run(ctx: Ctx, name: str, overrides: list[str], workers: int = 1, base: Path = QUICKSTART) -> dict:
+    """One lab run of `base`'s config through the plain launcher, preflight included, as
+    `scaling run --launcher local` does."""
     from scaling.config import load_config
     from scaling.launch.preflight import preflight
     from scaling.launch.run import execute_run
 
-    common = ["train.target_accuracy=1.0", "instrument.warmup_steps=3"]
+    common = ["instrument.warmup_steps=3"] + (["train.target_accuracy=1.0"] if base == QUICKSTART else [])
     device = (["workers.use_gpu=true", f"workers.cpus_per_worker={ctx.args.cpus_per_worker}",
                "instrument.telemetry_interval_s=0.5"] if ctx.gpu else ["workers.use_gpu=false", "workers.cpus_per_worker=1"])
-    cfg = load_config(QUICKSTART, overrides=common + device + overrides, num_workers=workers)
+    cfg = load_config(base, overrides=common + device + overrides, num_workers=workers)
     notes = preflight(cfg, "local")
     run_dir = ctx.out / "runs" / name
     started = time.perf_counter()
@@ -454,6 +461,77 @@ def step_sync_audit(ctx: Ctx) -> dict:
     checks = {"lab loop: no unintended per-step host sync": not lab["unintended_per_step"],
               "DDP + NCCL + comm hook: no per-step host sync": not ddp_per_step}
     return {"lab_loop": lab, "ddp_sites": ddp_sites, "ddp_per_step": ddp_per_step, "ddp_steps": len(data),
+            "checks": checks, "passed": all(checks.values())}
+
+
+def step_gpt2(ctx: Ctx) -> dict:
+    """GPT-2 small on the GPU: the lab's loop at bf16 (tokens/s, MFU, peak memory), and a user's
+    FSDP2 job (each block `fully_shard`ed, then the root) measured by `attach` on a 1-rank NCCL group.
+
+    One GPU holds one NCCL rank, and FSDP2 at world size 1 issues no collective (torch's
+    `_fsdp_param_group.py` copies the shard in place of the all-gather, `foreach_reduce` skips
+    the reduce-scatter): the FSDP half checks the adapter's CUDA path (its events, peak memory
+    from `torch.cuda.max_memory_allocated`) and says how many collectives it saw, not their timing.
+    """
+    import torch
+
+    from scaling.instrument import attach
+    from scaling.models import build_model
+
+    if ctx.gpu:
+        model_name, vocab, seq, batch, steps = "gpt2-small", 50257, 1024, 8, 12
+    else:
+        model_name, vocab, seq, batch, steps = "gpt2-tiny", 256, 64, 8, 6
+    precision = ["train.precision=bf16"] if ctx.gpu else []
+    lab = lab_run(ctx, f"{model_name}-lab", [
+        f"model.name={model_name}", f"data.num_classes={vocab}", f"data.seq_len={seq}",
+        f"train.per_worker_batch={batch}", f"data.train_samples={batch * steps}", f"data.val_samples={batch}",
+        "train.max_epochs=2", "train.eval_every=1", "train.target_loss=0.01", "optim.schedule=constant",
+        "instrument.calibration_pairs=0"] + precision, base=GPT2_TINY)
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    _one_rank_group(ctx)
+    torch.manual_seed(0)
+    model = build_model(model_name, vocab).to(ctx.device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if ctx.gpu else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    generator = torch.Generator(device=ctx.device).manual_seed(0)
+    data = [torch.randint(0, vocab, (batch, seq + 1), generator=generator, device=ctx.device) for _ in range(steps)]
+    run_dir = ctx.out / "runs" / f"{model_name}-fsdp-attached"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    if ctx.gpu:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    with attach(model, optimizer, run_dir=run_dir, name=f"{model_name}-fsdp", warmup_steps=3, calibration_pairs=0,
+                telemetry_interval_s=0) as meter:
+        for _ in range(2):
+            for tokens in meter.batches(data):
+                logits = model(tokens[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            meter.end_epoch(val_loss=loss.item())
+    device_peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.gpu else None
+    from scaling.results import RunDir
+
+    summary = RunDir(run_dir).summary()
+    fsdp = {key: summary.get(key) for key in RUN_FIGURES if key in summary}
+    fsdp.update(run_dir=str(run_dir.relative_to(ctx.out)), torch_max_memory_allocated=device_peak,
+                collectives_recorded=int(len(RunDir(run_dir).collectives())))
+    checks = {"lab run finished": lab["run_status"] == "max_epochs",
+              "lab run: tokens/s": bool(lab.get("throughput_tokens_per_s")),
+              "lab run: peak memory": bool(lab.get("peak_memory_bytes")),
+              "FSDP job measured to its end": summary.get("status") == "max_epochs",
+              "FSDP job: steps timed": summary.get("step_s") is not None,
+              "FSDP job: peak memory": bool(summary.get("peak_memory_bytes"))}
+    if ctx.gpu:
+        checks["lab run: MFU"] = lab.get("mfu") is not None
+    return {"model": model_name, "sequence": seq, "per_rank_batch": batch, "lab": lab, "fsdp_attached": fsdp,
             "checks": checks, "passed": all(checks.values())}
 
 
