@@ -46,12 +46,12 @@ def batches(count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def sharded(model: nn.Module) -> nn.Module:
+def sharded(model: nn.Module, **fsdp_options) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     for block in model.blocks:
-        fully_shard(block)
-    return fully_shard(model)
+        fully_shard(block, **fsdp_options)
+    return fully_shard(model, **fsdp_options)
 
 
 def job_fsdp(run_dir: str, *, delay_s: float = 0.0, into: str = "gradients", steps: int = STEPS) -> dict:
@@ -103,6 +103,25 @@ def job_accumulation(run_dir: str, *, steps: int = 4) -> dict:
     return {}
 
 
+def job_mixed_precision(run_dir: str, *, steps: int = 3) -> dict:
+    """FSDP2 computing in bf16 by its policy alone (no autocast): the instrument must see bf16."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from scaling import instrument
+
+    torch.manual_seed(0)
+    model = sharded(Blocks(), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    with instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=0) as meter:
+        for x, y in meter.batches(batches(steps, seed=dist.get_rank())):
+            loss_fn(model(x).float(), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        meter.end_epoch(val_accuracy=0.5)
+    return {}
+
+
 def job_losses(run_dir: str | None, *, wrapper: str, steps: int = 6, epochs: int = 2) -> dict:
     """The losses a job computes step by step, fp32: DDP, FSDP, or FSDP with the instrument and its A/B."""
     from torch.nn.parallel import DistributedDataParallel
@@ -142,6 +161,7 @@ WORLD_CASES = {
     "gradients_delay": lambda d: job_fsdp(d, delay_s=DELAY_S, into="gradients"),
     "parameters_delay": lambda d: job_fsdp(d, delay_s=DELAY_S, into="parameters"),
     "accumulation": job_accumulation,
+    "mixed_precision": job_mixed_precision,
     "losses_ddp": lambda d: job_losses(None, wrapper="ddp"),
     "losses_fsdp": lambda d: job_losses(None, wrapper="fsdp"),
     "losses_fsdp_attached": lambda d: job_losses(d, wrapper="fsdp_attached"),

@@ -169,6 +169,15 @@ def test_accumulation_without_gradient_sync_is_one_step(world):
 
 
 @pytest.mark.slow
+def test_a_bf16_policy_without_autocast_is_measured_as_bf16(world):
+    # an H200 run of GPT-2 small under MixedPrecisionPolicy(param_dtype=bf16) was labelled fp32,
+    # its MFU taken against the TF32 peak (scripts/gpu_first_contact.py, step 08)
+    run_dir = world["mixed_precision"][1]
+    assert json.loads((run_dir / "compute_profile.json").read_text())["precision"] == "bf16"
+    assert json.loads((run_dir / "summary.json").read_text())["precision"] == "bf16"
+
+
+@pytest.mark.slow
 def test_ddp_and_fsdp_train_alike_and_the_instrument_changes_nothing(world):
     ddp, fsdp, attached = (world[f"losses_{case}"][0] for case in ("ddp", "fsdp", "fsdp_attached"))
     for rank in (0, 1):

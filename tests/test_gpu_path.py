@@ -591,11 +591,17 @@ def test_sync_audit_sites_phases_and_intended_syncs():
     data = frame(lab / "data" / "__init__.py", 120, "train_batches", "x = self.train_x[batch]")
     nonzero = frame("/x/site-packages/torch/_tensor.py", 10, "nonzero", "")
     evaluate = frame(lab / "train" / "loop.py", 120, "_evaluate", "float(totals[2])")
-    epochs, steps = 2, 16
-    syncs = sync_audit.Syncs(stacks=[[loop_step, scaler]] * steps + [[loop_step, data, nonzero]] * steps
-                             + [[loop_step, evaluate]] * epochs)
+    # the model's parameters moved to the GPU before the first forward: one sync per tensor, set-up
+    # (an H200 showed 22 for small_cnn, more than the epochs: they counted as per step before)
+    model_to = frame(lab / "train" / "loop.py", 285, "train_worker", "build_model(...).to(ctx.device)")
+    convert = frame("/x/site-packages/torch/nn/modules/module.py", 1370, "convert", "return t.to(")
+    epochs, steps, tensors = 2, 16, 22
+    syncs = sync_audit.Syncs(stacks=[[model_to, convert]] * tensors + [[loop_step, scaler]] * steps
+                             + [[loop_step, data, nonzero]] * steps + [[loop_step, evaluate]] * epochs,
+                             setup_syncs=tensors)
     sites = syncs.sites()
     by_site = {s["site"].split(" ")[0]: s for s in sites}
+    assert by_site["torch/nn/modules/module.py:1370"]["phase"] == "setup"
     assert by_site["torch/amp/grad_scaler.py:380"]["intended"] and by_site["torch/amp/grad_scaler.py:380"]["count"] == steps
     assert by_site["scaling/train/loop.py:120"]["phase"] == "evaluation"
     per_step = sync_audit.per_step_syncs(sites, epochs)

@@ -93,6 +93,7 @@ import contextlib
 import datetime as dt
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -316,15 +317,16 @@ class StepMeter:
             self.second_opinion.after_forward()
 
     def _observe_input(self, args) -> None:
-        """The first training batch's input shape, dtype and autocast precision (for the FLOPs profile)."""
+        """The first training batch's input shape, dtype and compute precision (autocast's, else the
+        backend's cast: FSDP2's policy) for the FLOPs profile."""
         if self._input_shape is None:
             first = _first_tensor(args)
             if first is not None:
                 self._input_shape = tuple(first.shape)
                 self._input_dtype = first.dtype
-                if torch.is_autocast_enabled(self.device.type):
-                    dtype = torch.get_autocast_dtype(self.device.type)
-                    self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+                dtype = (torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type)
+                         else self.backend.compute_dtype())
+                self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
     def _observe_output(self, output) -> None:
         if self._num_outputs is None:
@@ -813,6 +815,10 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
     parts = parts if parts is not None else installed_parts()
     if launched is not None:
         parts = Parts(identity=parts.identity, live_metrics=parts.live_metrics)
+    elif parts.finisher is None and run_dir is not None:
+        warnings.warn(f"scaling.instrument: no finisher, so {run_dir} will hold the records but no summary.json "
+                      "(the lab registers its finisher when installed: pip install -e .; or pass "
+                      "parts=Parts(finisher=...))", stacklevel=2)
     return StepMeter(model, optimizer, settings=settings, parts=parts, run_dir=run_dir, forward_module=forward_module,
                      forward_backward=forward_backward, calibration_data=calibration_data, name=name,
                      target_accuracy=target_accuracy, target_loss=target_loss)

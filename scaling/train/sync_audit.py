@@ -62,11 +62,14 @@ class Syncs:
     available: bool = True
     reason: str = ""
     stacks: list[list[traceback.FrameSummary]] = field(default_factory=list)
+    # how many syncs came before the first training forward: the loop's set-up (the model and the
+    # dataset moved to the GPU, once), not its training step; None: not marked, none set apart
+    setup_syncs: int | None = None
 
     def sites(self) -> list[dict]:
         """One row per call site: where, the phase of the loop, how many times, intended or not."""
         rows: dict[tuple, dict] = {}
-        for stack in self.stacks:
+        for index, stack in enumerate(self.stacks):
             frames = [f for f in stack if "warnings.py" not in f.filename and not f.filename.endswith("sync_audit.py")]
             if not frames:
                 continue
@@ -74,6 +77,8 @@ class Syncs:
             lab = next((f for f in reversed(frames) if f.filename.startswith(_LAB_ROOT)), None)
             names = [f.name for f in reversed(frames) if f.filename.startswith(_LAB_ROOT)]
             phase = next((label for name in names for fn, label in PHASES if name == fn), "other")
+            if phase == "training step" and self.setup_syncs is not None and index < self.setup_syncs:
+                phase = "setup"
             intended = next((why for path, why in INTENDED.items() if innermost.filename.endswith(path)), None)
             key = (_where(innermost), _where(lab) if lab else None, phase)
             row = rows.setdefault(key, {"site": key[0], "lab_site": key[1], "phase": phase, "count": 0,
@@ -129,8 +134,16 @@ def audit_lab_loop(cfg, device: torch.device, run_dir) -> dict:
         torch.cuda.set_device(device)
     ctx = WorkerContext(rank=0, world_size=1, local_rank=0, node_rank=0, device=device)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    def mark_first_forward(module, args):
+        if syncs.setup_syncs is None:
+            syncs.setup_syncs = len(syncs.stacks)
+
     with capture_host_syncs() as syncs:
-        row = run_worker(cfg, ctx, Path(run_dir))
+        first_forward = torch.nn.modules.module.register_module_forward_pre_hook(mark_first_forward)
+        try:
+            row = run_worker(cfg, ctx, Path(run_dir))
+        finally:
+            first_forward.remove()
     epochs = int(row.get("epoch", cfg.train.max_epochs)) if row else cfg.train.max_epochs
     sites = syncs.sites()
     per_step = per_step_syncs(sites, epochs)

@@ -94,6 +94,11 @@ class Backend:
         """The framework's own communication timers (`after_forward()`, `epoch_figures()`), or None."""
         return None
 
+    def compute_dtype(self) -> torch.dtype | None:
+        """The dtype the backend makes the model compute in (FSDP2's mixed-precision policy); None:
+        the parameters' own, or autocast's, which the meter sees itself."""
+        return None
+
     def observed_backend(self) -> str:
         """The communication backend a run's records name (job.json, summary.json)."""
         return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"

@@ -148,6 +148,12 @@ class FSDPBackend(Backend):
     def _groups(self) -> list:
         return [group for _, module in _fsdp_modules(self.model) for group in module._get_fsdp_state()._fsdp_param_groups]
 
+    def compute_dtype(self) -> torch.dtype | None:
+        # FSDP2 casts the gathered parameters to the policy's param_dtype: a bf16 policy computes
+        # in bf16 without autocast, and its MFU is against the bf16 peak
+        dtypes = {group.mp_policy.param_dtype for group in self._groups()} - {None}
+        return dtypes.pop() if len(dtypes) == 1 else None
+
     def gradients_cleared(self) -> bool:
         # accumulating without synchronisation, FSDP keeps the gradients on its unsharded
         # parameters: the sharded one's .grad stays None until a reduce-scatter

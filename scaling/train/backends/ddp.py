@@ -1,13 +1,15 @@
 """DDP as the lab runs it (`backend: auto | gloo | nccl`): DistributedDataParallel on that process group.
 
 The wrapped model: `DistributedDataParallel` with `instrument.ddp_bucket_cap_mb` buckets, rank
-0's parameters everywhere, BatchNorm buffers synced once (forward_sync_buffers=False: the only
+0's parameters everywhere, BatchNorm buffers synced once (no buffer sync in forward: the only
 communication during training is the gradient all-reduce the instrument times); the gradient
 compression hook of `instrument.grad_compression`, registered inside the instrument's timing
 hook (which the instrument adopts, scaling/instrument/backends/ddp.py) when steps are timed.
 """
 
 from __future__ import annotations
+
+import inspect
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -20,6 +22,15 @@ COMPRESSION_HOOKS = {
     "fp16": default_hooks.fp16_compress_hook,
     "bf16": default_hooks.bf16_compress_hook,
 }
+
+
+# torch 2.13 names the switch `forward_sync_buffers` and deprecates `broadcast_buffers`; older
+# torch (2.11 on the GPU machines, docs/gpu.md) knows only `broadcast_buffers`.
+NO_BUFFER_SYNC_IN_FORWARD = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 class DDP(LabBackend):
@@ -37,7 +48,7 @@ class DDP(LabBackend):
             model,
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
-            forward_sync_buffers=False,
+            **NO_BUFFER_SYNC_IN_FORWARD,
         )
         inner = COMPRESSION_HOOKS[cfg.instrument.grad_compression]
         if cfg.instrument.step_timing:
