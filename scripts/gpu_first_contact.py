@@ -12,7 +12,7 @@ On the GPU machine (PyTorch 2.11 + CUDA 13, Python 3.12, no Ray), from the repos
     PYTHONPATH=. python3 scripts/gpu_first_contact.py --out bench/results/gpu
 
 then commit bench/results/gpu/*.json (not runs/) and copy the figures into docs/gpu.md.
-About 5 to 10 minutes on an H100 (torch.compile of ResNet-50 is most of it).
+About 4 minutes on an H200 (ResNet-50 with torch.compile is 2.5 of them).
 On a machine without a GPU, `--dry-run` runs the parts that work on CPU (argument handling,
 the results folder, the environment, the lab runs on CPU workers, the ground truth on a 1-rank
 gloo group with the host-side injection); the GPU-only steps are written as skipped, with why:

@@ -217,9 +217,9 @@ def test_a_model_with_nothing_to_shard_per_block_is_refused_and_runs_as_one_unit
 
 
 def test_a_delay_fsdp_cannot_honour_is_refused(monkeypatch):
-    from scaling.instrument import timing
+    from scaling.instrument.backends import fsdp
 
-    monkeypatch.setattr(timing, "GPU_INJECTION_CHECKED", False)
+    monkeypatch.setattr(fsdp, "GPU_INJECTION_CHECKED", False)  # as it stands: docs/gpu.md
     assert "inject_comm_delay_s on GPU runs is refused" in _refusal(
         "instrument.inject_comm_delay_s=0.1", "workers.use_gpu=true")
     # a backend that has no such collective to delay: DDP's all-reduce carries gradients, no parameters

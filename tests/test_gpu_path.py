@@ -43,7 +43,6 @@ import torch
 
 from scaling.config import ConfigError, load_config
 from scaling.errors import UsageError
-from scaling.instrument.timing import GPU_INJECTION_CHECKED
 from tests.conftest import REPO
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
@@ -147,11 +146,13 @@ def test_injection_on_gpu_runs_refused_at_preflight(monkeypatch):
     assert _preflighted_gpu_cfg(2, "instrument.inject_comm_delay_s=0.05").instrument.inject_comm_delay_s == 0.05
 
 
-@pytest.mark.skipif(GPU_INJECTION_CHECKED,
-                    reason="the device-side injection has been checked on a GPU: preflight accepts it")
-def test_cli_refuses_injection_on_gpu_before_the_run_directory_exists(tmp_path, capsys):
-    # The CLI's entry point in this process (the console script is `sys.exit(main())`)
+def test_cli_refuses_injection_on_gpu_before_the_run_directory_exists(tmp_path, capsys, monkeypatch):
+    # The CLI's entry point in this process (the console script is `sys.exit(main())`), with the
+    # injection taken as unchecked (as it was before the first GPU run, and is for FSDP2)
     from scaling import cli
+    from scaling.instrument import timing
+
+    monkeypatch.setattr(timing, "GPU_INJECTION_CHECKED", False)
 
     out = tmp_path / "run"
     code = cli.main(["run", str(QUICKSTART), "--launcher", "local", "--set", "workers.use_gpu=true",

@@ -36,9 +36,9 @@ callback (which DDP's finalisation waits for):
   queued there, and the future DDP waits for completes after it.
 Either way the injected time is measured around the delay on the run's clock (events on GPU)
 and recorded per step as `injected_s`, so a ground truth compares the figures' growth with
-what was really injected. The GPU injection has not yet run on a GPU (`GPU_INJECTION_CHECKED`):
-the lab's preflight (scaling/config.py) refuses it for GPU runs until scripts/gpu_first_contact.py
-has checked it (docs/gpu.md).
+what was really injected. The GPU injection has run on a GPU (`GPU_INJECTION_CHECKED`): on an
+H200, scripts/gpu_first_contact.py's NCCL ground truth saw the exposed communication grow by
+the measured spin to within 0.002% (docs/gpu.md), so the lab's preflight accepts it on GPU runs.
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-# Flip to True once scripts/gpu_first_contact.py's NCCL ground truth passed on a GPU (docs/gpu.md):
-# until then the lab's preflight refuses instrument.inject_comm_delay_s on GPU runs.
-GPU_INJECTION_CHECKED = False
+# DDP's device-side injection, checked on a GPU by scripts/gpu_first_contact.py's NCCL ground truth
+# (H200, 2026-11-27, docs/gpu.md). False refuses instrument.inject_comm_delay_s on GPU runs at
+# preflight. FSDP2's injection has a flag of its own (scaling/instrument/backends/fsdp.py).
+GPU_INJECTION_CHECKED = True
 
 
 class Clock:

@@ -93,7 +93,7 @@ collective's call after gloo's returned; on GPU a spin kernel on the collective'
 gets none (FSDP waits on its Work, not on this module's callback).
 
 Relies on torch 2.13's FSDP2 internals, checked at attach (a refusal in one line names what is
-missing): a module's `_get_fsdp_state()._fsdp_param_groups`, a group's `_all_gather_comm` and
+missing): a module's `_get_fsdp_state()._fsdp_param_groups` (`_fsdp_param_group`, one, in torch 2.11), a group's `_all_gather_comm` and
 `_reduce_scatter_comm` (what `set_custom_*` set), `fsdp_params`, `wait_for_unshard`,
 `post_backward`, `reduce_grads`, `all_reduce_grads`, `comm_ctx.reduce_scatter_max_input_buffers`,
 a parameter's `sharded_param`, `_unsharded_param` and `unsharded_accumulated_grad` (an
@@ -111,6 +111,11 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+# FSDP2's device-side injection (a spin on the collective's stream) has not run on a GPU: one GPU
+# holds one NCCL rank, and FSDP2 issues no collective at world size 1 (docs/gpu.md). False refuses
+# instrument.inject_comm_delay_s on GPU runs of backend fsdp at preflight.
+GPU_INJECTION_CHECKED = False
+
 from scaling.instrument.backends.base import Backend
 from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s
 
@@ -126,6 +131,17 @@ def _in_backward() -> bool:
 
 def _fsdp_modules(model) -> list[tuple[str, FSDPModule]]:
     return [(name, module) for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+
+
+def _param_groups(module: FSDPModule) -> list | None:
+    """The module's FSDP parameter groups: torch 2.13's `_fsdp_param_groups`, or the one
+    `_fsdp_param_group` of earlier torch (2.11 on an H200, docs/gpu.md); None: neither."""
+    state = module._get_fsdp_state()
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    if hasattr(state, "_fsdp_param_group"):
+        return [state._fsdp_param_group] if state._fsdp_param_group is not None else []
+    return None
 
 
 class FSDPBackend(Backend):
@@ -146,7 +162,7 @@ class FSDPBackend(Backend):
         return any(isinstance(module, FSDPModule) for module in model.modules())
 
     def _groups(self) -> list:
-        return [group for _, module in _fsdp_modules(self.model) for group in module._get_fsdp_state()._fsdp_param_groups]
+        return [group for _, module in _fsdp_modules(self.model) for group in _param_groups(module) or []]
 
     def compute_dtype(self) -> torch.dtype | None:
         # FSDP2 casts the gathered parameters to the policy's param_dtype: a bf16 policy computes
@@ -307,10 +323,9 @@ class ShardedCommTimer:
         self._training_forward = False
         self._forward_hook = model.register_forward_pre_hook(self._on_forward, prepend=True)
         for name, module in _fsdp_modules(model):
-            state = module._get_fsdp_state()
-            groups = getattr(state, "_fsdp_param_groups", None)
+            groups = _param_groups(module)
             if groups is None:
-                raise ValueError("this torch's FSDP2 has no _fsdp_param_groups: the instrument's FSDP adapter "
+                raise ValueError("this torch's FSDP2 has neither _fsdp_param_groups nor _fsdp_param_group: the instrument's FSDP adapter "
                                  "is written for torch 2.13's (scaling/instrument/backends/fsdp.py)")
             for i, param_group in enumerate(groups):
                 missing = [a for a in _GROUP_ATTRIBUTES if not hasattr(param_group, a)]
