@@ -966,7 +966,7 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     cluster.write_text("name: two-hosts-1gbit\ngpus_per_node: 1\n"
                        "inter_node: {name: 1 Gbit/s, bandwidth_Gbps: 1, efficiency: 1.0, latency_us: 100}\n")
     sweep = make_fake_sweep(tmp_path, backend="fsdp", cluster=str(cluster))
-    for config_path in Path(sweep).glob("runs/*/config.yaml"):  # the lab's FSDP settings, FSDP2's defaults
+    for config_path in Path(sweep).glob("runs/*/config.yaml"):  # the lab's FSDP settings (its defaults)
         config_path.write_text(config_path.read_text() + "fsdp: {reshard_after_forward: true, param_dtype: float32, "
                                "reduce_dtype: bfloat16}\n")
     for summary_path in Path(sweep).glob("runs/*/summary.json"):
@@ -979,7 +979,7 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     assert not warnings and "backend fsdp" in notes[0]
     assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks resharded" in notes[0]
     direct = run_projection("gpt2-small", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
-                            backend="fsdp", reshard_after_forward=True, fsdp_reduce_dtype="bf16",
+                            backend="fsdp", reshard_after_forward="all-and-root", fsdp_reduce_dtype="bf16",
                             fsdp_param_dtype="fp32", activation_checkpointing="none")
     by_n = projected.set_index("num_workers")
     assert by_n["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())

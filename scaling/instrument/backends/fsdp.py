@@ -19,7 +19,8 @@ call them and mark each collective (`BucketMarks`, one per collective: `kind`, `
   marks before and after the call are its true start and end, and the thread computed nothing
   in between. An asynchronous unshard (`FSDPModule.unshard(async_op=True)`) returns a Work; its
   end is marked by a callback on the Work's future (gloo's thread, when it completes).
-- GPU (NCCL), **not yet run on a GPU**: a mark is a CUDA event on the current stream, and FSDP
+- GPU (NCCL), **no collective yet timed on a GPU** (one GPU holds one NCCL rank, and FSDP2
+  issues no collective at world size 1; a 1-rank job on an H200 ran, docs/gpu.md): a mark is a CUDA event on the current stream, and FSDP
   calls the collective with its own stream current (the all-gather stream, the reduce-scatter
   stream), so the events around the call are the collective's start and end on that stream
   (ProcessGroupNCCL makes the current stream wait for a synchronous collective); no
@@ -89,7 +90,8 @@ the previous one: FSDP issues them in the same order every pass, so the first sy
 backward gets none); "parameters" holds the first all-gather of every training forward,
 synchronised or not, so it moves the exposed time and not the A/B. On CPU a sleep inside the
 collective's call after gloo's returned; on GPU a spin kernel on the collective's stream
-(`torch.cuda._sleep`, as DDP's: not yet run on a GPU). An all-gather that runs asynchronously
+(`torch.cuda._sleep`, as DDP's, which an H200 checked; this one has not run on a GPU:
+`GPU_INJECTION_CHECKED` below). An all-gather that runs asynchronously
 gets none (FSDP waits on its Work, not on this module's callback).
 
 Relies on torch 2.13's FSDP2 internals, checked at attach (a refusal in one line names what is

@@ -7,7 +7,10 @@ outermost `nn.ModuleList`s that holds parameters (a transformer's blocks: this l
 every parameter per pass). `shard_units` is the one rule, used by the preflight and by `wrap`.
 
 `fsdp.reshard_after_forward`: true frees each unit's gathered parameters after its forward
-and gathers them again in backward (FSDP2's default, ZeRO-3); false keeps them to backward
+and gathers them again in backward (ZeRO-3). It is passed to every `fully_shard` call, the root's
+too, so the root is resharded and gathered again as well: one collective per step more than
+FSDP2's default, which keeps the root gathered when the argument is left out (torch 2.13; the
+projection calls this "all-and-root"). false keeps them to backward
 (one all-gather per unit and pass less, the whole parameters held between forward and
 backward). `fsdp.param_dtype` / `fsdp.reduce_dtype`: FSDP2's `MixedPrecisionPolicy`, the dtype
 the parameters are gathered and computed in, and the one the gradients are reduce-scattered
