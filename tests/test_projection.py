@@ -977,7 +977,7 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",),
                                                lambda run: SweepDir(sweep).run(run["run_key"]))
     assert not warnings and "backend fsdp" in notes[0]
-    assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks resharded" in notes[0]
+    assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks and the root resharded" in notes[0]
     direct = run_projection("gpt2-small", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
                             backend="fsdp", reshard_after_forward="all-and-root", fsdp_reduce_dtype="bf16",
                             fsdp_param_dtype="fp32", activation_checkpointing="none")
