@@ -19,15 +19,15 @@ call them and mark each collective (`BucketMarks`, one per collective: `kind`, `
   marks before and after the call are its true start and end, and the thread computed nothing
   in between. An asynchronous unshard (`FSDPModule.unshard(async_op=True)`) returns a Work; its
   end is marked by a callback on the Work's future (gloo's thread, when it completes).
-- GPU (NCCL), **no collective yet timed on a GPU** (one GPU holds one NCCL rank, and FSDP2
-  issues no collective at world size 1; a 1-rank job on an H200 ran, docs/gpu.md): a mark is a CUDA event on the current stream, and FSDP
-  calls the collective with its own stream current (the all-gather stream, the reduce-scatter
-  stream), so the events around the call are the collective's start and end on that stream
-  (ProcessGroupNCCL makes the current stream wait for a synchronous collective); no
-  synchronize anywhere, the events are read at the epoch's end (timing.py). What compute waited
-  for is marked on the compute stream (below). Unverified on a GPU: that NCCL's work sits
-  between the two events on FSDP's stream, and that FSDP's compute stream waits where the rule
-  below says (torch 2.13's `wait_for_unshard`, `post_backward`, `finalize_backward`).
+- GPU (NCCL), **no collective yet timed on a GPU** (one GPU holds one NCCL rank, and FSDP2 issues no
+  collective at world size 1; a 1-rank job on an H200 ran, docs/gpu.md): a mark is a CUDA event on
+  the current stream, and FSDP calls the collective with its own stream current (the all-gather
+  stream, the reduce-scatter stream), so the events around the call are the collective's start and
+  end on that stream (ProcessGroupNCCL makes the current stream wait for a synchronous collective);
+  no synchronize anywhere, the events are read at the epoch's end (timing.py). What compute waited
+  for is marked on the compute stream (below). Unverified on a GPU: that NCCL's work sits between
+  the two events on FSDP's stream, and that FSDP's compute stream waits where the rule below says
+  (torch 2.13's `wait_for_unshard`, `post_backward`, `finalize_backward`).
 Only training passes are recorded: an all-gather in a forward of the model with gradients off or
 in eval mode (an evaluation, which the meter takes out of the step) is not; the model's forward
 is seen by a pre-hook placed first, since FSDP all-gathers under `no_grad`.
@@ -95,13 +95,13 @@ collective's call after gloo's returned; on GPU a spin kernel on the collective'
 gets none (FSDP waits on its Work, not on this module's callback).
 
 Relies on torch 2.13's FSDP2 internals, checked at attach (a refusal in one line names what is
-missing): a module's `_get_fsdp_state()._fsdp_param_groups` (`_fsdp_param_group`, one, in torch 2.11), a group's `_all_gather_comm` and
-`_reduce_scatter_comm` (what `set_custom_*` set), `fsdp_params`, `wait_for_unshard`,
-`post_backward`, `reduce_grads`, `all_reduce_grads`, `comm_ctx.reduce_scatter_max_input_buffers`,
-a parameter's `sharded_param`, `_unsharded_param` and `unsharded_accumulated_grad` (an
-accumulation without synchronisation keeps the gradients there: `gradients_cleared`, the no_sync
-half); and
-`torch._C._current_graph_task_id` (FSDP's own test for backward).
+missing): a module's `_get_fsdp_state()._fsdp_param_groups` (one `_fsdp_param_group` in torch 2.11),
+a group's `_all_gather_comm` and `_reduce_scatter_comm` (what `set_custom_*` set), `fsdp_params`,
+`wait_for_unshard`, `post_backward`, `reduce_grads`, `all_reduce_grads`,
+`comm_ctx.reduce_scatter_max_input_buffers`, a parameter's `sharded_param`, `_unsharded_param` and
+`unsharded_accumulated_grad` (an accumulation without synchronisation keeps the gradients there:
+`gradients_cleared`, the no_sync half); and `torch._C._current_graph_task_id` (FSDP's own test for
+backward).
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from scaling.instrument.backends.base import Backend
+from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s
+
 # FSDP2's device-side injection (a spin on the collective's stream) has not run on a GPU: one GPU
 # holds one NCCL rank, and FSDP2 issues no collective at world size 1 (docs/gpu.md). False refuses
 # instrument.inject_comm_delay_s on GPU runs of backend fsdp at preflight.
 GPU_INJECTION_CHECKED = False
-
-from scaling.instrument.backends.base import Backend
-from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s
 
 KINDS = ("all_gather", "reduce_scatter")
 _COLUMN = {"all_gather": "allgather", "reduce_scatter": "reducescatter"}
@@ -327,8 +327,9 @@ class ShardedCommTimer:
         for name, module in _fsdp_modules(model):
             groups = _param_groups(module)
             if groups is None:
-                raise ValueError("this torch's FSDP2 has neither _fsdp_param_groups nor _fsdp_param_group: the instrument's FSDP adapter "
-                                 "is written for torch 2.13's (scaling/instrument/backends/fsdp.py)")
+                raise ValueError("this torch's FSDP2 has neither _fsdp_param_groups nor _fsdp_param_group: the "
+                                 "instrument's FSDP adapter is written for torch 2.13's "
+                                 "(scaling/instrument/backends/fsdp.py)")
             for i, param_group in enumerate(groups):
                 missing = [a for a in _GROUP_ATTRIBUTES if not hasattr(param_group, a)]
                 if missing:
