@@ -117,10 +117,9 @@ def projection_settings() -> dict:
     dtypes = {"float32": "fp32", "bfloat16": "bf16"}
     if fsdp.shard != "blocks" or fsdp.param_dtype != "float32" or fsdp.reduce_dtype != "float32":
         raise ValueError(f"{CONFIG}: the bench projects fsdp.shard blocks in float32 (its probe times fp32 units)")
-    # given explicitly (true), FSDP2 reshards the root as well (torch 2.13's fully_shard keeps the root
-    # unsharded only when the argument is left out)
+    # the lab's loop reshards every block when true and keeps the root gathered (FSDP2's default for it)
     return {"backend": "fsdp", "fsdp_process_group": "gloo",
-            "reshard_after_forward": "all-and-root" if fsdp.reshard_after_forward else "none",
+            "reshard_after_forward": "all" if fsdp.reshard_after_forward else "none",
             "fsdp_param_dtype": dtypes[fsdp.param_dtype], "fsdp_reduce_dtype": dtypes[fsdp.reduce_dtype],
             "activation_checkpointing": "none"}
 

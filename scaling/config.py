@@ -137,7 +137,7 @@ class InstrumentConfig(InstrumentSettings):
 class FsdpConfig:
     """backend fsdp (FSDP2's fully_shard; scaling/train/backends/fsdp.py): what is sharded and how."""
 
-    reshard_after_forward: bool = True  # free each unit's gathered parameters after its forward and gather them again in backward (ZeRO-3), the root's too: passed explicitly, as here, FSDP2 reshards the root as well, where its default keeps the root gathered; false keeps them all to backward (fewer all-gathers, more memory)
+    reshard_after_forward: bool = True  # free each block's gathered parameters after its forward and gather them again in backward (ZeRO-3); the root stays gathered, FSDP2's default for it (scaling/train/backends/fsdp.py); false keeps them all to backward (fewer all-gathers, more memory)
     param_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype parameters are gathered and computed in (MixedPrecisionPolicy.param_dtype); the sharded parameters and optimizer state stay float32
     reduce_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype)
     shard: FsdpShard = "blocks"  # blocks: fully_shard each module of the model's outermost nn.ModuleLists (a transformer's blocks), then the root | root: the whole model as one unit

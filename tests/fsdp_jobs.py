@@ -123,7 +123,9 @@ def job_mixed_precision(run_dir: str, *, steps: int = 3) -> dict:
 
 
 def job_losses(run_dir: str | None, *, wrapper: str, steps: int = 6, epochs: int = 2) -> dict:
-    """The losses a job computes step by step, fp32: DDP, FSDP, or FSDP with the instrument and its A/B."""
+    """The losses a job computes step by step, fp32: DDP, FSDP, or FSDP with the instrument and its A/B.
+    Each epoch ends with an evaluation (a forward without gradients), after which FSDP2 keeps the root
+    gathered, so the A/B window starts with the root's unsharded parameters registered."""
     from torch.nn.parallel import DistributedDataParallel
 
     from scaling import instrument
@@ -149,6 +151,8 @@ def job_losses(run_dir: str | None, *, wrapper: str, steps: int = 6, epochs: int
             optimizer.step()
             optimizer.zero_grad()
             losses.append(loss.item())
+        with torch.no_grad():
+            losses.append(loss_fn(model(data[0][0]), data[0][1]).item())
         if meter:
             meter.end_epoch(val_accuracy=0.5)
     if meter:

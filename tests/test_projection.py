@@ -852,8 +852,8 @@ def test_fsdp_schedule_with_the_root_resharded_and_synchronous_collectives_by_ha
 
 
 def test_fsdp_on_gloo_adds_every_collective_to_the_step():
-    """gpt2-tiny on two one-CPU nodes of a fitted link (FSDP2 on gloo, the lab's settings: every unit
-    resharded, the root too, fp32 both ways): the step is the compute plus, per unit, its all-gather
+    """gpt2-tiny on two one-CPU nodes of a fitted link (FSDP2 on gloo, every unit resharded
+    after forward, the root too, fp32 both ways): the step is the compute plus, per unit, its all-gather
     and re-gather ((n-1)/n S / B + alpha each) and its reduce-scatter, which gloo runs as an
     all-reduce (2(n-1)/n S / B + 2 alpha); all of it exposed; the A/B sees the reduce-scatters."""
     from scaling.projection import project_cluster_from_alpha_beta
@@ -977,9 +977,9 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",),
                                                lambda run: SweepDir(sweep).run(run["run_key"]))
     assert not warnings and "backend fsdp" in notes[0]
-    assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks and the root resharded" in notes[0]
+    assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks resharded" in notes[0]
     direct = run_projection("gpt2-small", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
-                            backend="fsdp", reshard_after_forward="all-and-root", fsdp_reduce_dtype="bf16",
+                            backend="fsdp", reshard_after_forward="all", fsdp_reduce_dtype="bf16",
                             fsdp_param_dtype="fp32", activation_checkpointing="none")
     by_n = projected.set_index("num_workers")
     assert by_n["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())

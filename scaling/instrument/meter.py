@@ -619,50 +619,57 @@ class StepMeter:
         pairs = self.settings.calibration_pairs
         if not (self.timing and self.world_size > 1 and pairs > 0 and self.forward_backward and self.calibration_data is not None):
             return
-        parameters = list(self.model.parameters())
-        job_gradients = [q.grad for q in parameters]
-        saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
         self._calibrating = True
         try:
             with self._rng_untouched(), self.backend.calibration():
-                for q in parameters:
-                    q.grad = None
-                data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
-                batches = iter(data)
-                for pair in range(pairs):
-                    try:
-                        batch = next(batches)
-                    except StopIteration:
-                        break
-                    first = _first_tensor(batch)
-                    samples = int(first.shape[0]) if first is not None and first.dim() else 1
-                    order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
-                    for kind in order:
-                        self._calib = {}
-                        with self.backend.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
-                            start = self.clock.mark()
-                            self.forward_backward(batch)
-                            if kind == "calib_sync":
-                                self.backend.wait_after_backward()
-                                self.backend.after_step()
-                            end = self.clock.mark()
-                        marks, self._calib = self._calib, None
-                        for q in parameters:
-                            q.grad = None
-                        segments = [("data", marks.get("forward_start", start)),
-                                    ("forward", marks.get("forward_end", start)), ("backward", end)]
-                        self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start,
-                                                     segments, [self.backend.take()], pair=pair,
-                                                     comm_rule=self.backend.comm_rule))
-                del batches, data
+                # listed inside the backend's calibration(): FSDP's registers the sharded parameters there,
+                # the ones whose gradients the job keeps (a unit kept gathered names its unsharded ones)
+                parameters = list(self.model.parameters())
+                job_gradients = [q.grad for q in parameters]
+                saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
+                try:
+                    self._calibration_pairs(parameters, pairs)
+                finally:
+                    with torch.no_grad():
+                        for name, buffer in self.model.named_buffers():
+                            buffer.copy_(saved_buffers[name])
+                    for q, grad in zip(parameters, job_gradients):
+                        q.grad = grad
         finally:
             self._calibrating = False
             self._calib = None
-            with torch.no_grad():
-                for name, buffer in self.model.named_buffers():
-                    buffer.copy_(saved_buffers[name])
-            for q, grad in zip(parameters, job_gradients):
-                q.grad = grad
+
+    def _calibration_pairs(self, parameters: list, pairs: int) -> None:
+        """The window's halves, each timed and recorded as a step of its kind; gradients cleared after each."""
+        for q in parameters:
+            q.grad = None
+        data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
+        batches = iter(data)
+        for pair in range(pairs):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            first = _first_tensor(batch)
+            samples = int(first.shape[0]) if first is not None and first.dim() else 1
+            order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
+            for kind in order:
+                self._calib = {}
+                with self.backend.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
+                    start = self.clock.mark()
+                    self.forward_backward(batch)
+                    if kind == "calib_sync":
+                        self.backend.wait_after_backward()
+                        self.backend.after_step()
+                    end = self.clock.mark()
+                marks, self._calib = self._calib, None
+                for q in parameters:
+                    q.grad = None
+                segments = [("data", marks.get("forward_start", start)),
+                            ("forward", marks.get("forward_end", start)), ("backward", end)]
+                self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start,
+                                             segments, [self.backend.take()], pair=pair,
+                                             comm_rule=self.backend.comm_rule))
 
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.

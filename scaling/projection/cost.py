@@ -87,7 +87,7 @@ is the last). Exposed communication is the time compute waited on a collective (
 for its gather) plus the wait after backward compute for the last reduce-scatter; time
 communicating is the union of the intervals from each collective's issue to its finish.
 A root resharded after forward (FSDP2 does it when `reshard_after_forward=True` is passed to the
-root explicitly, as the lab does) is gathered again before its backward, the first backward
+root explicitly) is gathered again before its backward, the first backward
 compute, so compute waits for it.
 Synchronous collectives (`synchronous=True`: FSDP2 on CPU with gloo, which calls every
 collective on the training thread, `async_op=False`, with no second stream to run it on): each

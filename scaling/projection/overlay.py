@@ -58,9 +58,9 @@ def _fsdp_settings(run) -> dict:
         fsdp = {}
     settings = {"activation_checkpointing": "none"}
     if isinstance(fsdp.get("reshard_after_forward"), bool):
-        # the lab's loop passes the bool to every fully_shard call, the root's too: true reshards
-        # every block and the root (scaling/train/backends/fsdp.py), false none
-        settings["reshard_after_forward"] = "all-and-root" if fsdp["reshard_after_forward"] else "none"
+        # the lab's loop: true reshards every block and keeps the root gathered, FSDP2's default
+        # for it (scaling/train/backends/fsdp.py), false none
+        settings["reshard_after_forward"] = "all" if fsdp["reshard_after_forward"] else "none"
     if fsdp.get("reduce_dtype") in _DTYPES:
         settings["fsdp_reduce_dtype"] = _DTYPES[fsdp["reduce_dtype"]]
     if fsdp.get("param_dtype") in _DTYPES:

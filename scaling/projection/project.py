@@ -109,7 +109,7 @@ COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient elem
 BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
 SHARDED = ("fsdp", "hsdp")
 # units resharded after forward: torchtitan's (every block but the last), FSDP2's default (every block),
-# every block and the root (FSDP2 given reshard_after_forward=True explicitly, as the lab's loop does), none
+# every block and the root (FSDP2 given reshard_after_forward=True explicitly for the root too), none
 RESHARD = ("all-but-last", "all", "all-and-root", "none")
 PROCESS_GROUPS = ("nccl", "gloo")  # how FSDP's collectives run (module docstring)
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")

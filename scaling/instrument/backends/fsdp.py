@@ -81,8 +81,10 @@ keeping whole gradients costs the no_sync half. It **cannot see the all-gathers*
 FSDP pass without them (a forward needs each module's whole parameters), so their cost is only in
 the exposed figures (`exposed_allgather_s`) and in `allgather_s`. The unsharded gradients the
 no_sync half leaves in FSDP's parameters are dropped on leaving it, and the job's own (an
-accumulation in progress) set aside around the whole window (`calibration`): the A/B changes
-nothing in the training.
+accumulation in progress) set aside around the whole window (`calibration`), which reshards every
+unit first so that the gradients the window's reduce-scatters leave are on the parameters the
+meter clears (a unit kept gathered, the root after an evaluation, names its unsharded ones): the
+A/B changes nothing in the training.
 
 Ground truth (`inject_comm_delay_s`, `inject_comm_delay_into`): "gradients" holds the last
 reduce-scatter of every synchronised backward (of the module whose reduce-scatter came last in
@@ -211,7 +213,10 @@ class FSDPBackend(Backend):
 
     @contextlib.contextmanager
     def calibration(self):
+        """The job's unsharded gradients set aside, and every unit resharded (`_reshard_everything`) so that
+        the model names the sharded parameters, whose gradients the meter clears and gives back."""
         saved = _set_aside_unsharded_gradients(self._groups())
+        self._reshard_everything()
         try:
             yield
         finally:
@@ -240,6 +245,17 @@ class FSDPBackend(Backend):
 
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
+
+    def _reshard_everything(self) -> None:
+        """Register every unit's sharded parameters again. FSDP2 keeps the root gathered after a forward
+        without backward (an evaluation), every unit with `reshard_after_forward=False`; a module so left
+        names its unsharded parameters, not the sharded ones that the reduce-scatter gives gradients to
+        and the optimizer steps. Values are unchanged: the next forward gathers the unit again."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def _set_aside_unsharded_gradients(groups: list) -> list:

@@ -6,11 +6,10 @@ outermost `nn.ModuleList`s that holds parameters (a transformer's blocks: this l
 (embeddings, final norm, head); `root` gives it the whole model as one unit (one all-gather of
 every parameter per pass). `shard_units` is the one rule, used by the preflight and by `wrap`.
 
-`fsdp.reshard_after_forward`: true frees each unit's gathered parameters after its forward
-and gathers them again in backward (ZeRO-3). It is passed to every `fully_shard` call, the root's
-too, so the root is resharded and gathered again as well: one collective per step more than
-FSDP2's default, which keeps the root gathered when the argument is left out (torch 2.13; the
-projection calls this "all-and-root"). false keeps them to backward
+`fsdp.reshard_after_forward`: true frees each block's gathered parameters after its forward
+and gathers them again in backward (ZeRO-3); the root is left to FSDP2's own rule for it and
+stays gathered, since backward needs it first (the projection calls this "all"), unless it is
+the only unit (`shard: root`), which is then resharded as asked. false keeps them to backward
 (one all-gather per unit and pass less, the whole parameters held between forward and
 backward). `fsdp.param_dtype` / `fsdp.reduce_dtype`: FSDP2's `MixedPrecisionPolicy`, the dtype
 the parameters are gathered and computed in, and the one the gradients are reduce-scattered
@@ -103,7 +102,10 @@ class FSDP(LabBackend):
         policy = MixedPrecisionPolicy(param_dtype=DTYPES[settings.param_dtype], reduce_dtype=DTYPES[settings.reduce_dtype])
         for _, unit in shard_units(model, settings.shard):
             fully_shard(unit, reshard_after_forward=settings.reshard_after_forward, mp_policy=policy)
-        fully_shard(model, reshard_after_forward=settings.reshard_after_forward, mp_policy=policy)
+        # None is FSDP2's default for the root (kept gathered after forward); True given explicitly would
+        # reshard the root too and gather it again at once in backward, a collective per step for nothing
+        keep_root = settings.reshard_after_forward and settings.shard != "root"
+        fully_shard(model, reshard_after_forward=None if keep_root else settings.reshard_after_forward, mp_policy=policy)
         # fully_shard replaced the parameters the optimizer holds: the same optimizer over the sharded ones
         groups = optimizer.param_groups
         if len(groups) != 1:
