@@ -4,23 +4,21 @@ experiments/gpt2-tiny-fsdp.yaml (batch 32 sequences of 64 tokens per rank, SGD w
 momentum at the config's learning rate): the instrument on a user's FSDP job (budget: attached /
 bare <= 1.03), and the lab's own FSDP loop against a bare FSDP2 loop (budget: lab / bare <= 1.02).
 
-Three arms, each a fresh pair of processes:
-  "bare"      a hand-written FSDP2 loop (`_spawned_worker` below, started with torch.multiprocessing):
+Three arms, run one after the other in the same two worker processes (`_rounds_worker`):
+  "bare"      a hand-written FSDP2 loop (`_fsdp_loop` below):
               seed, the token data (scaling/data/tokens.py `make_token_rule`), the model from the
               registry, `fully_shard` per block then the root, the optimizer over the sharded
               parameters; per step forward, cross-entropy per token, backward, `optimizer.step()`,
               `zero_grad()`. The batches are indexed from each epoch's shard (scaling/data
-              `train_shard`), as the lab's in-memory dataset indexes them. `torch.set_num_threads(1)`
-              and one inter-op thread, as the lab sets each worker (scaling/train/loop.py
-              `set_cpu_threads`, `workers.cpus_per_worker: 1`).
+              `train_shard`), as the lab's in-memory dataset indexes them.
   "attached"  the same loop as a user's job with the instrument: `scaling.instrument.attach(model,
               optimizer, run_dir=...)` with its defaults (per-step timing, FSDP2's collectives timed),
               the loop over `meter.batches(...)` and `meter.end_epoch()` after each epoch, as
               tests/fsdp_jobs.py attaches it. No `forward_backward`: no A/B calibration (it runs in
               `end_epoch`, outside the step clock, in the lab's arm too it is off).
-  "lab"       the lab's loop with `backend: fsdp` (scaling/train/loop.py, scaling/train/backends/fsdp.py),
-              i.e. `scaling run experiments/gpt2-tiny-fsdp.yaml --launcher local --workers 2` run
-              in-process with `scaling.launch.run.execute_run(cfg, dir, launcher="local")`: its
+  "lab"       the lab's loop with `backend: fsdp` (scaling/train/loop.py `train_worker`,
+              scaling/train/backends/fsdp.py), what each worker of `scaling run
+              experiments/gpt2-tiny-fsdp.yaml --launcher local --workers 2` runs: its
               instrument with the lab's defaults (step timing on), its LR schedule, its loss
               bookkeeping and validation; `train.eval_every=1` and an unreachable `train.target_loss`
               (every epoch trains, no evaluation inside one), `instrument.calibration_pairs=0`.
@@ -34,15 +32,22 @@ bench/instrumentation_overhead.py reads it; `time.perf_counter()` around the loo
 Besides, the training workers' CPU seconds per steady-state step (bench/benchlib.py `TreeCpu`, from
 /proc, over the same epochs), which other jobs on the machine hardly move, with the same budgets.
 
+Every run builds its model, shards it and makes its optimizer afresh; the processes, their
+process group and their CPU set-up (`set_up_worker`: one torch thread and one inter-op thread, as
+the lab sets each worker for `workers.cpus_per_worker: 1`) are shared. Why: with fresh processes per run, one
+run's step differs from the next by about 5% on 2 CPUs (where the two ranks land on the two
+cores), and 40 such rounds left a 2% budget undecided; runs in the same processes differ by
+what each arm does.
+
 Order: rounds of the three arms, lab bare attached, then attached bare lab, and so on, so each
 ratio's runs alternate A B B A around the shared bare run; each ratio is the median over its
 adjacent (A, bare) pairs (`adjacent_pairs`), decided by the 95% order-statistic interval of that
 median (`median_order_interval`, `interval_verdict`: "pass" when its upper end is within the
 budget, "miss" when its lower end is beyond it, else undecided; an interval exists from 6 pairs).
-The benchmark runs `--pairs` rounds, then adds one round at a time while any of the four verdicts
-is undecided, up to `--max-pairs` and `--max-minutes`.
+The first pair of processes runs `--pairs` rounds; while any of the four verdicts is undecided,
+another pair runs `--block` more, up to `--max-pairs` and `--max-minutes`.
 
-    .venv/bin/python bench/fsdp_overhead.py            # 8 rounds x 4 epochs (about 18 min), more while undecided, at most 30 min
+    .venv/bin/python bench/fsdp_overhead.py            # 8 rounds x 3 epochs (about 11 min), more while undecided, at most 30 min
     .venv/bin/python bench/fsdp_overhead.py --quick    # 1 round x 2 short epochs (no interval: a check that it runs)
 """
 
@@ -96,10 +101,9 @@ def loop_spec(cfg) -> dict:
     }
 
 
-def _spawned_worker(rank: int, world_size: int, port: int, spec: dict, out_path: str, attach_dir: str | None) -> None:
-    """One rank of the bare FSDP2 loop, or (`attach_dir`) of the same loop as a user's job with the instrument."""
+def _fsdp_loop(rank: int, world_size: int, spec: dict, attach_dir: str | None) -> list[dict]:
+    """The bare FSDP2 loop, or (`attach_dir`) the same loop as a user's job with the instrument: its epochs."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
 
@@ -107,10 +111,6 @@ def _spawned_worker(rank: int, world_size: int, port: int, spec: dict, out_path:
     from scaling.data.tokens import make_token_rule
     from scaling.models import build_model
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    torch.set_num_threads(spec["threads"])
-    torch.set_num_interop_threads(1)
     torch.manual_seed(spec["seed"])
     train_x, train_y, _, _ = make_token_rule(spec["data_seed"], spec["vocab"], spec["seq_len"], spec["train_samples"],
                                              spec["val_samples"], spec["token_noise"])
@@ -150,53 +150,93 @@ def _spawned_worker(rank: int, world_size: int, port: int, spec: dict, out_path:
                            "start_unix": start_unix, "end_unix": start_unix + train_s})
             if meter:
                 meter.end_epoch()
-    if rank == 0:
-        Path(out_path).write_text(json.dumps({"epochs": epochs}))
+    return epochs
+
+
+def round_order(round_index: int) -> tuple[str, ...]:
+    """ROUND on even rounds, reversed on odd ones: each ratio's runs alternate A B B A around "bare"."""
+    return ROUND if round_index % 2 == 0 else ROUND[::-1]
+
+
+def run_path(tmp: str, round_index: int, arm: str) -> Path:
+    """Where a run leaves what the driver reads: the lab's run directory, or the other arms' epochs (JSON)."""
+    return Path(tmp) / f"round{round_index:03d}-{arm}{'' if arm == 'lab' else '.json'}"
+
+
+def _rounds_worker(rank: int, world_size: int, port: int, config: dict, spec: dict, first_round: int, rounds: int,
+                   tmp: str) -> None:
+    """One rank of a block of rounds: every arm's runs, one after the other, in these same two processes."""
+    import gc
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from scaling.config import from_dict
+    from scaling.train.loop import WorkerContext, set_up_worker, train_worker
+    from scaling.train.user_function import lab_context
+
+    cfg = from_dict(config)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    ctx = WorkerContext(rank=rank, world_size=world_size, local_rank=rank, node_rank=0, device=torch.device("cpu"))
+    set_up_worker(cfg, ctx)  # once, for every arm: one torch thread and one inter-op thread, as the lab sets a worker
+    for round_index in range(first_round, first_round + rounds):
+        for arm in round_order(round_index):
+            path = run_path(tmp, round_index, arm)
+            if arm == "lab":  # what the plain launcher's worker runs (scaling/launch/local.py, run_worker)
+                with lab_context(cfg, path):
+                    train_worker(cfg, ctx, path)
+                continue
+            epochs = _fsdp_loop(rank, world_size, spec, str(path.with_suffix("")) if arm == "attached" else None)
+            if rank == 0:
+                path.write_text(json.dumps({"epochs": epochs}))
+            gc.collect()
+    gc.collect()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as the plain launcher's workers leave (scaling/launch/local.py: gloo's threads at finalization)
 
 
-def measure_spawned(arm: str, i: int, spec: dict, tmp: str) -> dict:
-    """One run of the bare or attached loop in 2 fresh processes: steady-state step time and workers' CPU per step."""
+def measure_rounds(first_round: int, rounds: int, cfg, spec: dict, tmp: str) -> list[dict]:
+    """`rounds` rounds in one pair of processes: each run's steady-state step time and workers' CPU per step."""
     import torch.multiprocessing as mp
 
+    from scaling.analysis.run_metrics import steady_step_s
+    from scaling.results import RunDir
     from scaling.testbed.local_cluster import free_port
 
-    out_path = Path(tmp) / f"run{i:02d}-{arm}.json"
-    attach_dir = str(Path(tmp) / f"run{i:02d}-{arm}") if arm == "attached" else None
     with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()]) as cpu:
-        mp.spawn(_spawned_worker, args=(WORKERS, free_port(), spec, str(out_path), attach_dir),
+        mp.spawn(_rounds_worker, args=(WORKERS, free_port(), cfg.to_dict(), spec, first_round, rounds, tmp),
                  nprocs=WORKERS, join=True)
-    epochs = json.loads(out_path.read_text())["epochs"]
-    out_path.unlink()
-    if attach_dir:
-        shutil.rmtree(attach_dir, ignore_errors=True)
-    steady = [e for e in epochs if e["epoch"] > 1]
-    if not steady:
-        raise RuntimeError(f"{arm} run trained no epoch after the first; run 2 epochs or more")
-    steps = sum(e["steps"] for e in steady)
-    worker_cpu = sum(cpu.cpu_s("train_workers", e["start_unix"], e["end_unix"]) for e in steady)
-    return {"order": i, "arm": arm, "steady_step_s": bl.median(e["step_s"] for e in steady),
-            "mean_runnable": rq.mean, "worker_cpu_s_per_step": worker_cpu / steps,
-            "cores": cpu.cores(steady[0]["start_unix"], steady[-1]["end_unix"]), "epochs": epochs}
-
-
-def measure_lab(i: int, cfg, tmp: str) -> dict:
-    """One run of the lab's loop (`scaling run ... --launcher local`, in-process), measured as
-    bench/instrumentation_overhead.py measures it."""
-    from scaling.analysis.run_metrics import steady_step_s
-    from scaling.launch.run import execute_run
-    from scaling.results import RunDir
-
-    run_dir = Path(tmp) / f"run{i:02d}-lab"
-    with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()]) as cpu:
-        summary = execute_run(cfg, run_dir, launcher="local")
-    if summary["status"] == "failed":
-        raise RuntimeError(f"lab run failed: {summary['error']}")
-    epochs_table = RunDir(run_dir).epochs()
-    step_s, epoch_rows = steady_step_s(epochs_table, cfg.global_batch)
-    steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
-    shutil.rmtree(run_dir, ignore_errors=True)  # a long sequence of runs would otherwise fill the temporary directory
-    return {"order": i, "arm": "lab", "steady_step_s": step_s, "mean_runnable": rq.mean, **steady, "epochs": epoch_rows}
+    runs = []
+    for round_index in range(first_round, first_round + rounds):
+        for arm in round_order(round_index):
+            path = run_path(tmp, round_index, arm)
+            if arm == "lab":
+                epochs_table = RunDir(path).epochs()
+                step_s, epochs = steady_step_s(epochs_table, cfg.global_batch)
+                steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                epochs = json.loads(path.read_text())["epochs"]
+                path.unlink()
+                shutil.rmtree(path.with_suffix(""), ignore_errors=True)
+                measured = [e for e in epochs if e["epoch"] > 1]
+                if not measured:
+                    raise RuntimeError(f"{arm} run trained no epoch after the first; run 2 epochs or more")
+                step_s = bl.median(e["step_s"] for e in measured)
+                worker_cpu = sum(cpu.cpu_s("train_workers", e["start_unix"], e["end_unix"]) for e in measured)
+                steady = {"worker_cpu_s_per_step": worker_cpu / sum(e["steps"] for e in measured),
+                          "cores": cpu.cores(measured[0]["start_unix"], measured[-1]["end_unix"])}
+            run = {"order": 3 * round_index + len(runs) % 3, "round": round_index, "arm": arm, "steady_step_s": step_s,
+                   "mean_runnable": rq.mean, **steady, "epochs": epochs}
+            runs.append(run)
+            cpu_s = run["worker_cpu_s_per_step"]
+            print(f"[{NAME}] round {round_index + 1} {arm}: steady-state step {step_s * 1e3:.2f} ms, worker CPU "
+                  f"{cpu_s * 1e3 if cpu_s else float('nan'):.1f} ms/step (cores {run['cores']})", flush=True)
+    return runs
 
 
 def pair_ratios(runs: list[dict], arm: str, key: str) -> list[float]:
@@ -244,16 +284,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 round of 2 short epochs (a check that it runs)")
     parser.add_argument("--pairs", type=int, help="rounds (one pair for each ratio) always run (default 8; quick 1)")
     parser.add_argument("--max-pairs", type=int,
-                        help="rounds at most, added one at a time while a verdict is undecided (default 24)")
+                        help="rounds at most, added --block at a time while a verdict is undecided (default 24)")
     parser.add_argument("--max-minutes", type=float, default=30.0,
-                        help="no round beyond --pairs starts once the next would end after this (default 30)")
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 4; quick 2)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the committed result's rounds (same config, epochs and order) with more rounds")
+                        help="no rounds beyond --pairs start once they would end after this (default 30)")
+    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
+    parser.add_argument("--block", type=int, default=4,
+                        help="rounds in each pair of processes after the first, while undecided (default 4)")
     args = parser.parse_args()
     min_rounds = args.pairs or (1 if args.quick else 8)
     max_rounds = max(min_rounds, args.max_pairs or (min_rounds if args.quick else 24))
-    epochs = args.epochs or (2 if args.quick else 4)
+    epochs = args.epochs or (2 if args.quick else 3)
     if epochs < 2:
         parser.error("--epochs must be 2 or more: the first epoch is left out")
 
@@ -266,34 +306,22 @@ def main() -> None:
         raise SystemExit(f"{CONFIG} is no longer the fp32 FSDP2 run per block this benchmark compares against")
     spec = loop_spec(cfg)
     runs: list[dict] = []
-    if args.resume:  # earlier rounds are ABBA pairs like any other: the verdict takes them all
-        earlier = json.loads((bl.REPO / "bench" / "results" / f"{NAME}.json").read_text())
-        if earlier["overrides"] != overrides or earlier.get("quick"):
-            parser.error(f"--resume: bench/results/{NAME}.json was run with other settings; run without --resume")
-        runs = earlier["runs"][:len(ROUND) * earlier["rounds"]]
-        started -= earlier["wall_s"]
-    first_round = len(runs) // len(ROUND)
-    sitting_started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
-        for round_index in range(first_round, max_rounds):
-            elapsed = time.time() - sitting_started
-            if round_index >= min_rounds:
-                if bl.UNDECIDED not in [c["verdict"] for c in figures(runs, round_index, epochs)]:
+        done = 0
+        while done < max_rounds:
+            more = min(args.block if done else min_rounds, max_rounds - done)
+            if done >= min_rounds:
+                if bl.UNDECIDED not in [c["verdict"] for c in figures(runs, done, epochs)]:
                     break
-                per_round = elapsed / (round_index - first_round) if round_index > first_round else 0.0
-                if round_index > first_round and elapsed + per_round > 60 * args.max_minutes:
-                    print(f"[{NAME}] undecided after {round_index} rounds, and another would end after "
+                elapsed = time.time() - started
+                if elapsed + elapsed / done * more > 60 * args.max_minutes:
+                    print(f"[{NAME}] undecided after {done} rounds, and {more} more would end after "
                           f"{args.max_minutes:g} min: stopping", flush=True)
                     break
-            for arm in ROUND if round_index % 2 == 0 else ROUND[::-1]:
-                print(f"[{NAME}] round {round_index + 1} (of {min_rounds} to {max_rounds}): {arm}", flush=True)
-                i = len(runs)
-                run = measure_lab(i, cfg, tmp) if arm == "lab" else measure_spawned(arm, i, spec, tmp)
-                runs.append(run)
-                cpu = run["worker_cpu_s_per_step"]
-                print(f"[{NAME}]   steady-state step {run['steady_step_s'] * 1e3:.2f} ms, worker CPU "
-                      f"{cpu * 1e3 if cpu else float('nan'):.1f} ms/step (runnable tasks {run['mean_runnable']}; "
-                      f"cores {run['cores']})", flush=True)
+            print(f"[{NAME}] rounds {done + 1} to {done + more} (of {min_rounds} to {max_rounds}) in one pair of "
+                  "processes", flush=True)
+            runs += measure_rounds(done, more, cfg, spec, tmp)
+            done += more
     rounds = len(runs) // len(ROUND)
     comparisons = figures(runs, rounds, epochs)
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
@@ -302,9 +330,9 @@ def main() -> None:
         NAME, __doc__, args.quick, started, load_start, comparisons,
         config=CONFIG, workers=WORKERS, rounds=rounds, min_rounds=min_rounds, max_rounds=max_rounds,
         epochs_per_run=epochs, overrides=overrides, loop=spec,
-        arms={"lab": f"{cli} --out DIR", "bare": "bench/fsdp_overhead.py _spawned_worker without the instrument",
-              "attached": "bench/fsdp_overhead.py _spawned_worker with "
-                          "scaling.instrument.attach(model, optimizer, run_dir=...)"},
+        arms={"lab": f"scaling/train/loop.py train_worker, as `{cli} --out DIR` runs it on each worker",
+              "bare": "bench/fsdp_overhead.py _fsdp_loop without the instrument",
+              "attached": "bench/fsdp_overhead.py _fsdp_loop with scaling.instrument.attach(model, optimizer, run_dir=...)"},
         pair_ratios={arm: pair_ratios(runs, arm, "steady_step_s") for arm in ("attached", "lab")},
         cpu_pair_ratios={arm: pair_ratios(runs, arm, "worker_cpu_s_per_step") for arm in ("attached", "lab")},
         runs=runs,

@@ -32,16 +32,22 @@ arms' medians is reported beside it.
 
     .venv/bin/python bench/instrumentation_overhead.py            # 8 to 24 pairs x 3 epochs (at most about 9 min)
     .venv/bin/python bench/instrumentation_overhead.py --quick    # 1 pair x 2 epochs (no interval: a check that it runs)
-    .venv/bin/python bench/instrumentation_overhead.py --job own --max-minutes 45  # the user's job of examples/own_job (8 to 24 pairs x 8 epochs)
+    .venv/bin/python bench/instrumentation_overhead.py --job own --max-pairs 48 --max-minutes 50  # the user's job of examples/own_job (8 to 48 pairs x 4 epochs)
 
-`--job own` measures the same switch on a user's own job (examples/own_job/sweep.yaml: a small
-vision transformer in a Ray Train quickstart-shaped train function, instrumented through the
-public `scaling.instrument.attach`), with the Ray launcher (a user's train function is a Ray
-Train function) and 8,192 training samples, so an epoch has 128 steps per worker. Arm B keeps
-the instrument attached with `step_timing=false`: only the epoch clock, no hooks, no records.
-Its runs are 8 epochs long (7 measured): under Ray Train the controller and Ray's own processes share the
-2 cores with the workers, and one epoch's step time moves by up to 10% from the next, so a run's median
-needs more epochs than the lab's loop does. It writes instrumentation_overhead_own_job.json.
+`--job own` measures the same switch on a user's own job (examples/own_job: a small vision
+transformer in a Ray Train quickstart-shaped train function, instrumented through the public
+`scaling.instrument.attach`), under the Ray launcher, with 8,192 training samples (an epoch has
+128 steps per worker), and arm B keeping the instrument attached with `step_timing=false` (only
+the epoch clock, no hooks, no records). Its runs do not start processes of their own: separate
+Ray Train runs of this job differ by up to 10% in step time from one to the next (where the
+workers and Ray's own processes land on the two cores), which swamps the budget. Instead one
+Ray Train run (`scaling run examples/own_job/sweep.yaml --launcher ray --set
+train.function=bench.own_job_alternation:train_func`) runs the user's whole job again and again
+on the same workers, instrumented and plain in ABBA order, each run with its model, DDP wrap,
+data loader and `attach` made afresh (bench/own_job_alternation.py); a pair is two adjacent runs
+inside one Ray Train run. The first Ray Train run holds `--pairs` pairs; while a verdict is
+undecided, further ones hold `--block` pairs each. Runs are 4 epochs long (3 measured). It
+writes instrumentation_overhead_own_job.json.
 """
 
 from __future__ import annotations
@@ -85,6 +91,42 @@ def measure(arm: str, i: int, name: str, cfg, tmp: str, launcher: str) -> dict:
             "epochs": epoch_rows, "summary_step_s": summary.get("step_s")}
 
 
+OWN_FUNCTION = "bench.own_job_alternation:train_func"
+
+
+def measure_own_block(first_pair: int, pairs: int, overrides: list[str], workers: int, tmp: str, name: str) -> list[dict]:
+    """`pairs` ABBA pairs of the user's job inside one Ray Train run (bench/own_job_alternation.py):
+    each inner run's steady-state step time and workers' CPU per step."""
+    import own_job_alternation as alternation
+
+    from scaling.config import load_config
+    from scaling.launch.run import execute_run
+
+    cfg = load_config(bl.REPO / "examples/own_job/sweep.yaml", num_workers=workers, overrides=[
+        *overrides, f"train.function={OWN_FUNCTION}", f"train.function_config.bench_first_pair={first_pair}",
+        f"train.function_config.bench_pairs={pairs}"])
+    run_dir = (Path(tmp) / f"pairs{first_pair:03d}").resolve()
+    # sampled every 50 ms: a run's windows are its measured epochs (about 4 s each), and just after each
+    # only the instrumented arm writes its records, whose CPU a coarser sampling smears into the window
+    with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()], interval_s=0.05, discover_every=40) as cpu:
+        summary = execute_run(cfg, run_dir, launcher="ray")
+    if summary["status"] == "failed":
+        raise RuntimeError(f"the Ray Train run of pairs {first_pair}.. failed: {summary['error']}")
+    runs = []
+    for pair in range(first_pair, first_pair + pairs):
+        for half in (0, 1):
+            arm = alternation.arm(pair, half)
+            epochs_table = RunDir(alternation.inner_run_dir(str(run_dir), pair, half)).epochs()
+            step_s, epoch_rows = steady_step_s(epochs_table, cfg.global_batch)
+            steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
+            print(f"[{name}] pair {pair + 1} {arm}: steady-state step {step_s * 1e3:.2f} ms, worker CPU "
+                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step (cores {steady['cores']})", flush=True)
+            runs.append({"order": 2 * pair + half, "arm": arm, "steady_step_s": step_s, "mean_runnable": rq.mean,
+                         **steady, "epochs": epoch_rows})
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return runs
+
+
 def figures(runs: list[dict], args, launcher: str, pairs: int, epochs: int) -> list[dict]:
     """The two comparison rows (step time, workers' CPU per step), each decided by its interval."""
     sequence = [(r["arm"], r["steady_step_s"]) for r in runs]
@@ -126,7 +168,9 @@ def main() -> None:
                         help="pairs at most, added one at a time while a verdict is undecided (default 24)")
     parser.add_argument("--max-minutes", type=float, default=9.0,
                         help="no pair beyond --pairs starts once the next would end after this (default 9)")
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default: lab 3, own 8; quick 2)")
+    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default: lab 3, own 4; quick 2)")
+    parser.add_argument("--block", type=int, default=4,
+                        help="--job own: pairs in each Ray Train run after the first, while undecided (default 4)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="experiments/quickstart.yaml")
     parser.add_argument("--job", choices=("lab", "own"), default="lab",
@@ -139,7 +183,7 @@ def main() -> None:
         extra = ["train.function_config.num_train=8192"]
     min_pairs = args.pairs or (1 if args.quick else 8)
     max_pairs = max(min_pairs, args.max_pairs or (min_pairs if args.quick else 24))
-    epochs = args.epochs or (2 if args.quick else {"lab": 3, "own": 8}[args.job])
+    epochs = args.epochs or (2 if args.quick else {"lab": 3, "own": 4}[args.job])
 
     from scaling.config import load_config
 
@@ -150,19 +194,27 @@ def main() -> None:
                for arm, switch in ARMS.items()}
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
-        for pair in range(max_pairs):
+        pair = 0
+        while pair < max_pairs:
             elapsed = time.time() - started
+            more = 1 if args.job == "lab" else min(args.block if pair else min_pairs, max_pairs - pair)
             if pair >= min_pairs:
                 verdicts = [c["verdict"] for c in figures(runs, args, launcher, pair, epochs)]
                 if bl.UNDECIDED not in verdicts:
                     break
-                if elapsed + elapsed / pair > 60 * args.max_minutes:
-                    print(f"[{name}] undecided after {pair} pairs, and another would end after "
+                if elapsed + elapsed / pair * more > 60 * args.max_minutes:
+                    print(f"[{name}] undecided after {pair} pairs, and {more} more would end after "
                           f"{args.max_minutes:g} min: stopping", flush=True)
                     break
-            for arm in ("instrumented", "plain") if pair % 2 == 0 else ("plain", "instrumented"):
-                print(f"[{name}] pair {pair + 1} (of {min_pairs} to {max_pairs}): {arm}", flush=True)
-                runs.append(measure(arm, len(runs), name, configs[arm], tmp, launcher))
+            if args.job == "own":
+                print(f"[{name}] pairs {pair + 1} to {pair + more} (of {min_pairs} to {max_pairs}) in one Ray Train run",
+                      flush=True)
+                runs += measure_own_block(pair, more, overrides, args.workers, tmp, name)
+            else:
+                for arm in ("instrumented", "plain") if pair % 2 == 0 else ("plain", "instrumented"):
+                    print(f"[{name}] pair {pair + 1} (of {min_pairs} to {max_pairs}): {arm}", flush=True)
+                    runs.append(measure(arm, len(runs), name, configs[arm], tmp, launcher))
+            pair += more
     pairs = len(runs) // 2
     comparisons = figures(runs, args, launcher, pairs, epochs)
     cli = f".venv/bin/scaling run {args.config} --launcher {launcher} --workers {args.workers} " + " ".join(
@@ -172,7 +224,10 @@ def main() -> None:
         name, __doc__, args.quick, started, load_start, comparisons,
         config=args.config, workers=args.workers, pairs=pairs, min_pairs=min_pairs, max_pairs=max_pairs,
         epochs_per_run=epochs, overrides=overrides,
-        arms={arm: f"{cli} --set {switch} --out DIR" for arm, switch in ARMS.items()},
+        arms=({arm: f"{cli} --set {switch} --out DIR" for arm, switch in ARMS.items()} if args.job == "lab" else
+              {"both, in turn": f"{cli} --set train.function={OWN_FUNCTION} --set train.function_config.bench_first_pair=P "
+                                "--set train.function_config.bench_pairs=N --out DIR (bench/own_job_alternation.py: "
+                                "the user's train_func run 2N times, step_timing true and false in ABBA order)"}),
         pair_ratios=[a / b for a, b in bl.adjacent_pairs([(r["arm"], r["steady_step_s"]) for r in runs],
                                                          "instrumented", "plain")],
         cpu_pair_ratios=[a / b for a, b in bl.adjacent_pairs([(r["arm"], r["worker_cpu_s_per_step"]) for r in runs],

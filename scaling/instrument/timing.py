@@ -6,8 +6,9 @@ synchronous, and DDP's backward returns only once every bucket's all-reduce comp
 GPU a mark is a CUDA event recorded on the current stream; events are resolved into seconds
 at the end of the epoch, after one synchronize, never with a synchronize per phase.
 
-`CommTimingHook` wraps a DDP communication hook (PyTorch's own `allreduce_hook` by default)
-and marks, for every gradient bucket, when it was handed over (its gradients are ready) and
+`CommTimingHook` wraps a DDP communication hook (by default it does PyTorch's own
+`allreduce_hook`'s work itself, with one Python callback per bucket rather than two) and marks,
+for every gradient bucket, when it was handed over (its gradients are ready) and
 when its all-reduce completed. From those marks (definitions, once, here):
 
 - `allreduce_s`: time during which at least one bucket's all-reduce was in flight (the union
@@ -47,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 # DDP's device-side injection, checked on a GPU by scripts/gpu_first_contact.py's NCCL ground truth
@@ -192,7 +194,17 @@ class CommTimingHook:
         last = bucket.is_last()
         delay_s = self.inject_delay_s if last else 0.0
         spin_cycles = self.spin_cycles if last else 0
-        future = self.inner_hook(self.inner_state, bucket)
+        if self.inner_hook is allreduce_hook:
+            # allreduce_hook's own work, without its `.then(lambda fut: fut.value()[0])`: one Python
+            # callback per bucket instead of two. Each runs on gloo's thread once it has the GIL, on
+            # the path DDP's backward waits on, and a process with other Python threads (a Ray
+            # worker's) can keep it waiting for the GIL.
+            group = self.inner_state if self.inner_state is not None else dist.group.WORLD
+            tensor = bucket.buffer()
+            tensor.div_(group.size())
+            future, first_of_list = dist.all_reduce(tensor, group=group, async_op=True).get_future(), True
+        else:
+            future, first_of_list = self.inner_hook(self.inner_state, bucket), False
 
         def on_complete(fut):
             # gloo: runs on its communication thread once the all-reduce has finished. NCCL:
@@ -210,7 +222,7 @@ class CommTimingHook:
                 marks.injected = (before, marks.completed)
             else:
                 marks.completed = clock.mark()
-            return fut.value()
+            return fut.value()[0] if first_of_list else fut.value()
 
         return future.then(on_complete)
 

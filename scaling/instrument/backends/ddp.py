@@ -98,7 +98,9 @@ class DDPTimers:
         self._iteration = -1
 
     def after_forward(self) -> None:
-        data = self.model._get_ddp_logging_data()
+        # the integer fields only (every figure read here is one): DDP's `_get_ddp_logging_data()`
+        # would also copy its ~25 strings into a dict merged with these, on every forward
+        data = self.model.logger._get_ddp_logging_data().ints_map
         iteration = data.get("iteration", -1)
         if iteration == self._iteration or "backward_comm_time" not in data:
             return
