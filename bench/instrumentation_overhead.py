@@ -38,10 +38,9 @@ arms' medians is reported beside it.
 transformer in a Ray Train quickstart-shaped train function, instrumented through the public
 `scaling.instrument.attach`), under the Ray launcher, with 8,192 training samples (an epoch has
 128 steps per worker), and arm B keeping the instrument attached with `step_timing=false` (only
-the epoch clock, no hooks, no records). Its runs do not start processes of their own: separate
-Ray Train runs of this job differ by up to 10% in step time from one to the next (where the
-workers and Ray's own processes land on the two cores), which swamps the budget. Instead one
-Ray Train run (`scaling run examples/own_job/sweep.yaml --launcher ray --set
+the epoch clock, no hooks, no records). Its runs do not start processes of their own, so that
+the two runs of a pair share their processes and their moment: one Ray Train run (`scaling run
+examples/own_job/sweep.yaml --launcher ray --set
 train.function=bench.own_job_alternation:train_func`) runs the user's whole job again and again
 on the same workers, instrumented and plain in ABBA order, each run with its model, DDP wrap,
 data loader and `attach` made afresh (bench/own_job_alternation.py); a pair is two adjacent runs

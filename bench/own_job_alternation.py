@@ -9,10 +9,11 @@ settings `scaling run` hands a user's function (`LaunchedRun`, scaling/instrumen
 except `step_timing`, which the arm sets, and a run directory of its own (`inner_run_dir`). The
 pairs are `bench_pairs` from `bench_first_pair`, in ABBA order (`arm`).
 
-Why inside one run: separate Ray Train runs of this job differ by up to 10% in step time from one
-to the next (where the two workers and Ray's own processes land on two cores), which swamps a 3%
-budget; runs that share the worker processes differ by what each arm does. A fresh DDP wrap per
-inner run also means no comm hook of an instrumented run is left on a plain one.
+Why inside one run: a pair's two runs then share their worker processes, Ray's processes and
+the moment, and differ by what each arm does. (Their ratios spread about as widely as those of
+separate Ray Train runs, 0.84 to 1.21 over 48 pairs: under Ray Train the spread is from one
+stretch of epochs to the next; docs/benchmarks.md.) A fresh DDP wrap per inner run also means
+that no comm hook of an instrumented run is left on a plain one.
 """
 
 from __future__ import annotations
