@@ -373,6 +373,76 @@ def steady_cpu(tree: TreeCpu, epochs, global_batch: int) -> dict:
     return {"worker_cpu_s_per_step": worker_cpu / steps, "cores": tree.cores(windows[0][1], windows[-1][2])}
 
 
+class StepWindows:
+    """Arms interleaved step by step in one process: each arm's steps timed by wall clock
+    (`time.perf_counter`), the process's CPU (`time.process_time`: every thread, gloo's included)
+    and the time Python's cyclic garbage collector ran inside them (`gc.callbacks`).
+
+    `now()` is a mark; `add(block, arm, start, end)` books the window between two marks. Why
+    interleave steps: on a shared 2-CPU machine a step's time moves with other VMs' work on the
+    same cores, in bursts of seconds, so whole runs (or epochs) of A and B seconds apart differ
+    by +-5% whatever A and B do; A and B steps alternating within one block see the same
+    bursts, and a block's A / B ratio spreads far less (bench/fsdp_overhead.py's docstring has the
+    measured spreads). What interleaving cannot separate: a collection the garbage collector
+    runs when allocations cross its threshold lands in whichever arm's step crosses it, so each
+    arm's collection time is booked too, to bound what that could move."""
+
+    def __init__(self):
+        import gc
+
+        self.rows: list[dict] = []
+        self._gc_s, self._gc_start = 0.0, None
+        self._gc = gc
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, _info) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            self._gc_s += time.perf_counter() - self._gc_start
+            self._gc_start = None
+
+    def close(self) -> None:
+        if self._on_gc in self._gc.callbacks:
+            self._gc.callbacks.remove(self._on_gc)
+
+    def now(self) -> tuple[float, float, float]:
+        return time.perf_counter(), time.process_time(), self._gc_s
+
+    def add(self, block: int, arm: str, start: tuple[float, float, float], end: tuple[float, float, float],
+            into_last: bool = False) -> None:
+        """Book a step's window; `into_last`: add it to this arm's last step in the block instead (an
+        iterator's closing call, which ends the last step and starts none)."""
+        row = {"block": block, "arm": arm, "wall_s": end[0] - start[0], "cpu_s": end[1] - start[1],
+               "gc_s": end[2] - start[2]}
+        last = next((r for r in reversed(self.rows) if r["block"] == block and r["arm"] == arm), None)
+        if into_last and last is not None:
+            for key in ("wall_s", "cpu_s", "gc_s"):
+                last[key] += row[key]
+        else:
+            self.rows.append(row)
+
+
+def block_means(rows_by_rank: list[list[dict]], arms: tuple[str, ...]) -> list[dict]:
+    """Per block, each arm's mean step: wall clock on rank 0, CPU summed over ranks (the workers'
+    CPU per step), garbage collection on rank 0; `steps`: rank 0's steps of the arm in the block."""
+    blocks = sorted({r["block"] for r in rows_by_rank[0]})
+    out = []
+    for block in blocks:
+        row = {"block": block}
+        for arm in arms:
+            per_rank = [[r for r in rows if r["block"] == block and r["arm"] == arm] for rows in rows_by_rank]
+            if not all(per_rank):
+                break
+            first = per_rank[0]
+            row[arm] = {"steps": len(first), "wall_s": sum(r["wall_s"] for r in first) / len(first),
+                        "cpu_s": sum(sum(r["cpu_s"] for r in rows) / len(rows) for rows in per_rank),
+                        "gc_s": sum(r["gc_s"] for r in first) / len(first)}
+        else:
+            out.append(row)
+    return out
+
+
 def describe_machine(load_avg_start=None) -> dict:
     from scaling.instrument.machine import describe_hardware, describe_versions
 

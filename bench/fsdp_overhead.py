@@ -1,60 +1,70 @@
-"""FSDP2's overheads, two ratios measured in one run on gpt2-tiny with FSDP2 (`fully_shard` each
-block, then the root), gloo, 2 ranks of one CPU thread each, fp32, the generated token data of
-experiments/gpt2-tiny-fsdp.yaml (batch 32 sequences of 64 tokens per rank, SGD with Nesterov
-momentum at the config's learning rate): the instrument on a user's FSDP job (budget: attached /
-bare <= 1.03), and the lab's own FSDP loop against a bare FSDP2 loop (budget: lab / bare <= 1.02).
+"""FSDP2's overheads, two ratios measured with the arms' steps interleaved one by one in the same
+two processes: gpt2-tiny with FSDP2 (`fully_shard` each block, then the root), gloo, 2 ranks of
+one CPU thread each, fp32, the generated token data of experiments/gpt2-tiny-fsdp.yaml (batch 32
+sequences of 64 tokens per rank, SGD with Nesterov momentum at the config's learning rate): the
+instrument on a user's FSDP job (budget: attached / bare <= 1.03), and the lab's own FSDP loop
+against a bare FSDP2 loop (budget: lab / bare <= 1.02).
 
-Three arms, run one after the other in the same two worker processes (`_rounds_worker`):
-  "bare"      a hand-written FSDP2 loop (`_fsdp_loop` below):
-              seed, the token data (scaling/data/tokens.py `make_token_rule`), the model from the
-              registry, `fully_shard` per block then the root, the optimizer over the sharded
-              parameters; per step forward, cross-entropy per token, backward, `optimizer.step()`,
-              `zero_grad()`. The batches are indexed from each epoch's shard (scaling/data
-              `train_shard`), as the lab's in-memory dataset indexes them.
-  "attached"  the same loop as a user's job with the instrument: `scaling.instrument.attach(model,
+The arms:
+  "bare"      a hand-written FSDP2 job (`BareFsdp` below): seed, the token data
+              (scaling/data/tokens.py `make_token_rule`), the model from the registry,
+              `fully_shard` per block then the root, the optimizer over the sharded parameters;
+              a step is its next batch (indexed from the epoch's shard, scaling/data `train_shard`,
+              as the lab's in-memory dataset indexes it), forward, cross-entropy per token,
+              backward, `optimizer.step()`, `zero_grad()`.
+  "attached"  the same job with the instrument, as a user attaches it: `scaling.instrument.attach(model,
               optimizer, run_dir=...)` with its defaults (per-step timing, FSDP2's collectives timed),
-              the loop over `meter.batches(...)` and `meter.end_epoch()` after each epoch, as
-              tests/fsdp_jobs.py attaches it. No `forward_backward`: no A/B calibration (it runs in
-              `end_epoch`, outside the step clock, in the lab's arm too it is off).
+              its batches through `meter.batches(...)`, `meter.end_epoch()` after each epoch.
   "lab"       the lab's loop with `backend: fsdp` (scaling/train/loop.py `train_worker`,
               scaling/train/backends/fsdp.py), what each worker of `scaling run
-              experiments/gpt2-tiny-fsdp.yaml --launcher local --workers 2` runs: its
-              instrument with the lab's defaults (step timing on), its LR schedule, its loss
-              bookkeeping and validation; `train.eval_every=1` and an unreachable `train.target_loss`
-              (every epoch trains, no evaluation inside one), `instrument.calibration_pairs=0`.
-"attached" / "bare" is the instrument's cost on a user's FSDP job; "lab" / "bare" is everything
-the lab's loop adds to a bare FSDP2 step (its instrument, scheduler and bookkeeping together).
+              experiments/gpt2-tiny-fsdp.yaml --launcher local --workers 2` runs: its instrument
+              with the lab's defaults, its LR schedule, its loss bookkeeping and validation;
+              `train.eval_every=1` and an unreachable `train.target_loss` (every epoch trains, no
+              evaluation inside one), `instrument.calibration_pairs=0`.
 
-Measured: per run, the steady-state step time = median over the epochs after the first of the
-epoch clock / steps. The epoch clock is the same in every arm: from the request for the epoch's
-first batch to the end of its iteration, on rank 0 (the lab's `train_s` in epochs.parquet, as
-bench/instrumentation_overhead.py reads it; `time.perf_counter()` around the loop in the other two).
-Besides, the training workers' CPU seconds per steady-state step (bench/benchlib.py `TreeCpu`, from
-/proc, over the same epochs), which other jobs on the machine hardly move, with the same budgets.
+Two phases in each pair of processes, each of `--epochs` epochs of 64 steps per arm:
+  instrument  an attached job and a bare job (two models), their steps alternating, the order
+              flipped every step (attached bare bare attached ...). A step's window is the
+              request for its batch through `zero_grad()`; the attached job's closing request of
+              an epoch (the meter ends its last step there) is added to its last step.
+  lab         `train_worker` runs as `scaling run` does, with a bare job stepping inside its batch
+              iterator: before each of the lab's batches is handed over, one bare step runs. The
+              lab's window is from the end of one bare step to the start of the next: one whole
+              step of the lab's loop (the meter's bookkeeping, forward, backward, optimizer,
+              scheduler, loss bookkeeping) and the making of its next batch; the bare window is
+              the bare job's batch and step. Per epoch, 63 lab windows (the last step of an epoch
+              runs into the epoch's end: not bracketed) and 64 bare ones.
+Each window is timed by wall clock on rank 0 and by the process's CPU time (every thread, gloo's
+included) on both ranks (bench/benchlib.py `StepWindows`). A block is one epoch; its ratio is
+the arm's mean step over the bare job's mean step in that epoch, for wall clock and for the
+workers' CPU (summed over ranks); each process pair's first epoch in each phase is left out.
+Verdict: the median of the block ratios and its 95% order-statistic interval
+(`median_order_interval`, `interval_verdict`: "pass" when its upper end is within the budget,
+"miss" when its lower end is beyond it, else undecided; an interval exists from 6 blocks). The
+first pair of processes runs `--epochs` epochs per phase; while any verdict is undecided,
+another pair runs, up to `--max-minutes`.
 
-Every run builds its model, shards it and makes its optimizer afresh; the processes, their
-process group and their CPU set-up (`set_up_worker`: one torch thread and one inter-op thread, as
-the lab sets each worker for `workers.cpus_per_worker: 1`) are shared. Why: with fresh processes per run, one
-run's step differs from the next by about 5% on 2 CPUs (where the two ranks land on the two
-cores), and 40 such rounds left a 2% budget undecided; runs in the same processes differ by
-what each arm does.
+Why steps, not runs: on a shared 2-CPU VM a step's time moves with other work on the same host
+cores, in bursts shorter than an epoch: two bare epochs in a row (7 s apart) differed by up to
++-5%, and 32 rounds of whole runs A B B A left both ratios undecided at intervals +-4% wide
+(the committed result before this design; docs/benchmarks.md). Steps of A and B interleaved
+inside one epoch see the same bursts. A null comparison (two bare jobs, their steps interleaved,
+400 steps each, while the test suite ran beside them): per 64-step block, A / B on wall clock
+0.90 to 1.12 where successive blocks of one job differed by 0.92 to 1.45; on CPU time 0.98 to
+1.03 (successive blocks 0.98 to 1.02); over all 400 steps, 1.004 (wall) and 0.999 (CPU).
+What interleaving cannot separate is booked beside the ratios: the time the garbage collector ran
+in each arm's windows (a collection runs where allocations cross a threshold, so another arm's
+allocations may trigger it), and the work outside the windows (the lab's validation and
+end-of-epoch records, the meter's `end_epoch`), which the epoch clock of `scaling run` does not
+count either.
 
-Order: rounds of the three arms, lab bare attached, then attached bare lab, and so on, so each
-ratio's runs alternate A B B A around the shared bare run; each ratio is the median over its
-adjacent (A, bare) pairs (`adjacent_pairs`), decided by the 95% order-statistic interval of that
-median (`median_order_interval`, `interval_verdict`: "pass" when its upper end is within the
-budget, "miss" when its lower end is beyond it, else undecided; an interval exists from 6 pairs).
-The first pair of processes runs `--pairs` rounds; while any of the four verdicts is undecided,
-another pair runs `--block` more, up to `--max-pairs` and `--max-minutes`.
-
-    .venv/bin/python bench/fsdp_overhead.py            # 8 rounds x 3 epochs (about 11 min), more while undecided, at most 30 min
-    .venv/bin/python bench/fsdp_overhead.py --quick    # 1 round x 2 short epochs (no interval: a check that it runs)
+    .venv/bin/python bench/fsdp_overhead.py            # 16 epochs per phase (about 8 min), more processes while undecided, at most 30 min
+    .venv/bin/python bench/fsdp_overhead.py --quick    # 2 short epochs per phase (no interval: a check that it runs)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -69,8 +79,8 @@ NAME = "fsdp_overhead"
 CONFIG = "experiments/gpt2-tiny-fsdp.yaml"
 INSTRUMENT_BUDGET = 1.03
 LOOP_BUDGET = 1.02
-# rounds alternate this order and its reverse: "bare" is always next to both others
-ROUND = ("lab", "bare", "attached")
+# each phase's arms, the one measured first, "bare" second
+PHASES = {"instrument": ("attached", "bare"), "lab": ("lab", "bare")}
 WORKERS = 2
 
 
@@ -101,184 +111,201 @@ def loop_spec(cfg) -> dict:
     }
 
 
-def _fsdp_loop(rank: int, world_size: int, spec: dict, attach_dir: str | None) -> list[dict]:
-    """The bare FSDP2 loop, or (`attach_dir`) the same loop as a user's job with the instrument: its epochs."""
-    import torch
-    import torch.nn.functional as F
-    from torch.distributed.fsdp import fully_shard
+class BareFsdp:
+    """A hand-written FSDP2 job on this rank: its model, sharded parameters, optimizer and data."""
 
-    from scaling.data import train_shard
-    from scaling.data.tokens import make_token_rule
-    from scaling.models import build_model
+    def __init__(self, rank: int, world_size: int, spec: dict):
+        import torch
+        from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(spec["seed"])
-    train_x, train_y, _, _ = make_token_rule(spec["data_seed"], spec["vocab"], spec["seq_len"], spec["train_samples"],
-                                             spec["val_samples"], spec["token_noise"])
-    model = build_model(spec["model"], spec["vocab"])
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=spec["momentum"],
-                                nesterov=spec["momentum"] > 0, weight_decay=spec["weight_decay"])
+        from scaling.data.tokens import make_token_rule
+        from scaling.models import build_model
 
-    def epoch_batches(epoch: int):
-        indices = torch.tensor(train_shard(len(train_y), rank, world_size, epoch, spec["seed"]))
-        for start in range(0, len(indices) - spec["batch"] + 1, spec["batch"]):
-            batch = indices[start:start + spec["batch"]]
-            yield train_x[batch], train_y[batch]
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        # its own seeds, without moving the global generator's state the lab's loop seeds and uses
+        with torch.random.fork_rng():
+            torch.manual_seed(spec["seed"])
+            self.train_x, self.train_y, _, _ = make_token_rule(spec["data_seed"], spec["vocab"], spec["seq_len"],
+                                                               spec["train_samples"], spec["val_samples"],
+                                                               spec["token_noise"])
+            self.model = build_model(spec["model"], spec["vocab"])
+        for block in self.model.blocks:
+            fully_shard(block)
+        fully_shard(self.model)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=spec["lr"], momentum=spec["momentum"],
+                                         nesterov=spec["momentum"] > 0, weight_decay=spec["weight_decay"])
 
-    if attach_dir is None:
-        meter_context = contextlib.nullcontext()
-    else:
-        from scaling import instrument
+    def batches(self, epoch: int):
+        import torch
 
-        meter_context = instrument.attach(model, optimizer, run_dir=attach_dir)
-    epochs = []
-    with meter_context as meter:
+        from scaling.data import train_shard
+
+        indices = torch.tensor(train_shard(len(self.train_y), self.rank, self.world_size, epoch, self.spec["seed"]))
+        for start in range(0, len(indices) - self.spec["batch"] + 1, self.spec["batch"]):
+            batch = indices[start:start + self.spec["batch"]]
+            yield self.train_x[batch], self.train_y[batch]
+
+    def step(self, inputs, targets) -> None:
+        import torch.nn.functional as F
+
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
+def instrument_phase(rank: int, world_size: int, spec: dict, attach_dir: str, windows: bl.StepWindows) -> None:
+    """An attached and a bare job, their steps alternating (order flipped every step), `spec["epochs"]` epochs."""
+    from scaling import instrument
+
+    jobs = {"attached": BareFsdp(rank, world_size, spec), "bare": BareFsdp(rank, world_size, spec)}
+    with instrument.attach(jobs["attached"].model, jobs["attached"].optimizer, run_dir=attach_dir) as meter:
         for epoch in range(1, spec["epochs"] + 1):
-            steps, start_unix, start = 0, time.time(), time.perf_counter()
-            batches = epoch_batches(epoch)
-            for inputs, targets in (meter.batches(batches) if meter else batches):
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                steps += 1
-            train_s = time.perf_counter() - start
-            epochs.append({"epoch": epoch, "train_s": train_s, "steps": steps, "step_s": train_s / steps,
-                           "start_unix": start_unix, "end_unix": start_unix + train_s})
-            if meter:
-                meter.end_epoch()
-    return epochs
+            iterators = {"attached": iter(meter.batches(jobs["attached"].batches(epoch))),
+                         "bare": iter(jobs["bare"].batches(epoch))}
+            for step in range(10 ** 9):
+                ended = []
+                for arm in PHASES["instrument"] if step % 2 == 0 else PHASES["instrument"][::-1]:
+                    start = windows.now()
+                    batch = next(iterators[arm], None)
+                    if batch is not None:
+                        jobs[arm].step(*batch)
+                    else:
+                        ended.append(arm)
+                    windows.add(epoch, arm, start, windows.now(), into_last=batch is None)
+                if ended:
+                    if len(ended) != 2:
+                        raise RuntimeError(f"the arms' epochs differ in length: {ended} ended first")
+                    break
+            meter.end_epoch()
 
 
-def round_order(round_index: int) -> tuple[str, ...]:
-    """ROUND on even rounds, reversed on odd ones: each ratio's runs alternate A B B A around "bare"."""
-    return ROUND if round_index % 2 == 0 else ROUND[::-1]
+class LabBatchesWithBareSteps:
+    """The lab's dataset, whose training batches each come after one step of a bare job (the lab phase)."""
+
+    def __init__(self, dataset, bare: BareFsdp, windows: bl.StepWindows, epochs: int):
+        self._dataset, self._bare, self._windows, self._epochs = dataset, bare, windows, epochs
+
+    def __getattr__(self, name):
+        return getattr(self._dataset, name)
+
+    def train_batches(self, rank: int, world_size: int, epoch: int, seed: int, batch_size: int):
+        lab_batches = self._dataset.train_batches(rank, world_size, epoch, seed, batch_size)
+        if not 1 <= epoch <= self._epochs:  # calibration's batches (off here) would pass through untouched
+            yield from lab_batches
+            return
+        bare_batches, lab_start = self._bare.batches(epoch), None
+        for batch in lab_batches:
+            bare_start = self._windows.now()
+            if lab_start is not None:
+                self._windows.add(epoch, "lab", lab_start, bare_start)
+            self._bare.step(*next(bare_batches))
+            lab_start = self._windows.now()
+            self._windows.add(epoch, "bare", bare_start, lab_start)
+            yield batch
 
 
-def run_path(tmp: str, round_index: int, arm: str) -> Path:
-    """Where a run leaves what the driver reads: the lab's run directory, or the other arms' epochs (JSON)."""
-    return Path(tmp) / f"round{round_index:03d}-{arm}{'' if arm == 'lab' else '.json'}"
+def lab_phase(cfg, ctx, spec: dict, run_dir: Path, windows: bl.StepWindows) -> None:
+    """`train_worker` as `scaling run` runs it, a bare job stepping before each of its batches."""
+    import scaling.train.loop as lab_loop
+    from scaling.train.user_function import lab_context
+
+    load_dataset = lab_loop.load_dataset
+
+    def load_with_bare_steps(*args, **kwargs):
+        return LabBatchesWithBareSteps(load_dataset(*args, **kwargs), BareFsdp(ctx.rank, ctx.world_size, spec),
+                                       windows, spec["epochs"])
+
+    lab_loop.load_dataset = load_with_bare_steps
+    try:
+        with lab_context(cfg, run_dir):
+            lab_loop.train_worker(cfg, ctx, run_dir)
+    finally:
+        lab_loop.load_dataset = load_dataset
 
 
-def _rounds_worker(rank: int, world_size: int, port: int, config: dict, spec: dict, first_round: int, rounds: int,
-                   tmp: str) -> None:
-    """One rank of a block of rounds: every arm's runs, one after the other, in these same two processes."""
-    import gc
+def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: dict, tmp: str, tag: str) -> None:
+    """One rank of a pair of processes: the instrument phase, then the lab phase; its windows to JSON."""
     import sys
 
     import torch
     import torch.distributed as dist
 
     from scaling.config import from_dict
-    from scaling.train.loop import WorkerContext, set_up_worker, train_worker
-    from scaling.train.user_function import lab_context
+    from scaling.train.loop import WorkerContext, set_up_worker
 
     cfg = from_dict(config)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     ctx = WorkerContext(rank=rank, world_size=world_size, local_rank=rank, node_rank=0, device=torch.device("cpu"))
-    set_up_worker(cfg, ctx)  # once, for every arm: one torch thread and one inter-op thread, as the lab sets a worker
-    # an epoch of the bare loop, not measured: what a process pays once (its first FSDP2 step, the
-    # allocator's growth) would otherwise fall on the block's first run, always the lab's
-    _fsdp_loop(rank, world_size, {**spec, "epochs": 1}, None)
-    for round_index in range(first_round, first_round + rounds):
-        for arm in round_order(round_index):
-            path = run_path(tmp, round_index, arm)
-            if arm == "lab":  # what the plain launcher's worker runs (scaling/launch/local.py, run_worker)
-                with lab_context(cfg, path):
-                    train_worker(cfg, ctx, path)
-                continue
-            epochs = _fsdp_loop(rank, world_size, spec, str(path.with_suffix("")) if arm == "attached" else None)
-            if rank == 0:
-                path.write_text(json.dumps({"epochs": epochs}))
-            gc.collect()
-    gc.collect()
+    set_up_worker(cfg, ctx)  # one torch thread and one inter-op thread, as the lab sets a worker
+    windows = bl.StepWindows()
+    instrument_phase(rank, world_size, spec, str(Path(tmp) / f"{tag}-attached"), windows)
+    instrument_rows, windows.rows = windows.rows, []
+    lab_phase(cfg, ctx, spec, Path(tmp) / f"{tag}-lab", windows)
+    windows.close()
+    Path(tmp, f"{tag}-rank{rank}.json").write_text(json.dumps({"instrument": instrument_rows, "lab": windows.rows}))
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # as the plain launcher's workers leave (scaling/launch/local.py: gloo's threads at finalization)
 
 
-def measure_rounds(first_round: int, rounds: int, cfg, spec: dict, tmp: str) -> list[dict]:
-    """`rounds` rounds in one pair of processes: each run's steady-state step time and workers' CPU per step."""
+def measure_pair(index: int, cfg, spec: dict, tmp: str) -> dict[str, list[dict]]:
+    """One pair of processes through both phases: per phase, the blocks (epochs after the first) with each arm's mean step."""
     import torch.multiprocessing as mp
 
-    from scaling.analysis.run_metrics import steady_step_s
-    from scaling.results import RunDir
     from scaling.testbed.local_cluster import free_port
 
-    # sampled every 50 ms: what follows a measured epoch differs by arm (the lab validates, the
-    # instrument writes its records), and a coarser sampling smears its CPU into the window
-    with bl.RunQueue() as rq, bl.TreeCpu([os.getpid()], interval_s=0.05, discover_every=40) as cpu:
-        mp.spawn(_rounds_worker, args=(WORKERS, free_port(), cfg.to_dict(), spec, first_round, rounds, tmp),
-                 nprocs=WORKERS, join=True)
-    runs = []
-    for round_index in range(first_round, first_round + rounds):
-        for arm in round_order(round_index):
-            path = run_path(tmp, round_index, arm)
-            if arm == "lab":
-                epochs_table = RunDir(path).epochs()
-                step_s, epochs = steady_step_s(epochs_table, cfg.global_batch)
-                steady = bl.steady_cpu(cpu, epochs_table, cfg.global_batch)
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                epochs = json.loads(path.read_text())["epochs"]
-                path.unlink()
-                shutil.rmtree(path.with_suffix(""), ignore_errors=True)
-                measured = [e for e in epochs if e["epoch"] > 1]
-                if not measured:
-                    raise RuntimeError(f"{arm} run trained no epoch after the first; run 2 epochs or more")
-                step_s = bl.median(e["step_s"] for e in measured)
-                worker_cpu = sum(cpu.cpu_s("train_workers", e["start_unix"], e["end_unix"]) for e in measured)
-                steady = {"worker_cpu_s_per_step": worker_cpu / sum(e["steps"] for e in measured),
-                          "cores": cpu.cores(measured[0]["start_unix"], measured[-1]["end_unix"])}
-            run = {"order": 3 * round_index + len(runs) % 3, "round": round_index, "arm": arm, "steady_step_s": step_s,
-                   "mean_runnable": rq.mean, **steady, "epochs": epochs}
-            runs.append(run)
-            cpu_s = run["worker_cpu_s_per_step"]
-            print(f"[{NAME}] round {round_index + 1} {arm}: steady-state step {step_s * 1e3:.2f} ms, worker CPU "
-                  f"{cpu_s * 1e3 if cpu_s else float('nan'):.1f} ms/step (cores {run['cores']})", flush=True)
-    return runs
+    tag = f"pair{index:02d}"
+    mp.spawn(_phases_worker, args=(WORKERS, free_port(), cfg.to_dict(), spec, tmp, tag), nprocs=WORKERS, join=True)
+    per_rank = [json.loads(Path(tmp, f"{tag}-rank{rank}.json").read_text()) for rank in range(WORKERS)]
+    out = {}
+    for phase, arms in PHASES.items():
+        blocks = [b for b in bl.block_means([r[phase] for r in per_rank], arms) if b["block"] > 1]
+        for b in blocks:
+            b["processes"] = index
+            a = b[arms[0]]
+            print(f"[{NAME}] processes {index + 1}, {phase} phase, epoch {b['block']}: {arms[0]} / bare step "
+                  f"{a['wall_s'] / b['bare']['wall_s']:.3f} ({a['wall_s'] * 1e3:.1f} / {b['bare']['wall_s'] * 1e3:.1f} ms), "
+                  f"CPU {a['cpu_s'] / b['bare']['cpu_s']:.3f}", flush=True)
+        out[phase] = blocks
+    for path in Path(tmp).glob(f"{tag}-*"):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+    return out
 
 
-def pair_ratios(runs: list[dict], arm: str, key: str) -> list[float]:
-    """`arm` / bare over the adjacent pairs of the runs of those two arms (A B B A ... by the round order)."""
-    sequence = [(r["arm"], r[key]) for r in runs if r["arm"] in (arm, "bare")]
-    return [a / b for a, b in bl.adjacent_pairs(sequence, arm, "bare") if a and b]
+def block_ratios(blocks: list[dict], arm: str, key: str) -> list[float]:
+    return [b[arm][key] / b["bare"][key] for b in blocks if b["bare"][key] > 0]
 
 
-def figures(runs: list[dict], rounds: int, epochs: int) -> list[dict]:
+def figures(blocks: dict[str, list[dict]], epochs: int) -> list[dict]:
     """Four comparison rows (each ratio's step time and workers' CPU per step), each decided by its interval."""
     rows = []
-    cases = (("attached", "instrument on a user's FSDP job", "attached (scaling.instrument.attach, defaults)",
-              INSTRUMENT_BUDGET, "the same hand-written FSDP2 loop with and without the instrument attached"),
-             ("lab", "the lab's FSDP loop vs a bare FSDP2 loop", "lab (scaling run, backend: fsdp)",
-              LOOP_BUDGET, "the lab's loop (its instrument with the lab's defaults, LR schedule, bookkeeping) "
-                           "against a hand-written FSDP2 loop doing the same forward, backward and step"))
-    for arm, title, label, budget, what in cases:
+    cases = (("instrument", "attached", "instrument on a user's FSDP job", "attached (scaling.instrument.attach, defaults)",
+              INSTRUMENT_BUDGET, "an attached and a bare FSDP2 job, their steps alternating (order flipped every step)"),
+             ("lab", "lab", "the lab's FSDP loop vs a bare FSDP2 loop", "lab (scaling run, backend: fsdp)",
+              LOOP_BUDGET, "the lab's loop (its instrument with the lab's defaults, LR schedule, bookkeeping) with a "
+                           "bare FSDP2 job stepping before each of its batches"))
+    for phase, arm, title, label, budget, what in cases:
+        phase_blocks = blocks[phase]
         for key, unit, figure, measured in (
-                ("steady_step_s", "s/step", "step time", "steady-state step time"),
-                ("worker_cpu_s_per_step", "CPU s/step", "workers' CPU per step",
-                 "CPU seconds of the training workers per steady-state step")):
-            ratios = pair_ratios(runs, arm, key)
-            a_med = bl.median(r[key] for r in runs if r["arm"] == arm)
-            b_med = bl.median(r[key] for r in runs if r["arm"] == "bare")
-            note = (f"{what}; {CONFIG}, gpt2-tiny, {WORKERS} gloo ranks x 1 thread, fp32; {rounds} rounds x {epochs} "
-                    f"epochs; ratio of arm medians {bl.ratio(a_med, b_med) or float('nan'):.3f}; pair ratios "
-                    f"{', '.join(f'{r:.3f}' for r in ratios)}")
-            if key == "steady_step_s":
-                note += f"; {bl.contention_note(runs)}"
-            else:
-                elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r.get("cores")]
-                note += (f"; /proc CPU time of the {WORKERS} worker processes over the epochs after the first"
-                         + (f"; the rest of the machine (other jobs) used {min(elsewhere):.2f} to {max(elsewhere):.2f} "
-                            f"cores meanwhile" if elsewhere else ""))
+                ("wall_s", "s/step", "step time", "mean step, wall clock on rank 0"),
+                ("cpu_s", "CPU s/step", "workers' CPU per step", "mean CPU seconds per step, summed over the ranks")):
+            ratios = block_ratios(phase_blocks, arm, key)
+            a_med = bl.median(b[arm][key] for b in phase_blocks)
+            b_med = bl.median(b["bare"][key] for b in phase_blocks)
+            gc_share = {x: sum(b[x]["gc_s"] * b[x]["steps"] for b in phase_blocks)
+                        / max(1e-12, sum(b[x]["wall_s"] * b[x]["steps"] for b in phase_blocks)) for x in (arm, "bare")}
+            processes = len({b["processes"] for b in phase_blocks})
+            note = (f"{what}; {CONFIG}, gpt2-tiny, {WORKERS} gloo ranks x 1 thread, fp32; {len(phase_blocks)} epochs "
+                    f"(blocks) from {processes} pair(s) of processes of {epochs} epochs per phase, the first left out; "
+                    f"garbage collection {100 * gc_share[arm]:.2f}% of the {arm} windows, {100 * gc_share['bare']:.2f}% "
+                    f"of the bare ones; block ratios {', '.join(f'{r:.3f}' for r in ratios)}")
             rows.append(bl.comparison(
                 f"{title} ({figure})", label, "bare FSDP2 loop", a_med, b_med, unit, bl.median(ratios),
-                f"median over adjacent ABBA pairs of {arm} / bare {measured}",
+                f"median over epochs of {arm} / bare {measured}, the two arms' steps interleaved in the epoch",
                 budget, f"{arm} / bare <= {budget:g} on CPU, by the 95% interval of the median ratio",
                 pair_ratios=ratios, decided_by_interval=True, note=note))
     return rows
@@ -286,19 +313,13 @@ def figures(runs: list[dict], rounds: int, epochs: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 2 short epochs (a check that it runs)")
-    parser.add_argument("--pairs", type=int, help="rounds (one pair for each ratio) always run (default 8; quick 1)")
-    parser.add_argument("--max-pairs", type=int,
-                        help="rounds at most, added --block at a time while a verdict is undecided (default 24)")
+    parser.add_argument("--quick", action="store_true", help="2 short epochs per phase (a check that it runs)")
+    parser.add_argument("--epochs", type=int,
+                        help="epochs per phase in each pair of processes, the first left out (default 16; quick 2)")
     parser.add_argument("--max-minutes", type=float, default=30.0,
-                        help="no rounds beyond --pairs start once they would end after this (default 30)")
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
-    parser.add_argument("--block", type=int, default=4,
-                        help="rounds in each pair of processes after the first, while undecided (default 4)")
+                        help="no further pair of processes starts once it would end after this (default 30)")
     args = parser.parse_args()
-    min_rounds = args.pairs or (1 if args.quick else 8)
-    max_rounds = max(min_rounds, args.max_pairs or (min_rounds if args.quick else 24))
-    epochs = args.epochs or (2 if args.quick else 3)
+    epochs = args.epochs or (2 if args.quick else 16)
     if epochs < 2:
         parser.error("--epochs must be 2 or more: the first epoch is left out")
 
@@ -310,37 +331,32 @@ def main() -> None:
     if cfg.backend != "fsdp" or cfg.train.precision != "fp32" or cfg.fsdp.shard != "blocks":
         raise SystemExit(f"{CONFIG} is no longer the fp32 FSDP2 run per block this benchmark compares against")
     spec = loop_spec(cfg)
-    runs: list[dict] = []
+    blocks: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
-        done = 0
-        while done < max_rounds:
-            more = min(args.block if done else min_rounds, max_rounds - done)
-            if done >= min_rounds:
-                if bl.UNDECIDED not in [c["verdict"] for c in figures(runs, done, epochs)]:
+        for index in range(10 ** 6):
+            if index:
+                if args.quick or bl.UNDECIDED not in [c["verdict"] for c in figures(blocks, epochs)]:
                     break
                 elapsed = time.time() - started
-                if elapsed + elapsed / done * more > 60 * args.max_minutes:
-                    print(f"[{NAME}] undecided after {done} rounds, and {more} more would end after "
+                if elapsed + elapsed / index > 60 * args.max_minutes:
+                    print(f"[{NAME}] undecided after {index} pair(s) of processes, and one more would end after "
                           f"{args.max_minutes:g} min: stopping", flush=True)
                     break
-            print(f"[{NAME}] rounds {done + 1} to {done + more} (of {min_rounds} to {max_rounds}) in one pair of "
-                  "processes", flush=True)
-            runs += measure_rounds(done, more, cfg, spec, tmp)
-            done += more
-    rounds = len(runs) // len(ROUND)
-    comparisons = figures(runs, rounds, epochs)
+            print(f"[{NAME}] pair of processes {index + 1}: {epochs} epochs per phase", flush=True)
+            for phase, more in measure_pair(index, cfg, spec, tmp).items():
+                blocks[phase] += more
+    comparisons = figures(blocks, epochs)
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)
     path = bl.write_result(
         NAME, __doc__, args.quick, started, load_start, comparisons,
-        config=CONFIG, workers=WORKERS, rounds=rounds, min_rounds=min_rounds, max_rounds=max_rounds,
-        epochs_per_run=epochs, overrides=overrides, loop=spec,
+        config=CONFIG, workers=WORKERS, epochs_per_phase=epochs, overrides=overrides, loop=spec,
         arms={"lab": f"scaling/train/loop.py train_worker, as `{cli} --out DIR` runs it on each worker",
-              "bare": "bench/fsdp_overhead.py _fsdp_loop without the instrument",
-              "attached": "bench/fsdp_overhead.py _fsdp_loop with scaling.instrument.attach(model, optimizer, run_dir=...)"},
-        pair_ratios={arm: pair_ratios(runs, arm, "steady_step_s") for arm in ("attached", "lab")},
-        cpu_pair_ratios={arm: pair_ratios(runs, arm, "worker_cpu_s_per_step") for arm in ("attached", "lab")},
-        runs=runs,
+              "bare": "bench/fsdp_overhead.py BareFsdp",
+              "attached": "bench/fsdp_overhead.py BareFsdp with scaling.instrument.attach(model, optimizer, run_dir=...)"},
+        block_ratios={arm: {key: block_ratios(blocks[phase], arm, key) for key in ("wall_s", "cpu_s")}
+                      for phase, arm in (("instrument", "attached"), ("lab", "lab"))},
+        blocks=blocks,
     )
     bl.print_comparisons(comparisons)
     print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
