@@ -1,0 +1,59 @@
+"""The benchmarks' step-interleaving bookkeeping (bench/benchlib.py `StepWindows`, `block_means`),
+whose windows and block means decide the cost benchmarks' verdicts: a window books the clocks
+between two marks, an iterator's closing call adds to its arm's last step, the garbage collector's
+time is booked in the window it ran in, and a block's means take wall clock from rank 0 and sum
+CPU over the ranks."""
+
+import gc
+import time
+
+import pytest
+
+from bench.benchlib import StepWindows, block_means
+
+
+@pytest.fixture()
+def windows():
+    booked = StepWindows()
+    yield booked
+    booked.close()
+
+
+def test_a_window_books_the_clocks_between_its_marks_and_a_closing_call_joins_the_last_step(windows):
+    start = windows.now()
+    deadline = time.process_time() + 0.02
+    while time.process_time() < deadline:  # CPU work: the window's CPU time holds it
+        pass
+    windows.add(1, "a", start, windows.now())
+    closing = windows.now()
+    time.sleep(0.01)  # wall clock without CPU
+    windows.add(1, "a", closing, windows.now(), into_last=True)
+    windows.add(1, "b", windows.now(), windows.now())
+    assert [(r["block"], r["arm"]) for r in windows.rows] == [(1, "a"), (1, "b")]
+    a = windows.rows[0]
+    assert a["cpu_s"] >= 0.02 and a["wall_s"] >= a["cpu_s"] - 0.005 and a["wall_s"] >= 0.03
+
+
+def test_a_garbage_collection_is_booked_in_the_window_it_ran_in(windows):
+    start = windows.now()
+    gc.collect()
+    windows.add(1, "a", start, windows.now())
+    quiet = windows.now()
+    windows.add(1, "b", quiet, windows.now())
+    assert windows.rows[0]["gc_s"] > 0 and windows.rows[1]["gc_s"] == 0
+    windows.close()
+    start = windows.now()
+    gc.collect()  # after close, no longer watched
+    assert windows.now()[2] == start[2]
+
+
+def test_block_means_take_rank_0s_wall_clock_and_sum_the_ranks_cpu():
+    def row(block, arm, wall, cpu):
+        return {"block": block, "arm": arm, "wall_s": wall, "cpu_s": cpu, "gc_s": 0.0}
+
+    rank0 = [row(1, "a", 1.0, 0.5), row(1, "a", 3.0, 1.5), row(1, "b", 1.0, 1.0), row(2, "a", 1.0, 1.0)]
+    rank1 = [row(1, "a", 9.0, 0.25), row(1, "a", 9.0, 0.75), row(1, "b", 9.0, 2.0), row(2, "a", 1.0, 1.0)]
+    (block,) = block_means([rank0, rank1], ("a", "b"))  # block 2 has no "b" step: left out
+    assert block["block"] == 1
+    assert block["a"] == {"steps": 2, "wall_s": 2.0, "cpu_s": 1.0 + 0.5, "gc_s": 0.0}
+    assert block["b"]["wall_s"] == 1.0 and block["b"]["cpu_s"] == 3.0
