@@ -402,7 +402,7 @@ def print_projection(df, console=None) -> None:
                     f"{r.speedup_tta:.2f}"]
         table.add_row(*row)
     console.print(table)
-    if df.attrs.get("backend") in ("fsdp", "hsdp"):
+    if df.attrs.get("sharded"):
         console.print("[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
                       "compute waiting on a collective; A/B overhead %: the step less the step without reduce-scatters "
                       "(the lab's FSDP A/B), / t_step; batch in sequences; memory: parameters, gradients, optimizer "

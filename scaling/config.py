@@ -321,16 +321,17 @@ def _check_tokens(cfg: ExperimentConfig, require) -> None:
                 f"data.seq_len={cfg.data.seq_len} is longer than {cfg.model.name}'s context of {context} tokens")
 
 
-def _check_fsdp(cfg: ExperimentConfig, require) -> None:
-    """What the lab's FSDP loop cannot run (scaling/train/backends/fsdp.py); the model's shape is the preflight's."""
+def _check_sharded(cfg: ExperimentConfig, require) -> None:
+    """What the lab's loop cannot run on a backend that shards the parameters (the adapter's
+    `sharded`: scaling/instrument/backends/base.py); the model's shape is the preflight's."""
     require(cfg.train.precision != "fp16",
-            "train.precision=fp16 scales the loss with GradScaler, whose inf check FSDP's shards would each make alone "
-            "(torch's ShardedGradScaler is not used by the lab's loop): with backend fsdp use train.precision bf16 or "
-            "fp32 (or fsdp.param_dtype bfloat16)")
-    require(not cfg.train.compile, "train.compile with backend fsdp is not run by the lab's loop (FSDP2's hooks under "
-            "torch.compile are untested here): set train.compile false")
+            "train.precision=fp16 scales the loss with GradScaler, whose inf check each shard would make alone "
+            f"(torch's ShardedGradScaler is not used by the lab's loop): with backend {cfg.backend} use train.precision "
+            "bf16 or fp32 (or fsdp.param_dtype bfloat16)")
+    require(not cfg.train.compile, f"train.compile with backend {cfg.backend} is not run by the lab's loop (FSDP2's "
+            "hooks under torch.compile are untested here): set train.compile false")
     require(cfg.data.val_samples >= cfg.workers.num_workers,
-            f"backend fsdp validates with every rank's forward gathering parameters together, so each needs a "
+            f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each needs a "
             f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers ({cfg.workers.num_workers})")
 
 
@@ -416,8 +417,8 @@ def validate(cfg: ExperimentConfig) -> None:
     require(not cfg.instrument.inject_comm_delay_s or cfg.instrument.inject_comm_delay_into in backend.injectable,
             f"instrument.inject_comm_delay_into={cfg.instrument.inject_comm_delay_into} is not offered by backend "
             f"{cfg.backend} ({backend.wraps}): it injects into {' or '.join(backend.injectable)}")
-    if cfg.backend == "fsdp":
-        _check_fsdp(cfg, require)
+    if backend.sharded:
+        _check_sharded(cfg, require)
     require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
     # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
     # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such

@@ -40,7 +40,7 @@ def projection_title(df: pd.DataFrame) -> str:
     if not a:
         return "Projected scaling"
     # a sharded projection's collectives are NCCL's ring all-gathers and reduce-scatters, not the cluster's all-reduce
-    collectives = ("ring all-gather, reduce-scatter" if a.get("backend") in ("fsdp", "hsdp")
+    collectives = ("ring all-gather, reduce-scatter" if a.get("sharded")
                    else f"{a.get('allreduce')} all-reduce")
     return (f"Projected: {a.get('model')} on {a.get('cluster')} ({collectives}), "
             f"{a.get('precision')}, batch {a.get('per_gpu_batch')}/GPU")
@@ -78,7 +78,7 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         left.set_title("Speedup", fontsize=9)
         left.legend(loc="upper left")
 
-        sharded = df.attrs.get("backend") in ("fsdp", "hsdp")
+        sharded = bool(df.attrs.get("sharded"))
         for column, label, line in COMM_LINES:
             if sharded and column == "allreduce_pct":  # the same figure: time with a collective in flight
                 label = "communicating: all-gather or reduce-scatter in flight"

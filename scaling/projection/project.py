@@ -319,7 +319,8 @@ def run_projection(
     precision defaults to bf16.
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
-    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation).
+    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation), `df.attrs["sharded"]`
+    whether the backend shards the model (its collectives are all-gathers and reduce-scatters).
     """
     table = load_layer_table(model)
     transformer = table.get("kind") == "transformer"
@@ -546,7 +547,7 @@ def run_projection(
             caveats.append(TTA_CAVEAT)
     df = df[columns]
     df.attrs.update(model=model, cluster=cluster.name, precision=compute.precision, per_gpu_batch=b,
-                    allreduce=cluster.allreduce, backend=backend, notes=notes, caveats=caveats,
+                    allreduce=cluster.allreduce, backend=backend, sharded=backend in SHARDED, notes=notes, caveats=caveats,
                     schedule=schedule_source if backend not in SHARDED else "FSDP units from the layer table",
                     activation_checkpointing=activation_checkpointing if transformer else None,
                     seq_len=table.get("seq_len"))

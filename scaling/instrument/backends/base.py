@@ -34,6 +34,10 @@ class Backend:
     # collective that synchronises them (DDP's last bucket, Horovod's wait, FSDP's last reduce-scatter);
     # "parameters", FSDP's all-gathers.
     injectable: tuple[str, ...] = ("gradients",)
+    # Each rank holds only its shard of the parameters (FSDP): a forward gathers them with every
+    # rank, and a gradient scaler's inf check would see only this rank's shard. The lab's config
+    # refuses the settings that cannot work then (scaling/config.py `_check_sharded`).
+    sharded = False
 
     def __init__(self, model, optimizer):
         self.model, self.optimizer = model, optimizer

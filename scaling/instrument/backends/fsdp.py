@@ -154,6 +154,7 @@ class FSDPBackend(Backend):
     wraps = "a model sharded with fully_shard (FSDP2)"
     choices = ("fsdp",)  # FSDP2 on the run's process group: nccl on GPU, gloo on CPU
     injectable = ("gradients", "parameters")
+    sharded = True
 
     def __init__(self, model, optimizer):
         super().__init__(model, optimizer)
