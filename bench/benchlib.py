@@ -443,6 +443,63 @@ def block_means(rows_by_rank: list[list[dict]], arms: tuple[str, ...]) -> list[d
     return out
 
 
+class LabBatchesWithBareSteps:
+    """The lab's dataset, whose training batches each come after one step of a bare job: the
+    lab's loop and a bare loop interleaved step by step (`lab_with_bare_steps`).
+
+    Before each of the lab's batches is handed over, the bare job takes one step (`bare.step(*next(
+    bare.batches(epoch)))`). The lab's window runs from the end of one bare step to the start of
+    the next: one whole step of the lab's loop (its meter's bookkeeping, forward, backward,
+    optimizer, scheduler, loss bookkeeping) and the making of its next batch; the bare window is
+    the bare job's batch and step. The last lab step of an epoch runs into the epoch's end (its
+    validation, its records) and is not bracketed: per epoch, one lab window fewer than bare ones."""
+
+    def __init__(self, dataset, bare, windows: StepWindows, epochs: int):
+        self._dataset, self._bare, self._windows, self._epochs = dataset, bare, windows, epochs
+
+    def __getattr__(self, name):
+        return getattr(self._dataset, name)
+
+    def train_batches(self, rank: int, world_size: int, epoch: int, seed: int, batch_size: int):
+        lab_batches = self._dataset.train_batches(rank, world_size, epoch, seed, batch_size)
+        if not 1 <= epoch <= self._epochs:  # calibration's batches pass through untouched
+            yield from lab_batches
+            return
+        bare_batches, lab_start = self._bare.batches(epoch), None
+        for batch in lab_batches:
+            bare_start = self._windows.now()
+            if lab_start is not None:
+                self._windows.add(epoch, "lab", lab_start, bare_start)
+            self._bare.step(*next(bare_batches))
+            lab_start = self._windows.now()
+            self._windows.add(epoch, "bare", bare_start, lab_start)
+            yield batch
+
+
+def lab_with_bare_steps(cfg, ctx, run_dir, make_bare, windows: StepWindows) -> None:
+    """The lab's loop on this worker as a launcher runs it (`train_worker` in `lab_context`), with
+    `make_bare(dataset)`'s job stepping before each of its training batches
+    (`LabBatchesWithBareSteps`); the bare job is made when the loop loads its dataset, and may use it.
+    Needs an evaluation only at epochs' ends (`train.eval_every=1`), or one would fall in a lab window."""
+    import scaling.train.loop as lab_loop
+    from scaling.train.user_function import lab_context
+
+    if cfg.train.eval_every != 1:
+        raise ValueError("lab_with_bare_steps needs train.eval_every=1: a mid-epoch evaluation would count as a lab step")
+    load_dataset = lab_loop.load_dataset
+
+    def load_with_bare_steps(*args, **kwargs):
+        dataset = load_dataset(*args, **kwargs)
+        return LabBatchesWithBareSteps(dataset, make_bare(dataset), windows, cfg.train.max_epochs)
+
+    lab_loop.load_dataset = load_with_bare_steps
+    try:
+        with lab_context(cfg, run_dir):
+            lab_loop.train_worker(cfg, ctx, run_dir)
+    finally:
+        lab_loop.load_dataset = load_dataset
+
+
 def describe_machine(load_avg_start=None) -> dict:
     from scaling.instrument.machine import describe_hardware, describe_versions
 

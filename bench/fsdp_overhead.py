@@ -181,50 +181,6 @@ def instrument_phase(rank: int, world_size: int, spec: dict, attach_dir: str, wi
             meter.end_epoch()
 
 
-class LabBatchesWithBareSteps:
-    """The lab's dataset, whose training batches each come after one step of a bare job (the lab phase)."""
-
-    def __init__(self, dataset, bare: BareFsdp, windows: bl.StepWindows, epochs: int):
-        self._dataset, self._bare, self._windows, self._epochs = dataset, bare, windows, epochs
-
-    def __getattr__(self, name):
-        return getattr(self._dataset, name)
-
-    def train_batches(self, rank: int, world_size: int, epoch: int, seed: int, batch_size: int):
-        lab_batches = self._dataset.train_batches(rank, world_size, epoch, seed, batch_size)
-        if not 1 <= epoch <= self._epochs:  # calibration's batches (off here) would pass through untouched
-            yield from lab_batches
-            return
-        bare_batches, lab_start = self._bare.batches(epoch), None
-        for batch in lab_batches:
-            bare_start = self._windows.now()
-            if lab_start is not None:
-                self._windows.add(epoch, "lab", lab_start, bare_start)
-            self._bare.step(*next(bare_batches))
-            lab_start = self._windows.now()
-            self._windows.add(epoch, "bare", bare_start, lab_start)
-            yield batch
-
-
-def lab_phase(cfg, ctx, spec: dict, run_dir: Path, windows: bl.StepWindows) -> None:
-    """`train_worker` as `scaling run` runs it, a bare job stepping before each of its batches."""
-    import scaling.train.loop as lab_loop
-    from scaling.train.user_function import lab_context
-
-    load_dataset = lab_loop.load_dataset
-
-    def load_with_bare_steps(*args, **kwargs):
-        return LabBatchesWithBareSteps(load_dataset(*args, **kwargs), BareFsdp(ctx.rank, ctx.world_size, spec),
-                                       windows, spec["epochs"])
-
-    lab_loop.load_dataset = load_with_bare_steps
-    try:
-        with lab_context(cfg, run_dir):
-            lab_loop.train_worker(cfg, ctx, run_dir)
-    finally:
-        lab_loop.load_dataset = load_dataset
-
-
 def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: dict, tmp: str, tag: str) -> None:
     """One rank of a pair of processes: the instrument phase, then the lab phase; its windows to JSON."""
     import sys
@@ -243,7 +199,8 @@ def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: di
     windows = bl.StepWindows()
     instrument_phase(rank, world_size, spec, str(Path(tmp) / f"{tag}-attached"), windows)
     instrument_rows, windows.rows = windows.rows, []
-    lab_phase(cfg, ctx, spec, Path(tmp) / f"{tag}-lab", windows)
+    bl.lab_with_bare_steps(cfg, ctx, Path(tmp) / f"{tag}-lab", lambda _dataset: BareFsdp(rank, world_size, spec),
+                           windows)
     windows.close()
     Path(tmp, f"{tag}-rank{rank}.json").write_text(json.dumps({"instrument": instrument_rows, "lab": windows.rows}))
     dist.destroy_process_group()
