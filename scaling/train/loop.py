@@ -386,11 +386,10 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 if tokens:
                     rate += f" ({last_row['throughput_samples_per_s'] * cfg.data.seq_len:,.0f} tokens/s)"
                 figure = "val_loss" if cfg.train.target_metric == "val_loss" else f"val_acc({cfg.train.target_metric})"
-                print(
-                    f"epoch {epoch:3d}  {figure} {_target_value(evaluation, cfg):.4f}  loss {train_loss:.4f}  "
-                    f"train {last_row['train_s']:.2f}s  {rate}",
-                    flush=True,
-                )
+                # a dataset without validation (synthetic) has no figure to print, rather than "nan"
+                validation = f"  {figure} {_target_value(evaluation, cfg):.4f}" if dataset.has_validation else ""
+                print(f"epoch {epoch:3d}{validation}  loss {train_loss:.4f}  train {last_row['train_s']:.2f}s  {rate}",
+                      flush=True)
             reached = dataset.has_validation and _reached(evaluation, cfg)
             every = cfg.failure.checkpoint_every_epochs
             state = None
