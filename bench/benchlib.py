@@ -443,6 +443,27 @@ def block_means(rows_by_rank: list[list[dict]], arms: tuple[str, ...]) -> list[d
     return out
 
 
+def measure_until_decided(measure_next, rows, started: float, max_minutes: float, name: str, unit: str,
+                          once: bool = False) -> int:
+    """Call `measure_next(index)` (one more pair of processes, or run) until no verdict of
+    `rows()` is undecided, or another would end after `max_minutes` from `started` (judged by the
+    mean so far); `once`: the first only (a quick check). `unit` says what one is, for the
+    progress lines. Returns how many were measured."""
+    index = 0
+    while True:
+        if index:
+            if once or UNDECIDED not in [c["verdict"] for c in rows()]:
+                return index
+            elapsed = time.time() - started
+            if elapsed + elapsed / index > 60 * max_minutes:
+                print(f"[{name}] undecided after {index} ({unit} each), and one more would end after "
+                      f"{max_minutes:g} min: stopping", flush=True)
+                return index
+        print(f"[{name}] #{index + 1}: {unit}", flush=True)
+        measure_next(index)
+        index += 1
+
+
 class LabBatchesWithBareSteps:
     """The lab's dataset, whose training batches each come after one step of a bare job: the
     lab's loop and a bare loop interleaved step by step (`lab_with_bare_steps`).

@@ -290,18 +290,13 @@ def main() -> None:
     spec = loop_spec(cfg)
     blocks: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
-        for index in range(10 ** 6):
-            if index:
-                if args.quick or bl.UNDECIDED not in [c["verdict"] for c in figures(blocks, epochs)]:
-                    break
-                elapsed = time.time() - started
-                if elapsed + elapsed / index > 60 * args.max_minutes:
-                    print(f"[{NAME}] undecided after {index} pair(s) of processes, and one more would end after "
-                          f"{args.max_minutes:g} min: stopping", flush=True)
-                    break
-            print(f"[{NAME}] pair of processes {index + 1}: {epochs} epochs per phase", flush=True)
+
+        def measure_next(index: int) -> None:
             for phase, more in measure_pair(index, cfg, spec, tmp).items():
                 blocks[phase] += more
+
+        bl.measure_until_decided(measure_next, lambda: figures(blocks, epochs), started, args.max_minutes, NAME,
+                                 f"a pair of processes, {epochs} epochs per phase", once=args.quick)
     comparisons = figures(blocks, epochs)
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)

@@ -198,17 +198,9 @@ def main_lab(args, started: float, load_start) -> None:
     cfg = load_config(bl.REPO / CONFIG, overrides=overrides, num_workers=WORKERS)
     blocks: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
-        for index in range(10 ** 6):
-            if index:
-                if args.quick or bl.UNDECIDED not in [c["verdict"] for c in lab_figures(blocks, epochs)]:
-                    break
-                elapsed = time.time() - started
-                if elapsed + elapsed / index > 60 * args.max_minutes:
-                    print(f"[{NAME}] undecided after {index} pair(s) of processes, and one more would end after "
-                          f"{args.max_minutes:g} min: stopping", flush=True)
-                    break
-            print(f"[{NAME}] pair of processes {index + 1}: {epochs} epochs", flush=True)
-            blocks += measure_lab_pair(index, cfg, tmp)
+        bl.measure_until_decided(lambda index: blocks.extend(measure_lab_pair(index, cfg, tmp)),
+                                 lambda: lab_figures(blocks, epochs), started, args.max_minutes, NAME,
+                                 f"a pair of processes, {epochs} epochs", once=args.quick)
     comparisons = lab_figures(blocks, epochs)
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides)
@@ -273,17 +265,9 @@ def main_own(args, started: float, load_start) -> None:
     overrides = [*bl.steady_run_overrides(epochs, args.quick), "train.function_config.num_train=8192"]
     blocks: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-own-") as tmp:
-        for index in range(10 ** 6):
-            if index:
-                if args.quick or bl.UNDECIDED not in [c["verdict"] for c in own_figures(blocks, args.workers, epochs)]:
-                    break
-                elapsed = time.time() - started
-                if elapsed + elapsed / index > 60 * args.max_minutes:
-                    print(f"[{name}] undecided after {index} run(s), and one more would end after "
-                          f"{args.max_minutes:g} min: stopping", flush=True)
-                    break
-            print(f"[{name}] Ray Train run {index + 1}: {epochs} epochs of both jobs", flush=True)
-            blocks += measure_own_run(index, overrides, args.workers, tmp, name)
+        bl.measure_until_decided(lambda index: blocks.extend(measure_own_run(index, overrides, args.workers, tmp, name)),
+                                 lambda: own_figures(blocks, args.workers, epochs), started, args.max_minutes, name,
+                                 f"a Ray Train run, {epochs} epochs of both jobs", once=args.quick)
     comparisons = own_figures(blocks, args.workers, epochs)
     cli = f".venv/bin/scaling run examples/own_job/sweep.yaml --launcher ray --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in [*overrides, f"train.function={OWN_FUNCTION}"])
