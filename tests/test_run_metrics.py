@@ -80,6 +80,20 @@ def test_three_communication_figures_side_by_side():
     assert (one["allreduce_pct"], one["exposed_comm_pct"], one["comm_overhead_pct"]) == (0.0, 0.0, 0.0)
 
 
+def test_interference_compares_the_ab_with_the_exposed_time_it_removes():
+    # FSDP's A/B keeps the all-gathers: both halves expose 0.1 s of them; the sync half adds 0.05 s
+    # of exposed reduce-scatters. A/B 0.2 s: 0.15 s beyond what the synchronisation exposes (taking
+    # the sync half's whole 0.15 s exposed time would say 0.05 s).
+    steps = pd.DataFrame(
+        [_step(1, s, r, step_s=1.0, exposed=0.15, allreduce=0.4) for s in (1, 2) for r in (0, 1)]
+        + [_step(1, 3, r, kind="calib_sync", step_s=0.9, exposed=0.15, pair=p) for r in (0, 1) for p in range(3)]
+        + [_step(1, 3, r, kind="calib_nosync", step_s=0.7, exposed=0.1, pair=p) for r in (0, 1) for p in range(3)]
+    )
+    out = summarize_run(steps, _epochs([10.0], [0.5]), target_accuracy=0.9, num_workers=2)
+    assert out["comm_overhead_pct"] == pytest.approx(20.0)
+    assert out["interference_pct"] == pytest.approx(15.0)
+
+
 def test_comm_delta_is_median_over_epochs_of_rank_means():
     rows = []
     for epoch, (sync, nosync) in enumerate([(1.0, 0.5), (1.0, 0.8), (1.0, 0.7)], start=1):

@@ -30,7 +30,8 @@ Every figure in `summary.json` is defined here, once:
   step's exposed communication into waiting for the slowest rank to finish its backward
   compute and the transfer after it (per step and rank in steps.parquet, computed across ranks
   by scaling/instrument/recorder.py `attribute`); `interference_s`: the A/B difference
-  beyond the exposed communication of the same synchronised calibration steps (pooled as
+  beyond the exposed communication the synchronised half of each calibration pair adds over
+  its unsynchronised half (FSDP's all-gathers, exposed in both, cancel out; pooled as
   comm_delta_s is, times synced_micro_batches: per step, as the other two): what communication
   costs beyond the time it is exposed (gloo's threads
   or NCCL's kernels taking compute); each also as `_pct` of step_s. `straggler_rank`: the rank most
@@ -264,18 +265,24 @@ def comm_delta_s(steps: pd.DataFrame) -> float | None:
 
 
 def interference_s(steps: pd.DataFrame) -> float | None:
-    """The A/B difference beyond the exposed communication of the same synchronised steps.
+    """The A/B difference beyond the exposed communication the synchronisation adds.
 
-    Per calibration pair: (sync - no_sync step time) - the sync step's own exposed_comm_s,
-    pooled as the A/B difference is. Measured on the very steps of the A/B, so a straggler
-    injected into training steps only (or any difference between training and calibration
-    steps) cannot leak into it: what remains is communication taking compute away.
+    Per calibration pair: (sync - no_sync step time) - (the sync half's exposed_comm_s - the
+    no_sync half's), pooled as the A/B difference is. The no_sync half's exposed time is what the
+    A/B does not remove: none for DDP and Horovod, FSDP's all-gathers (a pass without them does
+    not exist), so the subtraction compares the A/B with the exposed time of what it removes and
+    nothing else. Measured on the very steps of the A/B, so a straggler injected into training
+    steps only (or any difference between training and calibration steps) cannot leak into it:
+    what remains is communication taking compute away.
     """
     per_pair = _pairs(steps)
     if per_pair is None or "exposed_comm_s" not in steps.columns:
         return None
-    sync = steps[steps["kind"] == "calib_sync"].set_index(["epoch", "rank", "pair"])["exposed_comm_s"]
-    return _pooled(per_pair["calib_sync"] - per_pair["calib_nosync"] - sync.reindex(per_pair.index))
+    keys = ["epoch", "rank", "pair"]
+    exposed = {kind: steps[steps["kind"] == kind].drop_duplicates(keys).set_index(keys)["exposed_comm_s"]
+               .reindex(per_pair.index).fillna(0.0) for kind in ("calib_sync", "calib_nosync")}
+    added = exposed["calib_sync"] - exposed["calib_nosync"]
+    return _pooled(per_pair["calib_sync"] - per_pair["calib_nosync"] - added)
 
 
 def _synced_per_step(figures: dict) -> float:
