@@ -192,8 +192,6 @@ def main_lab(args, started: float, load_start) -> None:
     from scaling.config import load_config
 
     epochs = args.epochs or (2 if args.quick else 16)
-    if epochs < 2:
-        raise SystemExit("--epochs must be 2 or more: the first epoch is left out")
     overrides = lab_overrides(epochs, args.quick)
     cfg = load_config(bl.REPO / CONFIG, overrides=overrides, num_workers=WORKERS)
     blocks: list[dict] = []
@@ -260,8 +258,6 @@ def main_own(args, started: float, load_start) -> None:
     """--job own: Ray Train runs of the interleaved jobs, another while a verdict is undecided."""
     name = f"{NAME}_own_job"
     epochs = args.epochs or (2 if args.quick else 13)
-    if epochs < 2:
-        raise SystemExit("--epochs must be 2 or more: the first epoch is left out")
     overrides = [*bl.steady_run_overrides(epochs, args.quick), "train.function_config.num_train=8192"]
     blocks: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-own-") as tmp:
@@ -295,6 +291,8 @@ def main() -> None:
     parser.add_argument("--job", choices=("lab", "own"), default="lab",
                         help="lab: the lab's loop on the quickstart; own: the user's job of examples/own_job (Ray launcher)")
     args = parser.parse_args()
+    if args.epochs is not None and args.epochs < 2:
+        parser.error("--epochs must be 2 or more: the first epoch is left out")
     started, load_start = time.time(), bl.load_average()
     if args.max_minutes is None:
         args.max_minutes = 20.0 if args.job == "own" else 15.0
