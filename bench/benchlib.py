@@ -415,8 +415,8 @@ class StepWindows:
         iterator's closing call, which ends the last step and starts none)."""
         row = {"block": block, "arm": arm, "wall_s": end[0] - start[0], "cpu_s": end[1] - start[1],
                "gc_s": end[2] - start[2]}
-        last = next((r for r in reversed(self.rows) if r["block"] == block and r["arm"] == arm), None)
-        if into_last and last is not None:
+        last = next((r for r in reversed(self.rows) if r["block"] == block and r["arm"] == arm), None) if into_last else None
+        if last is not None:
             for key in ("wall_s", "cpu_s", "gc_s"):
                 last[key] += row[key]
         else:
