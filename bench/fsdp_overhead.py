@@ -183,12 +183,11 @@ def instrument_phase(rank: int, world_size: int, spec: dict, attach_dir: str, wi
 
 def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: dict, tmp: str, tag: str) -> None:
     """One rank of a pair of processes: the instrument phase, then the lab phase; its windows to JSON."""
-    import sys
-
     import torch
     import torch.distributed as dist
 
     from scaling.config import from_dict
+    from scaling.launch.local import exit_without_finalization, release_process_group
     from scaling.train.loop import WorkerContext, set_up_worker
 
     cfg = from_dict(config)
@@ -203,10 +202,8 @@ def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: di
                            windows)
     windows.close()
     Path(tmp, f"{tag}-rank{rank}.json").write_text(json.dumps({"instrument": instrument_rows, "lab": windows.rows}))
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as the plain launcher's workers leave (scaling/launch/local.py: gloo's threads at finalization)
+    release_process_group()
+    exit_without_finalization()  # as the plain launcher's workers leave (gloo's threads at finalization)
 
 
 def measure_pair(index: int, cfg, spec: dict, tmp: str) -> dict[str, list[dict]]:

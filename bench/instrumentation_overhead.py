@@ -115,12 +115,11 @@ class BareDdp:
 
 def _lab_worker(rank: int, world_size: int, port: int, config: dict, tmp: str, tag: str) -> None:
     """One rank: the lab's loop with the bare job's steps interleaved; its windows to JSON."""
-    import sys
-
     import torch
     import torch.distributed as dist
 
     from scaling.config import from_dict
+    from scaling.launch.local import exit_without_finalization, release_process_group
     from scaling.train.loop import WorkerContext, set_up_worker
 
     cfg = from_dict(config)
@@ -132,10 +131,8 @@ def _lab_worker(rank: int, world_size: int, port: int, config: dict, tmp: str, t
     bl.lab_with_bare_steps(cfg, ctx, Path(tmp) / f"{tag}-lab", lambda dataset: BareDdp(cfg, ctx, dataset), windows)
     windows.close()
     Path(tmp, f"{tag}-rank{rank}.json").write_text(json.dumps(windows.rows))
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as the plain launcher's workers leave (scaling/launch/local.py: gloo's threads at finalization)
+    release_process_group()
+    exit_without_finalization()  # as the plain launcher's workers leave (gloo's threads at finalization)
 
 
 def measure_lab_pair(index: int, cfg, tmp: str) -> list[dict]:

@@ -58,7 +58,7 @@ def train_func(config: dict) -> None:
         images, labels = batch
         criterion(model(images), labels).backward()
 
-    windows = StepWindows()
+    windows, last_loss = StepWindows(), {}
     world_size = ray.train.get_context().get_world_size()
     with instrument.attach(model, optimizer, forward_backward=forward_backward, calibration_data=train_loader) as meter:
         for epoch in range(config["epochs"]):
@@ -79,6 +79,7 @@ def train_func(config: dict) -> None:
                         arm_optimizer.zero_grad()
                         loss.backward()
                         arm_optimizer.step()
+                        last_loss[arm] = loss
                     else:
                         ended.append(arm)
                     windows.add(epoch + 1, arm, start, windows.now(), into_last=batch is None)
@@ -88,7 +89,7 @@ def train_func(config: dict) -> None:
                     break
             accuracy = evaluate(model, val_set)
             meter.end_epoch(val_accuracy=accuracy)
-            ray.train.report({"loss": loss.item(), "epoch": epoch, "val_accuracy": accuracy})
+            ray.train.report({"loss": last_loss["instrumented"].item(), "epoch": epoch, "val_accuracy": accuracy})
     windows.close()
     with open(windows_file(LaunchedRun.from_environment().run_dir, ray.train.get_context().get_world_rank()), "w") as f:
         json.dump(windows.rows, f)

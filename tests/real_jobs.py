@@ -244,6 +244,8 @@ DELAY_S = 0.5  # the ground truth's delay per synchronised all-reduce
 
 def world_job(rank: int, port: int, tmp: str) -> None:
     """One spawned rank of 2: every case of WORLD_CASES in turn (start-up paid once); results as JSON files."""
+    from scaling.launch.local import exit_without_finalization, release_process_group
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
@@ -254,4 +256,5 @@ def world_job(rank: int, port: int, tmp: str) -> None:
             print(f"{name}: {time.perf_counter() - began:.1f} s", flush=True)
         with open(os.path.join(tmp, f"result-{name}.rank{rank}.json"), "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
+    release_process_group()
+    exit_without_finalization()

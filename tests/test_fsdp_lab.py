@@ -61,6 +61,7 @@ class FileCheckpoints:
 
 def world_job(rank: int, port: int, tmp: str) -> None:
     """One spawned rank of 2: two epochs with a checkpoint after the first, then a run resumed from it."""
+    from scaling.launch.local import exit_without_finalization, release_process_group
     from scaling.train.loop import WorkerContext, set_up_worker, train_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -77,7 +78,8 @@ def world_job(rank: int, port: int, tmp: str) -> None:
     if rank == 0:
         with open(os.path.join(tmp, "rows.json"), "w") as f:
             json.dump(rows, f, default=float)
-    dist.destroy_process_group()
+    release_process_group()
+    exit_without_finalization()
 
 
 @pytest.fixture(scope="module")

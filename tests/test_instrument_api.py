@@ -124,6 +124,8 @@ def _case(rank: int, run_dir: str, mode: str) -> dict:
 
 
 def _job(rank: int, port: int, tmp: str) -> None:
+    from scaling.launch.local import exit_without_finalization, release_process_group
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
@@ -131,7 +133,8 @@ def _job(rank: int, port: int, tmp: str) -> None:
         result = _case(rank, os.path.join(tmp, mode), mode)
         with open(os.path.join(tmp, f"result-{mode}.rank{rank}.json"), "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
+    release_process_group()
+    exit_without_finalization()
 
 
 @pytest.fixture(scope="module")

@@ -77,13 +77,25 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
         ctx = WorkerContext(rank=rank, world_size=world_size, local_rank=rank, node_rank=0, device=device)
         run_worker(cfg, ctx, Path(run_dir))  # no checkpoints: the plain launcher does not restart workers
     finally:
-        gc.collect()  # DDP's reducer (in reference cycles) lets go of the process group while Python is fully alive
-        dist.destroy_process_group()
-    # A clean exit without interpreter finalization: gloo's threads can still hold Python objects
-    # (the comm hook's futures) and dropping them during finalization aborts the process
-    # ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291 describes
-    # it), which turned a finished run into a failed one about one time in three here. Every
-    # record is on disk by now; only the streams need flushing.
+        release_process_group()
+    exit_without_finalization()
+
+
+def release_process_group() -> None:
+    """Let go of this process's process group while Python is fully alive: DDP's reducer (in
+    reference cycles) holds it until a collection."""
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def exit_without_finalization() -> None:
+    """End a spawned worker process, its records on disk, without interpreter finalization.
+
+    gloo's threads can still hold Python objects (the comm hook's futures) and dropping them during
+    finalization aborts the process ("terminate called without an active exception", SIGABRT;
+    pytorch/pytorch#179291 describes it), which turned a finished run into a failed one about one
+    time in three here, and a test's finished workers into a failed spawn. Only the streams need
+    flushing. Call `release_process_group` first."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
