@@ -21,8 +21,10 @@ def windows():
 
 def test_a_window_books_the_clocks_between_its_marks_and_a_closing_call_joins_the_last_step(windows):
     start = windows.now()
-    deadline = time.process_time() + 0.02
-    while time.process_time() < deadline:  # CPU work: the window's CPU time holds it
+    # CPU work on this thread: its 0.02 s are in the window's process CPU time and, since a thread's
+    # CPU time never runs ahead of the wall clock, in its wall time too, whatever other threads do
+    deadline = time.thread_time() + 0.02
+    while time.thread_time() < deadline:
         pass
     windows.add(1, "a", start, windows.now())
     closing = windows.now()
@@ -31,7 +33,7 @@ def test_a_window_books_the_clocks_between_its_marks_and_a_closing_call_joins_th
     windows.add(1, "b", windows.now(), windows.now())
     assert [(r["block"], r["arm"]) for r in windows.rows] == [(1, "a"), (1, "b")]
     a = windows.rows[0]
-    assert a["cpu_s"] >= 0.02 and a["wall_s"] >= a["cpu_s"] - 0.005 and a["wall_s"] >= 0.03
+    assert a["cpu_s"] >= 0.02 and a["wall_s"] >= 0.03  # the busy loop, then the sleep added into the same step
 
 
 def test_a_garbage_collection_is_booked_in_the_window_it_ran_in(windows):
