@@ -265,7 +265,12 @@ def read_config_file(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        # PyYAML's message spans several lines (the context, a caret under the text); the one line keeps
+        # where the problem is (1-based, as editors count) and what it is.
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a YAML mapping at the top level")
     return data

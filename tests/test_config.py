@@ -170,6 +170,19 @@ def test_cli_missing_config_file(tmp_path):
     assert "not found" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(tmp_path, capsys):
+    from scaling import cli
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  name: small_cnn\ntrain: [1, 2\n")  # the flow sequence is never closed
+    code = cli.main(["run", str(bad), "--out", str(tmp_path / "run")])
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{bad}:4:1: not valid YAML" in lines[0], stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_unwritable_output_directory(tmp_path, capsys):
     from scaling import cli
 
