@@ -30,7 +30,14 @@ VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["-
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="A full run takes about 51 minutes on 2 CPUs (each benchmark's own time: docs/benchmarks.md) and\n"
+               "overwrites the committed results, bench/results/<name>.json, and the tables bench/summarize.py\n"
+               "writes into README.md and docs/*.md; --quick writes to bench/results/quick/ instead. One benchmark,\n"
+               "projection_vs_minicluster_fsdp (about 17 minutes), builds a minicluster of network namespaces\n"
+               "and needs root; without it that benchmark fails and the others still run.\n\n"
+               "exit status: 0 every benchmark ran, 1 one or more failed, 2 bad arguments")
     parser.add_argument("--quick", action="store_true", help="the few-minute variant of every benchmark")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     args = parser.parse_args()
