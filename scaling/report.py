@@ -23,6 +23,7 @@ are named in a warning by the reader and left out.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from pathlib import Path
@@ -280,15 +281,51 @@ def _markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _rich_table(title: str, headers: list[str], rows: list[list[str]]):
-    from rich.table import Table
+_TABLE_EDGE, _COLUMN_FRAME = 1, 3  # rich's heavy-head box: the left edge; per column its padding and its border
 
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if _left(i, header) else "right", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    return table
+
+def _rich_tables(title: str, headers: list[str], rows: list[list[str]], width: int, repeat: int = 1) -> list:
+    """The terminal's renderables for one report table, `width` columns wide at most.
+
+    Each column is as wide as its widest cell or its header's longest word, so a header wraps at
+    its spaces and no word or cell is ever split; room left over widens the columns whose header
+    then fits on fewer lines. Columns that do not fit fold into further tables ("continued"), each
+    repeating the first `repeat` columns (the row's keys); report.md keeps every table whole.
+    """
+    from rich.cells import cell_len
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    repeat = max(1, min(repeat, len(headers)))
+    widths = [max([cell_len(word) for word in header.split()] + [cell_len(row[i]) for row in rows] + [1])
+              for i, header in enumerate(headers)]
+    keys = list(range(repeat))
+    base = _TABLE_EDGE + sum(widths[i] + _COLUMN_FRAME for i in keys)
+    groups, group, used = [], list(keys), base
+    for i in range(repeat, len(headers)):
+        if used + widths[i] + _COLUMN_FRAME > width and len(group) > repeat:
+            groups.append(group)
+            group, used = list(keys), base
+        group.append(i)
+        used += widths[i] + _COLUMN_FRAME
+    groups.append(group)
+    shown = []
+    for n, columns in enumerate(groups):
+        spare = width - _TABLE_EDGE - sum(widths[i] + _COLUMN_FRAME for i in columns)
+        fitted = {i: widths[i] for i in columns}
+        for i in sorted(columns, key=lambda i: cell_len(headers[i]) - widths[i]):  # cheapest first
+            grow = cell_len(headers[i]) - widths[i]
+            if 0 < grow <= spare:
+                fitted[i], spare = widths[i] + grow, spare - grow
+        table = Table(header_style="bold")
+        for i in columns:
+            table.add_column(headers[i], justify="left" if _left(i, headers[i]) else "right",
+                             width=fitted[i], overflow="fold")
+        for row in rows:
+            table.add_row(*(row[i] for i in columns))
+        shown.append(Group(Text(title if n == 0 else f"{title} (continued)", style="italic"), table))
+    return shown
 
 
 # ---------------------------------------------------------------------------- the report
@@ -381,11 +418,13 @@ def _header(dirs: list[Path], runs: pd.DataFrame, incomplete: list[str], target:
 TERMINAL_RUN_ROWS = 40  # the terminal's Runs table stops here (report.md lists every run)
 
 
-def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None) -> Path:
+def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None, warnings_console=None) -> Path:
     """Print the tables and write the report directory (report.md and the figures); returns report.md's path.
 
     sweep_dirs: one sweep directory (the report goes to SWEEP/report/) or several, merged into
-    one report (scaling.results.read_sweeps), which then needs `out`.
+    one report (scaling.results.read_sweeps), which then needs `out`. The tables and claims go to
+    `console` (stdout by default), the warnings to `warnings_console` (stderr by default), so a
+    piped report holds only the report.
     """
     from rich.console import Console
     from rich.markup import escape
@@ -394,6 +433,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     from scaling.projection.overlay import add_projection, project_sweep
 
     console = console if console is not None else Console()
+    warnings_console = warnings_console if warnings_console is not None else Console(stderr=True)
     dirs = [Path(d) for d in sweep_dirs] if isinstance(sweep_dirs, (list, tuple)) else [Path(sweep_dirs)]
     if len(dirs) > 1 and out is None:
         raise UsageError("several sweep directories make one report: say where it goes with --out DIR")
@@ -414,7 +454,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     table["gap_tta_vs_throughput"] = intervals["gap_tta_vs_throughput"].to_numpy()
     intervals.attrs["group_by"] = tuple(keys)
     for warning in warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+        warnings_console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     curve_keys = [k for k in keys if k in epochs.columns]
     curves = st.accuracy_curves(epochs, curve_keys)
     spread = st.tta_spread(runs, keys)
@@ -476,6 +516,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
     for stem, (draw, *_) in figures.items():
         md += [f"### {draw.heading}", "", f"![{draw.heading}]({stem}.png)", "", draw.caption, ""]
     md += ["## Tables", ""]
+    key_headers = {header for _, header, _ in _key_columns(keys)}  # repeated in each part of a folded table
     for title, columns, frame in sections:
         headers, rows = _cells(frame, columns)
         shown = rows
@@ -484,7 +525,9 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None)
             title_shown = f"{title} (first {TERMINAL_RUN_ROWS} of {len(rows)}; all in report.md)"
         else:
             title_shown = title
-        console.print(_rich_table(title_shown, headers, shown))
+        repeat = sum(1 for _ in itertools.takewhile(lambda h: h in key_headers, headers))
+        for rich_table in _rich_tables(title_shown, headers, shown, console.width, repeat):
+            console.print(rich_table)
         md += [f"### {title}", "", _markdown_table(headers, rows), ""]
     md += [
         "Uncertainty: [lo, hi] is the 95% interval over repeats; 'within noise' marks an interval that includes the "

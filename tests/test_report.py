@@ -41,13 +41,13 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reported(sweep):
-    console = _console()
-    path = write_report(sweep, console)
-    return path, console.file.getvalue()
+    console, warnings_console = _console(), _console()
+    path = write_report(sweep, console, warnings_console=warnings_console)
+    return path, console.file.getvalue(), warnings_console.file.getvalue()  # stdout's share, stderr's (the warnings)
 
 
 def test_report_writes_every_file(sweep, reported):
-    path, _ = reported
+    path, *_ = reported
     assert path == sweep / "report" / "report.md"
     names = {p.name for p in path.parent.iterdir()}
     assert names == {"report.md"} | {f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "svg")}  # no temp files
@@ -61,7 +61,7 @@ def test_report_writes_every_file(sweep, reported):
 
 
 def test_report_markdown_embeds_figures_and_tables(reported):
-    path, _ = reported
+    path, *_ = reported
     text = path.read_text()
     for stem in FIGURES:
         assert f"]({stem}.png)" in text
@@ -73,14 +73,15 @@ def test_report_markdown_embeds_figures_and_tables(reported):
 def test_warnings_name_incomplete_and_failed_runs(sweep, reported):
     from scaling.analysis.scaling_tables import left_out_of_figures
 
-    _, printed = reported
+    _, printed, warned = reported
     read = SweepDir(sweep)
     warnings = [*read.warnings, *left_out_of_figures(read.runs)]  # the reader's, and the figures' rule
     incomplete = [w for w in warnings if INCOMPLETE in w]
     failed = [w for w in warnings if FAILED in w]
     assert incomplete and "summary.json" in incomplete[0]
     assert failed and "failed" in failed[0] and "worker 3 died" in failed[0]
-    assert INCOMPLETE in printed and FAILED in printed and "warning" in printed
+    assert INCOMPLETE in warned and FAILED in warned and "warning" in warned
+    assert "warning" not in printed  # stderr's, so a piped report holds only the report
     assert "w1-r0" not in " ".join(warnings)
 
 
@@ -181,6 +182,8 @@ def test_cli_report(sweep, tmp_path, capsys):
     shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("report"))
     assert main(["report", str(copy)]) == 0
     assert (copy / "report" / "report.md").exists()
+    printed = capsys.readouterr()
+    assert "warning:" in printed.err and "warning:" not in printed.out  # a piped report holds only the report
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
@@ -487,5 +490,27 @@ def test_the_overlay_projects_horovod_runs_with_their_settings(tmp_path):
 
 
 def test_a_sweep_without_a_cluster_has_no_projection(sweep, reported):
-    path, _ = reported
+    path, *_ = reported
     assert "Measured against projected" not in path.read_text()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_terminal_tables_fit_the_width_and_never_split_a_word(width):
+    from scaling.report import _rich_tables
+
+    headers = ["workers", "repeats", "speedup time/epoch", "speedup throughput", "speedup TTA",
+               "TTA / throughput speedup", "comm overhead A/B", "exposed comm", "repeats for ±5%"]
+    rows = [["1", "3", "base", "base", "base", "base", "0 (1 worker)", "0 (1 worker)", "-"],
+            ["2", "3", "1.85× [1.83, 1.93]", "1.85× [1.83, 1.93]", "1.65× [1.54, 1.82]", "0.89× [0.82, 0.99]",
+             "17.4 % [16.4, 17.9]", "11.6 % [11.0, 11.9]", "9"]]
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    parts = _rich_tables("Uncertainty", headers, rows, width)
+    for part in parts:
+        console.print(part)
+    lines = console.file.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    for cell in rows[1]:
+        assert any(cell in line for line in lines), cell  # a cell on one line
+    for word in {word for header in headers for word in header.split()}:
+        assert any(word in line for line in lines), word  # a header wraps at its spaces only
+    assert len(parts) > 1 and sum("workers" in line for line in lines) == len(parts)  # each part keeps the keys
