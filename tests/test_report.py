@@ -514,3 +514,19 @@ def test_terminal_tables_fit_the_width_and_never_split_a_word(width):
     for word in {word for header in headers for word in header.split()}:
         assert any(word in line for line in lines), word  # a header wraps at its spaces only
     assert len(parts) > 1 and sum("workers" in line for line in lines) == len(parts)  # each part keeps the keys
+
+
+def test_coinciding_communication_figures_stay_visible():
+    # At 2 workers of the demo, time communicating and exposed communication can be equal: the later
+    # series would hide the earlier one. Its marker moves aside and the plot says which figures coincide.
+    from scaling.plots.figures import comm_overhead_figure
+
+    table = pd.DataFrame({"num_workers": [1, 2], "allreduce_pct": [0.0, 10.7], "exposed_comm_pct": [0.0, 10.7],
+                          "comm_overhead_pct": [0.0, 14.4]})
+    fig = comm_overhead_figure(table)
+    ax = fig.axes[0]
+    at_two = {line.get_label(): line.get_xdata()[-1] for line in ax.get_lines() if len(line.get_xdata()) == 2}
+    communicating = next(x for label, x in at_two.items() if label.startswith("communicating"))
+    exposed = next(x for label, x in at_two.items() if label.startswith("exposed"))
+    assert communicating == 2 and exposed > communicating
+    assert any(text.get_text() == "exposed = all-reduce in flight: 10.7 %" for text in ax.texts)

@@ -214,6 +214,29 @@ def _errorbars(ax, xs, values, yerr, colour) -> None:
         ax.errorbar(xs, values, yerr=yerr, fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, zorder=3)
 
 
+COMM_SHORT_NAMES = {"allreduce_pct": "all-reduce in flight", "allgather_pct": "all-gather in flight",
+                    "reducescatter_pct": "reduce-scatter in flight", "comm_overhead_pct": "A/B overhead",
+                    "exposed_comm_pct": "exposed"}
+COINCIDE = 0.015  # markers closer than this share of the y axis would hide one another
+
+
+def _dodge(ax, xs: np.ndarray, ys: np.ndarray, name: str, placed: list, y_top: float, log: bool) -> np.ndarray:
+    """Where a point would sit on a marker already drawn (two figures with the same value, e.g. time
+    communicating and exposed communication when backward hides nothing), move it a little to the right
+    and say on the plot which figures coincide, so that every series stays visible; `placed` collects
+    (x, y, name) of the markers drawn so far. Returns the x positions to draw at."""
+    shifted = xs.astype(float).copy()
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        same = [other for px, py, other in placed if px == x and abs(py - y) <= COINCIDE * y_top]
+        if same:
+            shifted[i] = x * 2 ** (0.05 * len(same)) if log else x + 0.04 * len(same) * max(1.0, xs.max() - xs.min())
+            if y != 0:  # at 0 (one worker) every figure is 0 by definition: the markers suffice
+                ax.annotate(f"{name} = {same[0]}: {y:.1f} %", (shifted[i], y), xytext=(6, -10),
+                            textcoords="offset points", fontsize=7, color="#444444")
+        placed.append((x, y, name))
+    return shifted
+
+
 def _per_series(table: pd.DataFrame, draw, *, title: str, ylabel: str, legend="upper left",
                 width: float = 6.5) -> Figure:
     """The scaffold every per-series figure shares: one panel per series of `table` (`_series`: a
@@ -282,7 +305,9 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
            "included, and a reduce-scatter of gradients for FSDP; hidden or not: the DAWNBench analysis' "
            "\"communication overhead\"), the A/B communication overhead, (t_sync − t_no_sync) / t_step (FSDP's "
            "removes the reduce-scatters, not the all-gathers), and the exposed communication (what compute "
-           "waited for).")
+           "waited for). Where two figures have the same value (time communicating equals exposed communication "
+           "when backward hides none of it), the later marker sits a little to the right and the plot names the "
+           "figures that coincide.")
 def comm_overhead_figure(table: pd.DataFrame) -> Figure:
     """Time communicating, communication overhead (A/B, headline) and exposed communication, % of step time."""
     log = use_log(table["num_workers"])
@@ -292,10 +317,13 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
                     if c in table.columns]].to_numpy(dtype=float)
     highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
 
+    top = max(5.0, highest * 1.15)
+
     def draw(ax, part):
         part = part.sort_values("num_workers")
         counts = part["num_workers"].to_numpy(dtype=float)
         drawn = False
+        placed: list[tuple[float, float, str]] = []  # (workers, value, short name) of every marker drawn so far
         for column, label, colour, marker, style in (
             *((column, label, colour, marker, ":") for column, label, colour, marker in IN_FLIGHT),
             ("comm_overhead_pct", "comm overhead, A/B: (t_sync − t_no_sync) / t_step", COMM_AB_COLOUR, "o", "-"),
@@ -306,9 +334,10 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
             values = part[column].to_numpy(dtype=float)
             keep = np.isfinite(values)
             if keep.any():
-                ax.plot(counts[keep], values[keep], marker=marker, linestyle=style, color=colour, label=label)
+                xs = _dodge(ax, counts[keep], values[keep], COMM_SHORT_NAMES[column], placed, top, log)
+                ax.plot(xs, values[keep], marker=marker, linestyle=style, color=colour, label=label)
                 yerr = _yerr(part, column, values)
-                _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None, colour)
+                _errorbars(ax, xs, values[keep], yerr[:, keep] if yerr is not None else None, colour)
                 drawn = True
         drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead A/B, projected (model)",
                            COMM_AB_COLOUR) or drawn
@@ -318,7 +347,7 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
             _no_data(ax, "no communication figures")
         worker_axis(ax, counts, log)
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-        ax.set_ylim(0, max(5.0, highest * 1.15))
+        ax.set_ylim(0, top)
 
     return _per_series(table, draw, title="Communication overhead vs. number of workers",
                        ylabel="share of step time (%, median over repeats, 95% interval)")
