@@ -55,6 +55,17 @@ def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> 
         ) from None
 
 
+def starts_own_head(address: str | None) -> bool:
+    """Whether ray.init(address) starts a new local head: no address (or "local") and no running cluster found."""
+    if address not in (None, "local"):
+        return False
+    try:
+        from ray._private.services import canonicalize_bootstrap_address  # Ray's own test, as ray.init makes it
+    except ImportError:  # moved in another Ray version: leave the setting to Ray
+        return False
+    return canonicalize_bootstrap_address(address) is None
+
+
 def connect(log_to_driver: bool = True) -> None:
     """Attach to (or start) the Ray cluster; one clear error when it cannot be reached."""
     import ray
@@ -64,6 +75,11 @@ def connect(log_to_driver: bool = True) -> None:
     os.environ.update(RAY_ENV)
     address = os.environ.get("RAY_ADDRESS")
     check_reachable(address)
+    if starts_own_head(address):
+        # The lab decides the setting of a head it starts itself: token authentication, Ray 2.60's
+        # default for such heads, set explicitly so that Ray does not open every run with a warning
+        # about its default. A caller's RAY_AUTH_MODE wins (the tests' private heads: disabled).
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         ray.init(
             address=address,
