@@ -1,10 +1,13 @@
-# make demo | make test | make clean -- each works from a fresh clone.
-# torch is installed first, pinned to the CPU wheel: a bare torch requirement resolved by pip
-# alongside the rest would pull a multi-GB CUDA build.
+# make demo | make test | make clean -- each works from a fresh clone (Linux).
+# torch 2.13.0 is installed first, from pip's configured index unless TORCH_INDEX names another.
+# On Linux, PyPI's torch 2.13.0 is the CUDA build (several GB, with its nvidia-* wheels); the CPU
+# build is on PyTorch's own index: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (README.md, Install). pyproject.toml's torch==2.13.0 is then already satisfied by either build.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: demo test test-fast install install-test clean
 
@@ -13,7 +16,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
