@@ -255,7 +255,7 @@ def registered_checkpoint_epoch(run_dir) -> int | None:
 # or worker processes.
 SLOW_MODULES = {
     "test_ground_truth", "test_precision", "test_attribution", "test_instrument_api", "test_sweep", "test_failures",
-    "test_interrupts", "test_own_job", "test_live_metrics", "test_amoebanet", "test_models",
+    "test_interrupts", "test_own_job", "test_amoebanet", "test_models",
 }
 
 

@@ -1,6 +1,13 @@
 """The lab's Grafana dashboard (scaling/grafana/scaling_dashboard.json, scaling/dashboard.py), checked
 against a real Prometheus and the run's own records.
 
+One real 2-worker Ray Train run (the module's `held_run`) serves both live checks:
+
+`test_each_worker_exports_its_figures_to_rays_prometheus_endpoint`: the head node's own metrics
+endpoint (scaling/launch/live_metrics.py), scraped directly while the run is held, serves each
+rank's step time, exposed communication, waiting and throughput of epoch 2, tagged with the run's
+name and Ray Train's world rank, equal to the records' figures. No Prometheus server needed.
+
 `test_every_panel_answers_with_the_runs_records`: Debian's `prometheus` on loopback, with a
 private data directory, scrapes the session's Ray head through the service-discovery file Ray
 writes into its session directory (`prom_metrics_service_discovery.json`), every second. A real
@@ -347,32 +354,71 @@ def test_install_puts_it_beside_rays_train_dashboard_in_a_heads_session(ray_conn
 
 
 PROMETHEUS_MISSING = prometheus_capability()
+EXPORTED = 2  # epochs every rank has exported while the run is held (in epoch EXPORTED + 1's evaluation)
+LIVE = ("ray_scaling_epoch", "ray_scaling_step_seconds", "ray_scaling_exposed_comm_seconds", "ray_scaling_waiting_seconds",
+        "ray_scaling_throughput_samples_per_second")
+RANKS = ("0", "1")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(PROMETHEUS_MISSING is not None, reason=str(PROMETHEUS_MISSING))
-def test_every_panel_answers_with_the_runs_records(ray_connected, tmp_path):
+def _scrape(url: str, name: str) -> dict:
+    """{(metric, rank): value} of the run's untagged gauges in LIVE, as Ray's metrics endpoint serves them now."""
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return {}
+    seen = {}
+    for line in text.splitlines():
+        match = re.match(r"(ray_scaling_\w+)\{(.*)\} (\S+)$", line)
+        if match and match.group(1) in LIVE and f'run="{name}"' in match.group(2):
+            rank = re.search(rf'{RANK}="(\d+)"', match.group(2)).group(1)
+            seen[(match.group(1), rank)] = float(match.group(3))
+    return seen
+
+
+@pytest.fixture(scope="module")
+def held_run(ray_connected, tmp_path_factory):
+    """One real 2-worker Ray Train run for both live checks (one Ray Train start, tens of seconds here,
+    instead of two): held in epoch 3's evaluation until the head's metrics endpoint, scraped directly,
+    serves every rank's gauges of epoch 2 (`scraped`) and then, where a Prometheus server is installed,
+    until Prometheus has them too and every panel's query is answered (`answers`)."""
+    import ray
+
     from scaling.config import load_config
     from scaling.launch.run import execute_run
 
     name = f"dash-{uuid.uuid4().hex[:8]}"
+    tmp_path = tmp_path_factory.mktemp("dashboard")
     run_dir = tmp_path / "run"
     # 32 steps per rank and epoch (27 after the 5 warm-up steps); 3 epochs, held in the third's evaluation
     cfg = load_config(REPO / "experiments" / "quickstart.yaml", num_workers=2, overrides=[
         f"name={name}", "model.name=tests.held_model:held_small_cnn", "data.train_samples=2048",
         "data.val_samples=256", "train.per_worker_batch=32", "train.max_epochs=3", "train.target_accuracy=1.0",
         "instrument.calibration_pairs=4", "train.eval_every=1"])
-    exported = 2
-    gate = hold(run_dir, after_evaluations=exported + 1)
-    work = tmp_path / "prometheus"
-    work.mkdir()
-    prometheus = Prometheus(_session_dir(), work)
+    gate = hold(run_dir, after_evaluations=EXPORTED + 1)
+    head = [n for n in ray.nodes() if n["Alive"]][0]
+    url = f"http://127.0.0.1:{int(head['MetricsExportPort'])}/metrics"
+    prometheus = None
+    if PROMETHEUS_MISSING is None:
+        work = tmp_path / "prometheus"
+        work.mkdir()
+        prometheus = Prometheus(_session_dir(), work)
     board = dashboard.load()
-    answers, failure, when = {}, [], {}
+    scraped, answers, failure, when = {}, {}, [], {}
     stop = threading.Event()
 
     def evaluate_when_held():  # the run owns the main thread: Ray Train sets signal handlers
         try:
+            # Ray's own endpoint first: every rank's gauges, once both say they are of epoch 2
+            start = time.monotonic()
+            while not stop.is_set() and time.monotonic() < start + DEADLINE_S:
+                seen = _scrape(url, name)
+                if all(seen.get(("ray_scaling_epoch", rank)) == EXPORTED for rank in RANKS):
+                    scraped.update(seen)
+                    break
+                stop.wait(0.5)
+            when.update(scraped_after_s=time.monotonic() - start)
+            if prometheus is None:
+                return
             prometheus.wait_ready()
             start = time.monotonic()
             selector = f'ray_scaling_epoch{{run="{name}"}}'
@@ -381,7 +427,7 @@ def test_every_panel_answers_with_the_runs_records(ray_connected, tmp_path):
                 epochs = _by_series(result)
                 run_id = result[0]["metric"].get("ray_train_run_id", "") if result else ""
                 blocked = run_id and prometheus.query(f'ray_train_report_total_blocked_time_s{{ray_train_run_id="{run_id}"}}')
-                if len(epochs) == 2 and all(v >= exported for v in epochs.values()) and len(blocked or []) == 2:
+                if len(epochs) == 2 and all(v >= EXPORTED for v in epochs.values()) and len(blocked or []) == 2:
                     break
                 stop.wait(0.5)
             at = time.time()
@@ -394,7 +440,7 @@ def test_every_panel_answers_with_the_runs_records(ray_connected, tmp_path):
             values = {"run": name, "rank": "(" + "|".join(sorted(ranks)) + ")", "run_id": "|".join(sorted(run_ids))}
             for title, ref, expr in dashboard.panel_queries(board):
                 answers[(title, ref)] = (expr, prometheus.query(dashboard.substitute(expr, values), at=at))
-        except Exception as exc:  # noqa: BLE001 - reported by the test's thread
+        except Exception as exc:  # noqa: BLE001 - reported by the tests
             failure.append(exc)
         finally:
             release(gate)  # answered (or given up on): let the run finish
@@ -407,8 +453,39 @@ def test_every_panel_answers_with_the_runs_records(ray_connected, tmp_path):
         stop.set()
         evaluator.join(timeout=60)
         release(gate)
-        prometheus.stop()
-    print(f"Prometheus had epoch {exported} of both ranks {when.get('after_s', math.nan):.1f} s after it was ready")
+        if prometheus is not None:
+            prometheus.stop()
+    print(f"Ray's endpoint had epoch {EXPORTED} of both ranks {when.get('scraped_after_s', math.nan):.1f} s after the "
+          f"run started; Prometheus {when.get('after_s', math.nan):.1f} s after it was ready")
+    return {"name": name, "run_dir": run_dir, "summary": summary, "scraped": scraped, "answers": answers,
+            "failure": failure}
+
+
+@pytest.mark.slow
+def test_each_worker_exports_its_figures_to_rays_prometheus_endpoint(held_run):
+    """Ray's own metrics endpoint on the head (no Prometheus server needed) serves each rank's step time,
+    exposed communication, waiting and throughput of the last finished epoch, tagged with the run's name
+    and Ray Train's world rank, and each is the records' figure (the same arithmetic: 1e-6; throughput
+    comes from the epoch's row, which epochs.parquet keeps of rank 0 only)."""
+    assert held_run["summary"]["status"] == "max_epochs", held_run["summary"]["error"]
+    assert not held_run["failure"], held_run["failure"]
+    scraped = held_run["scraped"]
+    assert {(metric, rank) for metric in LIVE for rank in RANKS} <= set(scraped), sorted(scraped)
+    records = Records(held_run["run_dir"], EXPORTED)
+    for metric, column in (("ray_scaling_step_seconds", "step_s"), ("ray_scaling_exposed_comm_seconds", "exposed_comm_s"),
+                           ("ray_scaling_waiting_seconds", "waiting_s")):
+        for (rank,), want in records.mean(column).items():
+            assert math.isclose(scraped[(metric, rank)], want, rel_tol=1e-6, abs_tol=1e-9), (metric, rank, scraped[(metric, rank)], want)
+    throughput = records.rank0_figure("scaling_throughput_samples_per_second")[("0",)]
+    assert math.isclose(scraped[("ray_scaling_throughput_samples_per_second", "0")], throughput, rel_tol=1e-6)
+    assert scraped[("ray_scaling_throughput_samples_per_second", "1")] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROMETHEUS_MISSING is not None, reason=str(PROMETHEUS_MISSING))
+def test_every_panel_answers_with_the_runs_records(held_run):
+    run_dir, summary, answers, failure = held_run["run_dir"], held_run["summary"], dict(held_run["answers"]), held_run["failure"]
+    name, exported = held_run["name"], EXPORTED
     assert summary["status"] == "max_epochs", summary["error"]
     assert not failure, failure
     runs, ranks, run_ids = answers.pop("variables")
