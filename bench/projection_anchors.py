@@ -70,7 +70,7 @@ ANCHORS = [
         source="Coleman et al. 2019, \"Analysis of DAWNBench\", Figure 3c (time per epoch, a 38.9% gap from linear "
                "at 16 p3.16xlarge) and its finding that distributed entries spend more than half of their time "
                "communicating",
-        config="p3.16xlarge, 16 nodes x 8 V100 (128 GPUs), fp16, batch 64 per GPU (the issue's configuration; the "
+        config="p3.16xlarge, 16 nodes x 8 V100 (128 GPUs), fp16, batch 64 per GPU (assumed: the "
                "entries' own batch is not in the sources at hand), Horovod (cycle 5 ms, fusion 64 MiB, fp16 "
                "gradients), NCCL over TCP",
         kwargs=dict(model="resnet50", cluster="p3.16xlarge", nodes=[1, 16], per_gpu_batch=64, precision="fp16",

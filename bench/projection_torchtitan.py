@@ -123,7 +123,7 @@ def markdown(record: dict, short: bool = False) -> str:
     counted = tally(record["rows"])
     p8, p128 = record["projected"]["8"], record["projected"]["128"]
     lines += ["", f"{counted['met']} of {counted['of']} counted checks with a goal meet it; the calibration row is "
-              f"not counted, and the memory rows have no goal in the issue (their error is reported)."]
+              f"not counted, and the memory rows have no goal (their error is reported)."]
     if short:
         return "\n".join(lines)
     lines += ["",

@@ -109,14 +109,14 @@ def machine(record: dict) -> str:
     return text
 
 
-def provenance(record: dict, name: str) -> str:
-    """Where a result comes from: file, date, machine, command, wall time and the machine's load."""
+def provenance(record: dict, name: str, load: bool = True) -> str:
+    """Where a result comes from: file, date, machine, command, wall time and (`load`) the machine's load."""
     parts = [f"`bench/results/{name}.json`: {record['date'][:10]}, {machine(record)}", f"`{record['command']}`"]
     if record.get("wall_s") is not None:
         parts[-1] += f" ({minutes(record['wall_s'])})"
-    load = record["machine"].get("load_avg_start"), record["machine"].get("load_avg_end")
-    if all(load):
-        parts.append(f"1-minute load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
+    averages = record["machine"].get("load_avg_start"), record["machine"].get("load_avg_end")
+    if load and all(averages):
+        parts.append(f"1-minute load average {averages[0][0]:.2f} at the start, {averages[1][0]:.2f} at the end")
     return "; ".join(parts)
 
 
@@ -199,8 +199,9 @@ def block_torchtitan(folder: Path, names: list[str]) -> list[str]:
     import projection_torchtitan
 
     record = load(folder, "projection_torchtitan")
-    return [*projection_torchtitan.markdown(record, short=names == ["short"]).splitlines(), "",
-            f"- {provenance(record, 'projection_torchtitan')}"]
+    short = names == ["short"]  # the README's: the table, the count and where it comes from
+    return [*projection_torchtitan.markdown(record, short=short).splitlines(), "",
+            f"- {provenance(record, 'projection_torchtitan', load=not short)}"]
 
 
 def block_projection_vs_minicluster(folder: Path, names: list[str]) -> list[str]:
