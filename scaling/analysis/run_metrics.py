@@ -45,6 +45,14 @@ Every figure in `summary.json` is defined here, once:
   forward all-gathers'; the rest of exposed_comm_s is inside backward), means over steady-state
   steps as the others, each also as `_pct` of step_s (`comm_pct`, `allgather_pct`, ...). The same marks make collectives.parquet's
   rows, one per collective (scaling/instrument/backends/fsdp.py defines each).
+- `steps_recorded`, `comm_timed_steps`: the steady-state step records (over ranks) the step
+  figures rest on, and those of them whose collectives were timed, on which the communication
+  figures rest (fewer with `instrument.collective_timing_every` > 1: the other steps' columns are
+  NaN, never zero, and every mean and interval above is over the steps that have the column).
+- `instrument_host_s`, `instrument_host_pct`: the instrument's own Python per steady-state step
+  (its hooks and bookkeeping, summed by themselves: scaling/instrument/meter.py), and its share of
+  step_s: what the observer costs the job, a lower bound (calling into Python from C++ is not in
+  it; bench/instrument_host_cost.py measures the whole).
 - `peak_memory_bytes`: the largest rank's peak memory over the run's epochs (each epoch's
   training; epochs.parquet, scaling/instrument/memory.py: max allocated on a GPU, the process's
   resident high-water mark on a CPU, `peak_memory_method`); `peak_memory_min_bytes` the smallest
@@ -133,7 +141,7 @@ PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
 KIND_FIELDS = ("comm_s", "allgather_s", "regather_s", "reducescatter_s", "exposed_allgather_s", "exposed_reducescatter_s",
                "exposed_forward_comm_s")
 STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s",
-                        "micro_batches", "synced_micro_batches", *KIND_FIELDS)
+                        "micro_batches", "synced_micro_batches", "instrument_host_s", *KIND_FIELDS)
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
 STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
@@ -500,6 +508,11 @@ def summarize_run(
     for name, value in accumulator.means().items():
         out[name] = _finite_or_none(value)
     out["num_nodes"] = len(accumulator.node_ranks) or None
+    # what each figure rests on: steady-state step records (all ranks), and those whose collectives were
+    # timed (every one unless instrument.collective_timing_every > 1; NaN columns on the others)
+    part = "steady" if any(accumulator.counts["steady"].values()) else "train"
+    out["steps_recorded"] = accumulator.counts[part]["step_s"]
+    out["comm_timed_steps"] = accumulator.counts[part]["exposed_comm_s"]
     out["interference_s"] = None
     steps_named = sum(accumulator.stragglers.values())
     if steps_named:
@@ -542,6 +555,8 @@ def summarize_run(
             ab_reason = ("the job gave the instrument no forward_backward function" if not ab_calibration
                          else nothing if not steps_recorded else "no calibration steps recorded")
 
+    out["instrument_host_pct"] = (100.0 * out["instrument_host_s"] / step_s
+                                  if (step_s and out["instrument_host_s"] is not None) else None)
     for part in ("waiting", "transfer", "interference"):
         value = out[f"{part}_s"]
         out[f"{part}_pct"] = 100.0 * value / step_s if (value is not None and step_s) else None

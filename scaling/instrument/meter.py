@@ -140,10 +140,10 @@ class _OpenStep:
     """The marks of the step in progress (StepMarks once closed) and of its batch in progress."""
 
     __slots__ = ("start", "index", "samples", "segments", "micro_buckets", "pauses", "optimizer_steps",
-                 "optimizer_end", "phase", "forwarded", "stepped")
+                 "optimizer_end", "phase", "forwarded", "stepped", "comm_timed")
 
-    def __init__(self, start, index: int, samples: int):
-        self.start, self.index, self.samples = start, index, samples
+    def __init__(self, start, index: int, samples: int, comm_timed: bool):
+        self.start, self.index, self.samples, self.comm_timed = start, index, samples, comm_timed
         self.segments: list = []  # [(phase, end mark)]
         self.micro_buckets: list = []
         self.pauses: list = []
@@ -198,6 +198,8 @@ class StepMeter:
                             if self.rank == settings.straggler_rank and self.world_size > 1 else 0.0)
         self.live = parts.live_metrics(self.name, identity) if parts.live_metrics is not None else None
         self.timing = bool(settings.step_timing)
+        # the instrument's own Python per step, summed by its hooks (`instrument_host_s` in the step records)
+        self._host_s = 0.0
         # The lab's own 1-worker runs train the plain module: nothing to time.
         communicates = self.world_size > 1 or self.backend.communicates_alone
         if settings.inject_comm_delay_s and settings.inject_comm_delay_into not in self.backend.injectable:
@@ -276,24 +278,28 @@ class StepMeter:
         return module.training and torch.is_grad_enabled()
 
     def _on_forward_start(self, module, args, kwargs=None):
-        if self._calibrating:
-            if self._calib is not None and "forward_start" not in self._calib:
-                self._calib["forward_start"] = self.clock.mark()
-            return
-        step = self._step
-        if step is None:
-            return
-        if not self._training_forward(module):
-            self._pause_for_evaluation()
-            return
-        self._end_evaluation()
-        if step.phase == "data":
-            step.boundary("data", self.clock.mark())
-            step.phase, step.forwarded = "forward", True
-            self._observe_input(args)
-        elif step.phase == "backward" and not step.stepped:  # a second forward before backward (siamese)
-            step.boundary("forward", self.clock.mark())
-            step.phase = "forward"
+        entered = time.perf_counter()
+        try:
+            if self._calibrating:
+                if self._calib is not None and "forward_start" not in self._calib:
+                    self._calib["forward_start"] = self.clock.mark()
+                return
+            step = self._step
+            if step is None:
+                return
+            if not self._training_forward(module):
+                self._pause_for_evaluation()
+                return
+            self._end_evaluation()
+            if step.phase == "data":
+                step.boundary("data", self.clock.mark())
+                step.phase, step.forwarded = "forward", True
+                self._observe_input(args)
+            elif step.phase == "backward" and not step.stepped:  # a second forward before backward (siamese)
+                step.boundary("forward", self.clock.mark())
+                step.phase = "forward"
+        finally:
+            self._host_s += time.perf_counter() - entered
 
     def _on_eval_forward_start(self, module, args, kwargs=None):
         """The user's module inside the wrapper: seen only to notice an evaluation that bypasses the wrapper."""
@@ -301,20 +307,26 @@ class StepMeter:
             self._pause_for_evaluation()
 
     def _on_forward_end(self, module, args, output):
-        if self._calibrating:
-            if self._calib is not None and "forward_end" not in self._calib:
-                self._calib["forward_end"] = self.clock.mark()
-            return
-        step = self._step
-        if step is None or step.phase != "forward" or self._pause is not None:
-            return
-        step.boundary("forward", self.clock.mark())
-        step.phase = "backward"
-        self._observe_output(output)
-        if self._straggle_s:
-            time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
-        if self.second_opinion is not None:
-            self.second_opinion.after_forward()
+        entered = time.perf_counter()
+        try:
+            if self._calibrating:
+                if self._calib is not None and "forward_end" not in self._calib:
+                    self._calib["forward_end"] = self.clock.mark()
+                return
+            step = self._step
+            if step is None or step.phase != "forward" or self._pause is not None:
+                return
+            step.boundary("forward", self.clock.mark())
+            step.phase = "backward"
+            self._observe_output(output)
+            if self._straggle_s:
+                slept = time.perf_counter()
+                time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
+                entered += time.perf_counter() - slept  # the job's injected time, not the instrument's
+            if self.second_opinion is not None:
+                self.second_opinion.after_forward()
+        finally:
+            self._host_s += time.perf_counter() - entered
 
     def _observe_input(self, args) -> None:
         """The first training batch's input shape, dtype and compute precision (autocast's, else the
@@ -337,29 +349,39 @@ class StepMeter:
     def _on_step_start(self, optimizer, args, kwargs):
         # An optimizer subclass whose step() calls its parent's (Horovod's DistributedOptimizer)
         # runs the hooks once per class: act on the outermost call only.
-        self._step_depth += 1
-        if self._calibrating or self._step_depth > 1:
-            return
-        self.backend.wait_after_backward()
-        step = self._step
-        if step is not None:
-            self._end_evaluation()
-            if step.phase != "optimizer":  # the first optimizer of the batch: backward ends here
-                step.boundary(step.phase, self.clock.mark())
-                step.phase = "optimizer"
+        entered = time.perf_counter()
+        try:
+            self._step_depth += 1
+            if self._calibrating or self._step_depth > 1:
+                return
+            waited = time.perf_counter()
+            self.backend.wait_after_backward()
+            entered += time.perf_counter() - waited  # communication's time (Horovod's), not the instrument's
+            step = self._step
+            if step is not None:
+                self._end_evaluation()
+                if step.phase != "optimizer":  # the first optimizer of the batch: backward ends here
+                    step.boundary(step.phase, self.clock.mark())
+                    step.phase = "optimizer"
+        finally:
+            self._host_s += time.perf_counter() - entered
 
     def _on_step_end(self, optimizer, args, kwargs):
-        self._step_depth -= 1
-        if self._calibrating or self._step_depth > 0:
-            return
-        self.backend.after_step()
-        step = self._step
-        if step is not None:
-            step.stepped = True
-            step.optimizer_steps += 1
-            step.optimizer_end = self.clock.mark()
+        entered = time.perf_counter()
+        try:
+            self._step_depth -= 1
+            if self._calibrating or self._step_depth > 0:
+                return
+            self.backend.after_step()
+            step = self._step
+            if step is not None:
+                step.stepped = True
+                step.optimizer_steps += 1
+                step.optimizer_end = self.clock.mark()
 
-    # --- evaluations inside an epoch -------------------------------------------------------
+        # --- evaluations inside an epoch -------------------------------------------------------
+        finally:
+            self._host_s += time.perf_counter() - entered
 
     def _pause_for_evaluation(self) -> None:
         """An evaluation forward inside training: stop the training clock until the next training event."""
@@ -390,17 +412,21 @@ class StepMeter:
         """Yield the batches of `iterable` (one epoch), timing every step (module docstring)."""
         self._begin_training()
         iterator = iter(iterable)
+        perf_counter = time.perf_counter
         try:
             while True:
+                entered = perf_counter()
                 request = self.clock.mark() if self.timing else None
                 self._end_evaluation(request)
                 continues = self._end_micro_batch(request)
+                self._host_s += perf_counter() - entered
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     self._close_step(request)
                     self._end_training()
                     return
+                entered = perf_counter()
                 samples = _first_tensor(batch)
                 samples = int(samples.shape[0]) if samples is not None and samples.dim() else 1
                 self._per_rank_batch = self._per_rank_batch or samples
@@ -413,14 +439,25 @@ class StepMeter:
                 else:
                     self._close_step(request)
                     self._epoch_steps += 1
-                    self._step = _OpenStep(request, self.global_step, samples)
+                    comm_timed = self._times_collectives(self.global_step)
+                    self.backend.time_collectives(comm_timed)
+                    self._step = _OpenStep(request, self.global_step, samples, comm_timed)
                     self.global_step += 1
+                self._host_s += perf_counter() - entered
                 yield batch
         finally:
             if self._training_end is None and self._train_started is not None:
                 self._end_evaluation()
                 self._close_step(None)
                 self._end_training()
+
+    def _times_collectives(self, step: int) -> bool:
+        """Whether training step `step` times its collectives: every warm-up step, then every
+        `collective_timing_every`th from the first steady one (settings.py)."""
+        if not self.backend.samples_collectives:
+            return True
+        warmup = self.settings.warmup_steps
+        return step < warmup or (step - warmup) % self.settings.collective_timing_every == 0
 
     def _end_micro_batch(self, request) -> bool:
         """The batch in progress ends at `request`: whether the next batch continues its step (rule, module docstring)."""
@@ -452,7 +489,7 @@ class StepMeter:
             torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
         self.clock.anchor()  # GPU: the epoch's events placed on the host clock (cross-rank attribution, trace)
         self._epoch_steps = self._epoch_samples = 0
-        self._paused_s = 0.0
+        self._paused_s = self._host_s = 0.0
         self._training_end = None
         self._thread_usage = ThreadUsage()
         self._paused_usage: list[dict] = []
@@ -472,10 +509,11 @@ class StepMeter:
                 step.micro_buckets.append(self.backend.take())
         elif not step.micro_buckets:
             return  # nothing was trained: batches drawn and skipped up to the loader's end
+        host_s, self._host_s = self._host_s + self.backend.take_host_s(), 0.0
         self.recorder.step(StepMarks(
             self.epoch + 1, step.index, "train", step.index < self.settings.warmup_steps, step.samples,
             step.start, step.segments, step.micro_buckets, step.pauses, step.optimizer_steps,
-            comm_rule=self.backend.comm_rule))
+            comm_rule=self.backend.comm_rule, comm_timed=step.comm_timed, instrument_host_s=host_s))
 
     def _end_training(self) -> None:
         if self.clock.cuda:
@@ -620,6 +658,7 @@ class StepMeter:
         if not (self.timing and self.world_size > 1 and pairs > 0 and self.forward_backward and self.calibration_data is not None):
             return
         self._calibrating = True
+        self.backend.time_collectives(True)  # the A/B halves are always timed (the next step sets its own)
         try:
             with self._rng_untouched(), self.backend.calibration():
                 # listed inside the backend's calibration(): FSDP's registers the sharded parameters there,
@@ -766,7 +805,13 @@ class StepMeter:
         """
         self.detach()
         self._finished = True
-        if self.finisher is None or self.rank != 0 or self.run_dir is None:
+        if self.finisher is None or self.run_dir is None:
+            return None
+        if status is None and self.sync_group is not None:
+            # every rank has written its last epoch's records (after end_epoch's collectives) before
+            # rank 0 reads them all for the summary: without it, rank 0 could summarise its own alone
+            dist.barrier(group=self.sync_group)
+        if self.rank != 0:
             return None
         description = {
             "name": self.name,

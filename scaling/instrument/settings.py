@@ -48,6 +48,13 @@ class InstrumentSettings:
     """Training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none."""
     step_timing: bool = True
     """Per-step records and the A/B window; False = epoch timing only (to measure the instrument's own cost)."""
+    collective_timing_every: int = 1
+    """Time each collective (DDP's per-bucket all-reduces) on every Nth training step after the warm-up (and on
+    every warm-up step and A/B step); the other steps record their phases only, their communication columns
+    left empty (NaN), and pay only DDP's one Python callback per bucket. 1 = every step. On a launch-bound GPU
+    step the per-bucket marks cost a share of the step (docs/benchmarks.md, the instrument's host cost): 10 keeps
+    the figures and takes that share down; they then rest on the timed steps, whose count the summary gives
+    (`comm_timed_steps`)."""
     telemetry_interval_s: float = 1.0
     """GPU telemetry (NVML) sampling period, seconds; 0 = off."""
 
@@ -57,6 +64,8 @@ class InstrumentSettings:
                          "straggler_rank", "trace_steps", "telemetry_interval_s")
         problems = [f"{prefix}{name} must be >= 0, got {getattr(self, name)}" for name in at_least_zero
                     if getattr(self, name) < 0]
+        if self.collective_timing_every < 1:
+            problems.append(f"{prefix}collective_timing_every must be >= 1, got {self.collective_timing_every}")
         if self.inject_comm_delay_into not in ("gradients", "parameters"):
             problems.append(f"{prefix}inject_comm_delay_into must be gradients or parameters, "
                             f"got {self.inject_comm_delay_into!r}")

@@ -155,17 +155,51 @@ class BucketMarks:
     waited_from: object = None  # mark: compute began to wait for it (the sharded rule's exposed time); None: never
 
 
+def _first_value(fut):
+    return fut.value()[0]
+
+
+def _hold_on_host(delay_s: float):
+    """A completion callback that holds an all-reduce's future for `delay_s` (the ground truth on an untimed step)."""
+
+    def hold(fut):
+        time.sleep(delay_s)
+        return fut.value()
+
+    return hold
+
+
+def _hold_on_device(spin_cycles: int):
+    def hold(fut):
+        torch.cuda._sleep(spin_cycles)
+        return fut.value()
+
+    return hold
+
+
 class CommTimingHook:
-    """A DDP comm hook that times every bucket's all-reduce around an inner hook.
+    """A DDP comm hook that times every bucket's all-reduce around an inner hook, on the steps asked.
 
     Register with `ddp_model.register_comm_hook(state=None, hook=CommTimingHook(...))` before
-    the first backward. `take()` returns and clears the buckets marked since the last call.
+    the first backward. `timed` says whether the buckets from now on are timed (the meter sets
+    it per step: scaling/instrument/meter.py, `collective_timing_every`); `take()` returns and
+    clears the buckets marked since the last call.
+
+    Why a step may go untimed: DDP takes one comm hook per model for good, and a hook in Python
+    costs every bucket of every step a call into Python from the autograd thread; a timed bucket
+    also runs a Python callback on the communication thread when its all-reduce completes (the
+    GIL taken on the path backward waits on). An untimed bucket does what DDP's own C++
+    all-reduce hook does (divide, all-reduce, hand DDP the work's future, whose list of tensors
+    DDP reads without Python) and nothing else: no mark, no callback. `host_s` sums the time
+    spent inside this hook's Python (bench/instrument_host_cost.py measures the whole cost).
     """
 
     def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
         self.inner_hook = inner_hook
         self.inner_state = inner_state
         self._buckets: list[BucketMarks] = []
+        self.timed = True
+        self.host_s = 0.0
         self.configure(clock or Clock(), inject_delay_s)
         # DDP logs the hook's name; give it the inner hook's, marked as timed.
         self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
@@ -181,6 +215,10 @@ class CommTimingHook:
         self.clock = clock
         self.inject_delay_s = inject_delay_s
         self.spin_cycles = int(round(inject_delay_s * spin_cycles_per_s())) if (inject_delay_s and clock.cuda) else 0
+        if not inject_delay_s:
+            self._hold = None
+        else:
+            self._hold = _hold_on_device(self.spin_cycles) if clock.cuda else _hold_on_host(inject_delay_s)
 
     def wrap(self, inner_hook, inner_state=None) -> None:
         """Time `inner_hook` (a user's own comm hook, a compression hook) from now on."""
@@ -188,6 +226,28 @@ class CommTimingHook:
         self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
 
     def __call__(self, state, bucket):
+        entered = time.perf_counter()
+        future = self._timed(bucket) if self.timed else self._untimed(bucket)
+        self.host_s += time.perf_counter() - entered
+        return future
+
+    def _untimed(self, bucket):
+        if self.inner_hook is allreduce_hook:
+            group = self.inner_state if self.inner_state is not None else dist.group.WORLD
+            tensor = bucket.buffer()
+            tensor.div_(group.size())
+            # the process group's own call, as DDP's C++ hook makes it (dist.all_reduce's Python
+            # wrapper costs more than the rest of this path), and DDP's one required callback
+            # (a hook's future must hold the tensor as a Python object): the only Python per bucket
+            future = group.allreduce([tensor]).get_future().then(_first_value)
+        else:
+            future = self.inner_hook(self.inner_state, bucket)
+        if self._hold is not None and bucket.is_last():
+            # the ground truth holds every step's last bucket, timed or not (the module docstring)
+            future = future.then(self._hold)
+        return future
+
+    def _timed(self, bucket):
         clock = self.clock
         marks = BucketMarks(index=bucket.index(), handed_over=clock.mark())
         self._buckets.append(marks)
@@ -321,6 +381,10 @@ class StepMarks:
     optimizer_steps: int = 1  # optimizer.step() calls that ran (0: skipped, e.g. by GradScaler on inf)
     pair: int = -1  # calibration: index of the (no_sync, sync) pair within the epoch; -1 for training steps
     comm_rule: CommRule | None = None  # how its collectives become figures (the backend's); None: ALL_REDUCE_RULE
+    # False: its collectives were not timed (a step the meter did not sample: `collective_timing_every`), so
+    # every communication column is NaN, never a zero; its phases are measured as on any step
+    comm_timed: bool = True
+    instrument_host_s: float = float("nan")  # the instrument's own Python inside the step (meter.py)
 
     @classmethod
     def single(cls, epoch: int, step: int, kind: str, warmup: bool, samples: int, start, after_data, after_forward,
@@ -355,11 +419,15 @@ class StepMarks:
 
         rule = self.comm_rule or ALL_REDUCE_RULE
         comm = rule.step_columns(self.micro_buckets, since_start)
+        if not self.comm_timed:
+            comm = {name: [] if name == "sync_points" else float("nan") for name in comm}
         compute_end, comm_end = comm.pop("compute_end"), comm.pop("comm_end")
         allreduce_s, exposed_comm_s = comm.pop("allreduce_s"), comm.pop("exposed_comm_s")
         comm_span_s, num_buckets = comm.pop("comm_span_s"), comm.pop("num_buckets")
         injected_s = sum((clock.seconds(*b.injected) for buckets in self.micro_buckets for b in buckets
-                          if b.injected is not None), 0.0)
+                          if b.injected is not None), 0.0) if self.comm_timed else float("nan")
+        synced = (sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets)) if self.comm_timed
+                  else float("nan"))
         start_t = clock.host_time(self.start) + offset_s
         if "sync_points" in comm:  # moments since the step's start -> on rank 0's clock (recorder.attribute)
             comm["sync_points"] = [(start_t + moment, waited) for moment, waited in comm["sync_points"]]
@@ -371,7 +439,7 @@ class StepMarks:
             "warmup": self.warmup,
             "samples": self.samples,
             "micro_batches": len(self.micro_buckets),
-            "synced_micro_batches": sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets)),
+            "synced_micro_batches": synced,
             "optimizer_steps": self.optimizer_steps,
             **{f"{phase}_s": phase_s[phase] for phase in PHASES},
             "step_s": step_s,
@@ -382,6 +450,8 @@ class StepMarks:
             "compute_s": step_s - phase_s["data"] - exposed_comm_s,
             "num_buckets": num_buckets,
             "injected_s": injected_s,
+            "comm_timed": self.comm_timed,
+            "instrument_host_s": self.instrument_host_s,
             **comm,  # a rule's own columns (the sharded one's per collective kind: backends/fsdp.py)
             # moments on rank 0's clock (s), for attribution across ranks (recorder.py):
             # the step's start, this rank's last bucket handed over (its backward compute done)

@@ -38,6 +38,9 @@ class Backend:
     # rank, and a gradient scaler's inf check would see only this rank's shard. The lab's config
     # refuses the settings that cannot work then (scaling/config.py `_check_sharded`).
     sharded = False
+    # Its collectives can go untimed on the steps the meter does not sample (DDP's comm hook:
+    # scaling/instrument/timing.py `CommTimingHook`); otherwise every step's are timed.
+    samples_collectives = False
 
     def __init__(self, model, optimizer):
         self.model, self.optimizer = model, optimizer
@@ -93,6 +96,13 @@ class Backend:
     def take(self) -> list[BucketMarks]:
         """The all-reduces' marks since the last take."""
         return []
+
+    def time_collectives(self, timed: bool) -> None:
+        """Time the collectives from now on, or not (`samples_collectives`); nothing to choose here."""
+
+    def take_host_s(self) -> float:
+        """Seconds its collective timer spent in its own Python since the last take (the instrument's cost)."""
+        return 0.0
 
     def second_opinion(self, warmup_steps: int):
         """The framework's own communication timers (`after_forward()`, `epoch_figures()`), or None."""

@@ -30,6 +30,7 @@ class DDPBackend(Backend):
     compressions = ("none", "fp16", "bf16")  # PyTorch's compression hooks
     elastic = True
     communicates_alone = True
+    samples_collectives = True
 
     def __init__(self, model: DistributedDataParallel, optimizer):
         super().__init__(model, optimizer)
@@ -77,6 +78,16 @@ class DDPBackend(Backend):
 
     def take(self) -> list[BucketMarks]:
         return self._timer.take() if self._timer is not None else []
+
+    def time_collectives(self, timed: bool) -> None:
+        if self._timer is not None:
+            self._timer.timed = timed
+
+    def take_host_s(self) -> float:
+        if self._timer is None:
+            return 0.0
+        host_s, self._timer.host_s = self._timer.host_s, 0.0
+        return host_s
 
     def second_opinion(self, warmup_steps: int) -> DDPTimers:
         return DDPTimers(self.model, warmup_steps)
