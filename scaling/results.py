@@ -283,6 +283,12 @@ class RunDir:
         return self.summary_path.is_file()
 
     def summary(self) -> dict:
+        """summary.json as a dict: the run's status, its headline figures and their intervals, the
+        hardware and the config it ran (every key: docs/results.md, "summary.json").
+
+        Raises OSError when the run has no summary (still going, or interrupted) and ValueError
+        when the file is unreadable; `status()` and `has_summary` ask without raising.
+        """
         return _read_json(self.summary_path)
 
     def status(self) -> str | None:
@@ -304,9 +310,15 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
     def epochs(self) -> pd.DataFrame:
+        """epochs.parquet: one row per finished epoch (written by rank 0; `epoch` 1-based), with its training
+        time, losses and validation figures, throughput and peak memory (every column: docs/results.md,
+        "epochs.parquet"); an empty DataFrame when the run finished no epoch."""
         return pd.read_parquet(self.epochs_path) if self.epochs_path.exists() else pd.DataFrame()
 
     def evals(self) -> pd.DataFrame:
+        """evals.parquet: one row per validation, end of epoch or inside one (`epoch`, `epoch_progress`,
+        `step`, the training time and the metrics at that point: docs/results.md); TTA is read from it.
+        An empty DataFrame for runs recorded before schema 3 or without validation."""
         return pd.read_parquet(self.evals_path) if self.evals_path.exists() else pd.DataFrame()
 
     def steps(self, columns: list[str] | None = None) -> pd.DataFrame:
