@@ -1,5 +1,5 @@
-"""The scripts in bench/ and scripts/ as a user meets them: `--help` answers at once and does
-nothing else, and a script that builds a minicluster takes it down on SIGTERM and SIGINT as on
+"""The scripts in bench/ and scripts/ as a user meets them: `--help` answers without starting a
+process, opening a connection or sleeping (a Python audit hook watches) and does nothing else, and a script that builds a minicluster takes it down on SIGTERM and SIGINT as on
 a normal exit (scaling.testbed.minicluster.running).
 
 The --help checks run each script as a user runs it (slow tier: a subprocess each); the
@@ -23,7 +23,32 @@ from scaling.testbed import minicluster as mc
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted([*REPO.glob("bench/*.py"), *(p for p in (REPO / "scripts").iterdir() if p.is_file())])
-HELP_LIMIT_S = 10.0  # the issue's bar: a --help that takes longer is doing something else
+HELP_TIMEOUT_S = 120  # a hang's bound, not a check: how long --help takes on a loaded machine is no proof
+# A Python script runs as `python script --help` would (the script's folder first on sys.path, run as
+# __main__), with an audit hook (PEP 578) that records each attempt to start a process or open a
+# connection, and time.sleep wrapped to record each sleep (Python 3.11 audits no sleep): --help answers
+# without any (an order, not a duration: docs/testing.md, timing checks).
+AUDITED = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.system", "os.exec", "socket.connect")
+AUDIT_RUNNER = f"""
+import os, runpy, sys, time
+script = sys.argv[1]
+seen = []
+def hook(event, args):
+    if event in {AUDITED!r}:
+        seen.append(event + ' ' + repr(args)[:200])
+sys.addaudithook(hook)
+sleep = time.sleep
+def recorded_sleep(seconds):
+    seen.append('time.sleep ' + repr(seconds))
+    sleep(seconds)
+time.sleep = recorded_sleep
+sys.argv = [script, *sys.argv[2:]]
+sys.path[0] = os.path.dirname(os.path.abspath(script))
+try:
+    runpy.run_path(script, run_name='__main__')
+finally:
+    print('AUDIT ' + repr(seen), file=sys.stderr)
+"""
 
 
 def _namespaces() -> set[str]:
@@ -54,8 +79,8 @@ def test_every_script_is_checked():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.relative_to(REPO).as_posix())
-def test_help_answers_fast_and_does_nothing_else(script, tmp_path):
-    command = ["bash", str(script)] if script.suffix == ".sh" else [sys.executable, str(script)]
+def test_help_starts_nothing_and_does_nothing_else(script, tmp_path):
+    command = ["bash", str(script)] if script.suffix == ".sh" else [sys.executable, "-c", AUDIT_RUNNER, str(script)]
     cwd, tmp, state = tmp_path / "cwd", tmp_path / "tmp", tmp_path / "minicluster-state"
     for folder in (cwd, tmp):
         folder.mkdir()
@@ -63,14 +88,13 @@ def test_help_answers_fast_and_does_nothing_else(script, tmp_path):
     # Ray's session folder, a relative output) or in the repository, or make a namespace.
     env = {**os.environ, "TMPDIR": str(tmp), "SCALING_MINICLUSTER_STATE": str(state), "PYTHONDONTWRITEBYTECODE": "1"}
     repo_before, namespaces_before = _files(REPO / "bench", REPO / "scripts"), _namespaces()
-    started = time.monotonic()
-    result = subprocess.run([*command, "--help"], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=HELP_LIMIT_S + 20)
-    took = time.monotonic() - started
+    result = subprocess.run([*command, "--help"], cwd=cwd, env=env, capture_output=True, text=True, timeout=HELP_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage:"), result.stdout[:300]
     assert script.name in result.stdout.splitlines()[0]
-    assert took < HELP_LIMIT_S, f"--help took {took:.1f} s"
+    if script.suffix == ".py":
+        audit = [line for line in result.stderr.splitlines() if line.startswith("AUDIT ")]
+        assert audit == ["AUDIT []"], audit or result.stderr[-2000:]  # no process, connection or sleep
     assert not any(cwd.iterdir()) and not any(tmp.iterdir()) and not state.exists()
     assert _files(REPO / "bench", REPO / "scripts") == repo_before
     assert _namespaces() <= namespaces_before
