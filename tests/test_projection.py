@@ -207,10 +207,23 @@ def test_fit_alpha_beta_recovers_alpha_and_beta():
 
 
 def test_projection_from_fitted_alpha_beta():
-    df = project_cluster_from_alpha_beta(20e-6, 3e9, nodes=[1, 2, 4], gpus_per_node=1, model="resnet50",
+    alpha, beta = 20e-6, 3e9
+    df = project_cluster_from_alpha_beta(alpha, beta, nodes=[1, 2, 4], gpus_per_node=1, model="resnet50",
                                          per_gpu_batch=64, samples_per_s=400.0)
     assert list(df["num_workers"]) == [1, 2, 4]
     assert df["comm_overhead_pct"].iloc[0] == 0 and (df["comm_overhead_pct"].iloc[1:] > 0).all()
+    # by hand: the step at 1 worker is the given rate's (64 samples at 400/s); at n workers each of the
+    # K gradient buckets is a flat ring over n links of the fitted alpha and beta, 2(n-1) alpha +
+    # 2(n-1)/n x bytes / beta, over all of ResNet-50's fp32 gradients (25,557,032 parameters)
+    assert df["step_s"].iloc[0] == pytest.approx(64 / 400.0)
+    for _, row in df.iloc[1:].iterrows():
+        n, buckets = int(row["num_workers"]), int(row["num_buckets"])
+        assert row["grad_bytes"] == 4 * 25_557_032 and buckets >= 1
+        by_hand = buckets * 2 * (n - 1) * alpha + 2 * (n - 1) / n * 4 * 25_557_032 / beta
+        assert row["allreduce_s"] == pytest.approx(by_hand, rel=1e-9)
+        assert 0 < row["exposed_comm_s"] <= row["allreduce_s"]
+        assert row["step_s"] == pytest.approx(64 / 400.0 + row["exposed_comm_s"])
+        assert row["throughput_samples_per_s"] == pytest.approx(n * 64 / row["step_s"])
 
 
 # ---------------------------------------------------------------------------- run_projection
