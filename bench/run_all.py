@@ -23,6 +23,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # Shortest first: a broken set-up shows within a minute.
 BENCHMARKS = ("projection_anchors", "projection_torchtitan", "allreduce", "analysis_speed", "instrumentation_overhead", "instrumentation_overhead_own_job",
+              "instrument_host_cost",
               "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth", "fsdp_overhead",
               "projection_vs_minicluster_fsdp")  # root: a minicluster of network namespaces, about 17 minutes
 # A benchmark that is another's script with arguments: name -> (script, arguments).

@@ -121,6 +121,36 @@ def _first_tensor(value):
     return None
 
 
+# Keywords of a Hugging Face model's forward that go beside its input, never are it.
+_BESIDE_INPUT = frozenset({"attention_mask", "labels", "token_type_ids", "position_ids", "head_mask",
+                           "encoder_attention_mask", "decoder_attention_mask", "cache_position", "past_key_values"})
+
+
+def _model_input(args, kwargs) -> tuple:
+    """(input tensor, the keyword it came by or None, a reason or None) of a training forward's arguments.
+
+    The input is the first positional tensor (`model(x)`, as before); else `input_ids=`
+    (`model(input_ids=tokens, attention_mask=mask, labels=tokens)`, the Hugging Face call); else
+    the one keyword tensor that is not an attention mask, labels or the like (`pixel_values=`).
+    Anything else cannot be told apart: no input, and the reason in one line.
+    """
+    first = _first_tensor(args)
+    if first is not None:
+        return first, None, None
+    kwargs = kwargs or {}
+    ids = kwargs.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids, "input_ids", None
+    candidates = [name for name, value in kwargs.items() if isinstance(value, torch.Tensor) and name not in _BESIDE_INPUT]
+    if len(candidates) == 1:
+        return kwargs[candidates[0]], candidates[0], None
+    given = ", ".join(f"{name}=" for name, value in kwargs.items() if isinstance(value, torch.Tensor))
+    if not given:
+        return None, None, "the model's first training forward got no tensor (positional or keyword): no input to count"
+    return None, None, (f"the model's first training forward got no positional tensor and no input_ids, only "
+                        f"{given}: which is the input is not known")
+
+
 def _numpy_rng_state():
     try:
         import numpy
@@ -213,15 +243,16 @@ class StepMeter:
         watched = forward_module if forward_module is not None else model
         if self.timing:
             # first among the pre-hooks: FSDP's own (its root's all-gather) belongs to forward
-            self._handles += [watched.register_forward_pre_hook(self._on_forward_start, prepend=True),
+            # with_kwargs: a model called with keywords (a Hugging Face model's input_ids=) shows its input
+            self._handles += [watched.register_forward_pre_hook(self._on_forward_start, prepend=True, with_kwargs=True),
                               watched.register_forward_hook(self._on_forward_end)]
             inner = self.backend.plain_model
             if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
                 self._handles.append(inner.register_forward_pre_hook(self._on_eval_forward_start))
         else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
-            def once_before(module, args):
+            def once_before(module, args, kwargs):
                 if self._train_started is not None:
-                    self._observe_input(args)
+                    self._observe_input(args, kwargs)
                     before.remove()
 
             def once_after(module, args, output):
@@ -229,7 +260,7 @@ class StepMeter:
                     self._observe_output(output)
                     after.remove()
 
-            before = watched.register_forward_pre_hook(once_before)
+            before = watched.register_forward_pre_hook(once_before, with_kwargs=True)
             after = watched.register_forward_hook(once_after)
             self._handles += [before, after]
         if self.timing or self.backend.waits_at_step:
@@ -252,8 +283,12 @@ class StepMeter:
         self._thread_usage: ThreadUsage | None = None
         self._input_shape: tuple | None = None
         self._input_dtype: torch.dtype | None = None  # integer: token ids (the FLOPs counter feeds ids, not floats)
+        self._input_keyword: str | None = None  # the keyword the input came by (input_ids=), None: positional
+        self._input_problem: str | None = None  # why the first training forward's input was not understood
+        self._real_tokens_per_sample: float | None = None  # the first batch's attention_mask, per sample
+        self._input_observed = False  # the first training forward is looked at once, never again
         self._num_outputs: int | None = None
-        self._precision = "fp32"
+        self._precision: str | None = None  # the first training forward's (None: none seen)
         self._per_rank_batch: int | None = None
         self._calibrating = False
         self._paused_s = 0.0  # training time of this epoch spent paused (evaluations inside it)
@@ -280,6 +315,8 @@ class StepMeter:
     def _on_forward_start(self, module, args, kwargs=None):
         entered = time.perf_counter()
         try:
+            if self.second_opinion is not None:
+                self.second_opinion.before_forward()
             if self._calibrating:
                 if self._calib is not None and "forward_start" not in self._calib:
                     self._calib["forward_start"] = self.clock.mark()
@@ -294,7 +331,8 @@ class StepMeter:
             if step.phase == "data":
                 step.boundary("data", self.clock.mark())
                 step.phase, step.forwarded = "forward", True
-                self._observe_input(args)
+                if not self._input_observed:
+                    self._observe_input(args, kwargs)
             elif step.phase == "backward" and not step.stepped:  # a second forward before backward (siamese)
                 step.boundary("forward", self.clock.mark())
                 step.phase = "forward"
@@ -328,23 +366,39 @@ class StepMeter:
         finally:
             self._host_s += time.perf_counter() - entered
 
-    def _observe_input(self, args) -> None:
-        """The first training batch's input shape, dtype and compute precision (autocast's, else the
-        backend's cast: FSDP2's policy) for the FLOPs profile."""
-        if self._input_shape is None:
-            first = _first_tensor(args)
-            if first is not None:
-                self._input_shape = tuple(first.shape)
-                self._input_dtype = first.dtype
-                dtype = (torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type)
-                         else self.backend.compute_dtype())
-                self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    def _observe_input(self, args, kwargs=None) -> None:
+        """The first training forward, once: its input's shape and dtype and the keyword it came by
+        (`_model_input`), the real tokens per sample where an `attention_mask` came with token ids,
+        and the compute precision (autocast's, else the backend's cast: FSDP2's policy, else the
+        parameters' dtype), for the FLOPs profile. An input not understood leaves its reason."""
+        if self._input_observed:
+            return
+        self._input_observed = True
+        if torch.is_autocast_enabled(self.device.type):
+            dtype = torch.get_autocast_dtype(self.device.type)
+        else:
+            dtype = self.backend.compute_dtype()
+            if dtype is None:
+                parameter = next((q for q in self.backend.plain_model.parameters() if q.is_floating_point()), None)
+                dtype = parameter.dtype if parameter is not None else torch.float32
+        self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        first, keyword, problem = _model_input(args, kwargs)
+        if first is None:
+            self._input_problem = problem
+            return
+        self._input_shape, self._input_dtype, self._input_keyword = tuple(first.shape), first.dtype, keyword
+        mask = (kwargs or {}).get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.shape == first.shape and first.dim() == 2 and first.shape[0]:
+            # once per run: the item() waits for the device (the first batch's only)
+            self._real_tokens_per_sample = (mask != 0).sum().item() / first.shape[0]
 
     def _observe_output(self, output) -> None:
         if self._num_outputs is None:
-            first = _first_tensor(output)
-            if first is not None and first.dim() >= 1:
-                self._num_outputs = int(first.shape[-1])
+            from scaling.instrument.flops import output_logits
+
+            logits = output_logits(output)
+            if logits is not None and logits.dim() >= 1:
+                self._num_outputs = int(logits.shape[-1])
 
     def _on_step_start(self, optimizer, args, kwargs):
         # An optimizer subclass whose step() calls its parent's (Horovod's DistributedOptimizer)
@@ -555,7 +609,7 @@ class StepMeter:
                          **{k: v for k, v in columns.items() if k.startswith("val_")})
         if self.epoch == 0:
             self.recorder.write_json(JOB_JSON, self.observed())
-            if self._input_shape is not None:
+            if self._input_shape is not None or self._input_problem is not None:
                 with self._rng_untouched():  # its probes draw random inputs
                     self._profile_compute()
         calibration_start = time.perf_counter()
@@ -722,14 +776,22 @@ class StepMeter:
         from scaling.instrument import flops
 
         threads = torch.get_num_threads()
+        if self._input_shape is None:  # the input was not understood (_model_input): its reason, no guess
+            self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"input not understood: {self._input_problem}",
+                                                            "precision": self._precision})
+            return
         observed_input = {"input_shape": list(self._input_shape[1:]),
-                          "input_dtype": str(self._input_dtype).removeprefix("torch.")}
+                          "input_dtype": str(self._input_dtype).removeprefix("torch."),
+                          "input_keyword": self._input_keyword}
+        if self._real_tokens_per_sample is not None:
+            observed_input["real_tokens_per_sample"] = self._real_tokens_per_sample
         try:
             counts = flops.training_flops_per_sample(self.backend.plain_model, self._input_shape[1:], self._num_outputs or 2,
-                                                     input_dtype=self._input_dtype or torch.float32)
+                                                     input_dtype=self._input_dtype or torch.float32,
+                                                     input_keyword=self._input_keyword)
         except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
             self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}",
-                                                            **observed_input})
+                                                            "precision": self._precision, **observed_input})
             return
         traffic = flops.training_bytes_per_sample(counts, self._per_rank_batch or 1,
                                                   bytes_per_element=4 if self._precision == "fp32" else 2)

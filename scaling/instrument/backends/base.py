@@ -105,7 +105,7 @@ class Backend:
         return 0.0
 
     def second_opinion(self, warmup_steps: int):
-        """The framework's own communication timers (`after_forward()`, `epoch_figures()`), or None."""
+        """The framework's own communication timers (`before_forward()`, `after_forward()`, `epoch_figures()`), or None."""
         return None
 
     def compute_dtype(self) -> torch.dtype | None:

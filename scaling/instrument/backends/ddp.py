@@ -93,24 +93,43 @@ class DDPBackend(Backend):
         return DDPTimers(self.model, warmup_steps)
 
 
+# DDP times every this many synchronising iterations (and its first 10), as its own default samples
+# every 100th: each sampled iteration costs DDP's logger its stats on the next forward (on a GPU, a
+# wait for the previous backward's events) and the instrument one read of them.
+DDP_TIMER_EVERY = 10
+
+
 class DDPTimers:
     """PyTorch DDP's own view of the communication, a second opinion (`ddp_*` in epochs.parquet).
 
-    DDP logs an iteration's timers at the next forward; `after_forward` reads them there, once
-    per iteration, and `epoch_figures` gives the epoch's mean backward comm time (and its
-    spread) and comm minus its overlap with compute, DDP's exposed communication
-    (scaling/analysis/run_metrics.py, `ddp_second_opinion`).
+    DDP times its iterations 1 to 10 and then every `DDP_TIMER_EVERY`th (its sample rate), and
+    logs an iteration's timers at the next synchronising forward (torch/csrc/distributed/c10d/
+    reducer.cpp, `should_collect_runtime_stats`); `before_forward` counts those forwards as DDP
+    does, and `after_forward` reads the timers after the forwards that logged some, so the other
+    forwards pay nothing. A count that drifted from DDP's would only skip samples: a read keeps
+    an iteration's figures once, by DDP's own iteration number. `epoch_figures` gives the
+    epoch's mean backward comm time (and its spread) and comm minus its overlap with compute,
+    DDP's exposed communication (scaling/analysis/run_metrics.py, `ddp_second_opinion`).
     """
 
     def __init__(self, model: DistributedDataParallel, warmup_steps: int):
         self.model, self.warmup_steps = model, warmup_steps
-        model._set_ddp_runtime_logging_sample_rate(1)  # every iteration, not DDP's default sample
+        model._set_ddp_runtime_logging_sample_rate(DDP_TIMER_EVERY)
         self._log: list[tuple[float, float]] = []  # per iteration: (backward comm s, comm/compute overlap s)
         self._iteration = -1
+        self._forwards = 0  # DDP's iteration count (num_iterations_), mirrored
+
+    def before_forward(self) -> None:
+        """Every forward of the DDP model: DDP counts an iteration at a forward that will synchronise."""
+        if self.model.require_backward_grad_sync and torch.is_grad_enabled():
+            self._forwards += 1
 
     def after_forward(self) -> None:
+        logged = self._forwards - 1  # the iteration whose timers DDP logged at this forward
+        if not (0 < logged <= 10 or logged % DDP_TIMER_EVERY == 0):
+            return
         # the integer fields only (every figure read here is one): DDP's `_get_ddp_logging_data()`
-        # would also copy its ~25 strings into a dict merged with these, on every forward
+        # would also copy its ~25 strings into a dict merged with these
         data = self.model.logger._get_ddp_logging_data().ints_map
         iteration = data.get("iteration", -1)
         if iteration == self._iteration or "backward_comm_time" not in data:
