@@ -64,7 +64,15 @@ Every figure in `summary.json` is defined here, once:
 - `tokens_per_sample`, `throughput_tokens_per_s`: where a sample is a sequence of token ids (the
   first training input, as `compute_profile.json` records it, is an integer tensor of one
   dimension per sample: (T,)), T and throughput_samples_per_s x T; None for other inputs.
-  A language model's figures are read per token: modded-nanogpt's and llm.c's tokens/s.
+  A language model's figures are read per token: modded-nanogpt's and llm.c's tokens/s. The
+  input is the first positional tensor, else `input_ids=` (a Hugging Face model called with
+  keywords: scaling/instrument/meter.py, `_model_input`).
+- `real_tokens_per_sample`, `throughput_real_tokens_per_s`: where the first training batch came
+  with an `attention_mask` that leaves positions out (padding), its unmasked tokens per sample
+  (mean over that batch's samples) and throughput_samples_per_s x that; None where there is no
+  mask or it masks nothing (then the two figures are one). T counts the positions the model
+  computed, so FLOPs and MFU are taken over T; the real figure says how many of them were text.
+  Later batches' masks are not read (the instrument looks at the first training forward only).
 - The target: `val_accuracy` (the metric `train.target_metric` names, top-1 or top-5) reaches
   `target_accuracy` when >= it; or, with `target_loss` (`train.target_metric: val_loss`), the
   validation loss (`val_loss` in epochs.parquet and evals.parquet: mean cross-entropy, per token
@@ -124,7 +132,8 @@ Every figure in `summary.json` is defined here, once:
   EPOCH_FIGURES that had no observations: "no epoch finished" (a run that died before its first
   epoch ended), "no training step recorded" (epochs without step records: step_timing off),
   and for the A/B figures the job's lack of a forward_backward function or of calibration
-  steps. A figure nothing measured is None with its reason, never 0: the A/B overhead's
+  steps; for the compute profile's figures (PROFILE_FIGURES) the profile's `error`: the
+  model's input not understood (which keyword tensor is its input), or its FLOPs not counted. A figure nothing measured is None with its reason, never 0: the A/B overhead's
   definitional 0 at one worker needs recorded steps. Empty when everything was measured.
   `comm_overhead_note` ("A/B not measured: <reason>") and `mfu_note` repeat the reason of
   those two figures.
@@ -152,6 +161,8 @@ STEP_FIGURES = (*PHASES, "step_s", "compute_s", "allreduce_s", "exposed_comm_s",
 AB_FIGURES = ("comm_delta_s", "comm_overhead_pct", "interference_s")
 EPOCH_FIGURES = ("time_per_epoch_s", "throughput_samples_per_s", "best_accuracy", "epochs_to_target", "tta_s",
                  "calibration_s", "eval_s", "achieved_flops_per_s", "mfu")
+# Figures of the compute profile (compute_profile.json): None with its `error` where it has one
+PROFILE_FIGURES = ("train_flops_per_sample", "achieved_flops_per_s", "mfu", "tokens_per_sample", "throughput_tokens_per_s")
 NO_EPOCH = "no epoch finished"
 NO_STEP = "no training step recorded"
 
@@ -327,6 +338,22 @@ def tokens_per_sample(profile: dict | None) -> int | None:
     if dtype in INTEGER_DTYPES and shape is not None and len(shape) == 1:
         return int(shape[0])
     return None
+
+
+def real_tokens_per_sample(profile: dict | None) -> float | None:
+    """The tokens per sample an `attention_mask` left unmasked (the first batch's mean), where it
+    left fewer than `tokens_per_sample` positions (padding); None otherwise (module docstring)."""
+    tokens, real = tokens_per_sample(profile), (profile or {}).get("real_tokens_per_sample")
+    return float(real) if (tokens and real is not None and real < tokens) else None
+
+
+def tokens_figures(throughput_samples_per_s: float | None, profile: dict | None) -> dict:
+    """Tokens per sample and tokens/s, and the real ones beside them where padding made them differ."""
+    tokens, real = tokens_per_sample(profile), real_tokens_per_sample(profile)
+    return {"tokens_per_sample": tokens,
+            "throughput_tokens_per_s": throughput_samples_per_s * tokens if (tokens and throughput_samples_per_s) else None,
+            "real_tokens_per_sample": real,
+            "throughput_real_tokens_per_s": throughput_samples_per_s * real if (real and throughput_samples_per_s) else None}
 
 
 def target_reached(values: pd.Series, target_accuracy: float | None, target_loss: float | None) -> pd.Series:
@@ -566,18 +593,17 @@ def summarize_run(
     if epochs.empty:
         out.update(best_accuracy=None, best_val_loss=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
                    time_per_epoch_s=None, throughput_samples_per_s=None, throughput_steps_per_s=None,
-                   tokens_per_sample=tokens_per_sample(compute_profile), throughput_tokens_per_s=None,
                    calibration_s=None, eval_s=None)
+        out.update(tokens_figures(None, compute_profile))
         out.update(utilisation(None, num_workers, compute_profile))
-        return _with_not_measured(out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason)
+        return _with_not_measured(out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason,
+                                  profile=compute_profile)
     steady_epochs = epochs.iloc[1:] if len(epochs) > 1 else epochs
     out["time_per_epoch_s"] = float(steady_epochs["train_s"].median())
     out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
     out["throughput_steps_per_s"] = (float((steady_epochs["steps"] / steady_epochs["train_s"]).median())
                                      if "steps" in steady_epochs.columns else None)
-    tokens = tokens_per_sample(compute_profile)
-    out["tokens_per_sample"] = tokens
-    out["throughput_tokens_per_s"] = out["throughput_samples_per_s"] * tokens if tokens else None
+    out.update(tokens_figures(out["throughput_samples_per_s"], compute_profile))
     out["calibration_s"] = float(epochs["calibration_s"].sum())
     out["eval_s"] = float(epochs["eval_s"].sum())
     out.update(utilisation(out["throughput_samples_per_s"], num_workers, compute_profile))
@@ -608,12 +634,19 @@ def summarize_run(
             out["epochs_to_target_progress"] = float(first_eval["epoch_progress"])
             if "elapsed_wall_s" in first_eval.index and pd.notna(first_eval["elapsed_wall_s"]):
                 out["tta_wall_s"] = float(first_eval["elapsed_wall_s"])
-    return _with_not_measured(out, epochs_recorded=True, steps_recorded=steps_recorded, ab_reason=ab_reason)
+    return _with_not_measured(out, epochs_recorded=True, steps_recorded=steps_recorded, ab_reason=ab_reason,
+                              profile=compute_profile)
 
 
-def _with_not_measured(out: dict, *, epochs_recorded: bool, steps_recorded: bool, ab_reason: str | None) -> dict:
+def _with_not_measured(out: dict, *, epochs_recorded: bool, steps_recorded: bool, ab_reason: str | None,
+                       profile: dict | None = None) -> dict:
     """`out` with `not_measured` (figure -> why it is None) and the two notes that repeat it (module docstring)."""
     reasons = {}
+    profile_error = (profile or {}).get("error")
+    if profile_error and epochs_recorded:  # the model's input not understood, or its FLOPs not counted
+        reasons.update({name: profile_error for name in PROFILE_FIGURES if out.get(name) is None})
+        if out.get("mfu") is None:
+            out["mfu_note"] = profile_error
     if not steps_recorded:
         nothing = NO_STEP if epochs_recorded else NO_EPOCH
         reasons.update({name: nothing for name in STEP_FIGURES if out.get(name) is None})

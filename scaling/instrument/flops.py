@@ -57,6 +57,7 @@ import copy
 import functools
 import itertools
 import time
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -165,9 +166,31 @@ def _sample_input(model: nn.Module, device: str, input_shape: tuple, num_classes
     return torch.randn(_COUNT_BATCH, *input_shape, device=device)
 
 
-def _loss(outputs: torch.Tensor, inputs: torch.Tensor, num_classes: int) -> torch.Tensor:
+def output_logits(output) -> torch.Tensor | None:
+    """The model's logits in its output: the output itself (a tensor), a structured output's
+    `logits` (a Hugging Face `ModelOutput` or any dict), else its first tensor of at least one
+    dimension (a scalar loss, as `ModelOutput.loss` comes first when labels were given, is skipped)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        logits = output.get("logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        for item in output:
+            found = output_logits(item)
+            if found is not None and found.dim() >= 1:
+                return found
+    return None
+
+
+def _loss(output, inputs: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Cross-entropy: per token over the vocabulary for a language model's logits (one row per
     input position: token ids (B, T) in, (B, T, V) out), else per sample over the classes."""
+    outputs = output_logits(output)
+    if outputs is None:
+        raise ValueError(f"no logits in the model's output ({type(output).__name__})")
     device = outputs.device
     if is_token_input(inputs.dtype) and outputs.dim() == inputs.dim() + 1 and outputs.shape[:-1] == inputs.shape:
         targets = torch.randint(0, outputs.shape[-1], inputs.shape, device=device)
@@ -176,13 +199,14 @@ def _loss(outputs: torch.Tensor, inputs: torch.Tensor, num_classes: int) -> torc
 
 
 def _count(model: nn.Module, device: str, input_shape: tuple, num_classes: int,
-           per_module: bool = False, input_dtype: torch.dtype = torch.float32) -> dict:
+           per_module: bool = False, input_dtype: torch.dtype = torch.float32, input_keyword: str | None = None) -> dict:
     model.train()  # a training step: BatchNorm uses batch statistics, as in training
     inputs = _sample_input(model, device, input_shape, num_classes, input_dtype)
     handles, activations, input_needs_grad = _leaf_hooks(model)
     try:
         with FlopCounterMode(display=False) as forward_counter:
-            loss = _loss(model(inputs), inputs, num_classes)
+            output = model(**{input_keyword: inputs}) if input_keyword else model(inputs)
+            loss = _loss(output, inputs, num_classes)
     finally:
         for h in handles:
             h.remove()
@@ -212,12 +236,16 @@ def _count(model: nn.Module, device: str, input_shape: tuple, num_classes: int,
 
 
 def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes: int,
-                              per_module: bool = False, input_dtype: torch.dtype = torch.float32) -> dict:
+                              per_module: bool = False, input_dtype: torch.dtype = torch.float32,
+                              input_keyword: str | None = None) -> dict:
     """Forward and training-step FLOPs of one sample, counted on a copy of `model`.
 
     `input_shape` is one sample's, (channels, height, width) for images, (T,) for a sequence of
     token ids; `input_dtype` the input's (an integer dtype: token ids, module docstring);
-    `num_classes` the model's output width. `model` is the plain module (not a DDP
+    `input_keyword` the keyword the job passes it by (`input_ids` for a Hugging Face model,
+    `model(input_ids=...)`), None: positionally; the output may be a tensor of logits or a
+    structured output holding them (`output_logits`). `num_classes` the model's output width.
+    `model` is the plain module (not a DDP
     wrapper) and is left untouched: the counting runs on a deep copy moved to the meta device,
     where tensors have shapes but no data, so even ResNet-50 costs no arithmetic. If the meta
     device fails (an op without a meta kernel), it counts on a CPU copy with a real batch.
@@ -230,10 +258,11 @@ def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes:
     tables: scaling/projection/make_layer_tables.py).
     """
     try:
-        counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module, input_dtype)
+        counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module, input_dtype, input_keyword)
         counts["counted_on"] = "meta"
     except Exception as meta_error:  # noqa: BLE001 - any failure on meta: count for real
-        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype)
+        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype,
+                        input_keyword)
         counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
     counts["method"] = "FlopCounterMode"
     return counts
