@@ -11,8 +11,10 @@ machine trains, and the runs can be small (1024 samples). Two outcomes, one run 
   finishes with every epoch once; the summary holds the restart, the time lost (at least the
   outage) and the worker counts, and TTA counts the time lost;
 - it does not: the run fails once `failure.capacity_wait_s` has run out, with one line saying so,
-  and the sweep it belongs to goes on; re-run once the node is back, the sweep resumes that run
-  from its checkpoint and keeps the run that had finished.
+  and the sweep it belongs to finishes (exit 1, the failure in its index); re-run once the node is
+  back, the sweep resumes that run from its checkpoint. (That a re-run sweep keeps the runs that had
+  finished, and goes on past a failed one, is proven without a minicluster: tests/test_sweep.py and
+  tests/test_interrupts.py; a 1-worker run here, 45 s of Ray Train's start on 2 cores, added no claim.)
 
 Runs on the session's minicluster (tests/conftest.py), whose head declares a silent node dead
 within seconds (`minicluster.HEALTH_CHECK`); each test waits on states it observes (a checkpoint
@@ -154,32 +156,35 @@ def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
     assert not train.duplicated(["rank", "step"]).any()
     assert train.groupby("epoch")["node_rank"].nunique().tolist() == [2, 2]
 
-    # TTA for a target the run reached (its last epoch's accuracy) counts the time lost when the
-    # target came after the restart (which resumed from epoch 1), and not when epoch 1 reached it
-    target = float(epochs["val_accuracy"].iloc[-1])
-    reached = int(epochs.loc[epochs["val_accuracy"] >= target, "epoch"].iloc[0])
-    figures = summarize_run(steps, epochs, target, 2, attempts=attempts, evals=pd.read_parquet(run_dir / "evals.parquet"))
-    training = float(epochs.loc[epochs["epoch"] <= reached, "train_s"].sum())
-    lost = summary["time_lost_s"] if reached > 1 else 0.0
-    assert figures["tta_s"] == pytest.approx(training + lost) and figures["tta_includes_restarts"] == (reached > 1)
-    print(f"TTA to {target:.4f} (epoch {reached}): {figures['tta_s']:.1f} s = {training:.1f} s training "
-          f"+ {lost:.1f} s lost; wall {figures['tta_wall_s']:.1f} s")
+    # TTA counts the time lost for a target first reached after the restart (which resumed from
+    # epoch 1), and not for one reached in epoch 1. Both cases on this run's own clocks, the target
+    # placed by setting the accuracies (0 before the epoch that reaches it, 1 from it on): the run's
+    # own accuracies may reach any target in epoch 1, which left only the case without the restart.
+    evals = pd.read_parquet(run_dir / "evals.parquet")
+    for reached in (1, 2):
+        figures = summarize_run(steps, epochs.assign(val_accuracy=(epochs["epoch"] >= reached).astype(float)), 0.5, 2,
+                                attempts=attempts, evals=evals.assign(val_accuracy=(evals["epoch"] >= reached).astype(float)))
+        training = float(epochs.loc[epochs["epoch"] <= reached, "train_s"].sum())
+        lost = summary["time_lost_s"] if reached == 2 else 0.0
+        assert summary["time_lost_s"] > 0 and figures["epochs_to_target"] == reached
+        assert figures["tta_s"] == pytest.approx(training + lost) and figures["tta_includes_restarts"] == (reached == 2)
+        print(f"TTA reached in epoch {reached}: {figures['tta_s']:.1f} s = {training:.1f} s training "
+              f"+ {lost:.1f} s lost; wall {figures['tta_wall_s']:.1f} s")
 
 
 def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_minicluster, tmp_path):
     """The node stays away longer than failure.capacity_wait_s: the run fails with one line, the
-    sweep goes on; once the node is back, re-running the sweep resumes that run from its
-    checkpoint and keeps the finished one."""
+    sweep finishes; once the node is back, re-running the sweep resumes that run from its
+    checkpoint. One 2-worker run: a sweep's keeping its finished runs is tests/test_sweep.py's."""
     from scaling.testbed import minicluster as mc
 
     name = whole_minicluster
     capacity_wait_s = 10
     sweep_dir = tmp_path / "sweep"
-    sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "1,2", "--repeats", "1", "--out", str(sweep_dir),
+    sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "2", "--repeats", "1", "--out", str(sweep_dir),
              *RUN_SETTINGS, *HELD, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
     log_path = tmp_path / "output.log"
-    # the gate lies outside the sweep directory (a sweep refuses a directory that holds anything
-    # else); only w2-r0 has one, so w1-r0 runs unheld
+    # the gate lies outside the sweep directory (a sweep refuses a directory that holds anything else)
     gate = _hold_in_epoch_2(sweep_dir / "runs" / "w2-r0", at=tmp_path)
     with open(log_path, "w") as log:
         process = subprocess.Popen(_in_cluster(name, *sweep), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -195,7 +200,7 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
     back_unix = time.time()
     assert process.returncode == 1, log_path.read_text()[-3000:]  # a run failed; the sweep finished
     runs = pd.read_parquet(sweep_dir / "runs.parquet").set_index("run_key")
-    assert runs.loc["w1-r0", "status"] == "max_epochs" and runs.loc["w2-r0", "status"] == "failed"
+    assert list(runs.index) == ["w2-r0"] and runs.loc["w2-r0", "status"] == "failed"
     assert runs.loc["w2-r0", "epochs_run"] == 1
     error = runs.loc["w2-r0", "error"]
     # The restart waited for room as long as it was told, by Ray Train's own account: this error is
@@ -205,12 +210,10 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
     assert "\n" not in error and f"failure.capacity_wait_s={capacity_wait_s} s" in error and "2 workers" in error, error
     print(f"failed {ended_unix - lost_unix:.1f} s after the preemption: {error}")
 
-    kept_started_at = json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"]
     again = subprocess.run(_in_cluster(name, *sweep), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resuming: 1 of 2 runs already finished, 1 to run" in again.stdout
     assert "run w2-r0: resuming from its epoch 1 checkpoint" in again.stdout
-    assert json.loads((sweep_dir / "runs" / "w1-r0" / "summary.json").read_text())["started_at"] == kept_started_at
+    assert pd.read_parquet(sweep_dir / "runs.parquet").set_index("run_key").loc["w2-r0", "status"] == "max_epochs"
     run_dir = sweep_dir / "runs" / "w2-r0"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "max_epochs" and summary["epochs_run"] == 2 and summary["error"] is None
