@@ -4,10 +4,26 @@ sweep on a real Ray head, its results found afterwards under SCALING_RESULTS_DIR
 tests/test_own_job.py's sweep (one Ray job for both proofs)."""
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def cli(capsys):
+    """`scaling ...` in this process (scaling.cli.main), as the console script runs it, without another
+    interpreter's start (its imports: seconds on 2 cores, per call): (returncode, stdout, stderr)."""
+    from scaling.cli import main
+
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return run
 
 # One epoch, one evaluation: 16 steps at 1 worker, 8 per rank at 2 (3 after the warm-up); what the
 # sweep tests check is the sweep's bookkeeping, which one epoch per run exercises whole.
@@ -27,10 +43,10 @@ def _write_sweep_config(tmp_path):
     return path
 
 
-def test_sweep_records_failures_and_resumes(tmp_path):
+def test_sweep_records_failures_and_resumes(cli, tmp_path):
     config = _write_sweep_config(tmp_path)
     out = tmp_path / "sweep"
-    first = run_cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
+    first = cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
     assert first.returncode == 1, first.stderr  # some runs failed
     index = pd.read_parquet(out / "runs.parquet")
     assert len(index) == 4
@@ -43,7 +59,7 @@ def test_sweep_records_failures_and_resumes(tmp_path):
     # simulate a run killed mid-way: its summary never got written
     (out / "runs" / kept[0] / "summary.json").unlink()
 
-    second = run_cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
+    second = cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
     assert "resuming: 1 of 4 runs already finished, 3 to run" in second.stdout, second.stdout
     index = pd.read_parquet(out / "runs.parquet")
     assert len(index) == 4
@@ -51,32 +67,32 @@ def test_sweep_records_failures_and_resumes(tmp_path):
     assert (out / "runs" / kept[0] / "summary.json").exists()  # redone
 
 
-def test_sweep_refuses_a_different_sweep_in_the_same_dir(tmp_path):
+def test_sweep_refuses_a_different_sweep_in_the_same_dir(cli, tmp_path):
     config = _write_sweep_config(tmp_path)
     out = tmp_path / "sweep"
     out.mkdir()
     (out / "sweep.yaml").write_text("base: {}\nsweep: {workers: [8]}\n")
-    result = run_cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
+    result = cli("sweep", str(config), "--out", str(out), "--launcher", "local", *TINY)
     assert result.returncode == 2 and "different sweep" in result.stderr
 
 
-def test_sweep_bad_workers_list(tmp_path):
-    result = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1,x", "--out", str(tmp_path / "s"))
+def test_sweep_bad_workers_list(cli, tmp_path):
+    result = cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1,x", "--out", str(tmp_path / "s"))
     assert result.returncode == 2 and "--workers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_repeats_auto_adds_repeats_until_the_interval_is_narrow_or_the_cap(tmp_path):
+def test_repeats_auto_adds_repeats_until_the_interval_is_narrow_or_the_cap(cli, tmp_path):
     out = tmp_path / "auto"
     quickstart = str(REPO / "experiments" / "quickstart.yaml")
     # a width any two runs meet: the 2 first repeats are enough
-    wide = run_cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--interval-width", "0.9",
+    wide = cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--interval-width", "0.9",
                    "--out", str(out), "--launcher", "local", *TINY)
     assert wide.returncode == 0 and "w1: 2 repeats, throughput ±" in wide.stdout and "within ±90%" in wide.stdout
     assert len(pd.read_parquet(out / "runs.parquet")) == 2
     # The same sweep again (it resumes: its 2 runs are kept) with a width no CPU timing can reach:
     # repeats are added up to the cap, which the log names. One sweep directory for both keeps
     # this at 3 runs.
-    narrow = run_cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--max-repeats", "3",
+    narrow = cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--max-repeats", "3",
                      "--interval-width", "0.0001", "--out", str(out), "--launcher", "local", *TINY)
     assert narrow.returncode == 0, narrow.stderr[-2000:]
     assert "resuming: 2 of 2 runs already finished" in narrow.stdout, narrow.stdout
@@ -85,5 +101,5 @@ def test_repeats_auto_adds_repeats_until_the_interval_is_narrow_or_the_cap(tmp_p
     assert sorted(index["seed"]) == [0, 1, 2]  # repeat r runs with the base seed + r
     assert "repeats auto: w1: 2 repeats, throughput ±" in narrow.stdout and ": one more" in narrow.stdout
     assert "w1: 3 repeats (the cap)" in narrow.stdout
-    bad = run_cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--repeats", "some", "--out", str(tmp_path / "b"))
+    bad = cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--repeats", "some", "--out", str(tmp_path / "b"))
     assert bad.returncode == 2 and "--repeats expects a whole number or auto" in bad.stderr
