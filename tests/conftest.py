@@ -20,6 +20,7 @@ must not lose its proofs in silence.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -274,34 +275,117 @@ def pytest_collection_modifyitems(config, items):
             tiers.add("slow")
         for tier in tiers or {"unit"}:
             item.add_marker(getattr(pytest.mark, tier))
-    # The minicluster's tests last, together: its Ray nodes then idle beside no other test.
-    items.sort(key=lambda item: item.get_closest_marker("minicluster") is not None)
+    # The unit tier first, then the others, the minicluster's tests last, together (its Ray nodes then
+    # idle beside no other test). Unit tests thus run before any test attaches this process to Ray as a
+    # driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
+    items.sort(key=lambda item: (item.get_closest_marker("minicluster") is not None, item.get_closest_marker("unit") is None))
 
 
-class TierViolation(AssertionError):
-    pass
+class TierViolation(BaseException):
+    """A unit-tier test started a process or a process group, or ran in a Ray driver. A BaseException,
+    as KeyboardInterrupt is: `except Exception` in the code under test (a failed run's summary, a CLI's
+    usage error) does not turn it into an outcome the test may accept."""
 
 
-@pytest.fixture(autouse=True)
-def _unit_tier_stays_in_process(request, monkeypatch):
-    """The unit tier means what it says: a unit test that starts a process or a process group
-    (training, a worker, the CLI as a subprocess, a notebook kernel) fails, naming the rule."""
-    if request.node.get_closest_marker("unit") is None:
-        yield
-        return
+UNIT_RULE = "mark it slow (tests/conftest.py)"
+
+
+@contextlib.contextmanager
+def _unit_guard():
+    """While active, every way this process has to start a process or a process group raises
+    TierViolation, and each attempt is recorded in the yielded list (a test fails on a recorded one even
+    where the code under test caught the exception: `except BaseException`, a thread's handler).
+
+    Patched: subprocess (Popen and all built on it), multiprocessing, os.fork / forkpty / posix_spawn /
+    posix_spawnp / system (os.spawn* fork through os.fork), and torch.distributed's process groups:
+    init_process_group by every name it is imported under (torch.distributed, distributed_c10d,
+    device_mesh: init_device_mesh's path) and _new_process_group_helper, which every group passes."""
     import multiprocessing.process
+
+    violations: list[str] = []
+    _ACTIVE.append(violations)
 
     def refuse(what):
         def refused(*args, **kwargs):
-            raise TierViolation(f"a unit-tier test may not {what}: mark it slow (tests/conftest.py)")
+            message = f"a unit-tier test may not {what}: {UNIT_RULE}"
+            violations.append(message)
+            raise TierViolation(message)
         return refused
 
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("start a subprocess"))
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("start a process"))
+    targets = [(subprocess.Popen, "_execute_child", "start a subprocess"),
+               (multiprocessing.process.BaseProcess, "start", "start a process")]
+    targets += [(os, name, f"start a process (os.{name})")
+                for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system") if hasattr(os, name)]
     try:
         import torch.distributed as dist
-
-        monkeypatch.setattr(dist, "init_process_group", refuse("start a process group (train)"))
+        import torch.distributed.device_mesh as device_mesh
+        from torch.distributed import distributed_c10d
     except ImportError:
         pass
-    yield
+    else:
+        what = "start a process group (train)"
+        targets += [(module, "init_process_group", what) for module in (dist, distributed_c10d, device_mesh)
+                    if hasattr(module, "init_process_group")]
+        targets += [(distributed_c10d, "_new_process_group_helper", what)]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    for owner, name, what in targets:
+        setattr(owner, name, refuse(what))
+    try:
+        yield violations
+    finally:
+        _ACTIVE.remove(violations)
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+_ACTIVE: list[list[str]] = []  # the recorded violations of the guard in force (tier_violation_expected)
+
+
+@contextlib.contextmanager
+def tier_violation_expected(match: str):
+    """For the suite's own checks of the rule (tests/test_suite_rules.py): the TierViolation raised
+    inside is expected (pytest.raises), and not held against the test."""
+    with pytest.raises(TierViolation, match=match) as caught:
+        yield caught
+    _ACTIVE[-1].remove(str(caught.value))
+
+
+def _ray_driver() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized()
+
+
+def _guarded_phase(item, phase: str):
+    """A hook wrapper's body: the unit tier's rule over one phase of a unit test (its fixtures'
+    setup and teardown included: a module-scoped fixture that starts a run is set up in the first
+    test's setup phase, and refused there)."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    if phase == "setup" and _ray_driver():
+        raise TierViolation("a unit-tier test ran in a Ray driver (this process attached to Ray): the unit tier runs "
+                            "first (pytest_collection_modifyitems), as under `make test-fast`")
+    with _unit_guard() as violations:
+        try:
+            result = yield
+        except BaseException:
+            if violations and not isinstance(sys.exc_info()[1], TierViolation):
+                raise TierViolation(violations[0] + " (and the code under test went on to fail otherwise)")
+            raise
+    if violations:  # caught on the way out, and the phase passed anyway
+        raise TierViolation(violations[0] + " (the code under test caught the TierViolation)")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded_phase(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded_phase(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    return (yield from _guarded_phase(item, "teardown"))
