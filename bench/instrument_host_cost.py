@@ -156,7 +156,9 @@ def _row(name, arm, value, lo, hi, verdict, budget, unit, bare_us):
             "budget_definition": f"the median's 95% order-statistic interval [lo, hi] at most {budget:g} {unit}",
             "interval": "95% order-statistic interval of the median over blocks", "verdict": verdict,
             "pass": {"pass": True, "miss": False}.get(verdict), "within_noise": None, "budget_within_noise": None,
-            "pairs": None, "note": ""}
+            "pairs": None,
+            "note": (f"median {value:.1f} {unit}, 95% interval [{lo:.1f}, {hi:.1f}] over blocks of "
+                     f"{STEPS_PER_BLOCK} steps per arm" if lo is not None else "")}
 
 
 if __name__ == "__main__":

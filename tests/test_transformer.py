@@ -49,7 +49,8 @@ def _parameters(model: nn.Module) -> int:
 def test_gpt2_small_has_gpt2s_124m_parameters_and_shapes():
     with torch.device("meta"):  # shapes only: nothing allocated or initialised
         model = build_model("gpt2-small", 50257)
-    assert _parameters(model) == 124_439_808  # GPT-2 "124M" (nanoGPT's count, the tied head once)
+    # GPT-2 "124M" (nanoGPT's count, the tied head once); the vocabulary's padding rows are no part of it
+    assert _parameters(model) - model.padding_parameters == 124_439_808
     assert len(model.blocks) == 12 and model.blocks[0].attn.heads == 12 and model.tokens.embedding_dim == 768
     assert context_length("gpt2-small") == 1024 and model.positions.num_embeddings == 1024
     assert model.head.weight is model.tokens.weight  # tied
@@ -76,7 +77,7 @@ def test_training_flops_per_token_match_palm_and_torchtitans_formula():
     shape, seq = GPT2_SMALL, GPT2_SMALL.context
     counts = training_flops_per_sample(model, (seq,), 50257, input_dtype=torch.int64)
     assert counts["counted_on"] == "meta" and counts["tokens_per_sample"] == seq
-    multiplying = _parameters(model) - model.positions.weight.numel()
+    multiplying = _parameters(model) - model.padding_parameters - model.positions.weight.numel()  # the model's
     formula = 6 * multiplying + 12 * shape.layers * shape.heads * shape.head_dim * seq
     assert counts["train_flops_per_token"] == pytest.approx(formula, rel=0.01)  # measured: 0.99915 of it
     assert counts["train_flops_per_token"] < formula  # the norms and biases: module docstring
