@@ -24,7 +24,9 @@ Definitions (once, here):
 - MFU (model FLOPs utilisation, PaLM's definition, Chowdhery et al. 2022, appendix B) =
   achieved FLOP/s / peak FLOP/s of the device; computed in scaling/analysis/run_metrics.py
   (`mfu`), which refuses a value above 1: a peak below the achieved rate is no peak. Model FLOPs, not hardware FLOPs: work the
-  implementation adds (activation recomputation, padding) is not counted.
+  implementation adds (activation recomputation, padding) is not counted; a model states what its
+  implementation adds as `implementation_flops(input_shape)` (a GPT's vocabulary padded to a multiple
+  of 64: scaling/models/gpt.py), which the count subtracts.
 - `bytes_per_sample` (`training_bytes_per_sample`): an *estimate* of the DRAM traffic of one
   training step, per sample, for unfused ops: each tensor an op touches crosses DRAM once
   (perfect reuse inside the op, none between ops). It leaves things out (below), so it is a
@@ -265,6 +267,24 @@ def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes:
                         input_keyword)
         counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
     counts["method"] = "FlopCounterMode"
+    return _model_flops_only(counts, model, input_shape)
+
+
+def _model_flops_only(counts: dict, model: nn.Module, input_shape: tuple) -> dict:
+    """`counts` less the FLOPs a model declares its implementation adds (`model.implementation_flops(input_shape)`:
+    {"forward_flops", "backward_flops"} per sample; a GPT's padded vocabulary, scaling/models/gpt.py): MFU is on
+    model FLOPs (module docstring). What was subtracted is kept as `implementation_flops_excluded`."""
+    declared = getattr(model, "implementation_flops", None)
+    if not callable(declared):
+        return counts
+    extra = declared(input_shape)
+    counts["forward_flops"] -= extra["forward_flops"]
+    counts["backward_flops"] -= extra["backward_flops"]
+    counts["train_flops"] = counts["forward_flops"] + counts["backward_flops"]
+    counts["train_to_forward"] = counts["train_flops"] / counts["forward_flops"] if counts["forward_flops"] else None
+    if "tokens_per_sample" in counts:
+        counts["train_flops_per_token"] = counts["train_flops"] / counts["tokens_per_sample"]
+    counts["implementation_flops_excluded"] = extra["forward_flops"] + extra["backward_flops"]
     return counts
 
 
