@@ -396,7 +396,8 @@ def print_projection(df, console=None) -> None:
                f"{r.exposed_comm_pct:.1f}", f"{r.comm_overhead_pct:.1f}", f"{r.throughput_samples_per_s:,.0f}",
                f"{r.speedup_throughput:.2f}", f"{r.efficiency_throughput:.3f}", _duration(r.time_per_epoch_s)]
         if tokens:
-            row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}"
+            too_big = r.get("fits") is False
+            row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}" + (" > cap." if too_big else "")
         if tta:
             row += [f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""), _duration(r.tta_s),
                     f"{r.speedup_tta:.2f}"]
@@ -411,6 +412,16 @@ def print_projection(df, console=None) -> None:
         console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
                       "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x "
                       "synced micro-batches / t_step, exposed + interference[/dim]", highlight=False)
+    if tokens and "fits" in df.columns and (df["fits"] == False).any():  # noqa: E712 - None is not False
+        over = df[df["fits"] == False]  # noqa: E712
+        gpus = ", ".join(str(int(n)) for n in over["num_workers"])
+        worst = over["memory_gib"].max()
+        sharded = df.attrs.get("sharded")
+        remedies = ("more GPUs sharding the model" if sharded else "sharding the model (--backend fsdp)")
+        console.print(f"[red]does not fit at {gpus} GPU(s): up to {worst:.1f} GiB per GPU projected against the "
+                      f"device's {over['memory_capacity_gib'].iloc[0]:g} GiB; what would make it fit: {remedies}, "
+                      "activation checkpointing (--activation-checkpointing full), or a smaller --per-gpu-batch[/red]",
+                      highlight=False)
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
     for caveat in df.attrs.get("caveats", []):

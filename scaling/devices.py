@@ -21,7 +21,7 @@ import yaml
 from scaling.errors import UsageError
 
 DEVICES_FILE = Path(__file__).resolve().with_name("devices.yaml")
-ENTRY_KEYS = ("nvml_name", "peak_tflops_per_s", "memory_bandwidth_GBps", "throughput", "note")
+ENTRY_KEYS = ("nvml_name", "peak_tflops_per_s", "memory_bandwidth_GBps", "memory_GiB", "throughput", "note")
 PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 THROUGHPUT_PRECISIONS = ("fp32", "fp16", "bf16")
 THROUGHPUT_KEYS = ("samples_per_s", "batch", "source")
@@ -56,6 +56,8 @@ def load_devices() -> dict:
     for device, spec in data.items():
         _keys(spec, ENTRY_KEYS, device)
         _number(spec.get("memory_bandwidth_GBps"), "memory_bandwidth_GBps", device)
+        if spec.get("memory_GiB") is not None:
+            _number(spec["memory_GiB"], "memory_GiB", device)
         if "nvml_name" in spec:
             re.compile(spec["nvml_name"])
         peaks = spec.get("peak_tflops_per_s") or {}

@@ -42,7 +42,8 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   its reduce-scatter), two blocks' bf16 parameters (the one computing and the one prefetched;
   every block's when none is resharded) and one unit's fp32 gradients at its reduce-scatter. A
   block's activations in the table are bf16's; they double under fp32 compute. Not counted: the CUDA context, the caching
-  allocator's reserve and fragmentation, NCCL's buffers.
+  allocator's reserve and fragmentation, NCCL's buffers. `fits`: whether `memory_gib` is within the
+  cluster device's `memory_GiB` (scaling/devices.yaml; None where it gives none), `memory_capacity_gib`.
 - tokens_per_s_per_gpu = per-GPU batch x sequence length / step_s (transformers).
 - interference_s: how much longer backward compute takes because all-reduces overlap it
   (the cluster's overlap_slowdown; cost.overlap_schedule). 0 at one worker.
@@ -89,6 +90,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scaling.devices import load_devices
 from scaling.errors import UsageError
 from scaling.projection.cluster import (
     PRESET_DIR, Cluster, cluster_from_alpha_beta, describe_link, describe_terms, load_cluster, normalize_precision,
@@ -134,7 +136,7 @@ COLUMNS = (
 TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
 FSDP_COLUMNS = ("allgather_s", "regather_s", "reducescatter_s")
 TRANSFORMER_COLUMNS = ("tokens_per_s_per_gpu", "memory_states_bytes", "memory_activations_bytes",
-                       "memory_buffers_bytes", "memory_bytes", "memory_gib")
+                       "memory_buffers_bytes", "memory_bytes", "memory_gib", "memory_capacity_gib", "fits")
 
 
 def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
@@ -446,8 +448,10 @@ def run_projection(
         source = ("given" if dataset_size else "the run's epochs" if compute.samples_per_epoch
                   else f"{table['dataset']}, the usual dataset of {model}")
         notes.append(f"epoch: {samples_per_epoch:,} {'sequences' if transformer else 'samples'} ({source})")
+    capacity_gib = None
     if transformer:
         notes.append(_memory_note(backend, activation_checkpointing))
+        capacity_gib = (load_devices().get(cluster.device) or {}).get("memory_GiB") if cluster.device else None
 
     rows = []
     for n_nodes, per_node in rows_at:
@@ -495,6 +499,8 @@ def run_projection(
         if transformer:
             extra.update(_memory(table, compute, backend, n_nodes, per_node, activation_checkpointing,
                                  reshard_after_forward, fsdp_param_dtype or compute.precision))
+            extra["memory_capacity_gib"] = capacity_gib
+            extra["fits"] = None if capacity_gib is None else bool(extra["memory_gib"] <= capacity_gib)
             extra["tokens_per_s_per_gpu"] = b * table["seq_len"] / step
         throughput = n * b / step
         steps_per_epoch = samples_per_epoch // (n * b) if samples_per_epoch else 0
