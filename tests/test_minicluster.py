@@ -2,22 +2,33 @@
 
 On the session's minicluster (tests/conftest.py: `up` and `down` through the CLI, `down` checked
 to leave nothing behind), with every link capped, runs a 2-worker sweep across it (node ranks 0
-and 1 in the records) and checks the cap against a gloo all-reduce between the nodes (a ring
+and 1 in the records) and checks the cap against gloo all-reduces between the nodes. A ring
 all-reduce of S bytes between 2 nodes sends S bytes each way over each capped link, so it takes
-about S x 8 / R seconds). Needs root with network-admin rights; skips with the reason where a
-probe (tests/conftest.py) finds none, fails where `.ci/run` requires it.
+about S x 8 / R seconds plus costs that do not grow with S (latency, the process group's own
+work, the token bucket's burst leaving at line speed).
+
+The timing checks follow docs/testing.md: the cap's rate from a paired design, all-reduces of S and
+2S bytes alternating (S, 2S, 2S, S) in one probe, whose fastest times' difference is the rate's
+alone (the fixed costs cancel; other processes only ever add time); the run's transfer per step
+from an order: no transfer of the gradients over a capped link is faster than the cap allows for
+the bytes beyond one burst. Measured here (2 cores, load 5.8-12, at 200 mbit): the difference for
+S = 10 MB -1.5..+6.0% over S x 8 / R in 7 rounds (TCP/IP and Ethernet framing add about 4.5%); the
+fastest all-reduce of the quickstart CNN's 1,154,664 gradient bytes -2.7..+0.4% of its bound in 6,
+and the run's fastest transfer per step 46.1 ms for its 46.2 ms bound, both above the burst floor
+(-8.7%). Needs root with network-admin rights; skips with the reason where
+a probe (tests/conftest.py) finds none, fails where `.ci/run` requires it.
 """
 
 import os
 
 import pandas as pd
-import pytest
 
 from scaling.cli import main
 from tests.conftest import run_cli
 
 CAP = "200mbit"
 CAP_BITS_PER_S = 200e6
+RATE_MARGIN = 0.15  # above S x 8 / R for the rate's paired estimate: 2.5x the worst seen (module docstring)
 
 
 def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
@@ -40,10 +51,15 @@ def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
     assert sorted(steps.groupby("rank")["node_rank"].first()) == [0, 1]
     assert set(steps["local_rank"]) == {0}
 
+    # the cap's rate: S and 2S alternating in one probe; the fastest of each, their difference against S x 8 / R
     nbytes = 10_000_000
-    measured = mc.allreduce_seconds(nbytes, name, iters=3)["median_s"]
+    with mc.AllreduceProbe(name, 2) as probe:
+        s1, s2, s3, s4 = probe.measure([nbytes, 2 * nbytes, 2 * nbytes, nbytes], iters=2)
+    small, large = min(s1["seconds"] + s4["seconds"]), min(s2["seconds"] + s3["seconds"])
     expected = nbytes * 8 / CAP_BITS_PER_S
-    assert measured == pytest.approx(expected, rel=0.20), f"{measured:.3f} s for a {expected:.3f} s bound"
+    print(f"{nbytes:,} more bytes took {(large - small) * 1e3:.1f} ms more, for a {expected * 1e3:.1f} ms bound")
+    # seen -1.5..+6.0%: below -5% the link ran faster than its cap, above +15% (2.5x the worst seen) slower
+    assert -0.05 <= (large - small) / expected - 1 <= RATE_MARGIN, (small, large, expected)
 
     # Why communication costs what it does, on capped links: the exposed transfer of each step
     # (after every rank handed its gradients over) follows the same bandwidth bound for the
@@ -55,8 +71,16 @@ def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
     bound = gradient_bytes * 8 / CAP_BITS_PER_S
     steady = steps[(steps["kind"] == "train") & ~steps["warmup"]]
     transfer = float(steady["transfer_s"].median())
-    print(f"transfer per step {transfer * 1e3:.1f} ms for a {bound * 1e3:.1f} ms bound ({gradient_bytes:,} bytes)")
-    assert transfer == pytest.approx(bound, rel=0.20)
+    fastest = float(steady["transfer_s"].min())
+    floor = (gradient_bytes - mc.tbf_burst_bytes(CAP)) * 8 / CAP_BITS_PER_S  # one burst leaves at line speed
+    print(f"transfer per step {transfer * 1e3:.1f} ms (fastest {fastest * 1e3:.1f} ms) for a {bound * 1e3:.1f} ms bound, "
+          f"{floor * 1e3:.1f} ms floor ({gradient_bytes:,} bytes)")
+    # an order: no step moved its gradients faster than the cap allows (a transfer that missed part of the
+    # all-reduce, or a cap not in force, falls under it; load only adds time)
+    assert fastest >= floor, (fastest, floor)
+    # and the gradients went once, not twice: the fastest step's transfer under two bounds' worth (the committed
+    # benchmark's mean at 100 mbit is 1.23 bounds, bench/results/minicluster_bandwidth.json; its fastest is less)
+    assert fastest < 2 * bound, (fastest, bound)
     assert float(steady["waiting_s"].median()) < 0.2 * bound
 
 
