@@ -171,6 +171,27 @@ def test_gpt2_small_configuration_flops_per_token_within_one_percent_of_palm():
     assert counts["train_flops_per_token"] == pytest.approx(matmuls_only, rel=1e-9)
 
 
+class KeywordOnly(nn.Module):
+    """A language model whose forward takes its token ids by keyword only: counted as it is called."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = nn.Embedding(VOCAB, 16), nn.Linear(16, VOCAB)
+
+    def forward(self, *, input_ids, labels=None):
+        return {"logits": self.out(self.embed(input_ids))}
+
+
+def test_a_model_taking_input_ids_by_keyword_only_is_counted(tmp_path):
+    torch.manual_seed(0)
+    model = KeywordOnly()
+    profile, summary = _train(tmp_path, model, _batches(mask=False)[:2],
+                              call=lambda batch: model(input_ids=batch["input_ids"])["logits"].float().mean())
+    assert "error" not in profile, profile.get("error")
+    assert summary["train_flops_per_sample"] == pytest.approx(SEQ * 6 * 16 * VOCAB)  # the output layer's matmul
+    assert summary["tokens_per_sample"] == SEQ
+
+
 class TwoInputs(nn.Module):
     """A model called with two keyword tensors, neither `input_ids`: which is the input is not known."""
 

@@ -9,14 +9,18 @@ Definitions (once, here):
   size) (or [0, outputs) for a model with none), so a language model's embedding runs. A model
   whose output is one row of logits per input position (token ids (T,) in, (T, V) out) is a
   language model: its loss is cross-entropy over the vocabulary per token, and a sample is a
-  sequence of T tokens (`tokens_per_sample`, `train_flops_per_token` = train_flops / T). A multiply-add counts as 2 FLOPs (ResNet-50 at
+  sequence of T tokens (`tokens_per_sample`, `train_flops_per_token` = train_flops / T). The
+  model is called as the job calls it: positionally, or by the keyword its input came by
+  (`model(input_ids=ids)`, a Hugging Face model); its logits are the output itself or, in a
+  structured output (`ModelOutput`, a dict), its `logits` (`output_logits`). A multiply-add counts as 2 FLOPs (ResNet-50 at
   224x224: 8.18 GFLOP forward = the usual 4.09 GMAC). FlopCounterMode counts matmuls and
   convolutions (and attention) only; normalisation, activations, pooling, elementwise adds and
   the loss are not counted (of the order of 1% of a ResNet's arithmetic: they weigh on
   memory traffic, not on FLOPs). The optimizer step is not counted either. Attention
   (`scaled_dot_product_attention`) is counted over the whole T x T score matrix, causal or
   not, as PaLM's 6N + 12·L·H·Q·T per token counts it (tests/test_transformer.py checks a
-  GPT-2's count against that formula). `train_flops` is a
+  GPT-2's count against that formula, tests/test_hf_models.py Hugging Face GPT-2 and Llama
+  configurations). `train_flops` is a
   little under 3x `forward_flops`: backward costs 2x forward per layer (gradient w.r.t. the
   input and w.r.t. the weights), except the first layer, whose input (the images) needs no
   gradient.
