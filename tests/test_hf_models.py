@@ -61,11 +61,11 @@ def _batches(mask: bool):
             for i in range(0, len(ids), BATCH)]
 
 
-def _train(run_dir, model, batches, autocast: bool = False, call=None) -> tuple[dict, dict]:
+def _train(run_dir, model, batches, autocast: bool = False, call=None, **settings) -> tuple[dict, dict]:
     """The job as a Hugging Face example writes it, plus attach's lines; (compute profile, summary)."""
     call = call or (lambda batch: model(**batch, labels=batch["input_ids"]).loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with instrument.attach(model, optimizer, run_dir=str(run_dir), warmup_steps=0) as meter:
+    with instrument.attach(model, optimizer, run_dir=str(run_dir), warmup_steps=0, **settings) as meter:
         for _ in range(2):
             for batch in meter.batches(batches):
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -135,6 +135,15 @@ def test_precision_of_a_model_whose_weights_are_bf16(tmp_path):
     model = gpt2_tiny().to(torch.bfloat16)
     profile, summary = _train(tmp_path, model, _batches(mask=False)[:1])
     assert profile["precision"] == summary["precision"] == "bf16"
+
+
+def test_keyword_inputs_are_seen_with_step_timing_off(tmp_path):
+    """Epoch timing only: the first training forward is still looked at, once, keywords included."""
+    torch.manual_seed(0)
+    profile, summary = _train(tmp_path, gpt2_tiny(), _batches(mask=True)[:2], autocast=True, step_timing=False)
+    assert profile["input_keyword"] == "input_ids" and profile["precision"] == "bf16"
+    assert summary["tokens_per_sample"] == SEQ and summary["throughput_tokens_per_s"] > 0
+    assert summary["real_tokens_per_sample"] == (SEQ + PADDED_FROM) / 2 and summary["train_flops_per_sample"] > 0
 
 
 def _palm(model, config, seq: int) -> tuple[float, float]:

@@ -256,7 +256,7 @@ class StepMeter:
                     before.remove()
 
             def once_after(module, args, output):
-                if self._train_started is not None and self._input_shape is not None:
+                if self._train_started is not None and self._input_observed:  # understood or not: once
                     self._observe_output(output)
                     after.remove()
 
