@@ -50,6 +50,8 @@ def _backend_choices() -> tuple[str, ...]:
 # Closed choices, as types: `_coerce` refuses any other value when the tree is built.
 Backend = Annotated[str, RegistryChoice(_backend_choices)]  # the backend adapters' (scaling/instrument/backends/)
 Schedule = Literal["constant", "cosine"]
+CompileBackend = Literal["inductor", "aot_eager"]
+OptimizerName = Literal["sgd", "adamw"]
 TtaRule = Literal["first_eval", "epoch_end"]
 TargetMetric = Literal["top1", "top5", "val_loss"]
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -81,9 +83,11 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    name: OptimizerName = "sgd"  # sgd (Nesterov momentum) | adamw (decoupled weight decay; GPT-2's); torch's fused kernels on CUDA (scaling/train/optimizer.py)
     lr: float = 0.1  # learning rate at `reference_batch`; scaled linearly with the global batch (Goyal et al. 2017)
     reference_batch: int = 256  # global batch at which `lr` applies
-    momentum: float = 0.9  # SGD momentum (Nesterov)
+    momentum: float = 0.9  # sgd: momentum (Nesterov); adamw: beta1, the gradient average's decay
+    adam_beta2: float = 0.95  # adamw: beta2, the squared gradient average's decay (0.95: nanoGPT's and GPT-3's)
     weight_decay: float = 5e-4
     warmup_epochs: float = 1.0  # linear ramp from `lr` to the scaled lr over this many epochs
     schedule: Schedule = "constant"  # after warm-up: constant | cosine (to 0 at train.max_epochs)
@@ -101,7 +105,8 @@ class TrainConfig:
     target_loss: float = 0.0  # with target_metric val_loss: the validation loss (nats per token for a language model) that stops the run; modded-nanogpt's GPT-2 speedrun: 3.28
     precision: Precision = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
-    compile: bool = False  # torch.compile the model (first steps pay compilation; they are warm-up)
+    compile: bool = False  # torch.compile the model, with DDP or FSDP2 (scaling/train/compile.py): the first steps pay compilation; they are warm-up (instrument.warmup_steps >= 2), out of the steady-state figures, and their extra time is the first epoch row's compile_s
+    compile_backend: CompileBackend = "inductor"  # with compile: inductor (generates kernels: the fast one) | aot_eager (traces forward and backward, generates nothing: checks a compiled run's function in seconds on a CPU)
     label_smoothing: float = 0.0  # cross-entropy label smoothing (0.1 in the MLPerf ResNet-50 reference)
     function: str = ""  # a user's Ray Train train function by import path (package.module:callable taking one config dict) run instead of the lab's loop; "" = the lab's loop
     function_config: dict = field(default_factory=dict)  # what `function` receives as its config, plus the lab's keys (see scaling/train/user_function.py)
@@ -333,8 +338,6 @@ def _check_sharded(cfg: ExperimentConfig, require) -> None:
             "train.precision=fp16 scales the loss with GradScaler, whose inf check each shard would make alone "
             f"(torch's ShardedGradScaler is not used by the lab's loop): with backend {cfg.backend} use train.precision "
             "bf16 or fp32 (or fsdp.param_dtype bfloat16)")
-    require(not cfg.train.compile, f"train.compile with backend {cfg.backend} is not run by the lab's loop (FSDP2's "
-            "hooks under torch.compile are untested here): set train.compile false")
     require(cfg.data.val_samples >= cfg.workers.num_workers,
             f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each needs a "
             f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers ({cfg.workers.num_workers})")
@@ -379,6 +382,7 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.optim.lr > 0, f"optim.lr must be > 0, got {cfg.optim.lr}")
     require(cfg.optim.reference_batch >= 1, f"optim.reference_batch must be >= 1, got {cfg.optim.reference_batch}")
     require(0.0 <= cfg.optim.momentum < 1.0, f"optim.momentum must be in [0, 1), got {cfg.optim.momentum}")
+    require(0.0 <= cfg.optim.adam_beta2 < 1.0, f"optim.adam_beta2 must be in [0, 1), got {cfg.optim.adam_beta2}")
     require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
     require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
     if cfg.workers.pin_cpus:
@@ -396,6 +400,9 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.train.target_metric != "val_loss" or cfg.train.target_loss > 0,
             f"train.target_metric val_loss needs train.target_loss > 0 (the validation loss to reach), got {cfg.train.target_loss}")
     _check_tokens(cfg, require)
+    require(not cfg.train.compile or cfg.instrument.warmup_steps >= 2,
+            f"train.compile compiles in the first steps, which must be warm-up steps, with one more to time the others "
+            f"by (compile_s): instrument.warmup_steps must be >= 2, got {cfg.instrument.warmup_steps}")
     require(0.0 <= cfg.train.label_smoothing < 1.0, f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
     require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")

@@ -233,7 +233,6 @@ def test_a_delay_fsdp_cannot_honour_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("override, words", [
     ("train.precision=fp16", "ShardedGradScaler"),
-    ("train.compile=true", "train.compile with backend fsdp"),
     ("fsdp.shard=layers", "config key 'fsdp.shard' must be one of blocks, root"),
     ("fsdp.param_dtype=float16", "config key 'fsdp.param_dtype' must be one of float32, bfloat16"),
     ("data.val_samples=1", "data.val_samples (1) must be at least the workers (2)"),

@@ -110,3 +110,30 @@ def test_attention_is_causal_sdpa_without_a_mask_and_runs_on_the_flash_kernel(mo
     monkeypatch.setattr(F, "scaled_dot_product_attention", original)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # only the flash kernel: a shape it refuses raises
         torch.testing.assert_close(model(ids), expected, rtol=1e-4, atol=1e-5)
+
+
+def _optim_cfg(name: str):
+    from scaling.config import from_dict
+
+    return from_dict({"optim": {"name": name, "momentum": 0.8, "adam_beta2": 0.9, "weight_decay": 0.1}})
+
+
+@pytest.mark.parametrize("name, kind", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)])
+def test_the_optimizer_is_fused_on_cuda_and_not_on_cpu(name, kind, monkeypatch):
+    from torch.utils import _foreach_utils
+
+    from scaling.train.optimizer import build_optimizer, use_fused
+
+    cfg = _optim_cfg(name)
+    assert use_fused(torch.device("cuda", 0)) and use_fused("cuda") and not use_fused("cpu")
+    # the decision takes the device named: CPU tensors stand in for a CUDA device's (torch has fused CPU kernels)
+    on_cuda = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(3))], torch.device("cuda"), lr=0.01)
+    on_cpu = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(3))], torch.device("cpu"), lr=0.01)
+    assert type(on_cuda) is kind and on_cuda.defaults["fused"] is True and not on_cpu.defaults["fused"]
+    if name == "adamw":
+        assert on_cuda.defaults["betas"] == (0.8, 0.9) and on_cuda.defaults["weight_decay"] == 0.1
+    else:
+        assert on_cuda.defaults["momentum"] == 0.8 and on_cuda.defaults["nesterov"]
+    # a torch without fused kernels for CUDA: not asked for
+    monkeypatch.setattr(_foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cpu"])
+    assert not use_fused("cuda")

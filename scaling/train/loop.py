@@ -36,6 +36,8 @@ from scaling.data import TOKEN_DATASETS, load_dataset, steps_per_epoch
 from scaling.errors import UsageError
 from scaling.models import build_model
 from scaling.train.backends import for_run
+from scaling.train.compile import CompileClock, compile_forward
+from scaling.train.optimizer import build_optimizer
 from scaling.train.precision import Precision, bf16_problem
 
 EVAL_BATCH = 512
@@ -284,18 +286,17 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
     precision = Precision(cfg.train.precision, cfg.train.channels_last, ctx.device)
     plain_model = precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
     peak_lr = cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch
-    optimizer = torch.optim.SGD(
-        plain_model.parameters(), lr=peak_lr, momentum=cfg.optim.momentum,
-        nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay,
-    )
+    optimizer = build_optimizer(cfg, plain_model.parameters(), ctx.device, peak_lr)  # fused on CUDA
     lab_backend = for_run(cfg, ctx.world_size)
     model, optimizer, close_backend = lab_backend.wrap(cfg, ctx, plain_model, optimizer, run_dir)
     lockstep = lab_backend.sharded  # a sharded model (FSDP) validates with every rank's forward together
     if cfg.workers.pin_cpus and pins_after_backend(cfg, ctx):
         pin_training_thread(cfg.workers.pin_cpus, ctx.local_rank, cfg.workers.cpus_per_worker)
-    # torch.compile wraps the (DDP) module for forward only; no_sync() and the hooks stay on DDP,
-    # and the instrument watches the compiled wrapper's forward (hooks inside a graph would be traced).
-    forward = torch.compile(model) if cfg.train.compile else model
+    # torch.compile wraps the (DDP or FSDP2) module; no_sync() and the hooks stay on the wrapper, and
+    # the instrument watches the compiled wrapper's forward (hooks inside a graph would be traced).
+    forward = compile_forward(cfg, model)
+    # compilation happens in the first steps, which are warm-up; their extra time is `compile_s`
+    compile_clock = CompileClock(cfg.instrument.warmup_steps if cfg.train.compile else 0, ctx.device)
 
     def loss_fn(logits, targets):
         return F.cross_entropy(*_per_position(logits, targets), label_smoothing=cfg.train.label_smoothing)
@@ -360,12 +361,14 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
             for step_in_epoch, (inputs, targets) in enumerate(meter.batches(batches), start=1):
                 if meter.global_step - 1 == cfg.instrument.fail_at_step and ctx.rank == 0:
                     raise InjectedFailure(f"injected failure at step {meter.global_step - 1} (instrument.fail_at_step)")
+                compile_clock.start()
                 with precision.autocast():
                     loss = loss_fn(forward(precision.layout(inputs)), targets)
                 precision.backward(loss)
                 precision.step(optimizer)  # fp16: GradScaler's inf check is this loop's one intended host sync per step
                 optimizer.zero_grad()  # set_to_none (torch's default; Horovod's takes no argument)
                 scheduler.step()
+                compile_clock.stop()  # with train.compile, the warm-up steps only: one device sync each
                 loss_sum += loss.detach()  # no .item(): that would synchronize every step on GPU
                 if step_in_epoch in mid_epoch_evals and dataset.has_validation:
                     with meter.paused():  # outside train_s, the step and TTA
@@ -380,6 +383,7 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 # both kinds of accuracy and the loss beside the figure the target applies to (train.target_metric)
                 val_top1=evaluation.get("top1", float("nan")), val_top5=evaluation.get("top5", float("nan")),
                 val_loss=evaluation.get("loss", float("nan")), lr=optimizer.param_groups[0]["lr"],
+                **compile_clock.columns(),  # compile_s, compile_steps: in the epoch whose steps compiled
             )
             if ctx.rank == 0:
                 rate = f"{last_row['throughput_samples_per_s']:,.0f} samples/s"

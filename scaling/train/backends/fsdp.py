@@ -30,6 +30,8 @@ name, which loads at any worker count.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -111,5 +113,7 @@ class FSDP(LabBackend):
         if len(groups) != 1:
             raise ValueError("backend fsdp makes the loop's optimizer again over the sharded parameters, "
                              f"which takes one parameter group, not {len(groups)}")
-        sharded = type(optimizer)(model.parameters(), **optimizer.defaults)
+        # its constructor's own arguments from its defaults (AdamW keeps one it does not take: decoupled_weight_decay)
+        accepted = inspect.signature(type(optimizer)).parameters
+        sharded = type(optimizer)(model.parameters(), **{k: v for k, v in optimizer.defaults.items() if k in accepted})
         return model, sharded, lambda: None
