@@ -33,7 +33,7 @@ from scaling.data.tokens import TokenFile, make_token_rule, rule_loss_floor, wri
 from scaling.instrument.flops import training_flops_per_sample
 from scaling.models import build_model, context_length
 from scaling.models.gpt import GPT2_SMALL
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
 from tests.one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread)
 
 GPT2_TINY_YAML = REPO / "experiments" / "gpt2-tiny.yaml"
@@ -270,12 +270,17 @@ SMALL_RUN = ["data.num_classes=64", "data.seq_len=32", "data.train_samples=512",
 
 
 @pytest.mark.slow  # two worker processes training
-def test_gpt2_tiny_run_reaches_its_loss_target_in_tokens_per_second(tmp_path):
+def test_gpt2_tiny_run_reaches_its_loss_target_in_tokens_per_second(tmp_path, capsys):
+    from scaling.cli import main
+
     out = tmp_path / "run"
-    result = run_cli("run", str(GPT2_TINY_YAML), "--workers", "2", "--launcher", "local", "--out", str(out),
-                     *[arg for override in SMALL_RUN for arg in ("--set", override)], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "tokens/s" in result.stdout
+    # `scaling run` in this process: the console script's own start is tests/test_cli_conventions.py's
+    capsys.readouterr()
+    code = main(["run", str(GPT2_TINY_YAML), "--workers", "2", "--launcher", "local", "--out", str(out),
+                 *[arg for override in SMALL_RUN for arg in ("--set", override)]])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert "tokens/s" in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "reached_target" and summary["model"] == "gpt2-tiny" and summary["num_workers"] == 2
     assert summary["target_metric"] == "val_loss" and summary["best_val_loss"] <= 2.5
