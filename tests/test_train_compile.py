@@ -69,3 +69,27 @@ def test_compile_clock_reports_the_first_steps_time_above_their_fastest_once(mon
     clock.start()  # later steps: not timed (perf_counter would run out of ticks)
     clock.stop()
     assert CompileClock(0, torch.device("cpu")).columns() == {}  # train.compile off: no column
+
+
+def test_compile_clock_synchronizes_the_warm_up_steps_only(monkeypatch):
+    """The one device sync per step it makes (on CUDA) stops with the warm-up: the steady steps run unsynchronised."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    device = torch.device("cuda", 0)
+    for steps, expected in ((3, 3), (0, 0)):  # train.compile on (3 warm-up steps), off
+        syncs.clear()
+        clock = CompileClock(steps, device)
+        for _ in range(10):
+            clock.start()
+            clock.stop()
+        assert len(syncs) == expected and all(d == device for d in syncs)
+
+
+@pytest.mark.parametrize("name, model, batch, optimizer", [("gpu-gpt2-small.yaml", "gpt2-small", 32, "adamw"),
+                                                          ("gpu-resnet50.yaml", "resnet50", 256, "sgd")])
+def test_the_gpu_configs_load_as_a_user_would_run_them(name, model, batch, optimizer):
+    cfg = load_config(REPO / "experiments" / name)
+    assert (cfg.model.name, cfg.train.per_worker_batch, cfg.optim.name) == (model, batch, optimizer)
+    assert cfg.workers.use_gpu and cfg.train.precision == "bf16" and cfg.train.compile
+    assert cfg.train.compile_backend == "inductor" and cfg.instrument.warmup_steps >= 2
+    assert cfg.data.name in ("tokens", "synthetic")  # held on the device: a batch is an index into it

@@ -19,10 +19,10 @@ checkpoint compiles again: its clock times the first steps it trains.
 
 How the compiled module sits with each backend: DDP: `torch.compile(ddp_model)`; dynamo
 compiles the inner module and leaves DDP's forward (no_sync, the instrument's comm hook) eager,
-splitting the graph at the gradient buckets (its DDPOptimizer) so that all-reduces still
-overlap backward. FSDP2: `torch.compile(sharded_model)`; dynamo runs FSDP2's per-module
-hooks (all-gather, reshard) outside the graphs (torch's default `skip_fsdp_hooks`), so the
-collectives and the instrument's collective hooks are those of the eager run. Either way the
+splitting the graph at the gradient buckets (`torch._dynamo.config.optimize_ddp`) so that
+all-reduces still overlap backward. FSDP2: `torch.compile(sharded_model)`; its per-module
+all-gathers and reduce-scatters still run and are still recorded by the instrument's collective
+hooks (tests/test_train_compile_ranks.py: 2 gloo ranks, aot_eager). Either way the
 instrument watches the compiled wrapper's forward (`forward_module`): hooks on a module inside
 a graph would be traced, not called.
 """
