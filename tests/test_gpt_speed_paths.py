@@ -7,6 +7,9 @@
   and the FLOPs the padding adds are exactly the output layer's extra columns.
 - Attention is `scaled_dot_product_attention` with `is_causal` and no mask, which the flash kernel
   takes (run here under the flash backend alone).
+- The optimizer (sgd or adamw) is built with `fused=True` on CUDA and not on a CPU
+  (`scaling.train.optimizer.use_fused`, with the device named rather than present).
+- The GPU configs' datasets are held on the device: a training batch copies nothing to it.
 """
 
 from __future__ import annotations
@@ -137,3 +140,22 @@ def test_the_optimizer_is_fused_on_cuda_and_not_on_cpu(name, kind, monkeypatch):
     # a torch without fused kernels for CUDA: not asked for
     monkeypatch.setattr(_foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cpu"])
     assert not use_fused("cuda")
+
+
+@pytest.mark.parametrize("data", [
+    {"name": "tokens", "num_classes": 64, "seq_len": 16, "train_samples": 64, "val_samples": 8},
+    {"name": "synthetic", "num_classes": 10, "image_size": 8, "train_samples": 64},
+])
+def test_the_gpu_configs_datasets_are_held_on_the_device_and_a_batch_copies_nothing_to_it(data, monkeypatch):
+    """The data of experiments/gpu-*.yaml: made on the device once; a training batch is an index into it,
+    no host-to-device copy per step (planted: a `.to(device)` per batch fails here)."""
+    from scaling.config import DataConfig
+    from scaling.data import load_dataset
+
+    dataset = load_dataset(DataConfig(**data), torch.device("cpu"))
+    assert dataset.train_x.device.type == "cpu"  # the device it was given
+    copies = []
+    original_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(a) or original_to(self, *a, **k))
+    batches = list(dataset.train_batches(0, 1, 1, 0, 16))
+    assert len(batches) == 4 and copies == []
