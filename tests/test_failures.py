@@ -7,61 +7,90 @@ evaluation, after Ray Train registered epoch 1's checkpoint and before epoch 2 c
 is SIGKILLed there and the hold let go, so the kill lands inside epoch 2 however fast the
 machine is; the records then prove where it landed (the restart resumed from epoch 1). On
 that run: the restart itself, and TTA = sum of train_s + time_lost_s with the run's wall clock
-continuing across the restart.
+continuing across the restart. The test holds the run OUTAGE_S between seeing epoch 1's checkpoint
+registered and the kill: an outage on its own clock that the time lost, and TTA, must hold.
 """
 
 import json
 import os
 import signal
-import subprocess
+import threading
 import time
 
 import pandas as pd
 import pytest
 
 from scaling.analysis.run_metrics import restarts_and_time_lost, summarize_run
-from tests.conftest import BIN, REPO, registered_checkpoint_epoch, wait_for
+from tests.conftest import REPO, registered_checkpoint_epoch, wait_for
 from tests.held_model import held, hold, release
 
+OUTAGE_S = 2.0  # the injected outage: held between the checkpoint's registration and the kill
+
+
+class _RunInThisProcess:
+    """What wait_for asks of a run: whether it has ended (poll), for a run this process drives."""
+
+    returncode = None
+
+    def poll(self):
+        return self.returncode
+
+
 @pytest.fixture(scope="module")
-def restarted_run(ray_cluster, tmp_path_factory):
+def restarted_run(ray_connected, tmp_path_factory):
+    """The run in this process (execute_run, as `scaling run` calls it, attached to the session's head:
+    the console script's start, its imports and ray.init, proves nothing here); a thread holds, waits,
+    kills and lets go, as the dashboard's evaluator does (the run owns the main thread: Ray Train sets
+    signal handlers)."""
+    from scaling.config import load_config
+    from scaling.launch.run import execute_run
+
     run_dir = tmp_path_factory.mktemp("failures") / "killed"
-    log = run_dir.parent / "output.log"  # a file, not a pipe: a full pipe would stall the run while we wait
     gate = hold(run_dir, after_evaluations=2)  # one evaluation per epoch (eval_every=1): the second is epoch 2's
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [str(BIN / "scaling"), "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir),
-             "--set", "model.name=tests.held_model:held_small_cnn",
-             # 16 steps per rank and epoch, enough that validation accuracy rises epoch by epoch (0.25,
-             # 0.29, 0.49 here): the TTA test's target, epoch 3's accuracy, is reached after the restart
-             "--set", "data.train_samples=2048", "--set", "data.val_samples=256", "--set", "train.max_epochs=3",
-             "--set", "train.target_accuracy=1.0", "--set", "instrument.calibration_pairs=2",
-             # one evaluation per epoch, at its end: TTA is then sum(train_s) + time lost under either
-             # TTA rule (first evaluation at target, or DAWNBench's epoch end)
-             "--set", "train.eval_every=1", "--set", "failure.max_failures=1"],
-            cwd=REPO, env=ray_cluster["env"], stdout=out, stderr=subprocess.STDOUT, text=True,
-        )
+    cfg = load_config(REPO / "experiments" / "quickstart.yaml", num_workers=2, overrides=[
+        "model.name=tests.held_model:held_small_cnn",
+        # 16 steps per rank and epoch, enough that validation accuracy rises epoch by epoch (0.25,
+        # 0.29, 0.49 here): the TTA test's target, epoch 3's accuracy, is reached after the restart
+        "data.train_samples=2048", "data.val_samples=256", "train.max_epochs=3", "train.target_accuracy=1.0",
+        "instrument.calibration_pairs=2",
+        # one evaluation per epoch, at its end: TTA is then sum(train_s) + time lost under either
+        # TTA rule (first evaluation at target, or DAWNBench's epoch end)
+        "train.eval_every=1", "failure.max_failures=1"])
+    run, seen, failure = _RunInThisProcess(), {}, []
+
+    def kill_rank_1_in_epoch_2():
+        try:
+            # Rank 1 held in epoch 2 and epoch 1's checkpoint registered (a kill before registration
+            # would restart from scratch); epoch 2 cannot end, so no later checkpoint can exist.
+            wait_for(lambda: held(gate, rank=1) and registered_checkpoint_epoch(run_dir), 300,
+                     "rank 1 held in epoch 2 with epoch 1's checkpoint registered", run)
+            seen["registered_unix"] = time.time()  # the checkpoint the restart resumes from was taken before this
+            seen["epoch"] = registered_checkpoint_epoch(run_dir)
+            seen["victim"] = json.loads((run_dir / "workers" / "rank1.json").read_text())
+            seen["held_pid"] = held(gate, rank=1)["pid"]
+            # A known outage, injected: the run stays held this long after the checkpoint before the kill,
+            # so the time lost must hold it (a ground truth the attempts' own timestamps cannot supply)
+            time.sleep(OUTAGE_S)
+            seen["kill_unix"] = time.time()
+            os.kill(seen["victim"]["pid"], signal.SIGKILL)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+        finally:
+            release(gate)  # the restarted workers run on unheld
+
+    killer = threading.Thread(target=kill_rank_1_in_epoch_2, daemon=True)
+    killer.start()
     try:
-        # Rank 1 held in epoch 2 and epoch 1's checkpoint registered (a kill before registration
-        # would restart from scratch); epoch 2 cannot end, so no later checkpoint can exist.
-        wait_for(lambda: held(gate, rank=1) and registered_checkpoint_epoch(run_dir), 300,
-                 "rank 1 held in epoch 2 with epoch 1's checkpoint registered", process)
-        epoch = registered_checkpoint_epoch(run_dir)
-        victim = json.loads((run_dir / "workers" / "rank1.json").read_text())
-        assert held(gate, rank=1)["pid"] == victim["pid"], "the held rank 1 is not the one the records name"
-        kill_unix = time.time()
-        os.kill(victim["pid"], signal.SIGKILL)
-        release(gate)  # the restarted workers run on unheld
-        assert epoch == 1, f"epoch {epoch}'s checkpoint was registered while epoch 2 was held"
-        process.wait(timeout=300)
+        summary = execute_run(cfg, run_dir, launcher="ray")
     finally:
+        run.returncode = 0
+        killer.join(timeout=60)
         release(gate)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    output = log.read_text()
-    assert process.returncode == 0, output[-3000:]
-    return {"run_dir": run_dir, "victim": victim, "kill_unix": kill_unix}
+    assert not failure, failure
+    assert seen["held_pid"] == seen["victim"]["pid"], "the held rank 1 is not the one the records name"
+    assert seen["epoch"] == 1, f"epoch {seen['epoch']}'s checkpoint was registered while epoch 2 was held"
+    assert summary["status"] == "max_epochs", summary["error"]
+    return {"run_dir": run_dir, **seen}
 
 
 def test_killed_worker_is_restarted_from_checkpoint(restarted_run):
@@ -96,9 +125,14 @@ def test_tta_of_the_restarted_run_counts_the_time_lost(restarted_run):
     epochs = pd.read_parquet(run_dir / "epochs.parquet").set_index("epoch")
     steps = pd.read_parquet(run_dir / "steps.parquet")
 
-    # time lost, from the attempts: the restart's first step minus when the checkpoint it resumed from was taken
+    # time lost, by definition the restart's first step minus when the checkpoint it resumed from was taken
     lost = attempts[1]["first_step_unix"] - attempts[1]["resume_point_unix"]
     assert summary["time_lost_s"] == pytest.approx(lost) and lost > 0
+    # against the test's own clock: it holds the injected outage (from after the checkpoint was registered
+    # to the kill, both seen here; the restart's first step comes after the kill), and no more than the
+    # wall clock between epoch 1's end and epoch 2's, which also holds epoch 2's own training
+    outage = restarted_run["kill_unix"] - restarted_run["registered_unix"]
+    assert outage >= OUTAGE_S and lost > outage, (lost, outage)
 
     # The wall clock is the first attempt's: epoch 2 (the restarted attempt's first) ends after
     # epoch 1, the time lost and its own training; a clock restarted with the attempt would give less.
@@ -119,6 +153,7 @@ def test_tta_of_the_restarted_run_counts_the_time_lost(restarted_run):
     figures = summarize_run(steps, epochs.reset_index(), target, summary["num_workers"], profile, attempts, evals=evals)
     assert figures["epochs_to_target"] == reached
     assert figures["tta_s"] == pytest.approx(epochs.loc[:reached, "train_s"].sum() + lost)
+    assert figures["tta_s"] > epochs.loc[:reached, "train_s"].sum() + outage  # the outage the test injected counts
     assert figures["tta_includes_restarts"] and figures["restarts"] == 1
     # the wall clock from the first attempt's first step holds all that training and the time lost
     assert figures["tta_s"] <= figures["tta_wall_s"] <= wall[reached] + 1e-6
