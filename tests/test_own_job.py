@@ -48,7 +48,7 @@ import pytest
 
 from scaling.config import load_config
 from scaling.launch.run import execute_run
-from tests.conftest import BIN, REPO, run_cli
+from tests.conftest import BIN, REPO
 
 OWN_JOB = REPO / "examples" / "own_job" / "sweep.yaml"
 EPOCHS, SAMPLES, PAIRS = 2, 512, 4
@@ -83,9 +83,11 @@ def test_ray_job_submit_sweeps_the_users_job_and_the_report_draws_it(own_sweep, 
     assert sorted(index["num_workers"]) == [1, 2] and set(index["status"]) <= {"max_epochs", "reached_target"}
     assert set(index["model"]) == {"TinyViT"} and set(index["launcher"]) == {"ray"}
     two = index[index["num_workers"] == 2].iloc[0]
-    assert two["comm_overhead_pct"] is not None and two["exposed_comm_s"] > 0 and two["step_s"] > 0
-    report = run_cli("report", str(own_sweep), "--out", str(tmp_path / "report"))
-    assert report.returncode == 0, report.stderr[-2000:]
+    # a pandas row holds a missing figure as NaN, which `is not None` lets through: the A/B was measured
+    assert pd.notna(two["comm_overhead_pct"]) and two["exposed_comm_s"] > 0 and two["step_s"] > 0
+    from scaling.cli import main
+
+    assert main(["report", str(own_sweep), "--out", str(tmp_path / "report")]) == 0  # in this process
     text = (tmp_path / "report" / "report.md").read_text()
     assert "TinyViT" in text
     figures = {p.stem for p in (tmp_path / "report").glob("*.png")}
