@@ -316,7 +316,7 @@ class StepMeter:
         entered = time.perf_counter()
         try:
             if self.second_opinion is not None:
-                self.second_opinion.before_forward()
+                self.second_opinion.before_forward(training=not self._calibrating)
             if self._calibrating:
                 if self._calib is not None and "forward_start" not in self._calib:
                     self._calib["forward_start"] = self.clock.mark()

@@ -105,9 +105,9 @@ class DDPTimers:
     DDP times its iterations 1 to 10 and then every `DDP_TIMER_EVERY`th (its sample rate), and
     logs an iteration's timers at the next synchronising forward (torch/csrc/distributed/c10d/
     reducer.cpp, `should_collect_runtime_stats`); `before_forward` counts those forwards as DDP
-    does, and `after_forward` reads the timers after the forwards that logged some, so the other
-    forwards pay nothing. A count that drifted from DDP's would only skip samples: a read keeps
-    an iteration's figures once, by DDP's own iteration number. `epoch_figures` gives the
+    does, and `after_forward` reads the timers after the forwards that logged a training step's
+    (never an A/B half's), so the other forwards pay nothing. A count that drifted from DDP's
+    would only skip samples: a read keeps an iteration's figures only under DDP's own number. `epoch_figures` gives the
     epoch's mean backward comm time (and its spread) and comm minus its overlap with compute,
     DDP's exposed communication (scaling/analysis/run_metrics.py, `ddp_second_opinion`).
     """
@@ -116,26 +116,35 @@ class DDPTimers:
         self.model, self.warmup_steps = model, warmup_steps
         model._set_ddp_runtime_logging_sample_rate(DDP_TIMER_EVERY)
         self._log: list[tuple[float, float]] = []  # per iteration: (backward comm s, comm/compute overlap s)
-        self._iteration = -1
         self._forwards = 0  # DDP's iteration count (num_iterations_), mirrored
+        # the sampled iterations that were training steps: an A/B half is an iteration to DDP too, but
+        # not a training step (no straggler, no data), so its timers are not the training's
+        self._training_samples: set[int] = set()
 
-    def before_forward(self) -> None:
-        """Every forward of the DDP model: DDP counts an iteration at a forward that will synchronise."""
+    def _sampled(self, iteration: int) -> bool:
+        return 0 < iteration <= 10 or iteration % DDP_TIMER_EVERY == 0
+
+    def before_forward(self, training: bool) -> None:
+        """Every forward of the DDP model (`training`: a training step's, not an A/B half's): DDP counts an
+        iteration at a forward that will synchronise."""
         if self.model.require_backward_grad_sync and torch.is_grad_enabled():
             self._forwards += 1
+            if training and self._sampled(self._forwards):
+                self._training_samples.add(self._forwards)
 
     def after_forward(self) -> None:
         logged = self._forwards - 1  # the iteration whose timers DDP logged at this forward
-        if not (0 < logged <= 10 or logged % DDP_TIMER_EVERY == 0):
+        if logged not in self._training_samples:
             return
+        # this one, and any an A/B window's forwards logged before the job's next step could read them
+        self._training_samples = {i for i in self._training_samples if i > logged}
         # the integer fields only (every figure read here is one): DDP's `_get_ddp_logging_data()`
         # would also copy its ~25 strings into a dict merged with these
         data = self.model.logger._get_ddp_logging_data().ints_map
-        iteration = data.get("iteration", -1)
-        if iteration == self._iteration or "backward_comm_time" not in data:
+        # a count that drifted from DDP's finds another iteration here: skipped, never taken for this one
+        if data.get("iteration") != logged or "backward_comm_time" not in data:
             return
-        self._iteration = iteration
-        if iteration > self.warmup_steps:  # steady state, as the lab's own figures
+        if logged > self.warmup_steps:  # steady state, as the lab's own figures
             self._log.append((data["backward_comm_time"] / 1e9, data["backward_compute_comm_overlap_time"] / 1e9))
 
     def epoch_figures(self) -> dict:
