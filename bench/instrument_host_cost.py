@@ -1,4 +1,6 @@
-"""The instrument's host cost per optimizer step, in microseconds: a user's DDP job whose compute is negligible, with and without `attach`, at 1, 5, 20 and 40 gradient buckets, its steps interleaved in one process.
+"""The instrument's host cost per optimizer step, in microseconds: a user's DDP job whose compute is
+negligible, with and without `attach`, at 1, 5, 20 and 40 gradient buckets, its steps interleaved in
+one process.
 
 Why this shape: on a GPU the host runs ahead of the device, and every microsecond of Python the
 instrument spends on the training thread (its hooks, DDP's comm hook per bucket, its records)
@@ -115,8 +117,8 @@ def main() -> int:
                 for clock in ("wall_s", "cpu_s"):
                     extra.setdefault((size, arm, clock), []).append(
                         (mine[clock] - bare[clock]) / STEPS_PER_BLOCK * 1e6)
-    bare_step = {size: bl.median([rows[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6 for rows in per_block.values()])
-                 for size in SIZES}
+    bare_step = {size: bl.median([rows[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6
+                                  for rows in per_block.values()]) for size in SIZES}
 
     def verdict(values, budget):
         lo, hi = bl.median_order_interval(values)
@@ -143,8 +145,9 @@ def main() -> int:
                            by_size=table)
     bl.print_comparisons(comparisons)
     for row in table:
-        print(f"  {row['arm']:9s} {row['clock']:4s} {row['buckets']:2d} buckets: +{row['extra_us_per_step']:.0f} us/step "
-              f"[{row['lo']:.0f}, {row['hi']:.0f}] (bare step {row['bare_us_per_step']:.0f} us)")
+        print(f"  {row['arm']:9s} {row['clock']:4s} {row['buckets']:2d} buckets: "
+              f"+{row['extra_us_per_step']:.0f} us/step [{row['lo']:.0f}, {row['hi']:.0f}] "
+              f"(bare step {row['bare_us_per_step']:.0f} us)")
     print(f"wrote {path}")
     return 0
 
