@@ -26,7 +26,10 @@ Which parameter each published figure sets, and what is counted:
   the MFU cancels out of it, and nothing in the cluster preset (NVLink and RDMA bandwidth,
   latencies, each with its own source) was set from it. Goal: within 3 percentage points.
 - Memory per GPU at 8 and 128 GPUs and its fall from 8 to 128: **checks** of the memory model,
-  which no published figure set. The issue gives no bound for them; the error is reported.
+  which no published figure set: the projection's `memory_reserved_gib` (the tensors plus the
+  caching allocator's reserve, GMLake's measured 15% fragmentation: what `max_reserved_gib`
+  measures; the CUDA context and NCCL's buffers, outside the allocator, are in `memory_gib`,
+  not in torchtitan's figure). Goal: within 10% (issue 48).
 
 Nothing is tuned per anchor; a miss stays a miss, and docs/projection.md says what the model lacks.
 """
@@ -57,6 +60,7 @@ PUBLISHED = {8: {"tokens_per_s_per_gpu": 5762, "memory_gib": 82.4}, 128: {"token
 PUBLISHED_MFU = "33-39% (33% without torch.compile)"
 EFFICIENCY_GOAL_PP = 3.0
 TOKENS_GOAL_RELATIVE = 0.25
+MEMORY_GOAL_RELATIVE = 0.10
 
 
 def evaluate() -> dict:
@@ -64,8 +68,8 @@ def evaluate() -> dict:
     kwargs = dict(CONFIG)
     df = run_projection(kwargs.pop("model"), kwargs.pop("cluster"), **kwargs).set_index("num_workers")
     projected = {n: {k: float(df.loc[n, k]) for k in (
-        "step_s", "tokens_per_s_per_gpu", "memory_gib", "memory_states_bytes", "memory_activations_bytes",
-        "memory_buffers_bytes", "allreduce_pct", "exposed_comm_pct", "comm_overhead_pct", "allgather_s",
+        "step_s", "tokens_per_s_per_gpu", "memory_gib", "memory_reserved_gib", "memory_states_bytes", "memory_activations_bytes",
+        "memory_buffers_bytes", "memory_reserve_bytes", "memory_runtime_bytes", "allreduce_pct", "exposed_comm_pct", "comm_overhead_pct", "allgather_s",
         "regather_s", "reducescatter_s", "forward_s", "backward_s", "optimizer_s")} for n in (8, 128)}
     eff_pub = PUBLISHED[128]["tokens_per_s_per_gpu"] / PUBLISHED[8]["tokens_per_s_per_gpu"]
     eff_proj = projected[128]["tokens_per_s_per_gpu"] / projected[8]["tokens_per_s_per_gpu"]
@@ -82,12 +86,13 @@ def evaluate() -> dict:
          "meets_goal": abs(100 * (eff_proj - eff_pub)) <= EFFICIENCY_GOAL_PP},
     ]
     for n in (8, 128):
-        error = projected[n]["memory_gib"] / PUBLISHED[n]["memory_gib"] - 1
-        rows.append({"name": f"memory per GPU at {n} GPUs (GiB)", "role": "check", "sets": None,
-                     "published": PUBLISHED[n]["memory_gib"], "projected": projected[n]["memory_gib"],
-                     "error": error, "error_text": f"{100 * error:+.1f}%", "goal": None, "meets_goal": None})
+        error = projected[n]["memory_reserved_gib"] / PUBLISHED[n]["memory_gib"] - 1
+        rows.append({"name": f"memory per GPU at {n} GPUs (GiB, the allocator's peak reserve)", "role": "check",
+                     "sets": None, "published": PUBLISHED[n]["memory_gib"], "projected": projected[n]["memory_reserved_gib"],
+                     "error": error, "error_text": f"{100 * error:+.1f}%",
+                     "goal": f"within {100 * MEMORY_GOAL_RELATIVE:.0f}%", "meets_goal": abs(error) <= MEMORY_GOAL_RELATIVE})
     fall_pub = PUBLISHED[8]["memory_gib"] - PUBLISHED[128]["memory_gib"]
-    fall_proj = projected[8]["memory_gib"] - projected[128]["memory_gib"]
+    fall_proj = projected[8]["memory_reserved_gib"] - projected[128]["memory_reserved_gib"]
     rows.append({"name": "memory per GPU, fall from 8 to 128 GPUs (GiB)", "role": "check", "sets": None,
                  "published": fall_pub, "projected": fall_proj, "error": fall_proj / fall_pub - 1,
                  "error_text": f"{100 * (fall_proj / fall_pub - 1):+.1f}%", "goal": None, "meets_goal": None})
@@ -123,7 +128,7 @@ def markdown(record: dict, short: bool = False) -> str:
     counted = tally(record["rows"])
     p8, p128 = record["projected"]["8"], record["projected"]["128"]
     lines += ["", f"{counted['met']} of {counted['of']} counted checks with a goal meet it; the calibration row is "
-              f"not counted, and the memory rows have no goal (their error is reported)."]
+              f"not counted, and the fall in memory has no goal (its error is reported)."]
     if short:
         return "\n".join(lines)
     lines += ["",
@@ -133,7 +138,9 @@ def markdown(record: dict, short: bool = False) -> str:
               f"{p128['comm_overhead_pct']:.1f}% of {p128['step_s']:.2f} s at 128. Memory at 8 GPUs: "
               f"{p8['memory_states_bytes'] / 2 ** 30:.1f} GiB sharded state, "
               f"{p8['memory_activations_bytes'] / 2 ** 30:.1f} activations, {p8['memory_buffers_bytes'] / 2 ** 30:.1f} "
-              f"FSDP buffers."]
+              f"FSDP buffers, {p8['memory_reserve_bytes'] / 2 ** 30:.1f} the allocator's reserve; with the CUDA context "
+              f"and NCCL's buffers ({p8['memory_runtime_bytes'] / 2 ** 30:.2f} GiB) the GPU holds "
+              f"{p8['memory_gib']:.1f} GiB ({p128['memory_gib']:.1f} at 128)."]
     return "\n".join(lines)
 
 
@@ -148,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     record = evaluate()
     path = write_result("projection_torchtitan", __doc__, args.quick, started, load_start, [], source=SOURCE,
                         configuration=CONFIGURATION, config=CONFIG,
-                        goal={"efficiency_pp": EFFICIENCY_GOAL_PP, "tokens_relative": TOKENS_GOAL_RELATIVE},
+                        goal={"efficiency_pp": EFFICIENCY_GOAL_PP, "tokens_relative": TOKENS_GOAL_RELATIVE,
+                              "memory_relative": MEMORY_GOAL_RELATIVE},
                         **record, **tally(record["rows"]))
     for r in record["rows"]:
         verdict = "" if r["goal"] is None else ("meets " if r["meets_goal"] else "MISSES ")

@@ -41,8 +41,12 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   FSDP's buffers: the root's unsharded bf16 parameters and gradients (held from its forward to
   its reduce-scatter), two blocks' bf16 parameters (the one computing and the one prefetched;
   every block's when none is resharded) and one unit's fp32 gradients at its reduce-scatter. A
-  block's activations in the table are bf16's; they double under fp32 compute. Not counted: the CUDA context, the caching
-  allocator's reserve and fragmentation, NCCL's buffers. `fits`: whether `memory_gib` is within the
+  block's activations in the table are bf16's; they double under fp32 compute. Those tensors are
+  `memory_allocated_bytes`; on a GPU cluster the caching allocator reserves more than it allocates
+  (`memory_reserve_bytes`: allocated x 0.15 / 0.85, GMLake's measured fragmentation; `memory_reserved_gib`,
+  what torch.cuda.max_memory_reserved and torchtitan's logged memory measure), and the GPU also holds the
+  CUDA context and NCCL's buffers (`memory_runtime_bytes`); `memory_gib` is all of it, each term's source
+  at ALLOCATOR_FRAGMENTATION, CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES. `fits`: whether `memory_gib` is within the
   cluster device's `memory_GiB` (scaling/devices.yaml; None where it gives none), `memory_capacity_gib`.
 - tokens_per_s_per_gpu = per-GPU batch x sequence length / step_s (transformers).
 - interference_s: how much longer backward compute takes because all-reduces overlap it
@@ -136,7 +140,28 @@ COLUMNS = (
 TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
 FSDP_COLUMNS = ("allgather_s", "regather_s", "reducescatter_s")
 TRANSFORMER_COLUMNS = ("tokens_per_s_per_gpu", "memory_states_bytes", "memory_activations_bytes",
-                       "memory_buffers_bytes", "memory_bytes", "memory_gib", "memory_capacity_gib", "fits")
+                       "memory_buffers_bytes", "memory_allocated_bytes", "memory_reserve_bytes", "memory_reserved_gib",
+                       "memory_runtime_bytes", "memory_bytes", "memory_gib", "memory_capacity_gib", "fits")
+# What a GPU holds beyond the tensors the model allocates (module docstring), each from its source:
+# - the caching allocator's reserve: PyTorch's caching allocator keeps freed blocks and splits them, so what it
+#   reserves exceeds what is allocated; GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156) measured 15% of the
+#   reserved memory fragmented on average over eight LLMs' training on A100-80GB (up to 33%), the share its
+#   stitching allocator recovers. reserved = allocated / (1 - 0.15).
+ALLOCATOR_FRAGMENTATION = 0.15
+# - the CUDA context with torch's kernels loaded: 666,632,192 bytes (pytorch/pytorch#86509, measured loading every
+#   module; 287,047,680 with CUDA_MODULE_LOADING=LAZY, before a training step has loaded its kernels)
+CUDA_CONTEXT_BYTES = 666_632_192
+# - NCCL's buffers of one communicator (outside the caching allocator): NCCL_BUFFSIZE's default 4 MiB (NCCL's
+#   environment-variable documentation) per channel and ring neighbour, 32 channels (NCCL_MAX_NCHANNELS' default)
+#   x 2 neighbours: 256 MiB, an estimate (LL and LL128 buffers and proxy state not counted)
+NCCL_BUFFER_BYTES = 32 * 2 * 4 * 2 ** 20
+RUNTIME_MEMORY_NOTE = (
+    f"beyond the tensors (a GPU cluster): the caching allocator's reserve, allocated / (1 - "
+    f"{ALLOCATOR_FRAGMENTATION:g}) (GMLake, ASPLOS 2024: 15% of reserved memory fragmented in LLM training); the "
+    f"CUDA context, {CUDA_CONTEXT_BYTES / 2 ** 30:.2f} GiB (pytorch/pytorch#86509); NCCL's buffers beyond one GPU, "
+    f"{NCCL_BUFFER_BYTES / 2 ** 30:.2f} GiB (32 channels x 2 neighbours x NCCL_BUFFSIZE's 4 MiB, an estimate); "
+    f"memory_reserved_gib = the tensors and the reserve, what torch.cuda.max_memory_reserved and torchtitan's "
+    f"logged memory measure; memory_gib adds the context and NCCL, what the GPU must hold")
 
 
 def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
@@ -498,7 +523,8 @@ def run_projection(
             extra = {k: fsdp_row[k] for k in FSDP_COLUMNS}
         if transformer:
             extra.update(_memory(table, compute, backend, n_nodes, per_node, activation_checkpointing,
-                                 reshard_after_forward, fsdp_param_dtype or compute.precision))
+                                 reshard_after_forward, fsdp_param_dtype or compute.precision,
+                                 gpu=capacity_gib is not None))
             extra["memory_capacity_gib"] = capacity_gib
             extra["fits"] = None if capacity_gib is None else bool(extra["memory_gib"] <= capacity_gib)
             extra["tokens_per_s_per_gpu"] = b * table["seq_len"] / step
@@ -635,7 +661,7 @@ def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, 
 
 
 def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_node: int, checkpointing: str,
-            reshard: str, param_dtype: str) -> dict:
+            reshard: str, param_dtype: str, gpu: bool = True) -> dict:
     """Memory per GPU (module docstring), in bytes."""
     n = n_nodes * per_node
     shards = n if backend == "fsdp" else per_node if backend == "hsdp" else 1
@@ -660,9 +686,20 @@ def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_n
         # gathered blocks: the one computing and the one prefetched, or, never resharded, every block to backward
         gathered = sum(u["params"] for u in blocks) if reshard == "none" else 2 * block
         buffers = 2 * param_bytes * root + param_bytes * gathered + 4 * max(root, block)
-    total = states + held + transient + buffers
-    return {"memory_states_bytes": states, "memory_activations_bytes": held + transient,
-            "memory_buffers_bytes": buffers, "memory_bytes": total, "memory_gib": total / GIB}
+    allocated = states + held + transient + buffers
+    out = {"memory_states_bytes": states, "memory_activations_bytes": held + transient,
+           "memory_buffers_bytes": buffers, "memory_allocated_bytes": allocated}
+    return {**out, **_runtime_memory(allocated, gpu, n > 1)}
+
+
+def _runtime_memory(allocated: float, gpu: bool, communicates: bool) -> dict:
+    """What a GPU holds beyond the tensors (module docstring): the caching allocator's reserve over what it
+    allocated, the CUDA context, NCCL's buffers; none of them without a GPU device (a fitted or CPU cluster)."""
+    reserve = allocated * ALLOCATOR_FRAGMENTATION / (1 - ALLOCATOR_FRAGMENTATION) if gpu else 0.0
+    runtime = (CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if communicates else 0.0)) if gpu else 0.0
+    total = allocated + reserve + runtime
+    return {"memory_reserve_bytes": reserve, "memory_reserved_gib": (allocated + reserve) / GIB,
+            "memory_runtime_bytes": runtime, "memory_bytes": total, "memory_gib": total / GIB}
 
 
 def _memory_note(backend: str, checkpointing: str) -> str:
@@ -671,7 +708,7 @@ def _memory_note(backend: str, checkpointing: str) -> str:
             f"{shard}; activations under {checkpointing} activation checkpointing (the layer table, bf16) plus the "
             f"largest transient" + ("; FSDP's buffers: the root's bf16 parameters and gradients, two blocks' bf16 "
                                     "parameters, one unit's fp32 gradients" if backend in SHARDED else "")
-            + "; not counted: CUDA context, allocator reserve and fragmentation, NCCL buffers")
+            + "; " + RUNTIME_MEMORY_NOTE)
 
 
 def project_cluster_from_alpha_beta(
