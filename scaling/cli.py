@@ -160,8 +160,12 @@ def _build_parser() -> argparse.ArgumentParser:
         commands, "project", "project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
         "Project data-parallel scaling (DDP or Horovod step time, speedup, the three communication\n"
         "figures, time per epoch and, given epochs to target, time to accuracy) onto a cluster with\n"
-        "the alpha-beta model, from a device table or from this machine's measured runs.",
-        ["scaling project --cluster p3.16xlarge --nodes 1,2,4,8,16",
+        "the alpha-beta model, from a device table or from this machine's measured runs. Given a run\n"
+        "directory of your own job (attach, the lab's loop), it projects that job: step, throughput,\n"
+        "the three figures and memory per GPU, each with an interval from the run's own steps.",
+        ["scaling project results/my-job --cluster p5.48xlarge --gpus 8,32,128",
+         "scaling project results/my-job --cluster h200x8_400g_per_gpu --gpus 8,128 --backend fsdp --compute-ms 42",
+         "scaling project --cluster p3.16xlarge --nodes 1,2,4,8,16",
          "scaling project --model resnet50 --cluster p3.16xlarge --precision amp --out results/projection",
          "scaling project --cluster p3.16xlarge --from-run results/qs-w1 --json"],
         ["  0    projected", _USAGE])
@@ -283,6 +287,17 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, preset_names
     from scaling.projection.layers import available_models
 
+    parser.add_argument("run_dir", nargs="?", type=Path, default=None, metavar="RUN_DIR",
+                        help="a run directory of your own job (made by attach or scaling run): project that job "
+                             "(scaling/projection/from_run.py; default: none, --model's layer table)")
+    parser.add_argument("--gpus", default=None,
+                        help="with RUN_DIR: comma-separated GPU counts, e.g. 8,32,128 (default 1,2,4,...,128)")
+    parser.add_argument("--compute-ms", type=float, default=None,
+                        help="with RUN_DIR: one target GPU's forward + backward per step at the run's batch, in ms "
+                             "(default: the run's, measured on the target's GPU, else its FLOPs at --mfu)")
+    parser.add_argument("--fsdp-units", type=int, default=None,
+                        help="with RUN_DIR and --backend fsdp: blocks to split the model into when the run has no "
+                             "FSDP2 per-module records (default: the run's collectives)")
     parser.add_argument("--model", default=None, choices=available_models(), metavar="MODEL",
                         help="model with a layer table: %(choices)s (default: the run's, else resnet50)")
     parser.add_argument("--cluster", required=True,
@@ -462,6 +477,11 @@ def _cmd_project(args) -> int:
 
     if args.out is not None:
         _check_out_dir(args.out)
+    if args.run_dir is not None:
+        return _project_run_dir(args)
+    for flag, value in (("--gpus", args.gpus), ("--compute-ms", args.compute_ms), ("--fsdp-units", args.fsdp_units)):
+        if value is not None:
+            raise UsageError(f"{flag} projects a run directory: give it, e.g. scaling project RUN_DIR --cluster ...")
     runs = [RunDir(path) for path in args.from_run] if args.from_run else None
     from_run = runs[0] if runs is not None and len(runs) == 1 else runs
     model = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
@@ -493,6 +513,93 @@ def _cmd_project(args) -> int:
         if written:
             print("written: " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _project_run_dir(args) -> int:
+    """`scaling project RUN_DIR`: the user's own job projected (scaling/projection/from_run.py)."""
+    import json
+
+    from scaling.projection.from_run import project_run
+    from scaling.results import RunDir
+
+    for flag, value in (("--model", args.model), ("--from-run", args.from_run), ("--nodes", args.nodes),
+                        ("--samples-per-s", args.samples_per_s), ("--epochs-to-target", args.epochs_to_target)):
+        if value is not None:
+            raise UsageError(f"{flag} does not go with a run directory (the run is the model and the compute)")
+    if args.backend not in ("ddp", "fsdp"):
+        raise UsageError(f"a run directory projects with --backend ddp or fsdp, not {args.backend}")
+    if args.gpus is not None and args.workers is not None:
+        raise UsageError("give --gpus or --workers, not both")
+    kwargs = {k: v for k, v in (("bucket_cap_mb", args.bucket_cap_mb), ("grad_compression", args.grad_compression),
+                                ("allreduce", args.allreduce), ("overlap_slowdown", args.overlap_slowdown),
+                                ("dataset_size", args.dataset_size), ("per_gpu_batch", args.per_gpu_batch),
+                                ("activation_checkpointing", args.activation_checkpointing),
+                                ("fsdp_param_dtype", args.fsdp_param_dtype)) if v is not None}
+    if args.straggler_ms is not None:
+        kwargs["straggler_s"] = args.straggler_ms / 1e3
+    if args.backend == "fsdp":
+        kwargs.update(reshard_after_forward=args.reshard_after_forward, fsdp_reduce_dtype=args.fsdp_reduce_dtype)
+    df = project_run(RunDir(args.run_dir), args.cluster, args.gpus or args.workers or "1,2,4,8,16,32,64,128",
+                     args.backend, compute_ms=args.compute_ms, mfu=args.mfu, precision=args.precision,
+                     fsdp_units=args.fsdp_units, **kwargs)
+    rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    written = _write_projection(df, rows, args.out) if args.out is not None else []
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        for name, value, source in df.attrs["parameters"]:
+            print(f"set by: {name} = {value}: {source}", file=sys.stderr)
+        for line in df.attrs.get("notes", []):
+            print(f"note: {line}", file=sys.stderr)
+    else:
+        print_run_projection(df)
+    for path in written:
+        print(f"written: {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def print_run_projection(df, console=None) -> None:
+    """The table of a run's projection: each figure with its interval [low, high], then what set each parameter."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console if console is not None else output_console()
+    tokens = bool(df.attrs.get("tokens"))
+    title = (f"{Path(df.attrs['run']).name} on {df.attrs['cluster']}, {df.attrs['backend']}: the run's job projected "
+             f"(95% of its steps' compute in brackets)")
+    table = Table(title=title, title_justify="left", header_style="bold")
+    rate = "tokens/s/GPU" if tokens else "samples/s"
+    for h in ("GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"):
+        table.add_column(h, justify="right", no_wrap=True)
+    per = df.attrs.get("seq_len") or 1
+
+    def band(r, figure, fmt, scale=1.0):
+        return (f"{fmt.format(r[figure] * scale)} [{fmt.format(r[figure + '_lo'] * scale)}, "
+                f"{fmt.format(r[figure + '_hi'] * scale)}]")
+
+    for _, r in df.iterrows():
+        rate_scale = per / r.num_workers if tokens else 1.0
+        fits = r.get("fits")
+        memory = f"{r.memory_gib:.1f}" + (" > cap." if fits is not None and fits == fits and not fits else "")
+        table.add_row(f"{r.num_workers}", band(r, "step_s", "{:,.1f}", 1e3),
+                      band(r, "throughput_samples_per_s", "{:,.0f}", rate_scale), band(r, "allreduce_pct", "{:.1f}"),
+                      band(r, "exposed_comm_pct", "{:.1f}"), band(r, "comm_overhead_pct", "{:.1f}"),
+                      band(r, "efficiency_throughput", "{:.3f}"), memory)
+    console.print(table)
+    console.print("[dim]communicating %: a collective in flight, hidden or not; exposed %: compute waiting on one; "
+                  "A/B overhead %: the step less the step without gradient synchronisation, / t_step; memory: the "
+                  "tensors, the allocator's reserve, the CUDA context and NCCL's buffers[/dim]", highlight=False)
+    if (df["fits"] == False).any():  # noqa: E712 - None is not False
+        gpus = ", ".join(str(int(n)) for n in df.loc[df["fits"] == False, "num_workers"])  # noqa: E712
+        remedy = "more GPUs sharding it" if df.attrs.get("sharded") else "sharding the model (--backend fsdp)"
+        console.print(f"[red]does not fit at {gpus} GPU(s) ({df['memory_capacity_gib'].iloc[0]:g} GiB per GPU); what "
+                      f"would make it fit: {remedy}, activation checkpointing, or a smaller batch[/red]",
+                      highlight=False)
+    console.print("set by (each parameter of the projection and the measured quantity or assumption behind it):")
+    for name, value, source in df.attrs["parameters"]:
+        console.print(f"[dim]- {escape(name)} = {escape(str(value))}" + (f": {escape(source)}" if source else "")
+                      + "[/dim]", highlight=False)
+    for note in df.attrs.get("notes", []):
+        console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
 
 
 def _cmd_minicluster(args) -> int:

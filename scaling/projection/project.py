@@ -304,10 +304,14 @@ def run_projection(
     fsdp_reduce_dtype: str = "fp32",
     fsdp_param_dtype: str | None = None,
     fsdp_process_group: str = "nccl",
+    compute: StepCompute | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
-    model: a name with a layer table (`scaling.projection.layers.available_models()`).
+    model: a name with a layer table (`scaling.projection.layers.available_models()`), or a layer table
+    itself (a dict of that shape: from_run.run_layer_table, a measured run's model).
+    compute: one worker's step, given (from_run.project_run: a run's compute on the target), instead
+    of from_run, samples_per_s or the device.
     cluster: a preset name, a cluster YAML path, or a `Cluster`.
     nodes: node counts (all GPUs of each node used); workers: worker counts instead (a count
     up to a node's GPUs stays in one node). per_gpu_batch: default the run's, else 64.
@@ -349,7 +353,8 @@ def run_projection(
     links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation), `df.attrs["sharded"]`
     whether the backend shards the model (its collectives are all-gathers and reduce-scatters).
     """
-    table = load_layer_table(model)
+    table = model if isinstance(model, dict) else load_layer_table(model)
+    model = table["model"] if isinstance(model, dict) else model
     transformer = table.get("kind") == "transformer"
     if activation_checkpointing is None:
         activation_checkpointing = "selective" if transformer else "none"
@@ -384,8 +389,11 @@ def run_projection(
     rows_at = placements(nodes, workers, cluster.gpus_per_node)
     if any(n > 1 for n, _ in rows_at) and cluster.inter_node is None:
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
-    compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s, mfu,
-                                      activation_checkpointing)
+    if compute is not None:
+        compute, notes = compute.at_batch(per_gpu_batch), [f"compute: {compute.source}"]
+    else:
+        compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s, mfu,
+                                          activation_checkpointing)
     b = compute.per_worker_batch
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")

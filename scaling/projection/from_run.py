@@ -1,0 +1,308 @@
+"""Project a measured run of the user's own job (made by `attach`, the lab's loop, or a trainer's
+callback) onto a cluster preset: step time, throughput, the three communication figures and memory
+per GPU at 1-128 GPUs, for DDP or FSDP2, each with an interval from the run's own per-step spread.
+
+    from scaling.results import RunDir
+    from scaling.projection.from_run import project_run
+    df = project_run(RunDir("results/my-job"), "p5.48xlarge", [8, 32, 128], backend="fsdp")
+
+Nothing here models communication: the run becomes a layer table and one worker's step
+(`StepCompute`), and `project.run_projection` projects them with the collective cost model, the
+cluster presets and the overlap and FSDP schedules every other projection uses. What the run gives:
+
+- **the model's size**: compute_profile.json's `parameters` (trainable) and, per FSDP2 unit, the
+  run's collectives.parquet (`reduce_scatter` bytes per module: the unit's gradients; their issue
+  order is the units' order). DDP buckets: DDP's own assignment (layers.py) over the gradients in
+  equal tensors of at most 1 MiB, each ready in proportion to its bytes through backward, unless the
+  run wrote buckets.parquet (measured bytes and ready times). FSDP2 compute per unit is split in
+  proportion to its parameters. A run without FSDP2 records needs `fsdp_units` (its blocks, split evenly).
+- **the compute**: the run's steady-state training steps (steps.parquet: `data_s`, `forward_s`,
+  `backward_s` less `exposed_comm_s`, `optimizer_s`). A run on the target's GPU is taken as measured.
+  Any other device (a CPU) cannot give the GPU's compute, so forward and backward are the run's
+  FLOPs (compute_profile.json: training FLOPs per sample x the batch) at a model FLOPs utilisation of
+  the target's peak: `mfu` given, else the run's own MFU where it ran on a GPU, else the target's
+  published one (compute.TRANSFORMER_MFU, torchtitan's Llama 3.1 8B on H100: a small model runs far
+  below it); or `compute_ms`, one GPU's forward + backward as the user measured it. The optimizer
+  off the target is AdamW's memory-bound step (compute.adamw_estimate_s); the data wait stays the
+  run's (the host's loader, not the GPU).
+- **the interval**: the projection again with every step's compute at the 2.5th and 97.5th
+  percentiles of the run's per-step compute (the same scale on each phase): the middle 95% of the
+  run's steps, carried through the model. Columns `<figure>_lo` and `<figure>_hi`.
+- **jitter**: on the target's GPU the run's per-step coefficient of variation of compute is the
+  cluster's `step_jitter_cv` (the wait for the slowest of n ranks); measured elsewhere it is not the
+  GPU's, and the preset's stays.
+- **memory**: the tensors from the run's parameters (fp32 weights, gradients, AdamW's two moments)
+  and activations (compute_profile.json's `activation_elements` per sample, 2 bytes each under
+  bf16/fp16, 4 under fp32), FSDP's buffers, and on a GPU the allocator's reserve, the CUDA context
+  and NCCL's buffers (project.py, each with its source). No interval: nothing per step sets it.
+
+`df.attrs["parameters"]` lists every parameter of the projection with its value and the measured
+quantity (or assumption) that set it; `df.attrs["notes"]` what run_projection adds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from scaling.devices import load_devices, match_device
+from scaling.errors import UsageError
+from scaling.projection.cluster import Cluster, load_cluster, normalize_precision
+from scaling.projection.compute import (
+    TRANSFORMER_MFU, StepCompute, adamw_estimate_s, compute_from_run,
+)
+from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, MIB
+
+BACKENDS = ("ddp", "fsdp")
+INTERVAL_PERCENTILES = (2.5, 97.5)
+MAX_TENSOR_BYTES = MIB  # the equal gradient tensors DDP's buckets are assigned from
+FIGURES = ("step_s", "throughput_samples_per_s", "allreduce_pct", "exposed_comm_pct", "comm_overhead_pct",
+           "efficiency_throughput")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def _profile(run) -> dict:
+    profile = run.compute_profile()
+    if not profile or profile.get("error") or not profile.get("parameters") or not profile.get("train_flops"):
+        why = (profile or {}).get("error") or "no compute_profile.json"
+        raise UsageError(f"{run}: the run's model size and FLOPs are unknown ({why}); a run made with the "
+                         "instrument's FLOP counting is needed")
+    return profile
+
+
+def _steps(run, workers: int) -> pd.DataFrame:
+    """The steady-state training steps, with `compute_s` (data + forward + backward compute + optimizer)."""
+    steps = run.steps()
+    if steps.empty or "kind" not in steps.columns:
+        raise UsageError(f"{run}: no step records (steps.parquet); the interval needs the run's per-step times")
+    steps = steps[(steps["kind"] == "train") & ~steps["warmup"].astype(bool)].copy()
+    if len(steps) < 2:
+        raise UsageError(f"{run}: {len(steps)} steady-state training step(s); at least 2 are needed")
+    exposed = steps["exposed_comm_s"].fillna(0.0) if workers > 1 and "exposed_comm_s" in steps else 0.0
+    steps["backward_compute_s"] = (steps["backward_s"] - exposed).clip(lower=0.0)
+    steps["compute_s"] = steps["data_s"] + steps["forward_s"] + steps["backward_compute_s"] + steps["optimizer_s"]
+    return steps
+
+
+def _fsdp_units(run, profile: dict, reduce_bytes: int, fsdp_units: int | None) -> tuple[list[tuple[str, int]], str]:
+    """(module, parameters) per FSDP unit, the root first; and what set them."""
+    parameters = int(profile["parameters"])
+    frame = run.collectives(["step_kind", "warmup", "rank", "collective", "module", "bytes", "index", "step"])
+    scatters = frame[frame["collective"] == "reduce_scatter"] if "collective" in frame.columns else frame
+    if not scatters.empty:
+        first = scatters[(scatters["rank"] == scatters["rank"].min())]
+        first = first[first["step"] == first["step"].max()]
+        per = first.groupby("module").agg(nbytes=("bytes", "median"), index=("index", "min"))
+        # reduce-scatters run in backward order: the last issued is the first unit in forward; the root first
+        order = per.sort_values("index", ascending=False)
+        names = ["root"] + [m for m in order.index if m != "root"] if "root" in per.index else list(order.index)
+        units = [(m, int(per.loc[m, "nbytes"] // reduce_bytes)) for m in names]
+        return units, (f"{len(units)} FSDP2 units and their parameters from the run's collectives.parquet "
+                       f"(reduce-scatter bytes per module / {reduce_bytes} bytes per gradient element)")
+    if fsdp_units is None:
+        raise UsageError(f"{run}: no FSDP2 per-module records (collectives.parquet); give --fsdp-units N (the "
+                         "model's blocks, each sharded) to split its parameters evenly")
+    if not (isinstance(fsdp_units, int) and fsdp_units >= 1):
+        raise UsageError(f"--fsdp-units must be a positive integer, got {fsdp_units!r}")
+    share = parameters // (fsdp_units + 1)
+    units = [("root", parameters - fsdp_units * share)] + [(f"unit{i}", share) for i in range(fsdp_units)]
+    return units, (f"{fsdp_units} blocks and the root of equal parameters (given: --fsdp-units; the run has no "
+                   f"FSDP2 per-module records)")
+
+
+def run_layer_table(run, profile: dict, backend: str, precision: str, samples_per_epoch: int | None,
+                    fsdp_units: int | None = None, reduce_bytes: int = 4) -> tuple[dict, str]:
+    """A layer table (layers.py's shape) of the run's model from its records; and what set its units."""
+    parameters = int(profile["parameters"])
+    seq_len = int(profile.get("tokens_per_sample") or 1)
+    forward, backward = float(profile["forward_flops"]), float(profile["backward_flops"])
+    # gradients in equal tensors of at most 1 MiB, in backward order, each ready in proportion to its bytes
+    count = max(1, math.ceil(parameters * BYTES_PER_GRAD_ELEMENT / MAX_TENSOR_BYTES))
+    sizes = [parameters // count + (1 if i < parameters % count else 0) for i in range(count)]
+    layers = [{"name": f"grad{i}", "backward_flops": float(n), "params": [[f"grad{i}", n]]} for i, n in enumerate(sizes)]
+    if backend == "fsdp":
+        named, units_source = _fsdp_units(run, profile, reduce_bytes, fsdp_units)
+    else:
+        named, units_source = [("root", parameters)], "one unit: the whole model (DDP keeps every parameter)"
+    # activations: the run's count per sample, as bf16 bytes per token (the table's convention: run_projection
+    # doubles them under fp32), spread over the units by parameters
+    activation_bytes = 2.0 * float(profile.get("activation_elements") or 0.0) / seq_len
+    total = sum(p for _, p in named) or 1
+    units = []
+    for name, params in named:
+        share = params / total
+        held = activation_bytes * share
+        units.append({"name": name, "params": params, "forward_flops": forward * share / seq_len,
+                      "backward_flops": backward * share / seq_len,
+                      "activation_bytes_per_token": {"none": held, "selective": held, "full": held},
+                      "recompute_flops": {"none": 0.0, "selective": 0.0, "full": 0.0}})
+    table = {"model": run.name, "kind": "transformer", "num_classes": 0, "seq_len": seq_len,
+             "dataset": f"the run {run.name}", "dataset_size": samples_per_epoch, "parameters": parameters,
+             "forward_flops_per_sample": forward, "backward_flops_per_sample": backward,
+             "train_flops_per_token": (forward + backward) / seq_len, "layers": layers, "units": units}
+    return table, units_source
+
+
+def _same_device(run_device: str | None, target: str | None) -> bool:
+    """Whether the run's GPU (its name as CUDA reports it) is the cluster's device (a devices.yaml key)."""
+    return bool(run_device and target) and match_device(run_device) == target
+
+
+def _target_compute(run, summary: dict, profile: dict, steps: pd.DataFrame, cluster: Cluster, precision: str | None,
+                    compute_ms: float | None, mfu: float | None) -> tuple[StepCompute, list[tuple[str, str, str]]]:
+    """One GPU's step on the target, and (parameter, value, set by) for each of its parts."""
+    base = compute_from_run(run)
+    hardware = summary.get("hardware") or {}
+    run_device = hardware.get("gpu_name")
+    means = {k: float(steps[k].mean()) for k in ("data_s", "forward_s", "backward_compute_s", "optimizer_s")}
+    b = base.per_worker_batch
+    measured_on = run_device or hardware.get("cpu_model") or "an unknown device"
+    params = [("data wait", f"{1e3 * means['data_s']:.2f} ms", f"the run's data_s (mean of {len(steps)} steps)")]
+    spec = load_devices().get(cluster.device) or {} if cluster.device else {}
+    same = _same_device(run_device, cluster.device) and compute_ms is None and mfu is None
+    if same:
+        if precision is not None and normalize_precision(precision) != base.precision:
+            raise UsageError(f"the run ran at {base.precision} on {run_device}; --precision {precision} needs another run")
+        compute = replace(base, data_s=means["data_s"], forward_s=means["forward_s"],
+                          backward_s=means["backward_compute_s"], optimizer_s=means["optimizer_s"])
+        params += [("forward + backward compute", f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
+                    f"the run's forward_s and backward_s less exposed_comm_s, measured on {run_device} (the target's "
+                    f"device)"),
+                   ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s")]
+        return compute, params
+    fb_measured = means["forward_s"] + means["backward_compute_s"]
+    forward_share = means["forward_s"] / fb_measured if fb_measured > 0 else 1 / 3
+    flops = float(profile["train_flops"]) * b
+    if compute_ms is not None:
+        if not (isinstance(compute_ms, (int, float)) and compute_ms > 0):
+            raise UsageError(f"--compute-ms must be a positive number, got {compute_ms!r}")
+        target_precision = normalize_precision(precision or base.precision)
+        fb = compute_ms / 1e3
+        how = f"given (--compute-ms {compute_ms:g}: one GPU's forward + backward at batch {b})"
+    else:
+        target_precision, rate, how = _compute_rate(summary, cluster, spec, precision, base.precision, mfu, run_device)
+        fb = flops / rate
+        how = (f"the run's {float(profile['train_flops']) / 1e9:.3g} GFLOP per sample x {b} (compute_profile.json) "
+               f"at {how}")
+    params.append(("forward + backward compute", f"{1e3 * fb:.3f} ms", how + f"; measured on {measured_on}: "
+                   f"{1e3 * fb_measured:.2f} ms, which cannot be the GPU's"))
+    bandwidth = spec.get("memory_bandwidth_GBps")
+    if bandwidth:
+        optimizer = adamw_estimate_s(float(profile["parameters"]), bandwidth * 1e9)
+        params.append(("optimizer step", f"{1e3 * optimizer:.3f} ms", f"AdamW, memory-bound: 28 bytes x "
+                       f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s datasheet)"))
+    else:
+        optimizer = means["optimizer_s"]
+        params.append(("optimizer step", f"{1e3 * optimizer:.2f} ms", "the run's optimizer_s (no device bandwidth)"))
+    compute = replace(base, data_s=means["data_s"], forward_s=forward_share * fb, backward_s=(1 - forward_share) * fb,
+                      optimizer_s=optimizer, precision=target_precision, device=cluster.device,
+                      source=f"run {run.name} transferred to {cluster.device}")
+    params.append(("forward : backward", f"{forward_share:.2f} : {1 - forward_share:.2f}",
+                   "the run's measured split of forward_s and backward compute"))
+    return compute, params
+
+
+def _compute_rate(summary: dict, cluster: Cluster, spec: dict, precision: str | None, run_precision: str,
+                  mfu: float | None, run_device: str | None) -> tuple[str, float, str]:
+    """(precision on the target, FLOP/s, how it was set) for a run measured on another device."""
+    published = TRANSFORMER_MFU.get(cluster.device or "")
+    if mfu is not None:
+        if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
+            raise UsageError(f"--mfu must be in (0, 1], got {mfu!r}")
+        target = normalize_precision(precision or run_precision)
+        source = f"MFU {100 * mfu:.3g}% (given)"
+    elif run_device and summary.get("mfu"):
+        mfu, target = float(summary["mfu"]), normalize_precision(precision or run_precision)
+        source = f"MFU {100 * mfu:.3g}%, the run's own on {run_device} (summary.json mfu)"
+    elif published is not None:
+        mfu, target = published["mfu"], normalize_precision(precision or published["precision"])
+        source = (f"MFU {100 * mfu:.0f}%, {cluster.device}'s published one ({published['source'].split(':')[0]}: "
+                  f"Llama 3.1 8B; a small model runs far below it: give --compute-ms or --mfu)")
+    else:
+        raise UsageError(f"the run ran on {run_device or 'a CPU'}, whose compute is not {cluster.device or 'the'} "
+                         f"GPU's, and no MFU is published for {cluster.device}: give --mfu (e.g. 0.35) or --compute-ms")
+    peak = ((spec.get("peak_tflops_per_s") or {}).get(target))
+    if not peak:
+        raise UsageError(f"no {target} peak for {cluster.device or 'this cluster (no device)'} in scaling/devices.yaml; "
+                         "give --compute-ms")
+    return target, mfu * peak * 1e12, f"{source} of {cluster.device}'s {target} peak, {peak:g} TFLOP/s"
+
+
+def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend: str = "ddp", *,
+                compute_ms: float | None = None, mfu: float | None = None, precision: str | None = None,
+                fsdp_units: int | None = None, **kwargs) -> pd.DataFrame:
+    """run_projection's rows for the run's job (module docstring), with `<figure>_lo` / `_hi` columns.
+
+    run: its RunDir. gpus: GPU counts (a count up to a node's GPUs stays in one node). backend: ddp or
+    fsdp. compute_ms, mfu, precision: how the compute transfers to the target (module docstring).
+    fsdp_units: blocks to split the model into where the run has no FSDP2 records. kwargs go to
+    run_projection (bucket_cap_mb, reshard_after_forward, fsdp_reduce_dtype, ...).
+    """
+    from scaling.projection.project import run_projection
+
+    if backend not in BACKENDS:
+        raise UsageError(f"a run's projection has backends {', '.join(BACKENDS)}, got {backend!r}")
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    try:
+        summary = run.summary()
+    except (OSError, ValueError):
+        raise UsageError(f"{run}: no readable summary.json (give a finished run directory)") from None
+    profile = _profile(run)
+    workers = int(summary.get("num_workers") or 1)
+    steps = _steps(run, workers)
+    compute, parameters = _target_compute(run, summary, profile, steps, cluster, precision, compute_ms, mfu)
+    reduce_dtype = kwargs.get("fsdp_reduce_dtype") or summary.get("fsdp_reduce_dtype") or "fp32"
+    table, units_source = run_layer_table(run, profile, backend, compute.precision, compute.samples_per_epoch,
+                                          fsdp_units, DTYPE_BYTES.get(reduce_dtype, 4))
+    parameters.append(("model size", f"{table['parameters']:,} parameters, {4 * table['parameters'] / 1e6:.1f} MB "
+                       f"of fp32 gradients", "compute_profile.json parameters (trainable)"))
+    parameters.append(("FSDP units" if backend == "fsdp" else "gradient tensors", units_source if backend == "fsdp"
+                       else f"{len(table['layers'])} of at most 1 MiB", "" if backend == "fsdp" else
+                       "the model size; DDP's bucket assignment over them (no per-parameter record)"))
+    parameters.append(("activations", f"{float(profile.get('activation_elements') or 0):,.0f} elements per sample",
+                       "compute_profile.json activation_elements, at the compute precision's bytes"))
+    # jitter: the run's per-step spread of compute where it ran on the target's device
+    cv = float(steps["compute_s"].std() / steps["compute_s"].mean())
+    if compute_ms is None and mfu is None and _same_device((summary.get("hardware") or {}).get("gpu_name"),
+                                                            cluster.device):
+        cluster = replace(cluster, step_jitter_cv=cv)
+        parameters.append(("step jitter (CV)", f"{100 * cv:.2f}%", f"the run's {len(steps)} steps' compute, "
+                           "std / mean: the wait for the slowest of n ranks"))
+    else:
+        parameters.append(("step jitter (CV)", f"{100 * cluster.step_jitter_cv:.2g}%",
+                           f"the preset {cluster.name}'s (the run's {100 * cv:.1f}% was measured on another device)"))
+    if backend == "fsdp" and "reshard_after_forward" not in kwargs and summary.get("fsdp_reshard_after_forward") is not None:
+        kwargs["reshard_after_forward"] = "all" if summary["fsdp_reshard_after_forward"] else "none"
+    if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in ("fp32", "bf16"):
+        kwargs["fsdp_reduce_dtype"] = reduce_dtype
+    kwargs.setdefault("activation_checkpointing", "none")
+
+    def project(c: StepCompute) -> pd.DataFrame:
+        return run_projection(table, cluster, workers=gpus, compute=c, backend=backend, **kwargs)
+
+    df = project(compute)
+    low, high = (float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean())
+                 for q in INTERVAL_PERCENTILES)
+    ends = [project(_scaled(compute, f)) for f in (low, high)]
+    for figure in FIGURES:
+        pair = np.vstack([e[figure].to_numpy() for e in ends])
+        df[f"{figure}_lo"], df[f"{figure}_hi"] = pair.min(axis=0), pair.max(axis=0)
+    if "tokens_per_s_per_gpu" in df.columns:
+        df["tokens_per_s_per_gpu_lo"] = df["throughput_samples_per_s_lo"] * table["seq_len"] / df["num_workers"]
+        df["tokens_per_s_per_gpu_hi"] = df["throughput_samples_per_s_hi"] * table["seq_len"] / df["num_workers"]
+    parameters.append(("interval", f"compute x {low:.3f} to x {high:.3f}",
+                       f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
+                       f"{len(steps)} steady-state steps' compute over their mean"))
+    df.attrs.update(parameters=parameters, run=str(run), tokens=table["seq_len"] > 1, run_backend=summary.get("backend"))
+    return df
+
+
+def _scaled(compute: StepCompute, factor: float) -> StepCompute:
+    """Every phase of the step at `factor` x its time (one end of the interval)."""
+    return replace(compute, data_s=compute.data_s * factor, forward_s=compute.forward_s * factor,
+                   backward_s=compute.backward_s * factor, optimizer_s=compute.optimizer_s * factor)

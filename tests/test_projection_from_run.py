@@ -1,0 +1,120 @@
+"""`scaling project RUN_DIR`: a user's own measured run projected onto cluster presets (from_run.py).
+
+The run directories are written here with the records' own writers (scaling/results.py), shaped as
+the instrument writes them: summary.json, compute_profile.json, epochs.parquet, steps.parquet/ parts
+and, for an FSDP2 run, collectives.parquet/ parts. A small transformer of 4 blocks, 2 workers' worth
+of records on a CPU, and one run as if measured on an H100.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling import cli
+from scaling.errors import UsageError
+from scaling.projection.from_run import project_run, run_layer_table
+from scaling.results import (
+    COLLECTIVES_PARQUET, COMPUTE_PROFILE_JSON, EPOCHS_PARQUET, STEPS_PARQUET, SUMMARY_JSON, RunDir, rank_part_path,
+    write_json_atomic, write_parquet_atomic, write_text_atomic,
+)
+
+PARAMETERS = 4 * 3_000_000 + 2_000_000  # 4 blocks and a root (embeddings, head)
+TOKENS = 512
+BATCH = 8
+
+
+def _job_run(path, gpu_name=None, backend="ddp", steps=40, seed=0):
+    """A finished run of a user's job with `steps` steady-state steps of spread compute."""
+    rng = np.random.default_rng(seed)
+    summary = {"model": "MyTransformer", "num_workers": 1, "per_worker_batch": BATCH, "global_batch": BATCH,
+               "precision": "bf16", "backend": "fsdp" if backend == "fsdp" else "gloo", "data_s": 0.001,
+               "forward_s": 0.1, "backward_s": 0.2, "optimizer_s": 0.01, "exposed_comm_s": 0.0,
+               "mfu": 0.4 if gpu_name else None, "fsdp_reshard_after_forward": True if backend == "fsdp" else None,
+               "fsdp_reduce_dtype": "fp32" if backend == "fsdp" else None,
+               "hardware": {"gpu_name": gpu_name, "cpu_model": "AMD EPYC"}}
+    write_json_atomic(path / SUMMARY_JSON, summary)
+    flops_per_token = 6 * PARAMETERS
+    write_json_atomic(path / COMPUTE_PROFILE_JSON, {
+        "precision": "bf16", "per_worker_batch": BATCH, "parameters": PARAMETERS, "tokens_per_sample": TOKENS,
+        "forward_flops": flops_per_token / 3 * TOKENS, "backward_flops": 2 * flops_per_token / 3 * TOKENS,
+        "train_flops": flops_per_token * TOKENS, "activation_elements": 40_000.0 * TOKENS})
+    write_text_atomic(path / "config.yaml", "instrument:\n  ddp_bucket_cap_mb: 25.0\n")
+    write_parquet_atomic(path / EPOCHS_PARQUET, pd.DataFrame({"epoch": [1], "samples": [BATCH * steps],
+                                                             "train_s": [0.31 * steps]}))
+    scale = rng.normal(1.0, 0.05, size=steps + 2)
+    write_parquet_atomic(rank_part_path(path / STEPS_PARQUET, 0, 1), pd.DataFrame({
+        "epoch": 1, "step": np.arange(steps + 2), "rank": 0, "kind": "train", "warmup": [True] * 2 + [False] * steps,
+        "data_s": 0.001, "forward_s": 0.1 * scale, "backward_s": 0.2 * scale, "optimizer_s": 0.01,
+        "exposed_comm_s": 0.0}))
+    if backend == "fsdp":  # one step's reduce-scatters, in backward order: blocks 3..0, then the root
+        modules = ["layers.3", "layers.2", "layers.1", "layers.0", "root"]
+        write_parquet_atomic(rank_part_path(path / COLLECTIVES_PARQUET, 0, 1), pd.DataFrame({
+            "epoch": 1, "step": steps + 1, "step_kind": "train", "warmup": False, "rank": 0, "index": range(5),
+            "collective": "reduce_scatter", "module": modules, "pass": "backward",
+            "bytes": [4 * 3_000_000] * 4 + [4 * 2_000_000]}))
+    return RunDir(path)
+
+
+def test_a_cpu_run_projects_onto_p5_with_intervals_and_says_what_set_each_parameter(tmp_path):
+    run = _job_run(tmp_path)
+    df = project_run(run, "p5.48xlarge", [8, 32, 128])
+    assert df["num_workers"].tolist() == [1, 8, 32, 128]
+    for figure in ("step_s", "throughput_samples_per_s", "allreduce_pct", "exposed_comm_pct", "comm_overhead_pct"):
+        assert (df[f"{figure}_lo"] <= df[figure] + 1e-12).all() and (df[figure] <= df[f"{figure}_hi"] + 1e-12).all()
+    assert (df["step_s_hi"] > df["step_s_lo"]).all()
+    # a CPU's compute is not the GPU's: the run's FLOPs at the H100's published MFU of its bf16 peak
+    flops = 6 * PARAMETERS * TOKENS * BATCH
+    fb = df["forward_s"].iloc[0] + df["backward_compute_s"].iloc[0]
+    assert fb == pytest.approx(flops / (0.33 * 989.4e12))
+    said = {name: (value, source) for name, value, source in df.attrs["parameters"]}
+    assert "cannot be the GPU's" in said["forward + backward compute"][1]
+    assert "compute_profile.json parameters" in said["model size"][1]
+    assert "percentiles" in said["interval"][1]
+    # DDP: the gradients' bytes all-reduce, memory includes the runtime's
+    assert df["grad_bytes"].iloc[-1] == 4 * PARAMETERS
+    assert (df["memory_gib"] > df["memory_reserved_gib"]).all() and df["fits"].all()
+    assert 0 < df["exposed_comm_pct"].iloc[-1] <= df["allreduce_pct"].iloc[-1]
+
+
+def test_fsdp2_units_come_from_the_runs_collectives(tmp_path):
+    run = _job_run(tmp_path, backend="fsdp")
+    table, source = run_layer_table(run, run.compute_profile(), "fsdp", "bf16", None)
+    assert [u["name"] for u in table["units"]] == ["root", "layers.0", "layers.1", "layers.2", "layers.3"]
+    assert [u["params"] for u in table["units"]] == [2_000_000] + [3_000_000] * 4 and "collectives.parquet" in source
+    df = project_run(run, "h200x8_400g_per_gpu", [8, 128], backend="fsdp", compute_ms=20.0)
+    assert df.attrs["backend"] == "fsdp" and (df["allgather_s"].iloc[1:] > 0).all()
+    # sharded state falls with the GPUs; compute given by the user
+    assert df["memory_states_bytes"].iloc[2] == pytest.approx(16 * PARAMETERS / 128)
+    assert df["forward_s"].iloc[0] + df["backward_compute_s"].iloc[0] == pytest.approx(0.020)
+    with pytest.raises(UsageError, match="--fsdp-units"):
+        project_run(_job_run(tmp_path / "ddp"), "p5.48xlarge", [8], backend="fsdp")
+    even = project_run(_job_run(tmp_path / "ddp2"), "p5.48xlarge", [8], backend="fsdp", fsdp_units=4)
+    assert even["num_buckets"].iloc[1] > 0
+
+
+def test_a_run_on_the_targets_gpu_keeps_its_compute_and_its_jitter(tmp_path):
+    run = _job_run(tmp_path, gpu_name="NVIDIA H100 80GB HBM3")
+    df = project_run(run, "p5.48xlarge", [8, 128])
+    steps = run.steps()
+    steps = steps[~steps["warmup"]]
+    assert df["forward_s"].iloc[0] == pytest.approx(steps["forward_s"].mean())
+    said = {name: (value, source) for name, value, source in df.attrs["parameters"]}
+    assert "the run's" in said["step jitter (CV)"][1] and df["straggler_s"].iloc[-1] > df["straggler_s"].iloc[1] > 0
+    # another device: the run's own MFU transfers (A100 has no published one)
+    a100 = project_run(run, "p4d.24xlarge", [8])
+    assert "the run's own" in {n: s for n, _, s in a100.attrs["parameters"]}["forward + backward compute"]
+
+
+def test_the_cli_prints_the_curve_with_intervals_and_the_sources(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    run = _job_run(tmp_path / "job")
+    assert cli.main(["project", str(run), "--cluster", "p5.48xlarge", "--gpus", "8,32,128"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "MyTransformer" in out or "job" in out
+    assert "[" in out and "set by" in out and "cannot be the GPU's" in out
+    assert cli.main(["project", str(run), "--cluster", "p5.48xlarge", "--gpus", "8", "--json"]) in (0, None)
+    assert '"step_s_lo"' in capsys.readouterr().out
+    assert cli.main(["project", str(tmp_path / "nothing"), "--cluster", "p5.48xlarge", "--gpus", "8"]) == 2
+    assert "summary.json" in capsys.readouterr().err
