@@ -17,6 +17,7 @@ line, launchers, records or figures: a run's records come in as its reader (scal
 - cluster.py  cluster presets (presets/*.yaml); one GPU's published throughput (scaling/devices.yaml)
 - compute.py  one worker's step (data, forward, backward, optimizer) from a run, a device, or a transformer's MFU
 - project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
+- from_run.py project_run: a user's own measured run (its records) projected, with intervals from its steps
 - overlay.py  project_sweep, add_projection: projected columns for `scaling report` (a sweep with workers.cluster)
 - make_layer_tables.py  regenerates layers/*.json (needs torch and the instrument's FLOP counting; never
               imported by the package)
