@@ -123,7 +123,8 @@ def run_layer_table(run, profile: dict, backend: str, precision: str, samples_pe
     # gradients in equal tensors of at most 1 MiB, in backward order, each ready in proportion to its bytes
     count = max(1, math.ceil(parameters * BYTES_PER_GRAD_ELEMENT / MAX_TENSOR_BYTES))
     sizes = [parameters // count + (1 if i < parameters % count else 0) for i in range(count)]
-    layers = [{"name": f"grad{i}", "backward_flops": float(n), "params": [[f"grad{i}", n]]} for i, n in enumerate(sizes)]
+    layers = [{"name": f"grad{i}", "backward_flops": float(n), "params": [[f"grad{i}", n]]}
+              for i, n in enumerate(sizes)]
     if backend == "fsdp":
         named, units_source = _fsdp_units(run, profile, reduce_bytes, fsdp_units)
     else:
@@ -166,7 +167,8 @@ def _target_compute(run, summary: dict, profile: dict, steps: pd.DataFrame, clus
     same = _same_device(run_device, cluster.device) and compute_ms is None and mfu is None
     if same:
         if precision is not None and normalize_precision(precision) != base.precision:
-            raise UsageError(f"the run ran at {base.precision} on {run_device}; --precision {precision} needs another run")
+            raise UsageError(f"the run ran at {base.precision} on {run_device}; --precision {precision} needs "
+                             "another run")
         compute = replace(base, data_s=means["data_s"], forward_s=means["forward_s"],
                           backward_s=means["backward_compute_s"], optimizer_s=means["optimizer_s"])
         params += [("forward + backward compute", f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
@@ -194,7 +196,8 @@ def _target_compute(run, summary: dict, profile: dict, steps: pd.DataFrame, clus
     if bandwidth:
         optimizer = adamw_estimate_s(float(profile["parameters"]), bandwidth * 1e9)
         params.append(("optimizer step", f"{1e3 * optimizer:.3f} ms", f"AdamW, memory-bound: 28 bytes x "
-                       f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s datasheet)"))
+                       f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s "
+                       "datasheet)"))
     else:
         optimizer = means["optimizer_s"]
         params.append(("optimizer step", f"{1e3 * optimizer:.2f} ms", "the run's optimizer_s (no device bandwidth)"))
@@ -227,8 +230,8 @@ def _compute_rate(summary: dict, cluster: Cluster, spec: dict, precision: str | 
                          f"GPU's, and no MFU is published for {cluster.device}: give --mfu (e.g. 0.35) or --compute-ms")
     peak = ((spec.get("peak_tflops_per_s") or {}).get(target))
     if not peak:
-        raise UsageError(f"no {target} peak for {cluster.device or 'this cluster (no device)'} in scaling/devices.yaml; "
-                         "give --compute-ms")
+        raise UsageError(f"no {target} peak for {cluster.device or 'this cluster (no device)'} in "
+                         "scaling/devices.yaml; give --compute-ms")
     return target, mfu * peak * 1e12, f"{source} of {cluster.device}'s {target} peak, {peak:g} TFLOP/s"
 
 
@@ -276,8 +279,9 @@ def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend:
     else:
         parameters.append(("step jitter (CV)", f"{100 * cluster.step_jitter_cv:.2g}%",
                            f"the preset {cluster.name}'s (the run's {100 * cv:.1f}% was measured on another device)"))
-    if backend == "fsdp" and "reshard_after_forward" not in kwargs and summary.get("fsdp_reshard_after_forward") is not None:
-        kwargs["reshard_after_forward"] = "all" if summary["fsdp_reshard_after_forward"] else "none"
+    reshard = summary.get("fsdp_reshard_after_forward")
+    if backend == "fsdp" and "reshard_after_forward" not in kwargs and reshard is not None:
+        kwargs["reshard_after_forward"] = "all" if reshard else "none"
     if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in ("fp32", "bf16"):
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
     kwargs.setdefault("activation_checkpointing", "none")
@@ -298,7 +302,7 @@ def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend:
     parameters.append(("interval", f"compute x {low:.3f} to x {high:.3f}",
                        f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
                        f"{len(steps)} steady-state steps' compute over their mean"))
-    df.attrs.update(parameters=parameters, run=str(run), tokens=table["seq_len"] > 1, run_backend=summary.get("backend"))
+    df.attrs.update(parameters=parameters, run=str(run), tokens=table["seq_len"] > 1)
     return df
 
 
