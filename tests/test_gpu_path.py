@@ -633,14 +633,7 @@ def _script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def _script_main(capsys, *args: str) -> tuple[int, str]:
     """The script's `main()` in this process (its `__main__` block only hands the code to `os._exit`):
     the exit status and what it wrote to stderr."""
-    import importlib.util
-
-    module = sys.modules.get("gpu_first_contact")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("gpu_first_contact", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_first_contact"] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
+    module = _first_contact_module()
     capsys.readouterr()
     try:
         code = module.main(list(args))
@@ -676,21 +669,72 @@ DRY_RUN_INJECT_S = 0.5
 DRY_RUN_BAR = 0.20  # the test's own bar, not the script's --tolerance-dry: the worst seen above is 5.7% (3.5x under it)
 
 
-@pytest.mark.slow  # runs the script in a subprocess, which trains a 1-rank DDP group
+def test_profiler_rule_judges_the_last_buckets_and_reports_the_overlapped_lag():
+    """Step 06's rule on made-up offsets: the H200's pattern (overlapped buckets' events ~150 us late, the last
+    bucket's on time) passes and reports the lag; a last bucket that drifts, or an earlier event after the
+    last one, fails."""
+    module = _first_contact_module()
+    kernels = [[0.0, 900.0, 1800.0, 5000.0], [30000.0, 30900.0, 31800.0, 35000.0]]
+    # lags behind the kernels' ends: step 0 150, 150, 150, 0 us; step 1 150, 150, 130, 5 us. Offsets are
+    # from the first event and the first kernel, so the first bucket's lag (150) is subtracted from all.
+    late = [[0.0, 900.0, 1800.0, 4850.0], [30000.0, 30900.0, 31780.0, 34855.0]]
+    judged = module.judge_completion_lags(late, kernels, 20.0)
+    assert judged["passed"], judged
+    assert judged["lag_beyond_last_bucket_us"] == [[150.0, 150.0, 150.0, 0.0], [145.0, 145.0, 125.0, 0.0]]
+    assert judged["overlapped_lag_us_median"] == pytest.approx(147.5)
+    assert judged["last_bucket_spread_us"] == pytest.approx(5.0)
+    assert judged["allreduce_overstatement_bound_s_per_step"] == pytest.approx((450 + 415) / 2 / 1e6)
+    drifting = [row[:] for row in late]
+    drifting[1][-1] += 60.0
+    assert not module.judge_completion_lags(drifting, kernels, 20.0)["passed"]
+    crossed = [row[:] for row in late]
+    crossed[0][2] = 4900.0  # an overlapped bucket's event after the last bucket's: exposure would take its lag
+    assert not module.judge_completion_lags(crossed, kernels, 1000.0)["passed"]
+
+
+def _first_contact_module():
+    import importlib.util
+
+    module = sys.modules.get("gpu_first_contact")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("gpu_first_contact", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_first_contact"] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # runs the script in a subprocess: every step, CPU-sized, each in a forked process of its own
 def test_first_contact_script_dry_run_writes_one_file_per_step(tmp_path):
-    """The environment and the ground truth on a 1-rank gloo DDP group (the GPU one's code path:
-    the instrument timing a DDP model at world size 1, the injection, injected_s), plus the
-    GPU-only steps written as skipped with why."""
+    """Every step's code on CPU: the bare loops and the lab's runs (eager and compiled), the host-cost ABBA, a
+    Hugging Face model through attach, FSDP2 over 2 gloo ranks, the ground truth on a 1-rank gloo DDP group
+    (the GPU one's code path: the instrument timing a DDP model at world size 1, the injection, injected_s);
+    the CUDA-only steps written as skipped with why; the summary's goal table."""
     out = tmp_path / "results"
-    result = _script("--dry-run", "--only", "env,nccl_ground_truth,profiler,sync_audit", "--out", str(out),
-                     "--inject-s-dry", str(DRY_RUN_INJECT_S))
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = _script("--dry-run", "--out", str(out), "--inject-s-dry", str(DRY_RUN_INJECT_S), timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    module = _first_contact_module()
     files = sorted(p.name for p in out.glob("*.json"))
-    assert files == ["01-env.json", "05-nccl_ground_truth.json", "06-profiler.json", "07-sync_audit.json", "summary.json"]
-    env = json.loads((out / "01-env.json").read_text())
-    assert env["status"] == "passed" and env["torch"] == torch.__version__ and not env["missing_required_modules"]
-    truth = json.loads((out / "05-nccl_ground_truth.json").read_text())
-    assert truth["status"] == "passed", truth
+    assert files == sorted([f"{i + 1:02d}-{name}.json" for i, name in enumerate(module.STEPS)] + ["summary.json"])
+    records = {name: json.loads((out / f"{i + 1:02d}-{name}.json").read_text())
+               for i, name in enumerate(module.STEPS)}
+    for name, record in records.items():
+        expected = "skipped" if name in ("profiler", "sync_audit") else "passed"
+        assert record["status"] == expected, (name, record.get("error") or record.get("reason"), record.get("checks"))
+        assert record["budget_s"] > 0 and record["wall_s"] >= 0
+    env = records["env"]
+    assert env["torch"] == torch.__version__ and not env["missing_required_modules"]
+    for name in ("gpt2_eager", "gpt2_compiled"):
+        for row in records[name]["runs"].values():
+            assert row["bare"]["step_s"] > 0 and row["lab"]["step_s"] > 0 and row["lab_over_bare"] > 0
+    assert records["resnet50"]["lab_over_bare"] > 0
+    host = records["host_cost"]["jobs"]
+    assert len(host) == 3
+    assert all(len(job["ratios"]) == job["pairs"] and job["ratio_median"] > 0 for job in host.values())
+    hf = records["hf_gpt2"]["summary"]
+    assert hf["precision"] == "bf16" and hf["throughput_tokens_per_s"] > 0 and hf["tokens_per_sample"] == 32
+    assert records["fsdp2_gloo"]["collectives_recorded"] > 0
+    truth = records["nccl_ground_truth"]
     assert truth["requested_s"] == DRY_RUN_INJECT_S
     assert truth["measured_injected_s"] >= truth["requested_s"]  # a host sleep lasts at least what was asked
     # The verdict from the run's own records, read here against the test's bar: the script's
@@ -709,11 +753,11 @@ def test_first_contact_script_dry_run_writes_one_file_per_step(tmp_path):
         growth = float(injected[name].min() - base[name].min())  # the fastest of each arm (module comment)
         assert abs(growth - measured) <= DRY_RUN_BAR * measured, (name, growth, measured)
         assert truth["growth_s"][name] == pytest.approx(growth) and truth["tolerance"] == DRY_RUN_BAR
-    for skipped in ("06-profiler.json", "07-sync_audit.json"):
-        record = json.loads((out / skipped).read_text())
-        assert record["status"] == "skipped" and record["reason"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == [] and summary["dry_run"] is True
+    assert summary["goals"] and all(row["passed"] is None for row in summary["goals"])  # a CPU judges no GPU goal
+    assert {row["step"] for row in summary["goals"]} == set(module.STEPS)
+    assert "| step | goal | value | target | verdict |" in (out / "summary.md").read_text()
 
 
 # --- GPU only: skipped with the reason where CUDA is absent ---------------------------------------------
