@@ -190,7 +190,8 @@ class StepMeter:
     """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
 
     def __init__(self, model, optimizer, *, settings: InstrumentSettings, parts: Parts, run_dir=None,
-                 forward_module=None, forward_backward=None, calibration_data=None, name: str | None = None,
+                 forward_module=None, flops_module=None, forward_backward=None, calibration_data=None,
+                 name: str | None = None,
                  target_accuracy: float | None = None, target_loss: float | None = None):
         self.settings = settings
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
@@ -198,8 +199,10 @@ class StepMeter:
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         self.model, self.optimizer = model, optimizers[0]
         self.backend = detect(model, optimizers[0])
+        # the module whose forward is the model's, for the FLOPs count and the job's description
+        self.flops_module = flops_module if flops_module is not None else self.backend.plain_model
         self.forward_backward, self.calibration_data = forward_backward, calibration_data
-        self.name = name or type(self.backend.plain_model).__name__
+        self.name = name or type(self.flops_module).__name__
         self.target_accuracy = target_accuracy
         self.target_loss = target_loss  # a lower-is-better target on the `val_loss` column, instead of the accuracy's
         self.finisher = parts.finisher
@@ -786,7 +789,7 @@ class StepMeter:
         if self._real_tokens_per_sample is not None:
             observed_input["real_tokens_per_sample"] = self._real_tokens_per_sample
         try:
-            counts = flops.training_flops_per_sample(self.backend.plain_model, self._input_shape[1:], self._num_outputs or 2,
+            counts = flops.training_flops_per_sample(self.flops_module, self._input_shape[1:], self._num_outputs or 2,
                                                      input_dtype=self._input_dtype or torch.float32,
                                                      input_keyword=self._input_keyword)
         except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
@@ -810,7 +813,7 @@ class StepMeter:
     def observed(self) -> dict:
         """What the instrument saw of the job (written to job.json; a summary's description of it)."""
         return {
-            "model": type(self.backend.plain_model).__name__,
+            "model": type(self.flops_module).__name__,
             "backend": self.backend.observed_backend(),
             "precision": self._precision,
             "per_worker_batch": self._per_rank_batch,
@@ -894,7 +897,8 @@ class StepMeter:
                              started_at=self._started_at, wall_s=time.time() - self.attached_unix)
 
 
-def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backward=None, calibration_data=None,
+def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=None, forward_backward=None,
+           calibration_data=None,
            name: str | None = None, target_accuracy: float | None = None, target_loss: float | None = None,
            settings: InstrumentSettings | None = None,
            parts: Parts | None = None, **overrides) -> StepMeter:
@@ -904,6 +908,8 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
       whose optimizer is `hvd.DistributedOptimizer`.
     - `forward_module`: the module the loop calls for forward, when it is not `model` (a
       `torch.compile`d wrapper: hooks on the module inside a compiled graph would be traced).
+    - `flops_module`: the module whose forward the FLOPs are counted on, when the wrapped module
+      runs more than the model (Lightning's DDP forward is `training_step`: scaling/integrations/).
     - `forward_backward(batch)`, `calibration_data`: for the A/B communication overhead.
     - `run_dir`: where the records go (None under `scaling run`, which hands it over; None on its
       own keeps them in memory only). `name`, `target_accuracy`: what the summary says of the job;
@@ -934,5 +940,6 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, forward_backw
                       "(the lab registers its finisher when installed: pip install -e .; or pass "
                       "parts=Parts(finisher=...))", stacklevel=2)
     return StepMeter(model, optimizer, settings=settings, parts=parts, run_dir=run_dir, forward_module=forward_module,
+                     flops_module=flops_module,
                      forward_backward=forward_backward, calibration_data=calibration_data, name=name,
                      target_accuracy=target_accuracy, target_loss=target_loss)
