@@ -509,12 +509,12 @@ class StepMeter:
                 self._end_training()
 
     def _times_collectives(self, step: int) -> bool:
-        """Whether training step `step` times its collectives: every warm-up step, then every
-        `collective_timing_every`th from the first steady one (settings.py)."""
+        """Whether training step `step` times its collectives: every warm-up step, the first N steady ones,
+        then every Nth, N = `collective_timing_every` (settings.py)."""
         if not self.backend.samples_collectives:
             return True
-        warmup = self.settings.warmup_steps
-        return step < warmup or (step - warmup) % self.settings.collective_timing_every == 0
+        steady, every = step - self.settings.warmup_steps, self.settings.collective_timing_every
+        return steady < every or steady % every == 0
 
     def _end_micro_batch(self, request) -> bool:
         """The batch in progress ends at `request`: whether the next batch continues its step (rule, module docstring)."""

@@ -48,13 +48,13 @@ class InstrumentSettings:
     """Training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none."""
     step_timing: bool = True
     """Per-step records and the A/B window; False = epoch timing only (to measure the instrument's own cost)."""
-    collective_timing_every: int = 1
-    """Time each collective (DDP's per-bucket all-reduces) on every Nth training step after the warm-up (and on
-    every warm-up step and A/B step); the other steps record their phases only, their communication columns
-    left empty (NaN), and pay only DDP's one Python callback per bucket. 1 = every step. On a launch-bound GPU
-    step the per-bucket marks cost a share of the step (docs/benchmarks.md, the instrument's host cost): 10 keeps
-    the figures and takes that share down; they then rest on the timed steps, whose count the summary gives
-    (`comm_timed_steps`)."""
+    collective_timing_every: int = 10
+    """Time each collective (DDP's per-bucket all-reduces) on every warm-up step, every A/B step, the first N
+    training steps after the warm-up, then every Nth (as DDP's own logger samples its first iterations, then every
+    Nth); the other steps record their phases only, their communication columns empty (NaN), and run DDP's own
+    C++ all-reduce path, no Python per bucket. 1 = every step. The communication figures then rest on the timed
+    steps, whose count the summary gives (`comm_timed_steps`); docs/method.md, and docs/benchmarks.md for what
+    each choice costs."""
     telemetry_interval_s: float = 1.0
     """GPU telemetry (NVML) sampling period, seconds; 0 = off."""
 

@@ -155,8 +155,7 @@ class BucketMarks:
     waited_from: object = None  # mark: compute began to wait for it (the sharded rule's exposed time); None: never
 
 
-def _first_value(fut):
-    return fut.value()[0]
+_work_from_future = torch._C._distributed_c10d._create_work_from_future  # a Work whose wait is the future's
 
 
 def _hold_on_host(delay_s: float):
@@ -177,32 +176,15 @@ def _hold_on_device(spin_cycles: int):
     return hold
 
 
-class CommTimingHook:
-    """A DDP comm hook that times every bucket's all-reduce around an inner hook, on the steps asked.
+class _BucketTimer:
+    """What the comm hook and the timing process group share: the clock, the ground-truth delay,
+    the `timed` flag, the marks taken since the last `take()` and the Python time spent (`host_s`)."""
 
-    Register with `ddp_model.register_comm_hook(state=None, hook=CommTimingHook(...))` before
-    the first backward. `timed` says whether the buckets from now on are timed (the meter sets
-    it per step: scaling/instrument/meter.py, `collective_timing_every`); `take()` returns and
-    clears the buckets marked since the last call.
-
-    Why a step may go untimed: DDP takes one comm hook per model for good, and a hook in Python
-    costs every bucket of every step a call into Python from the autograd thread; a timed bucket
-    also runs a Python callback on the communication thread when its all-reduce completes (the
-    GIL taken on the path backward waits on). An untimed bucket does what DDP's own C++
-    all-reduce hook does (divide, all-reduce, hand DDP the work's future, whose list of tensors
-    DDP reads without Python) and nothing else: no mark, no callback. `host_s` sums the time
-    spent inside this hook's Python (bench/instrument_host_cost.py measures the whole cost).
-    """
-
-    def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
-        self.inner_hook = inner_hook
-        self.inner_state = inner_state
+    def _init_timer(self, clock: Clock | None, inject_delay_s: float) -> None:
         self._buckets: list[BucketMarks] = []
         self.timed = True
         self.host_s = 0.0
         self.configure(clock or Clock(), inject_delay_s)
-        # DDP logs the hook's name; give it the inner hook's, marked as timed.
-        self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
 
     def configure(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
         """Mark on `clock` and inject `inject_delay_s` per step from the next bucket on.
@@ -220,51 +202,16 @@ class CommTimingHook:
         else:
             self._hold = _hold_on_device(self.spin_cycles) if clock.cuda else _hold_on_host(inject_delay_s)
 
-    def wrap(self, inner_hook, inner_state=None) -> None:
-        """Time `inner_hook` (a user's own comm hook, a compression hook) from now on."""
-        self.inner_hook, self.inner_state = inner_hook, inner_state
-        self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
-
-    def __call__(self, state, bucket):
-        entered = time.perf_counter()
-        future = self._timed(bucket) if self.timed else self._untimed(bucket)
-        self.host_s += time.perf_counter() - entered
-        return future
-
-    def _untimed(self, bucket):
-        if self.inner_hook is allreduce_hook:
-            group = self.inner_state if self.inner_state is not None else dist.group.WORLD
-            tensor = bucket.buffer()
-            tensor.div_(group.size())
-            # the process group's own call, as DDP's C++ hook makes it (dist.all_reduce's Python
-            # wrapper costs more than the rest of this path), and DDP's one required callback
-            # (a hook's future must hold the tensor as a Python object): the only Python per bucket
-            future = group.allreduce([tensor]).get_future().then(_first_value)
-        else:
-            future = self.inner_hook(self.inner_state, bucket)
-        if self._hold is not None and bucket.is_last():
-            # the ground truth holds every step's last bucket, timed or not (the module docstring)
-            future = future.then(self._hold)
-        return future
-
-    def _timed(self, bucket):
+    def _marked(self, index: int, last: bool, issue):
+        """The future of a bucket's all-reduce, issued by `issue()` once its hand-over is marked,
+        followed by the callback that marks its completion (and holds it for the ground-truth delay
+        if it is the step's last bucket): what DDP then waits on. Its value is the all-reduce's."""
         clock = self.clock
-        marks = BucketMarks(index=bucket.index(), handed_over=clock.mark())
+        marks = BucketMarks(index=index, handed_over=clock.mark())
         self._buckets.append(marks)
-        last = bucket.is_last()
+        future = issue()
         delay_s = self.inject_delay_s if last else 0.0
         spin_cycles = self.spin_cycles if last else 0
-        if self.inner_hook is allreduce_hook:
-            # allreduce_hook's own work, without its `.then(lambda fut: fut.value()[0])`: one Python
-            # callback per bucket instead of two. Each runs on gloo's thread once it has the GIL, on
-            # the path DDP's backward waits on, and a process with other Python threads (a Ray
-            # worker's) can keep it waiting for the GIL.
-            group = self.inner_state if self.inner_state is not None else dist.group.WORLD
-            tensor = bucket.buffer()
-            tensor.div_(group.size())
-            future, first_of_list = dist.all_reduce(tensor, group=group, async_op=True).get_future(), True
-        else:
-            future, first_of_list = self.inner_hook(self.inner_state, bucket), False
 
         def on_complete(fut):
             # gloo: runs on its communication thread once the all-reduce has finished. NCCL:
@@ -282,13 +229,115 @@ class CommTimingHook:
                 marks.injected = (before, marks.completed)
             else:
                 marks.completed = clock.mark()
-            return fut.value()[0] if first_of_list else fut.value()
+            return fut.value()
 
         return future.then(on_complete)
 
     def take(self) -> list[BucketMarks]:
         taken, self._buckets = self._buckets, []
         return taken
+
+
+class TimingProcessGroup(dist.ProcessGroup, _BucketTimer):
+    """The process group a DDP model's reducer all-reduces its buckets through on the steps whose
+    collectives are timed (and on every step while a ground-truth delay is injected): each call
+    is the real group's all-reduce, marked when handed over and when completed.
+
+    Why a process group and not a comm hook: DDP's reducer all-reduces each bucket itself, in C++,
+    when the model has no comm hook; a comm hook, once registered, runs Python for every bucket of
+    every step for good. The reducer's group can be swapped between steps
+    (`Reducer._update_process_group`, a pointer swap): the DDP backend hands it this group on the
+    steps it times and the real one on the others, which then run exactly DDP's own C++ path
+    (scaling/instrument/backends/ddp.py). The reducer divides the gradients by the world size
+    itself on that path, so this group only all-reduces.
+
+    The reducer calls it for its buckets in index order, one call each per synchronising backward,
+    and for two other things: the map of unused parameters (`find_unused_parameters`, an integer
+    tensor: passed on, never a bucket) and the first iteration's broadcast of the rebuilt
+    buckets' order (passed on). The step's last bucket, where the ground truth holds, is the call
+    whose number is `bucket_count()`, the model's number of buckets (every synchronising backward
+    all-reduces every bucket), given by the backend where a delay is injected.
+    """
+
+    def __init__(self, group, clock: Clock | None = None, inject_delay_s: float = 0.0, bucket_count=None):
+        super().__init__(group.rank(), group.size())
+        self.group = group
+        self.bucket_count = bucket_count
+        self._calls = 0  # bucket all-reduces since the last `take()`
+        self._init_timer(clock, inject_delay_s)
+
+    # Called from C++ (the reducer), also inside a compiled DDP forward (the first iteration's broadcast):
+    # never traced, always run as written.
+    @torch.compiler.disable
+    def allreduce(self, tensors, opts):
+        entered = time.perf_counter()
+        if not tensors[0].is_floating_point():  # the reducer's map of unused parameters, not a bucket
+            return self.group.allreduce(tensors, opts)
+        index, self._calls = self._calls, self._calls + 1
+        last = self._hold is not None and self._calls == self.bucket_count()
+        group = self.group
+        if self.timed:
+            future = self._marked(index, last, lambda: group.allreduce(tensors, opts).get_future())
+        else:
+            work = group.allreduce(tensors, opts)
+            if not (last and self._hold is not None):
+                self.host_s += time.perf_counter() - entered
+                return work
+            future = work.get_future().then(self._hold)  # the ground truth holds every step's last bucket
+        # the reducer waits on this work's future: the callback above (a mark, a hold) is on its path
+        work = _work_from_future(future)
+        self.host_s += time.perf_counter() - entered
+        return work
+
+    @torch.compiler.disable
+    def broadcast(self, tensors, opts):
+        return self.group.broadcast(tensors, opts)
+
+    @torch.compiler.disable
+    def barrier(self, opts):
+        return self.group.barrier(opts)
+
+    def getBackendName(self):
+        return self.group.name()
+
+    def take(self) -> list[BucketMarks]:
+        self._calls = 0
+        return super().take()
+
+
+class CommTimingHook(_BucketTimer):
+    """A DDP comm hook that times every bucket's all-reduce around a user's own comm hook (or a
+    compression hook), on the steps asked.
+
+    Used only where the model has a comm hook of its own to run (scaling/instrument/backends/ddp.py):
+    without one, `TimingProcessGroup` times the buckets and the untimed steps run no Python at all.
+    Register with `ddp_model.register_comm_hook(state=None, hook=CommTimingHook(...))` before
+    the first backward. `timed` says whether the buckets from now on are timed (the meter sets
+    it per step: scaling/instrument/meter.py, `collective_timing_every`); `take()` returns and
+    clears the buckets marked since the last call. An untimed bucket runs the inner hook and
+    nothing else: no mark, no callback (but the ground truth's hold on the last bucket). `host_s`
+    sums the time spent inside this hook's Python (bench/instrument_host_cost.py measures the
+    whole cost).
+    """
+
+    def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
+        self.inner_hook = inner_hook
+        self.inner_state = inner_state
+        self._init_timer(clock, inject_delay_s)
+        # DDP logs the hook's name; give it the inner hook's, marked as timed.
+        self.__name__ = self.__qualname__ = f"timed_{getattr(inner_hook, '__name__', 'hook')}"
+
+    def __call__(self, state, bucket):
+        entered = time.perf_counter()
+        if self.timed:
+            future = self._marked(bucket.index(), bucket.is_last(), lambda: self.inner_hook(self.inner_state, bucket))
+        else:
+            future = self.inner_hook(self.inner_state, bucket)
+            if self._hold is not None and bucket.is_last():
+                # the ground truth holds every step's last bucket, timed or not (the module docstring)
+                future = future.then(self._hold)
+        self.host_s += time.perf_counter() - entered
+        return future
 
 
 def interval_union_s(intervals: list[tuple[float, float]]) -> float:

@@ -1,11 +1,15 @@
-"""PyTorch DistributedDataParallel: the comm-hook timer, `no_sync`, and DDP's own timers.
+"""PyTorch DistributedDataParallel: bucket timing, `no_sync`, and DDP's own timers.
 
-Timing is a DDP comm hook (`CommTimingHook`, scaling/instrument/timing.py) wrapped around the
-hook the user registers, or PyTorch's `allreduce_hook`. DDP allows one comm hook per model and
-never lets it be replaced, so the instrument must be attached *before* a user's own hook is
-registered: attaching wraps the model's `register_comm_hook`, and a hook registered afterwards
-(a compression hook, say) is kept and timed. A model that already has a hook is refused with
-that one-line explanation. DDP's backward returns only once every bucket's all-reduce
+Without a comm hook, DDP's reducer all-reduces each gradient bucket itself, in C++. The
+instrument keeps it that way: on the steps whose collectives it times (and on every step while a
+ground-truth delay is injected) it hands the reducer a `TimingProcessGroup` (scaling/instrument/
+timing.py) that marks each bucket's all-reduce, and on the other steps the model's own group, so
+they run DDP's own path with no Python per bucket. A model with a comm hook (a user's own, a
+compression hook) has Python per bucket anyway: its hook is timed inside a `CommTimingHook`.
+DDP allows one comm hook per model and never lets it be replaced, so the instrument must be
+attached *before* a user's hook is registered: attaching wraps the model's `register_comm_hook`,
+and a hook registered afterwards is kept and timed. A model that already has a hook is refused
+with that one-line explanation. DDP's backward returns only once every bucket's all-reduce
 completed: nothing to wait for after it.
 
 A DDP model communicates even at world size 1 (a 1-rank NCCL group: the GPU ground truth,
@@ -19,7 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from scaling.instrument.backends.base import Backend
-from scaling.instrument.timing import BucketMarks, Clock, CommTimingHook
+from scaling.instrument.timing import BucketMarks, Clock, CommTimingHook, TimingProcessGroup
 
 
 class DDPBackend(Backend):
@@ -34,7 +38,9 @@ class DDPBackend(Backend):
 
     def __init__(self, model: DistributedDataParallel, optimizer):
         super().__init__(model, optimizer)
-        self._timer: CommTimingHook | None = None
+        self._timer: CommTimingHook | TimingProcessGroup | None = None
+        self._reducer_group = None  # the group the reducer all-reduces through now (TimingProcessGroup timer)
+        self._buckets_counted: tuple[bool, int] | None = None  # (rebuilt?, how many): `_count_buckets`
 
     @classmethod
     def process_group(cls, choice: str, use_gpu: bool) -> str:
@@ -61,15 +67,41 @@ class DDPBackend(Backend):
             raise ValueError(
                 f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only one: "
                 "attach the instrument first, then register your hook (it is kept and timed)")
-        self._timer = CommTimingHook(clock, inject_delay_s=inject_delay_s)
-        self.model.register_comm_hook(state=None, hook=self._timer)
-        timer, model = self._timer, self.model
+        model = self.model
+        self._timer = TimingProcessGroup(model.process_group, clock, inject_delay_s,
+                                         bucket_count=lambda: self._buckets_counted[1])
+        self._reducer_group = model.process_group
+        if inject_delay_s:
+            model.register_forward_hook(self._count_buckets)
+        self.time_collectives(True)
 
         def register_comm_hook(state, hook):
-            # The user's hook becomes the timed one's inner hook: kept, and timed.
-            timer.wrap(hook, state)
+            # The user's hook becomes a timed hook's inner hook: kept, and timed. The reducer goes back
+            # to the model's own group for good (the hook issues its own collectives).
+            timer = self._timer
+            self._use_group(model.process_group)
+            hooked = CommTimingHook(timer.clock, inner_hook=hook, inner_state=state, inject_delay_s=timer.inject_delay_s)
+            hooked.timed = timer.timed
+            DistributedDataParallel.register_comm_hook(model, state=None, hook=hooked)
+            self._timer = hooked
 
         model.register_comm_hook = register_comm_hook
+
+    @torch.compiler.disable
+    def _count_buckets(self, module, args, output) -> None:
+        """After a forward (where a ground-truth delay is injected): the model's number of gradient buckets,
+        which the coming backward all-reduces, the last one held. Counted at the first forward and again
+        after DDP rebuilt its buckets (its second iteration's forward); never inside backward, where the
+        reducer holds the lock that counting takes."""
+        rebuilt = bool(getattr(self.model, "_has_rebuilt_buckets", False))
+        if self._buckets_counted is None or self._buckets_counted[0] != rebuilt:
+            # copies of the buckets, made twice per run, in ground-truth runs only
+            self._buckets_counted = (rebuilt, len(self.model.reducer._get_zeros_like_grad_buckets()))
+
+    def _use_group(self, group) -> None:
+        if group is not self._reducer_group:
+            self.model.reducer._update_process_group(group)
+            self._reducer_group = group
 
     def no_sync(self):
         # DDP decides in forward whether the coming backward synchronises: the whole
@@ -80,8 +112,13 @@ class DDPBackend(Backend):
         return self._timer.take() if self._timer is not None else []
 
     def time_collectives(self, timed: bool) -> None:
-        if self._timer is not None:
-            self._timer.timed = timed
+        timer = self._timer
+        if timer is None:
+            return
+        timer.timed = timed
+        if isinstance(timer, TimingProcessGroup):
+            # untimed steps without a ground truth to hold run DDP's own C++ path (module docstring)
+            self._use_group(timer if timed or timer.inject_delay_s else self.model.process_group)
 
     def take_host_s(self) -> float:
         if self._timer is None:

@@ -50,9 +50,10 @@ class DDP(LabBackend):
             bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
             **NO_BUFFER_SYNC_IN_FORWARD,
         )
-        inner = COMPRESSION_HOOKS[cfg.instrument.grad_compression]
-        if cfg.instrument.step_timing:
-            ddp.register_comm_hook(state=None, hook=timing.CommTimingHook(inner_hook=inner))  # the instrument adopts it
-        elif cfg.instrument.grad_compression != "none":
-            ddp.register_comm_hook(state=None, hook=inner)
+        # No compression: no comm hook, so the instrument times the buckets through the reducer's process
+        # group on the steps it samples and the others run DDP's own C++ path (scaling/instrument/backends/ddp.py).
+        if cfg.instrument.grad_compression != "none":
+            inner = COMPRESSION_HOOKS[cfg.instrument.grad_compression]
+            hook = timing.CommTimingHook(inner_hook=inner) if cfg.instrument.step_timing else inner
+            ddp.register_comm_hook(state=None, hook=hook)  # a CommTimingHook: the instrument adopts it
         return ddp, optimizer, lambda: None
