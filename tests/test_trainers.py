@@ -1,0 +1,106 @@
+"""The trainers' callbacks (scaling/integrations/) on real transformers and Lightning jobs, 2 gloo ranks.
+
+One pair of spawned processes runs every case of tests/trainer_jobs.py (a tiny GPT-2 through the
+Hugging Face Trainer, a tiny classifier through Lightning's DDP strategy; each with dropout, 2
+micro-batches per optimizer step, 6 optimizer steps), without the callback, with it, and with a
+delay D injected into every synchronised all-reduce. What is proven, for each trainer:
+- **nothing changes in the training**: the trained parameters are the same, bit for bit, with and
+  without the callback (the HF one runs its A/B calibration on the Trainer's own batches);
+- **a step is an optimizer step** with the trainer's accumulation: 6 step records per rank, each
+  of 2 micro-batches, 1 synchronised, phases that tile the step;
+- **the ground truth**: D shows in the exposed communication per optimizer step (+-15%, the
+  fastest steady step, as tests/test_real_jobs.py), and PyTorch DDP's own timers agree with the
+  instrument's (the summary's `ddp_comm_ratio` within 15%);
+- the figures a user asks for: tokens/s, FLOPs and MFU for the HF model, TTA to an eval loss,
+  the Trainer's token all-gather (once per optimizer step) in its own column.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch.multiprocessing as mp
+
+from scaling.testbed.local_cluster import free_port
+from tests import trainer_jobs
+
+pytest.importorskip("transformers")
+pytest.importorskip("lightning")
+pytestmark = pytest.mark.slow
+
+EPS_S = 1e-6
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """case -> (rank 0's result, run directory or None), from one pair of gloo processes."""
+    tmp = tmp_path_factory.mktemp("trainers")
+    cases = list(trainer_jobs.CASES)
+    mp.start_processes(trainer_jobs.world_job, args=(free_port(), str(tmp), cases), nprocs=2, join=True,
+                       start_method="spawn")
+    return {name: (json.loads((tmp / f"result-{name}.rank0.json").read_text()),
+                   tmp / name if (tmp / name).exists() else None) for name in cases}
+
+
+def _train(run_dir) -> pd.DataFrame:
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    return steps[steps["kind"] == "train"]
+
+
+def _summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("trainer", ["hf", "pl"])
+def test_the_callback_changes_nothing_in_the_training(world, trainer):
+    assert world[f"{trainer}_plain"][0]["parameters"] == world[trainer][0]["parameters"]
+    assert world[f"{trainer}_plain"][0]["parameters"] == world[f"{trainer}_delay"][0]["parameters"]
+
+
+@pytest.mark.parametrize("trainer", ["hf", "pl"])
+def test_a_step_is_an_optimizer_step_with_the_trainers_accumulation(world, trainer):
+    run_dir = world[trainer][1]
+    train = _train(run_dir)
+    assert len(train) == 2 * trainer_jobs.OPTIMIZER_STEPS  # ranks x optimizer steps
+    assert (train["micro_batches"] == trainer_jobs.ACCUMULATE).all()
+    assert (train["synced_micro_batches"] == 1).all() and (train["optimizer_steps"] == 1).all()
+    phases = train[["data_s", "forward_s", "backward_s", "optimizer_s"]]
+    assert (phases >= 0).all().all() and (train["forward_s"] > 0).all() and (train["backward_s"] > 0).all()
+    assert (phases.sum(axis=1) - train["step_s"]).abs().max() < EPS_S
+    epochs = pd.read_parquet(run_dir / "epochs.parquet")
+    assert (epochs["steps"] == trainer_jobs.OPTIMIZER_STEPS).all()
+    assert (epochs["samples"] == trainer_jobs.SAMPLES).all()
+    summary = _summary(run_dir)
+    assert summary["micro_batches"] == 2 and summary["synced_micro_batches"] == 1
+    assert summary["status"] == "reached_target" and summary["tta_s"] > 0  # target_loss 10: the first eval
+
+
+@pytest.mark.parametrize("trainer", ["hf", "pl"])
+def test_injected_delay_shows_in_exposed_communication_per_optimizer_step(world, trainer):
+    def fastest(run_dir):
+        train = _train(run_dir)
+        return train.loc[~train["warmup"], "exposed_comm_s"].min()
+
+    growth = fastest(world[f"{trainer}_delay"][1]) - fastest(world[trainer][1])
+    print(f"{trainer}: injected {trainer_jobs.DELAY_S} s per optimizer step; exposed grew {growth:.4f} s")
+    assert growth == pytest.approx(trainer_jobs.DELAY_S, rel=0.15)
+    summary = _summary(world[f"{trainer}_delay"][1])
+    assert summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.15) and not summary["ddp_disagrees"]
+
+
+def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):
+    summary = _summary(world["hf"][1])
+    assert summary["tokens_per_sample"] == trainer_jobs.SEQ and summary["throughput_tokens_per_s"] > 0
+    assert summary["train_flops_per_sample"] > 0 and summary["mfu"] > 0
+    assert summary["target_metric"] == "val_loss" and summary["comm_overhead_pct"] is not None  # the A/B ran
+    epochs = pd.read_parquet(world["hf"][1] / "epochs.parquet")
+    assert (epochs["token_allgathers"] == trainer_jobs.OPTIMIZER_STEPS).all() and (epochs["token_allgather_s"] > 0).all()
+    assert epochs["val_loss"].notna().all()
+
+
+def test_lightning_gets_its_validation_loss(world):
+    epochs = pd.read_parquet(world["pl"][1] / "epochs.parquet")
+    assert epochs["val_loss"].notna().all()
+    assert _summary(world["pl"][1])["model"] == "Classifier"
