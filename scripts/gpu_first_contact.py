@@ -156,14 +156,6 @@ def _one_rank_group(ctx: Ctx) -> None:
                             rank=0, world_size=1)
 
 
-def avg_allreduce_hook(state, bucket):
-    """A DDP comm hook: the bucket all-reduced with ReduceOp.AVG (a real NCCL kernel even at one rank)."""
-    import torch.distributed as dist
-
-    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
 def _ddp_model(ctx: Ctx, model_name: str, num_classes: int):
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -391,7 +383,6 @@ def step_nccl_ground_truth(ctx: Ctx) -> dict:
     import torch.nn.functional as F
 
     from scaling.instrument import attach
-    from scaling.instrument.timing import CommTimingHook
 
     _one_rank_group(ctx)
     args = ctx.args
@@ -402,19 +393,21 @@ def step_nccl_ground_truth(ctx: Ctx) -> dict:
         model_name, size, classes, batch, steps, pairs = "small_cnn", 32, 10, 32, 6, 2
         inject_s, tolerance = args.inject_s_dry, args.tolerance_dry
     ddp = _ddp_model(ctx, model_name, classes)
-    hook = CommTimingHook(inner_hook=avg_allreduce_hook)
-    ddp.register_comm_hook(state=None, hook=hook)  # the instrument adopts it (instrument/backends/ddp.py)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     run_dir = ctx.out / "runs" / "nccl_ground_truth"
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    # DDP's own path, as a user's job runs it: no comm hook, the buckets timed through the instrument's
+    # process group on every step (instrument/backends/ddp.py); attached with a delay so that the group
+    # knows the last bucket, then the delay set per epoch
     meter = attach(ddp, optimizer, run_dir=run_dir, name="ground_truth", warmup_steps=5, calibration_pairs=0,
-                   telemetry_interval_s=0)
+                   telemetry_interval_s=0, collective_timing_every=1, inject_comm_delay_s=inject_s)
+    timer = meter.backend._timer
     data = _batches(ctx, steps, batch, size, classes)
     schedule = [0.0, inject_s, inject_s, 0.0] * ((pairs + 1) // 2)
     schedule = schedule[:2 * pairs]  # ABBA: drift cancels
     for delay in schedule:
-        hook.configure(meter.clock, delay)  # GPU: measures the spin's cycles per second (a sync, between epochs)
+        timer.configure(meter.clock, delay)  # GPU: measures the spin's cycles per second (a sync, between epochs)
         for inputs, targets in meter.batches(data):
             F.cross_entropy(ddp(inputs), targets).backward()
             optimizer.step()
@@ -511,12 +504,13 @@ def step_profiler(ctx: Ctx) -> dict:
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
-    from scaling.instrument.timing import CommTimingHook, CudaClock
+    from scaling.instrument.timing import CudaClock, TimingProcessGroup
 
     _one_rank_group(ctx)
     ddp = _ddp_model(ctx, "resnet50", 1000)
-    hook = CommTimingHook(CudaClock(), inner_hook=avg_allreduce_hook)
-    ddp.register_comm_hook(state=None, hook=hook)
+    # the instrument's timed path, as the DDP backend sets it on a timed step (instrument/backends/ddp.py)
+    hook = TimingProcessGroup(ddp.process_group, CudaClock())
+    ddp.reducer._update_process_group(hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     data = _batches(ctx, 4, 32, 224, 1000)
 
@@ -576,7 +570,6 @@ def step_sync_audit(ctx: Ctx) -> dict:
 
     from scaling.config import load_config
     from scaling.instrument import attach
-    from scaling.instrument.timing import CommTimingHook
     from scaling.train.sync_audit import audit_lab_loop, capture_host_syncs
 
     if not torch.cuda.is_available() or ctx.dry_run:
@@ -587,16 +580,16 @@ def step_sync_audit(ctx: Ctx) -> dict:
         "train.target_accuracy=1.0", "data.train_samples=2048", "data.val_samples=512",
         "instrument.telemetry_interval_s=0"], num_workers=1)
     lab = audit_lab_loop(cfg, ctx.device, ctx.out / "runs" / "sync_audit_loop")
-    # (b) a DDP step over NCCL through the comm hook and the instrument (the lab runs DDP only at > 1 worker)
+    # (b) a DDP step over NCCL through the instrument, every step's buckets timed (the lab runs DDP only at > 1
+    # worker)
     _one_rank_group(ctx)
     ddp = _ddp_model(ctx, "small_cnn", 10)
-    hook = CommTimingHook(inner_hook=avg_allreduce_hook)
-    ddp.register_comm_hook(state=None, hook=hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     run_dir = ctx.out / "runs" / "sync_audit_ddp"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    meter = attach(ddp, optimizer, run_dir=run_dir, warmup_steps=3, calibration_pairs=0, telemetry_interval_s=0)
+    meter = attach(ddp, optimizer, run_dir=run_dir, warmup_steps=3, calibration_pairs=0, telemetry_interval_s=0,
+                   collective_timing_every=1)
     data = _batches(ctx, 16, 64, 32, 10)
 
     def train_epoch():
@@ -614,7 +607,7 @@ def step_sync_audit(ctx: Ctx) -> dict:
     ddp_sites = syncs.sites()
     ddp_per_step = [s for s in ddp_sites if s["count"] >= len(data) and not s["intended"]]
     checks = {"lab loop: no unintended per-step host sync": not lab["unintended_per_step"],
-              "DDP + NCCL + comm hook: no per-step host sync": not ddp_per_step}
+              "DDP + NCCL + the instrument: no per-step host sync": not ddp_per_step}
     return {"lab_loop": lab, "ddp_sites": ddp_sites, "ddp_per_step": ddp_per_step, "ddp_steps": len(data),
             "checks": checks, "passed": all(checks.values())}
 
