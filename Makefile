@@ -8,6 +8,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_INDEX ?=
+# make test's pytest in three processes: the Ray tier, the minicluster and the rest overlap their waits
+# (tests/conftest.py, DedicatedTierScheduling). PARALLEL= runs the suite in this one process.
+PARALLEL ?= -n 3 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo test test-fast install install-test clean
 
@@ -37,7 +40,7 @@ demo: install
 test: install-test horovod
 	$(BIN)/lint-imports
 	$(BIN)/python bench/summarize.py --check && $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 # The unit tier only (pytest -m unit: no Ray, Horovod, minicluster or training runs), for quick iterations.
 test-fast: install-test

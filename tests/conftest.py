@@ -260,6 +260,7 @@ SLOW_MODULES = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
@@ -275,10 +276,54 @@ def pytest_collection_modifyitems(config, items):
             tiers.add("slow")
         for tier in tiers or {"unit"}:
             item.add_marker(getattr(pytest.mark, tier))
-    # The unit tier first, then the others, the minicluster's tests last, together (its Ray nodes then
-    # idle beside no other test). Unit tests thus run before any test attaches this process to Ray as a
-    # driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
-    items.sort(key=lambda item: (item.get_closest_marker("minicluster") is not None, item.get_closest_marker("unit") is None))
+        if tiers:  # a unit test is a group of its own (the scheduler's default)
+            item.add_marker(pytest.mark.xdist_group(next((t for t in DEDICATED_GROUPS if t in tiers), module)))
+    # In one process: the unit tier first, then the others, the minicluster's tests last, together (its
+    # Ray nodes then idle beside no other test). Unit tests thus run before any test attaches this process
+    # to Ray as a driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
+    # In parallel, the dedicated groups first, in DEDICATED_GROUPS' order (the scheduler's queue keeps
+    # the collection's order), each worker's unit tests before its others.
+    def order(item):
+        unit_last = item.get_closest_marker("unit") is None
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            group = item.get_closest_marker("xdist_group")
+            group = group.args[0] if group is not None else None
+            return (DEDICATED_GROUPS.index(group) if group in DEDICATED_GROUPS else len(DEDICATED_GROUPS), unit_last)
+        return (item.get_closest_marker("minicluster") is not None, unit_last)
+
+    items.sort(key=order)
+
+
+# --- `make test` in parallel (pytest-xdist, `-n 3 --dist loadgroup`) --------------------------------
+# Most of the suite's wall time is spent waiting (Ray starting, epochs reporting, nodes lost and back),
+# not computing: three worker processes overlap the three parts that wait. The session's Ray head and
+# its minicluster are session fixtures, so each must live in one worker: every test of the Ray tier is
+# one group, every test of the minicluster tier another, and each module's other slow tests a group of
+# their own (its module-scoped runs are made once); the unit tests come first, one by one. Then
+# `DedicatedTierScheduling` gives the two tier groups a worker each that runs nothing else: the Ray
+# tier's worker is a Ray driver (no unit test may run there), and the minicluster's worker stops,
+# taking its nodes down, as soon as its tests are done.
+DEDICATED_GROUPS = ("minicluster", "ray")  # in the order the workers take them: the longest first
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class DedicatedTierScheduling(LoadGroupScheduling):
+        """loadgroup (run with --no-loadscope-reorder: the queue keeps the collection's order, the
+        dedicated groups first), each dedicated group's worker shut down as soon as it has been given its
+        group: it runs that group alone, then ends its session (fixtures torn down)."""
+
+        def _assign_work_unit(self, node):
+            group = next(iter(self.workqueue))
+            super()._assign_work_unit(node)
+            # a dedicated worker only while another is left for the rest of the suite
+            if group in DEDICATED_GROUPS and sum(not other.shutting_down for other in self.nodes) > 1:
+                node.shutdown()
+
+    return DedicatedTierScheduling(config, log)
 
 
 class TierViolation(BaseException):
