@@ -10,8 +10,9 @@ host time is what is left to see. DDP's bucket cap is set so that the 40 layers'
 1, 5, 20 or 40 buckets, which separates a per-step part from a per-bucket part.
 
 Arms, each its own DDP model in the same process: `bare` (no instrument), `attached` (the
-instrument at its defaults but telemetry, every step's collectives timed) and `sampled`
-(`collective_timing_every=10`: the other steps' buckets take the comm hook's lean path). A block
+instrument without telemetry and trace, every step's collectives timed: `collective_timing_every=1`)
+and `sampled` (the same at the default `collective_timing_every=10`: the first 10 steady steps and
+then every 10th timed, the other steps on DDP's own C++ all-reduce path). A block
 runs 10 steps of every (size, arm) in a rotating order; per block and size, an arm's extra time
 per step is its mean step minus bare's mean step of the same block (wall clock, and the
 process's CPU time, every thread's). Figures are medians over blocks with the 95%

@@ -320,7 +320,8 @@ class CommTimingHook(_BucketTimer):
     whole cost).
     """
 
-    def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0):
+    def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None,
+                 inject_delay_s: float = 0.0):
         self.inner_hook = inner_hook
         self.inner_state = inner_state
         self._init_timer(clock, inject_delay_s)

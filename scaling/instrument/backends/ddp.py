@@ -80,7 +80,8 @@ class DDPBackend(Backend):
             # to the model's own group for good (the hook issues its own collectives).
             timer = self._timer
             self._use_group(model.process_group)
-            hooked = CommTimingHook(timer.clock, inner_hook=hook, inner_state=state, inject_delay_s=timer.inject_delay_s)
+            hooked = CommTimingHook(timer.clock, inner_hook=hook, inner_state=state,
+                                    inject_delay_s=timer.inject_delay_s)
             hooked.timed = timer.timed
             DistributedDataParallel.register_comm_hook(model, state=None, hook=hooked)
             self._timer = hooked
