@@ -36,7 +36,8 @@ demo: install
 	$(BIN)/scaling report results/demo
 
 # The docs site (mkdocs.yml) builds with --strict into build/site, so a broken link or a page missing from the nav
-# fails the suite, and its benchmark tables must match bench/results/ (bench/summarize.py --check).
+# fails the suite, and its benchmark tables and the figures its prose quotes must match bench/results/
+# (bench/summarize.py --check).
 test: install-test horovod
 	$(BIN)/lint-imports
 	$(BIN)/python bench/summarize.py --check && $(BIN)/mkdocs build --strict --quiet
@@ -51,7 +52,7 @@ test-fast: install-test
 clean:
 	rm -rf $(VENV) results .pytest_cache
 
-# Benchmarks of the lab's own cost (bench/, issue 8): the ones bench/run_all.py lists (BENCHMARKS), each writing
+# Benchmarks of the lab's own cost (bench/): the ones bench/run_all.py lists (BENCHMARKS), each writing
 # bench/results/<name>.json, then bench/summarize.py writes their tables into docs/ (docs/benchmarks.md lists them
 # with the time each took), plus the Horovod build the first time (the all-reduce benchmark compares it with gloo).
 # `make bench QUICK=1` (or `make bench-quick`) is the few-minute variant, written to bench/results/quick/.
@@ -62,7 +63,7 @@ bench: install horovod
 bench-quick: install horovod
 	$(BIN)/python bench/run_all.py --quick
 
-# Horovod 0.28.1 (issue 5), built from PyPI's source release against the venv's torch, with gloo,
+# Horovod 0.28.1, built from PyPI's source release against the venv's torch, with gloo,
 # without MPI/TensorFlow/MXNet; with NCCL where torch is a CUDA build, which needs nvcc and NCCL: the
 # script refuses (exit 3) rather than build CPU-only when either is missing (docs/horovod.md). The wheel
 # is cached under ~/.cache/scaling/wheels, keyed by horovod, torch, python and cpu/cuda, so a new venv installs it

@@ -1,7 +1,7 @@
 """Render the committed benchmark results (bench/results/*.json) into the documentation pages.
 
     .venv/bin/python bench/summarize.py            # bench/results/*.json -> the blocks in docs/*.md
-    .venv/bin/python bench/summarize.py --check    # exit 1 if a docs block differs from the results
+    .venv/bin/python bench/summarize.py --check    # exit 1 if a docs block or quoted figure differs from the results
     .venv/bin/python bench/summarize.py --quick    # bench/results/quick/ -> bench/results/quick/README.md
 
 A docs page asks for a block with a pair of markers, and everything between them is rewritten
@@ -28,6 +28,21 @@ otherwise it is read from the file's fields: "pass" or "miss" by the median rati
 "undecided" where the 95% interval of that median straddles the budget (`budget_within_noise`),
 so a row never says "pass" while its interval reaches past the budget.
 `--quick` renders every quick result into one page, bench/results/quick/README.md (not committed).
+
+A figure quoted in prose is written the same way, inline: a marker naming the results file, the
+path to the value inside it and how to print it, around the number, which this script rewrites
+(and `--check` compares) like a block:
+
+    the step took <!-- quote instrumentation_overhead comparisons/0/a_median *1000 .1f -->77.7<!-- /quote --> ms
+
+`quote FILE PATH [*SCALE] [+-OFFSET] [SPEC]`: FILE is `bench/results/FILE.json`; PATH walks it
+by `/` (dict keys, list indexes); `*SCALE` multiplies the value (`*1000`: seconds to ms) and
+`-1` subtracts 1 (a ratio as a cost: `-1 .1%` prints 1.008 as 0.8%), in the order written; SPEC
+is a Python format spec (`.1f`, `,.0f`, `.1%`; default `g`). Three PATHs print where the value comes
+from: `@date` (YYYY-MM-DD), `@machine` (CPU, CPUs, GPUs) and `@source` (the file, its date and
+its machine). A quote never opens a line (Markdown would read the line as raw HTML). So a number
+in a sentence cannot drift from its result: `--check` fails when it differs, and a PATH that
+names nothing fails with the page and the marker.
 """
 
 from __future__ import annotations
@@ -334,6 +349,64 @@ def render_page(text: str, folder: Path, page: Path) -> str:
     return MARKER.sub(replace, text)
 
 
+QUOTE = re.compile(r"<!-- quote (?P<key>[^>]*?) -->(?P<text>[^\n]*?)<!-- /quote -->")
+
+
+def quoted(folder: Path, key: str) -> str:
+    """The text of one inline quote (module docstring): `FILE PATH [*SCALE] [+-OFFSET] [SPEC]` from FILE's result."""
+    name, path, *rest = key.split()
+    record = load(folder, name)
+    if path == "@date":
+        return record["date"][:10]
+    if path == "@machine":
+        return machine(record)
+    if path == "@source":
+        return f"`bench/results/{name}.json`, {record['date'][:10]}, {machine(record)}"
+    v = record
+    for part in path.split("/"):
+        try:
+            v = v[int(part)] if isinstance(v, list) else v[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise KeyError(f"{name}.json has no {path!r} (at {part!r})") from None
+    spec = "g"
+    for token in rest:  # arithmetic in the order written, then the format
+        if token[0] == "*":
+            v = v * float(token[1:])
+        elif token[0] in "+-" and token[1:2].isdigit():
+            v = v + float(token)
+        else:
+            spec = token
+    return format(v, spec)
+
+
+def render_quotes(text: str, folder: Path, page: Path) -> str:
+    """Every inline quote of the page rewritten from its result."""
+    def replace(match: re.Match) -> str:
+        if match.start() == 0 or text[match.start() - 1] == "\n":
+            # Markdown reads a line that opens with `<!--` as a raw HTML block, not as prose
+            raise SystemExit(f"summarize: {page.name}: <!-- quote {match['key']} --> opens a line; "
+                             "put a word before it")
+        try:
+            return f"<!-- quote {match['key']} -->{quoted(folder, match['key'])}<!-- /quote -->"
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"summarize: {page.name}: bad quote <!-- quote {match['key']} -->: {e}") from None
+
+    return QUOTE.sub(replace, text)
+
+
+def stale_pages(pages: list[Path], folder: Path, write: bool) -> list[Path]:
+    """The pages whose blocks or quotes differ from the results in `folder`; rewritten where `write`."""
+    stale = []
+    for page in pages:
+        text = page.read_text()
+        new = render_quotes(render_page(text, folder, page), folder, page)
+        if new != text:
+            stale.append(page)
+            if write:
+                page.write_text(new)
+    return stale
+
+
 def quick_page(folder: Path) -> str:
     names = sorted(p.stem for p in folder.glob("*.json"))
     records = [(n, r) for n in names if isinstance((r := json.loads((folder / f"{n}.json").read_text())).get("comparisons"), list)
@@ -348,7 +421,8 @@ def quick_page(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="render bench/results/quick/ into bench/results/quick/README.md")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a docs block differs from the results")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a docs block or quoted figure differs from the results")
     args = parser.parse_args(argv)
     folder = bl.results_dir(args.quick)
     if args.quick:
@@ -358,21 +432,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     global WRITE
     WRITE = not args.check
-    stale = []
-    # the docs pages, and the README, whose projection section shows one table
-    for page in [*sorted(DOCS.rglob("*.md")), bl.REPO / "README.md"]:
-        text = page.read_text()
-        new = render_page(text, folder, page)
-        if new != text:
-            stale.append(page.relative_to(bl.REPO).as_posix())
-            if not args.check:
-                page.write_text(new)
+    # the docs pages, and the README (its projection table and the figures its prose quotes)
+    pages = [*sorted(DOCS.rglob("*.md")), bl.REPO / "README.md"]
+    stale = [page.relative_to(bl.REPO).as_posix() for page in stale_pages(pages, folder, write=not args.check)]
     stale += STALE_FIGURES
     if args.check:
         if stale:
             print(f"summarize: out of date with bench/results/: {', '.join(stale)} (run bench/summarize.py)", file=sys.stderr)
             return 1
-        print("summarize: every docs block matches bench/results/")
+        print("summarize: every docs block and quoted figure matches bench/results/")
         return 0
     print(f"updated {', '.join(stale)}" if stale else "every docs block already matched bench/results/")
     return 0

@@ -259,6 +259,7 @@ class RunDir:
 
     @property
     def name(self) -> str:
+        """The directory's name (a sweep's run key, `w2-r0`)."""
         return self.path.name
 
     # where each file is
@@ -280,6 +281,7 @@ class RunDir:
 
     @property
     def has_summary(self) -> bool:
+        """Whether summary.json is there: the run finished (done or failed); asks without reading it."""
         return self.summary_path.is_file()
 
     def summary(self) -> dict:
@@ -326,9 +328,13 @@ class RunDir:
         return _read_columns(self.steps_path, columns)
 
     def step_batches(self, columns: list[str], batch_rows: int = 1 << 18):
+        """steps.parquet's `columns` as DataFrames of about `batch_rows` rows: memory bounded by a batch
+        (the module's `step_batches`)."""
         return step_batches(self.path, columns, batch_rows)
 
     def telemetry(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """telemetry.parquet (or only `columns`, those present): one row per (rank, NVML sample) of a GPU
+        run; empty without NVML."""
         return _read_columns(self.telemetry_path, columns)
 
     def collectives(self, columns: list[str] | None = None) -> pd.DataFrame:
@@ -336,19 +342,23 @@ class RunDir:
         return _read_columns(self.collectives_path, columns)
 
     def ranks(self) -> pd.DataFrame:
+        """ranks.parquet: one row per rank, who waits for whom (written when the run finishes); empty before."""
         return pd.read_parquet(self.ranks_path) if self.ranks_path.exists() else pd.DataFrame()
 
     def _json(self, path: Path) -> dict | None:
         return _read_json(path) if path.exists() else None
 
     def compute_profile(self) -> dict | None:
+        """compute_profile.json: training FLOPs and bytes per sample and the device's peaks; None if absent."""
         return self._json(self.compute_profile_path)
 
     def attempts(self) -> list[dict] | None:
+        """attempts.json's attempts (start, restart, resume), in order; None if absent."""
         record = self._json(self.attempts_path)
         return record["attempts"] if record is not None else None
 
     def machine(self) -> dict | None:
+        """machine.json: rank 0's hardware; None if absent."""
         return self._json(self.machine_path)
 
     def checkpoint_epoch(self) -> int | None:
@@ -365,9 +375,11 @@ class RunDir:
         return int(latest["metrics"]["epoch"]) if latest else None
 
     def job(self) -> dict | None:
+        """job.json: what the instrument saw of the job (model class, backend, precision, batch); None if absent."""
         return self._json(self.job_path)
 
     def buckets(self) -> pd.DataFrame:
+        """buckets.parquet, one row per (rank, step, bucket), where a run has one; empty otherwise."""
         return pd.read_parquet(self.buckets_path) if self.buckets_path.is_file() else pd.DataFrame()
 
     def rank_records(self, name: str) -> list[dict]:
@@ -478,6 +490,7 @@ class SweepDir:
     report_path = property(lambda self: self.path / REPORT_DIR)
 
     def run(self, key: str) -> RunDir:
+        """The run directory of run key `key` (`w2-r0`), whether or not it exists."""
         return RunDir(self.runs_path / key)
 
     def run_dirs(self) -> list[RunDir]:
@@ -493,16 +506,17 @@ class SweepDir:
         return index
 
     def read(self) -> Sweep:
+        """The sweep read anew (`Sweep`: runs, epochs, warnings, incomplete); UsageError when it is not a sweep."""
         return _read_sweep(self.path)
 
     @functools.cached_property
     def _contents(self) -> Sweep:
         return self.read()
 
-    runs = property(lambda self: self._contents.runs)
-    epochs = property(lambda self: self._contents.epochs)
-    warnings = property(lambda self: self._contents.warnings)
-    incomplete = property(lambda self: self._contents.incomplete)
+    runs = property(lambda self: self._contents.runs, doc="One row per run with a summary (`Sweep.runs`).")
+    epochs = property(lambda self: self._contents.epochs, doc="Those runs' epochs (`Sweep.epochs`).")
+    warnings = property(lambda self: self._contents.warnings, doc="What was left out of the reading, and why.")
+    incomplete = property(lambda self: self._contents.incomplete, doc="Run directories without a summary yet.")
 
 
 def read_sweeps(sweep_dirs) -> Sweep:
