@@ -350,7 +350,8 @@ def run_projection(
     precision defaults to bf16.
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
-    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation), `df.attrs["sharded"]`
+    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation; at half precision, the job's
+    assumptions a default took: _half_precision_caveats), `df.attrs["sharded"]`
     whether the backend shards the model (its collectives are all-gathers and reduce-scatters).
     """
     table = model if isinstance(model, dict) else load_layer_table(model)
@@ -415,6 +416,9 @@ def run_projection(
     elif straggler_s is None and cluster.step_jitter_cv:
         notes.append(f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
                      f"per rank and step), the expected wait for the slowest of n ranks, growing with n")
+    # the two assumptions a half-precision projection rests on that a user's job decides (_half_precision_caveats)
+    wire_assumed = grad_compression is None and compute.grad_compression is None and from_run is None
+    wait_assumed = straggler_s is None and from_run is None
     if grad_compression is None:
         grad_compression = compute.grad_compression or "none"
     cap_from_run = bucket_cap_mb is None and compute.bucket_cap_mb is not None
@@ -586,12 +590,53 @@ def run_projection(
         if df["epochs_extrapolated"].any():
             caveats.append(TTA_CAVEAT)
     df = df[columns]
+    if compute.precision in ("fp16", "bf16") and backend not in SHARDED and not transformer and len(df) > 1:
+        caveats.extend(_half_precision_caveats(
+            df, compute.precision, wire_assumed and grad_compression == "none",
+            wait_assumed and bool(cluster.step_jitter_cv), cluster.step_jitter_cv,
+            dict(model=table, cluster=cluster, nodes=nodes, per_gpu_batch=per_gpu_batch, precision=precision,
+                 workers=workers, samples_per_s=samples_per_s, dataset_size=dataset_size, bucket_cap_mb=bucket_cap_mb,
+                 straggler_s=straggler_s, backend=backend, horovod_cycle_time_ms=horovod_cycle_time_ms,
+                 horovod_fusion_threshold_mb=horovod_fusion_threshold_mb)))
     df.attrs.update(model=model, cluster=cluster.name, precision=compute.precision, per_gpu_batch=b,
                     allreduce=cluster.allreduce, backend=backend, sharded=backend in SHARDED, notes=notes, caveats=caveats,
                     schedule=schedule_source if backend not in SHARDED else "FSDP units from the layer table",
                     activation_checkpointing=activation_checkpointing if transformer else None,
                     seq_len=table.get("seq_len"))
     return df
+
+
+def _half_precision_caveats(df: pd.DataFrame, precision: str, wire_assumed: bool, wait_assumed: bool,
+                            jitter_cv: float, kwargs: dict) -> list[str]:
+    """The lines that name the assumption to change where a half-precision projection of an image model
+    rests on a default the user's job decides, not the cluster (docs/projection.md, the DAWNBench case).
+
+    - Gradients on the wire: PyTorch AMP keeps fp32 parameters, so DDP and Horovod all-reduce 4-byte
+      gradients, the default; a model held in half precision (apex O2, `model.half()`, the DAWNBench
+      entries) or a compression hook sends 2 bytes. Across nodes on Ethernet this halves the transfer
+      that sets the efficiency (16 x p3.16xlarge, ResNet-50, batch 64: 37.5% with 4 bytes, 61.9% with 2
+      against 61.1% published), so the line gives the largest row's efficiency either way.
+    - The wait for the slowest rank: the preset's step jitter, set on fp32. At half precision's
+      throughput a host-bound input pipeline makes ranks wait longer, and a profiler counts that wait
+      as NCCL kernel time (the DAWNBench analysis' 17.8% communicating inside an 8-V100 server, where the
+      jitter alone gives about 5%): measured by concurrent one-worker runs, or given.
+    """
+    lines = []
+    multi = df[df["num_workers"] > 1]
+    if wire_assumed and (multi["num_nodes"] > 1).any():
+        last = df.iloc[-1]
+        alt = run_projection(**kwargs, grad_compression=precision).iloc[-1]
+        lines.append(f"gradients all-reduced in fp32 ({last.grad_bytes / 1e6:.1f} MB per step), as PyTorch AMP keeps "
+                     f"them; a model held in {precision} (apex O2, model.half(): the DAWNBench entries) or a "
+                     f"compression hook sends half: --grad-compression {precision} (at {int(last.num_workers)} GPUs "
+                     f"{100 * alt.efficiency_throughput:.1f}% efficiency, not {100 * last.efficiency_throughput:.1f}%)")
+    if wait_assumed and not multi.empty:
+        first = multi.iloc[0]
+        lines.append(f"the wait for the slowest rank is the preset's {100 * jitter_cv:.3g}% step jitter "
+                     f"({1e3 * first.straggler_s:.1f} ms at {int(first.num_workers)} GPUs); a host-bound input "
+                     f"pipeline at {precision} throughput makes ranks wait longer, and a profiler counts it as time "
+                     f"communicating: measure it (--from-run with concurrent 1-worker runs) or give --straggler-ms")
+    return lines
 
 
 def available_transformers() -> list[str]:
