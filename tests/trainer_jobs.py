@@ -2,7 +2,8 @@
 
 Run by tests/test_trainers.py in two spawned gloo processes (`world_job`): every case of CASES in
 turn, each a tiny GPT-2 (transformers) or a tiny MLP classifier (Lightning) with dropout, 2
-micro-batches per optimizer step and 6 optimizer steps. Each case writes, per rank, what the test
+micro-batches per optimizer step and 6 optimizer steps; the GPT-2 with `bf16=True` (Accelerate's autocast,
+entered inside the model's forward). Each case writes, per rank, what the test
 compares: a hash of the trained parameters (bit-identical training with and without a callback)
 and the run directory's records.
 """
@@ -58,7 +59,7 @@ def hf_job(run_dir: str | None, **callback_settings) -> dict:
                              per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH,
                              gradient_accumulation_steps=ACCUMULATE, num_train_epochs=1, learning_rate=1e-3,
                              eval_strategy="epoch", logging_strategy="no", save_strategy="no", report_to=[],
-                             use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+                             use_cpu=True, bf16=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
     callbacks = [] if run_dir is None else [ScalingCallback(run_dir, target_loss=10.0, **SETTINGS,
                                                             **callback_settings)]
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(SAMPLES, 1),

@@ -192,8 +192,11 @@ class StepMeter:
     def __init__(self, model, optimizer, *, settings: InstrumentSettings, parts: Parts, run_dir=None,
                  forward_module=None, flops_module=None, forward_backward=None, calibration_data=None,
                  name: str | None = None,
-                 target_accuracy: float | None = None, target_loss: float | None = None):
+                 target_accuracy: float | None = None, target_loss: float | None = None,
+                 precision: str | None = None):
         self.settings = settings
+        # the compute precision its caller knows (autocast entered inside the model's forward: attach's docstring)
+        self._declared_precision = precision
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         # two optimizers stepped per batch (a GAN) may come as a list: all are watched, the first is the job's
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
@@ -372,19 +375,12 @@ class StepMeter:
     def _observe_input(self, args, kwargs=None) -> None:
         """The first training forward, once: its input's shape and dtype and the keyword it came by
         (`_model_input`), the real tokens per sample where an `attention_mask` came with token ids,
-        and the compute precision (autocast's, else the backend's cast: FSDP2's policy, else the
-        parameters' dtype), for the FLOPs profile. An input not understood leaves its reason."""
+        and the compute precision (attach's `precision`, else `_precision_seen`), for the FLOPs
+        profile. An input not understood leaves its reason."""
         if self._input_observed:
             return
         self._input_observed = True
-        if torch.is_autocast_enabled(self.device.type):
-            dtype = torch.get_autocast_dtype(self.device.type)
-        else:
-            dtype = self.backend.compute_dtype()
-            if dtype is None:
-                parameter = next((q for q in self.backend.plain_model.parameters() if q.is_floating_point()), None)
-                dtype = parameter.dtype if parameter is not None else torch.float32
-        self._precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        self._precision = self._declared_precision or _precision_seen(self.device, self.backend)
         first, keyword, problem = _model_input(args, kwargs)
         if first is None:
             self._input_problem = problem
@@ -897,10 +893,23 @@ class StepMeter:
                              started_at=self._started_at, wall_s=time.time() - self.attached_unix)
 
 
+def _precision_seen(device: torch.device, backend) -> str:
+    """The compute precision at a forward's call: autocast's, else the backend's cast (FSDP2's policy), else the
+    parameters' dtype. Autocast entered inside the forward is not seen here (attach's `precision`)."""
+    if torch.is_autocast_enabled(device.type):
+        dtype = torch.get_autocast_dtype(device.type)
+    else:
+        dtype = backend.compute_dtype()
+        if dtype is None:
+            parameter = next((q for q in backend.plain_model.parameters() if q.is_floating_point()), None)
+            dtype = parameter.dtype if parameter is not None else torch.float32
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+
 def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=None, forward_backward=None,
            calibration_data=None,
            name: str | None = None, target_accuracy: float | None = None, target_loss: float | None = None,
-           settings: InstrumentSettings | None = None,
+           precision: str | None = None, settings: InstrumentSettings | None = None,
            parts: Parts | None = None, **overrides) -> StepMeter:
     """Attach the instrument to a training job's model and optimizer (module docstring).
 
@@ -915,6 +924,10 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=
       own keeps them in memory only). `name`, `target_accuracy`: what the summary says of the job;
       `target_loss` instead: the target is a validation loss, reached at or below it (a language
       model's: pass `meter.end_epoch(val_loss=...)`; TTA as modded-nanogpt's speedrun measures it).
+    - `precision` ("fp32", "bf16" or "fp16"): the compute precision, for a model that enters
+      autocast inside its own forward, after the instrument's forward pre-hook has looked (what
+      Accelerate's `prepare` does with `mixed_precision`: scaling/integrations/hf.py passes it).
+      None: autocast's at the forward's call, else the parameters' dtype.
     - `settings` (`InstrumentSettings`), and any of its fields as keywords on top
       (`warmup_steps=3`); without `settings`, those of the run a launcher handed this process,
       else the defaults.
@@ -922,6 +935,8 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=
       them, those the installed providers give (scaling/instrument/parts.py). A run a launcher
       handed over is finished by that launcher: no finisher.
     """
+    if precision not in (None, "fp32", "bf16", "fp16"):
+        raise ValueError(f"attach: precision={precision!r}; valid: 'fp32', 'bf16', 'fp16' or None (the forward's)")
     launched = LaunchedRun.from_environment()
     if settings is None:
         settings = launched.settings if launched is not None else InstrumentSettings()
@@ -942,4 +957,4 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=
     return StepMeter(model, optimizer, settings=settings, parts=parts, run_dir=run_dir, forward_module=forward_module,
                      flops_module=flops_module,
                      forward_backward=forward_backward, calibration_data=calibration_data, name=name,
-                     target_accuracy=target_accuracy, target_loss=target_loss)
+                     target_accuracy=target_accuracy, target_loss=target_loss, precision=precision)

@@ -8,7 +8,9 @@
 
 What the Trainer does, and where the callback marks it (transformers 5.24, trainer.py `_run_epoch`):
 - it attaches at `on_train_begin`, after Accelerate prepared the model: to the DDP model
-  (`trainer.model_wrapped`) and the torch optimizer inside Accelerate's;
+  (`trainer.model_wrapped`) and the torch optimizer inside Accelerate's, with the precision of
+  Accelerate's `mixed_precision` (`bf16=True`: Accelerate enters autocast inside the model's own
+  forward, where the instrument's hook cannot see it; fp8 is refused in one line);
 - a step is an optimizer step. The Trainer fetches all the step's micro-batches, all-gathers the
   token count, then runs each micro-batch under `no_sync` but the last; so a batch is requested
   at `on_epoch_begin`, `on_substep_end` (after a micro-batch's backward) and `on_step_end` (after
@@ -50,6 +52,23 @@ def _trainer_calling() -> Trainer:
         frame = frame.f_back
     raise RuntimeError("scaling ScalingCallback: no transformers.Trainer is calling it; add it with "
                        "Trainer(..., callbacks=[ScalingCallback(...)])")
+
+
+def _accelerate_precision(accelerator) -> str | None:
+    """The compute precision Accelerate trains in, which the instrument cannot see for itself.
+
+    With `mixed_precision` (the Trainer's `bf16=True` / `fp16=True`), Accelerate's `prepare` wraps
+    the model's own `forward` in autocast, entered after the instrument's forward pre-hook on the
+    DDP model has looked, so the meter would take the parameters' fp32 (and MFU an fp32 peak).
+    None: no mixed precision, the meter's own reading (autocast at the call, else the parameters').
+    """
+    mode = str(getattr(accelerator, "mixed_precision", "no") or "no")
+    if mode == "no" or not getattr(accelerator, "native_amp", False):
+        return None
+    if mode in ("bf16", "fp16"):
+        return mode
+    raise ValueError(f"scaling ScalingCallback: Accelerate's mixed_precision={mode!r} has no peak or FLOPs "
+                     "convention in the instrument; measure with bf16, fp16 or none")
 
 
 def _batch_samples(inputs) -> int:
@@ -134,7 +153,8 @@ class ScalingCallback(TrainerCallback):
         self.meter = instrument.attach(
             wrapped, getattr(optimizer, "optimizer", optimizer),  # the torch optimizer inside Accelerate's
             run_dir=self.run_dir, name=self.name, target_loss=self.target_loss, settings=self.settings,
-            parts=self.parts, forward_backward=forward_backward if self.ab_calibration else None,
+            parts=self.parts, precision=_accelerate_precision(trainer.accelerator),
+            forward_backward=forward_backward if self.ab_calibration else None,
             calibration_data=(lambda epoch: self._calibration_batches) if self.ab_calibration else None,
             **self.overrides)
         self._wrap_trainer(trainer, self.meter.settings.calibration_pairs if self.ab_calibration else 0)
