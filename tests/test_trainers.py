@@ -12,7 +12,10 @@ delay D injected into every synchronised all-reduce. What is proven, for each tr
   fastest steady step, as tests/test_real_jobs.py), and PyTorch DDP's own timers agree with the
   instrument's (the summary's `ddp_comm_ratio` within 15%);
 - the figures a user asks for: tokens/s, FLOPs and MFU for the HF model, TTA to an eval loss,
-  the Trainer's token all-gather (once per optimizer step) in its own column.
+  the Trainer's token all-gather (once per optimizer step) in its own column;
+- the precision: bf16 for the HF Trainer's `bf16=True` (autocast that Accelerate enters inside the
+  model's forward, out of the instrument's sight), fp32 for the Lightning job; FLOPs and MFU for
+  the LightningModule too (counted on a copy without its trainer).
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def test_injected_delay_shows_in_exposed_communication_per_optimizer_step(world,
 
 def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):
     summary = _summary(world["hf"][1])
+    assert summary["precision"] == "bf16"  # bf16=True: Accelerate's autocast, inside the model's forward
     assert summary["tokens_per_sample"] == trainer_jobs.SEQ and summary["throughput_tokens_per_s"] > 0
     assert summary["train_flops_per_sample"] > 0 and summary["mfu"] > 0
     assert summary["target_metric"] == "val_loss" and summary["comm_overhead_pct"] is not None  # the A/B ran
@@ -100,7 +104,10 @@ def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):
     assert epochs["val_loss"].notna().all()
 
 
-def test_lightning_gets_its_validation_loss(world):
+def test_lightning_gets_its_validation_loss_precision_and_mfu(world):
     epochs = pd.read_parquet(world["pl"][1] / "epochs.parquet")
     assert epochs["val_loss"].notna().all()
-    assert _summary(world["pl"][1])["model"] == "Classifier"
+    summary = _summary(world["pl"][1])
+    assert summary["model"] == "Classifier" and summary["precision"] == "fp32"
+    assert summary["per_worker_batch"] == trainer_jobs.BATCH
+    assert summary["train_flops_per_sample"] > 0 and summary["mfu"] > 0, summary["not_measured"]

@@ -97,11 +97,64 @@ def _leaf_hooks(model: nn.Module) -> tuple[list, list[int], dict[str, bool]]:
     return [m.register_forward_hook(functools.partial(hook, name)) for name, m in leaves], total, input_needs_grad
 
 
+# Attributes by which a module refers to what runs it, not to its own structure: a LightningModule's
+# trainer (`_trainer`, `_fabric`), through which a deep copy would take the strategy with its DDP wrapper,
+# the loaders and the callbacks (DDP's unpickling then fails on the module half rebuilt: "'Classifier'
+# object has no attribute '_parameters'"). The copy gets None, as the module has before `fit`; its
+# forward does not need the trainer. The instrument's own hooks on the module would drag the meter
+# (and the DDP model it holds) in the same way: `_watchers`.
+_RUNNER_ATTRIBUTES = ("_trainer", "_fabric")
+
+
+def _watchers(model: nn.Module) -> dict:
+    """id -> object, for the objects outside the model whose methods are hooks on its modules: those
+    watching it (this instrument's forward hooks, a profiler's), not part of its arithmetic."""
+    found = {}
+    for module in model.modules():
+        for name in _HOOK_DICTS:
+            for hook in (module.__dict__.get(name) or {}).values():
+                owner = getattr(hook, "__self__", None)
+                if owner is not None and not isinstance(owner, nn.Module):
+                    found[id(owner)] = owner
+    return found
+
+
+def _detached_memo(model: nn.Module, watchers: dict) -> dict:
+    """A deepcopy memo that leaves out (as None) what runs the model (`_RUNNER_ATTRIBUTES`) and shares
+    its `watchers` (their hooks are then taken off the copy: `_unwatched`) instead of copying them."""
+    memo: dict = dict(watchers)
+    for module in model.modules():
+        for name in _RUNNER_ATTRIBUTES:
+            runner = module.__dict__.get(name)
+            if runner is not None and not isinstance(runner, (nn.Module, torch.Tensor)):
+                memo[id(runner)] = None
+    return memo
+
+
+def _unwatched(copied: nn.Module, watchers: dict) -> nn.Module:
+    """`copied` without the hooks that are methods of `watchers` (the copy counts, nobody watches it)."""
+    for module in copied.modules():
+        dicts = [module.__dict__.get(name) for name in _HOOK_DICTS]
+        gone = {key for hooks in dicts if hooks for key, hook in hooks.items()
+                if id(getattr(hook, "__self__", None)) in watchers}
+        for hooks in dicts:
+            for key in gone & set(hooks or ()):
+                del hooks[key]
+    return copied
+
+
+def _detached_copy(model: nn.Module, memo: dict | None = None) -> nn.Module:
+    """A deep copy of `model` (its tensors as `memo` gives them) without what runs or watches it."""
+    watchers = _watchers(model)
+    return _unwatched(copy.deepcopy(model, {**_detached_memo(model, watchers), **(memo or {})}), watchers)
+
+
 def _meta_copy(model: nn.Module) -> nn.Module:
     """A deep copy of `model` whose parameters and buffers live on the meta device.
 
     The memo hands deepcopy data-less meta tensors in place of the parameters and buffers,
-    so the weights are never copied (ResNet-50's 100 MB would cost most of a second).
+    so the weights are never copied (ResNet-50's 100 MB would cost most of a second); what
+    runs the model or watches it is left out (`_detached_copy`).
     """
     memo: dict = {}
     for tensor in itertools.chain(model.parameters(), model.buffers()):
@@ -110,7 +163,7 @@ def _meta_copy(model: nn.Module) -> nn.Module:
             meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = meta
     try:
-        return copy.deepcopy(model, memo).to("meta")
+        return _detached_copy(model, memo).to("meta")
     except Exception:  # noqa: BLE001 - a module that refuses deepcopy (a sharded one): rebuild its structure
         # plain meta tensors of each parameter's global shape (a sharded parameter's empty_like would stay sharded)
         plain: dict = {}
@@ -267,7 +320,7 @@ def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes:
         counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module, input_dtype, input_keyword)
         counts["counted_on"] = "meta"
     except Exception as meta_error:  # noqa: BLE001 - any failure on meta: count for real
-        counts = _count(copy.deepcopy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype,
+        counts = _count(_detached_copy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype,
                         input_keyword)
         counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
     counts["method"] = "FlopCounterMode"

@@ -17,7 +17,9 @@ What Lightning does, and where the callback marks it (lightning 2.6):
   `optimizer_s` holds clipping and the update. A batch is requested at `on_train_epoch_start`
   and `on_train_batch_end`; with `accumulate_grad_batches` the micro-batches under `no_sync`
   join the step as with attach;
-- validation pauses the training clock (eval-mode forwards, meter.py); the epoch ends at
+- validation pauses the training clock (eval-mode forwards, meter.py): Lightning leaves the DDP
+  wrapper in eval mode after a validation, so the callback gives it the LightningModule's
+  training flag before each training batch; the epoch ends at
   `on_train_epoch_end`, after Lightning's epoch-end validation, with its logged `val_loss`
   (`monitor=`), so `target_loss` gives TTA to a validation loss;
 - a comm hook set through `DDPStrategy(ddp_comm_hook=...)` is kept and timed: the callback takes
@@ -93,13 +95,16 @@ class ScalingCallback(Callback):
 
                 _register_ddp_comm_hook(model=model, ddp_comm_state=state, ddp_comm_hook=hook,
                                         ddp_comm_wrapper=wrapper)
-        self._requests = Requests(self.meter, _batch_size(trainer))
 
     def on_train_epoch_start(self, trainer, pl_module):
+        if self._requests is None:  # the training loader exists from here on (not yet at on_fit_start)
+            self._requests = Requests(self.meter, _batch_size(trainer))
         self._samples = 0
+        _follow_module_mode(trainer.strategy.model, pl_module)
         self._requests.request()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        _follow_module_mode(trainer.strategy.model, pl_module)  # after a validation inside the epoch
         self._samples += _samples(batch)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
@@ -125,6 +130,19 @@ class ScalingCallback(Callback):
     def on_exception(self, trainer, pl_module, exception):
         if self.meter is not None and not self.meter._finished:
             self.meter.finish(status="failed", error=f"{type(exception).__name__}: {exception}".splitlines()[0])
+
+
+def _follow_module_mode(model, pl_module) -> None:
+    """Give the wrappers around the LightningModule (DDP) its training flag, their own flag only.
+
+    Lightning's validation calls `trainer.model.eval()` (the DDP wrapper and all inside it) but
+    restores the mode of the LightningModule's modules alone, so after the first validation (the
+    sanity check) the wrapper stays in eval mode and the instrument, whose hooks are on it, would
+    take every training forward for an evaluation. Not `train()`: that would also put back in
+    training mode the submodules a user keeps in eval mode (a frozen BatchNorm)."""
+    while model is not pl_module and isinstance(model, torch.nn.Module):
+        model.training = pl_module.training
+        model = getattr(model, "module", pl_module)
 
 
 def _samples(batch) -> int:
