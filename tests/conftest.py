@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,6 +163,9 @@ def pytest_configure(config):
     why = missing_capabilities(os.environ.get(REQUIRE_ENV, ""))
     if why is not None:
         raise pytest.UsageError(why)
+    if config.getvalue("dist") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        # the controller, before it starts its workers (which inherit the variable): `_share_groups`
+        os.environ[GROUPS_ENV] = str(Path(tempfile.mkdtemp(prefix="scaling-test-groups-")) / "groups.json")
     # matplotlib builds its font cache on first import by running fc-list: once, here, rather than
     # inside whichever unit-tier test first draws a figure (where starting a process is refused)
     import matplotlib.font_manager  # noqa: F401
@@ -278,6 +283,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if tiers:  # a unit test is a group of its own (the scheduler's default)
             item.add_marker(pytest.mark.xdist_group(next((t for t in DEDICATED_GROUPS if t in tiers), module)))
+    _share_groups(items)
     # In one process: the unit tier first, then the others, the minicluster's tests last, together (its
     # Ray nodes then idle beside no other test). Unit tests thus run before any test attaches this process
     # to Ray as a driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
@@ -306,6 +312,26 @@ def pytest_collection_modifyitems(config, items):
 DEDICATED_GROUPS = ("minicluster", "ray")  # in the order the workers take them: the longest first
 
 
+# pytest-xdist's loadgroup finds a test's group in a suffix of its node id, which pytest 9 no longer lets
+# a plugin set: the workers write {node id: group} to a file the controller names (GROUPS_ENV), read by
+# the scheduler instead.
+GROUPS_ENV = "SCALING_TEST_GROUPS"
+
+
+def _share_groups(items) -> None:
+    path = os.environ.get(GROUPS_ENV)
+    if not path or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    groups = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None:
+            groups[item.nodeid] = group.args[0]
+    partial = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
+    Path(partial).write_text(json.dumps(groups))
+    os.replace(partial, path)  # every worker collects the same tests: whichever lands last is whole
+
+
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
@@ -315,6 +341,13 @@ def pytest_xdist_make_scheduler(config, log):
         """loadgroup (run with --no-loadscope-reorder: the queue keeps the collection's order, the
         dedicated groups first), each dedicated group's worker shut down as soon as it has been given its
         group: it runs that group alone, then ends its session (fixtures torn down)."""
+
+        _groups: dict | None = None
+
+        def _split_scope(self, nodeid):
+            if self._groups is None:  # read once the workers have collected (the scheduler asks only then)
+                self._groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+            return self._groups.get(nodeid, nodeid)
 
         def _assign_work_unit(self, node):
             group = next(iter(self.workqueue))
