@@ -4,9 +4,10 @@ No callback is needed: the loop is the job's own, so the instrument's usual line
 DDP model and the optimizer Accelerate prepared (the torch optimizer inside its wrapper), and
 `accelerator.accumulate` (which skips DDP's sync on all micro-batches but the last) makes a step
 of `gradient_accumulation_steps` micro-batches, as `no_sync` does in a hand-written loop. Runs on
-CPU, 2 processes:
+CPU, 2 gloo processes, under torchrun (Accelerate reads its environment); `accelerate launch --cpu`
+starts one process whatever `--num_processes` says (its simple launcher):
 
-    .venv/bin/accelerate launch --cpu --num_processes 2 -m examples.trainers.accelerate_job --out results/accel
+    .venv/bin/torchrun --nproc_per_node 2 -m examples.trainers.accelerate_job --out results/accel
 """
 
 from __future__ import annotations
