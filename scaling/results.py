@@ -229,10 +229,13 @@ def step_batches(run_dir: Path, columns: list[str], batch_rows: int = 1 << 18):
         pending.append(table)
         rows += table.num_rows
         if rows >= batch_rows:
-            yield pa.concat_tables(pending, promote_options="default").to_pandas()
+            yield pa.concat_tables(pending, promote_options="permissive").to_pandas()
             pending, rows = [], 0
     if pending:
-        yield pa.concat_tables(pending, promote_options="default").to_pandas()
+        # permissive: a count column is int64 in a part whose steps were all timed and double (NaN on the
+        # untimed steps) in another (instrument.collective_timing_every); parts written before the recorder
+        # wrote counts as floats may differ so
+        yield pa.concat_tables(pending, promote_options="permissive").to_pandas()
 
 
 def _read_json(path: Path) -> dict:
@@ -677,7 +680,7 @@ def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> tu
         warnings.append(f"runs without {EPOCHS_PARQUET} (no accuracy curve): {', '.join(missing)}")
     if not tables:
         return pd.DataFrame(columns=["run_id", *keys, "epoch", "val_accuracy"]), corrupt
-    epochs = pa.concat_tables(tables, promote_options="default").to_pandas()
+    epochs = pa.concat_tables(tables, promote_options="permissive").to_pandas()
     run_ids = runs["run_id"] if "run_id" in runs.columns else runs["run_key"]
     run_ids = run_ids.where(run_ids.map(lambda v: isinstance(v, str)), runs["run_key"])
     per_run = runs[keys].assign(run_id=run_ids)[["run_id", *keys]]

@@ -164,3 +164,19 @@ def test_cost_to_accuracy_at_the_price_paid_with_the_time_lost():
     tta, nodes, price = pd.Series([1800.0, 1800.0]), pd.Series([4, 4]), pd.Series([24.48, 0.0])
     cost = node_cost_usd(tta, nodes, price)
     assert cost.iloc[0] == pytest.approx(48.96) and math.isnan(cost.iloc[1])
+
+
+def test_count_columns_of_timed_and_sampled_epochs_read_together(tmp_path):
+    # an epoch whose steps were all timed holds whole counts; one with untimed steps NaN among them
+    # (instrument.collective_timing_every): the parts of one table still read as one column
+    from scaling.results import STEPS_PARQUET, RunDir
+
+    parts = tmp_path / STEPS_PARQUET
+    parts.mkdir()
+    pd.DataFrame({"step": [0, 1], "num_buckets": [3, 3]}).to_parquet(parts / "rank00000-epoch00001.parquet")
+    sampled = pd.DataFrame({"step": [2, 3], "num_buckets": [3.0, float("nan")]})
+    sampled.to_parquet(parts / "rank00000-epoch00002.parquet")
+    batches = list(RunDir(tmp_path).step_batches(["step", "num_buckets"]))
+    read = pd.concat(batches)
+    assert list(read["step"]) == [0, 1, 2, 3]
+    assert list(read["num_buckets"][:3]) == [3, 3, 3] and pd.isna(read["num_buckets"].iloc[3])

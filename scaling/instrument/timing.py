@@ -476,8 +476,10 @@ class StepMarks:
         comm_span_s, num_buckets = comm.pop("comm_span_s"), comm.pop("num_buckets")
         injected_s = sum((clock.seconds(*b.injected) for buckets in self.micro_buckets for b in buckets
                           if b.injected is not None), 0.0) if self.comm_timed else float("nan")
-        synced = (sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets)) if self.comm_timed
+        # counts as floats on every step, timed or not (NaN where untimed): one column type in every file
+        synced = (float(sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets))) if self.comm_timed
                   else float("nan"))
+        num_buckets = float(num_buckets)
         start_t = clock.host_time(self.start) + offset_s
         if "sync_points" in comm:  # moments since the step's start -> on rank 0's clock (recorder.attribute)
             comm["sync_points"] = [(start_t + moment, waited) for moment, waited in comm["sync_points"]]
