@@ -8,9 +8,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_INDEX ?=
-# make test's pytest in three processes: the Ray tier, the minicluster and the rest overlap their waits
+# make test's pytest in four processes: the Ray tier, the minicluster and (two) the rest overlap their waits
 # (tests/conftest.py, DedicatedTierScheduling). PARALLEL= runs the suite in this one process.
-PARALLEL ?= -n 3 --dist loadgroup --no-loadscope-reorder
+PARALLEL ?= -n 4 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo test test-fast install install-test clean
 

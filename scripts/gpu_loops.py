@@ -274,3 +274,10 @@ def fsdp2_gloo_rank(rank: int, world_size: int, port: int, use_cuda: bool, run_d
 
         gc.collect()
         dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            epilog="a library: scripts/gpu_first_contact.py runs these loops").parse_args()

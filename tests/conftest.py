@@ -300,15 +300,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)
 
 
-# --- `make test` in parallel (pytest-xdist, `-n 3 --dist loadgroup`) --------------------------------
+# --- `make test` in parallel (pytest-xdist, `-n 4 --dist loadgroup`) --------------------------------
 # Most of the suite's wall time is spent waiting (Ray starting, epochs reporting, nodes lost and back),
-# not computing: three worker processes overlap the three parts that wait. The session's Ray head and
-# its minicluster are session fixtures, so each must live in one worker: every test of the Ray tier is
-# one group, every test of the minicluster tier another, and each module's other slow tests a group of
-# their own (its module-scoped runs are made once); the unit tests come first, one by one. Then
-# `DedicatedTierScheduling` gives the two tier groups a worker each that runs nothing else: the Ray
-# tier's worker is a Ray driver (no unit test may run there), and the minicluster's worker stops,
-# taking its nodes down, as soon as its tests are done.
+# not computing: four worker processes overlap the parts that wait (two of them share the rest). The
+# session's Ray head and its minicluster are session fixtures, so each must live in one worker: every
+# test of the Ray tier is one group, every test of the minicluster tier another, and each module's other
+# slow tests a group of their own (its module-scoped runs are made once); the unit tests come first, one
+# by one. Then `DedicatedTierScheduling` gives the two tier groups a worker each that runs nothing else:
+# the Ray tier's worker is a Ray driver (no unit test may run there), and the minicluster's worker
+# stops, taking its nodes down, as soon as its tests are done.
 DEDICATED_GROUPS = ("minicluster", "ray")  # in the order the workers take them: the longest first
 
 

@@ -205,8 +205,9 @@ def bucket_quantile(values, q: float, bounds=BUCKETS) -> float:
     """The q-quantile of `values` as Prometheus' `histogram_quantile` computes it from a histogram
     with upper bounds `bounds` (inclusive, plus +Inf): linear inside the bucket that holds the
     rank q x count, from the bucket's lower bound (0 for the first); the highest finite bound when
-    that bucket is +Inf (promql/quantile.go, Prometheus 2.42)."""
-    values = sorted(float(v) for v in values)
+    that bucket is +Inf (promql/quantile.go, Prometheus 2.42). NaN values (a step whose collectives were
+    not timed) are left out, as `step_observations` never observes them."""
+    values = sorted(v for v in map(float, values) if math.isfinite(v))
     if not values:
         return math.nan
     counts, i = [], 0
