@@ -8,9 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_INDEX ?=
-# make test's pytest in four processes: the Ray tier, the minicluster and (two) the rest overlap their waits
-# (tests/conftest.py, DedicatedTierScheduling). PARALLEL= runs the suite in this one process.
-PARALLEL ?= -n 4 --dist loadgroup --no-loadscope-reorder
+# make test's pytest runs in one process. On a machine with more cores, PARALLEL="-n 4 --dist loadgroup
+# --no-loadscope-reorder" runs it in four (tests/conftest.py, DedicatedTierScheduling); on 2 cores that
+# gained nothing (pytest 28 min 21 s against 28 min 55 s in one: docs/testing.md).
+PARALLEL ?=
 
 .PHONY: demo test test-fast install install-test clean
 
