@@ -190,6 +190,11 @@ def minicluster(netns_capable):
     through the CLI as a user builds one; `down` must remove exactly what `up` made."""
     from scaling.cli import main
 
+    if minicluster_leftovers(MINICLUSTER_NAME):
+        # a session killed outright (SIGKILL: no teardown ran) leaves its nodes up; the name is the suite's own
+        print(f"\nminicluster {MINICLUSTER_NAME!r} left up by an earlier session: taking it down", file=sys.stderr)
+        stale = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
+        assert stale.returncode == 0, stale.stderr
     result = run_cli("minicluster", "up", "--nodes", "2", "--name", MINICLUSTER_NAME, "--subnet", MINICLUSTER_SUBNET)
     assert result.returncode == 0, result.stderr
     try:
