@@ -259,16 +259,25 @@ class TimingProcessGroup(dist.ProcessGroup, _BucketTimer):
     all-reduces every bucket), given by the backend where a delay is injected.
     """
 
+    # Called from C++ (the reducer), also inside a compiled DDP forward (the first iteration's broadcast) and
+    # from an eager backward inside a compiled step: never traced, always run as written. Disabled at the first
+    # instance, not at import: `torch.compiler.disable` imports torch._dynamo, seconds on a small CPU, which a
+    # process that trains imports anyway (its first optimizer step does) but a CLI that launches runs need not.
+    _NEVER_COMPILED = ("allreduce", "broadcast", "barrier")
+    _compilation_disabled = False
+
     def __init__(self, group, clock: Clock | None = None, inject_delay_s: float = 0.0, bucket_count=None):
+        cls = TimingProcessGroup
+        if not cls._compilation_disabled:
+            for name in cls._NEVER_COMPILED:
+                setattr(cls, name, torch.compiler.disable(getattr(cls, name)))
+            cls._compilation_disabled = True
         super().__init__(group.rank(), group.size())
         self.group = group
         self.bucket_count = bucket_count
         self._calls = 0  # bucket all-reduces since the last `take()`
         self._init_timer(clock, inject_delay_s)
 
-    # Called from C++ (the reducer), also inside a compiled DDP forward (the first iteration's broadcast):
-    # never traced, always run as written.
-    @torch.compiler.disable
     def allreduce(self, tensors, opts):
         entered = time.perf_counter()
         if not tensors[0].is_floating_point():  # the reducer's map of unused parameters, not a bucket
@@ -289,11 +298,9 @@ class TimingProcessGroup(dist.ProcessGroup, _BucketTimer):
         self.host_s += time.perf_counter() - entered
         return work
 
-    @torch.compiler.disable
     def broadcast(self, tensors, opts):
         return self.group.broadcast(tensors, opts)
 
-    @torch.compiler.disable
     def barrier(self, opts):
         return self.group.barrier(opts)
 

@@ -72,7 +72,7 @@ class DDPBackend(Backend):
                                          bucket_count=lambda: self._buckets_counted[1])
         self._reducer_group = model.process_group
         if inject_delay_s:
-            model.register_forward_hook(self._count_buckets)
+            model.register_forward_hook(torch.compiler.disable(self._count_buckets))  # never traced
         self.time_collectives(True)
 
         def register_comm_hook(state, hook):
@@ -88,7 +88,6 @@ class DDPBackend(Backend):
 
         model.register_comm_hook = register_comm_hook
 
-    @torch.compiler.disable
     def _count_buckets(self, module, args, output) -> None:
         """After a forward (where a ground-truth delay is injected): the model's number of gradient buckets,
         which the coming backward all-reduces, the last one held. Counted at the first forward and again
