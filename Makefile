@@ -8,10 +8,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_INDEX ?=
-# make test's pytest runs in one process. On a machine with more cores, PARALLEL="-n 4 --dist loadgroup
-# --no-loadscope-reorder" runs it in four (tests/conftest.py, DedicatedTierScheduling); on 2 cores that
-# gained nothing (pytest 28 min 21 s against 28 min 55 s in one: docs/testing.md).
-PARALLEL ?=
+# make test's pytest runs in two processes (pytest-xdist): the minicluster's tier in one, the rest of the suite
+# in the other (tests/conftest.py, DedicatedTierScheduling; docs/testing.md has the times). PARALLEL= runs it in one.
+PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo test test-fast install install-test clean
 

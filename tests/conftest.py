@@ -287,13 +287,13 @@ def pytest_collection_modifyitems(config, items):
         for tier in tiers or {"unit"}:
             item.add_marker(getattr(pytest.mark, tier))
         if tiers:  # a unit test is a group of its own (the scheduler's default)
-            item.add_marker(pytest.mark.xdist_group(next((t for t in DEDICATED_GROUPS if t in tiers), module)))
+            item.add_marker(pytest.mark.xdist_group(next((t for t in TIER_GROUPS if t in tiers), module)))
     _share_groups(items)
     # In one process: the unit tier first, then the others, the minicluster's tests last, together (its
     # Ray nodes then idle beside no other test). Unit tests thus run before any test attaches this process
     # to Ray as a driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
-    # In parallel, the dedicated groups first, in DEDICATED_GROUPS' order (the scheduler's queue keeps
-    # the collection's order), each worker's unit tests before its others.
+    # In parallel, the dedicated groups first (the scheduler's queue keeps the collection's order, and hands
+    # out the first unit first), then the unit tests, then the others.
     def order(item):
         unit_last = item.get_closest_marker("unit") is None
         if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -305,16 +305,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)
 
 
-# --- `make test` in parallel (pytest-xdist, `-n 4 --dist loadgroup`) --------------------------------
-# Most of the suite's wall time is spent waiting (Ray starting, epochs reporting, nodes lost and back),
-# not computing: four worker processes overlap the parts that wait (two of them share the rest). The
-# session's Ray head and its minicluster are session fixtures, so each must live in one worker: every
-# test of the Ray tier is one group, every test of the minicluster tier another, and each module's other
-# slow tests a group of their own (its module-scoped runs are made once); the unit tests come first, one
-# by one. Then `DedicatedTierScheduling` gives the two tier groups a worker each that runs nothing else:
-# the Ray tier's worker is a Ray driver (no unit test may run there), and the minicluster's worker
-# stops, taking its nodes down, as soon as its tests are done.
-DEDICATED_GROUPS = ("minicluster", "ray")  # in the order the workers take them: the longest first
+# --- `make test` in two processes (pytest-xdist, `-n 2 --dist loadgroup`) ---------------------------
+# Most of the minicluster tier's time is spent waiting (a lost node declared dead, a restart waiting for
+# room, a node rejoining), beside Ray nodes that idle: one worker process runs that tier alone while the
+# other runs the rest of the suite in the serial order (the unit tier first). The session's Ray head and
+# its minicluster are session fixtures, so each tier lives in one worker: every test of the Ray tier is
+# one group, every test of the minicluster tier another, each module's other slow tests a group of their
+# own (its module-scoped runs are made once), each unit test a group of its own. `DedicatedTierScheduling`
+# hands the minicluster's group to a worker that runs nothing else and stops, taking its nodes down, as
+# soon as its tests are done. The Ray tier's group runs after the unit tests on the other worker (a unit
+# test may not run in a Ray driver: `_unit_guard`).
+TIER_GROUPS = ("minicluster", "ray")  # a test of both tiers is the minicluster's
+DEDICATED_GROUPS = ("minicluster",)
 
 
 # pytest-xdist's loadgroup finds a test's group in a suffix of its node id, which pytest 9 no longer lets
