@@ -136,7 +136,7 @@ def spin_cycles_per_s(device=None, probe_s: float = 0.02) -> float:
         return cycles / seconds
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one made per collective, one per step; no per-instance dict to build or collect
 class BucketMarks:
     """One collective's marks: a DDP bucket's all-reduce, a Horovod tensor's, or a sharded job's
     all-gather or reduce-scatter (backends/fsdp.py, which also sets the fields after `completion_known`)."""
@@ -234,7 +234,10 @@ class _BucketTimer:
         return future.then(on_complete)
 
     def take(self) -> list[BucketMarks]:
-        taken, self._buckets = self._buckets, []
+        taken = self._buckets
+        if not taken:
+            return ()  # an untimed step's: nothing allocated
+        self._buckets = []
         return taken
 
 
@@ -414,7 +417,7 @@ def _overlap_s(begin: float, end: float, intervals: list[tuple[float, float]]) -
     return sum(max(0.0, min(end, b) - max(begin, a)) for a, b in intervals)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepMarks:
     """The raw marks of one step, resolved into a record once the clock can be read.
 
