@@ -8,8 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_INDEX ?=
-# make test's pytest runs in two processes (pytest-xdist): the minicluster's tier in one, the rest of the suite
-# in the other (tests/conftest.py, DedicatedTierScheduling; docs/testing.md has the times). PARALLEL= runs it in one.
+# make test's pytest runs in two processes (pytest-xdist), the minicluster's tier in one of them (tests/conftest.py;
+# docs/testing.md has the times). PARALLEL= runs it in one.
 PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo test test-fast install install-test clean

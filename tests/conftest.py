@@ -287,36 +287,33 @@ def pytest_collection_modifyitems(config, items):
         for tier in tiers or {"unit"}:
             item.add_marker(getattr(pytest.mark, tier))
         if tiers:  # a unit test is a group of its own (the scheduler's default)
-            item.add_marker(pytest.mark.xdist_group(next((t for t in TIER_GROUPS if t in tiers), module)))
+            item.add_marker(pytest.mark.xdist_group("minicluster" if "minicluster" in tiers else module))
     _share_groups(items)
     # In one process: the unit tier first, then the others, the minicluster's tests last, together (its
     # Ray nodes then idle beside no other test). Unit tests thus run before any test attaches this process
     # to Ray as a driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
-    # In parallel, the dedicated groups first (the scheduler's queue keeps the collection's order, and hands
-    # out the first unit first), then the unit tests, then the others.
+    # In parallel, the minicluster's group first (the scheduler's queue keeps the collection's order and
+    # hands out its first unit first), then the unit tests, then the others.
     def order(item):
         unit_last = item.get_closest_marker("unit") is None
+        minicluster = item.get_closest_marker("minicluster") is not None
         if os.environ.get("PYTEST_XDIST_WORKER"):
-            group = item.get_closest_marker("xdist_group")
-            group = group.args[0] if group is not None else None
-            return (DEDICATED_GROUPS.index(group) if group in DEDICATED_GROUPS else len(DEDICATED_GROUPS), unit_last)
-        return (item.get_closest_marker("minicluster") is not None, unit_last)
+            return (not minicluster, unit_last)
+        return (minicluster, unit_last)
 
     items.sort(key=order)
 
 
 # --- `make test` in two processes (pytest-xdist, `-n 2 --dist loadgroup`) ---------------------------
-# Most of the minicluster tier's time is spent waiting (a lost node declared dead, a restart waiting for
-# room, a node rejoining), beside Ray nodes that idle: one worker process runs that tier alone while the
-# other runs the rest of the suite in the serial order (the unit tier first). The session's Ray head and
-# its minicluster are session fixtures, so each tier lives in one worker: every test of the Ray tier is
-# one group, every test of the minicluster tier another, each module's other slow tests a group of their
-# own (its module-scoped runs are made once), each unit test a group of its own. `DedicatedTierScheduling`
-# hands the minicluster's group to a worker that runs nothing else and stops, taking its nodes down, as
-# soon as its tests are done. The Ray tier's group runs after the unit tests on the other worker (a unit
-# test may not run in a Ray driver: `_unit_guard`).
-TIER_GROUPS = ("minicluster", "ray")  # a test of both tiers is the minicluster's
-DEDICATED_GROUPS = ("minicluster",)
+# Much of the suite's time is spent waiting (Ray starting actors and reporting, a lost node declared
+# dead, a restart waiting for room, a node rejoining), so two worker processes share the two cores'
+# work. The minicluster is a session fixture: its tier is one group, handed out first, so one worker
+# builds it and runs its tests while the other runs the unit tests and then the rest; once done with
+# the tier, that worker takes groups from the rest too (its nodes, idle, are taken down at its end).
+# Each module's other tests that are not unit tests form a group (its module-scoped runs are made once);
+# each worker that reaches a Ray-tier test starts its own session head. A unit test may not run in a
+# Ray driver (`_unit_guard`): the unit tests are queued right after the minicluster's group, and the
+# other worker has taken them all long before the minicluster's tests are done.
 
 
 # pytest-xdist's loadgroup finds a test's group in a suffix of its node id, which pytest 9 no longer lets
@@ -344,10 +341,9 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class DedicatedTierScheduling(LoadGroupScheduling):
-        """loadgroup (run with --no-loadscope-reorder: the queue keeps the collection's order, the
-        dedicated groups first), each dedicated group's worker shut down as soon as it has been given its
-        group: it runs that group alone, then ends its session (fixtures torn down)."""
+    class FileGroupScheduling(LoadGroupScheduling):
+        """loadgroup (run with --no-loadscope-reorder: the queue keeps the collection's order), each test's
+        group read from the file the workers wrote (`_share_groups`)."""
 
         _groups: dict | None = None
 
@@ -356,14 +352,7 @@ def pytest_xdist_make_scheduler(config, log):
                 self._groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
             return self._groups.get(nodeid, nodeid)
 
-        def _assign_work_unit(self, node):
-            group = next(iter(self.workqueue))
-            super()._assign_work_unit(node)
-            # a dedicated worker only while another is left for the rest of the suite
-            if group in DEDICATED_GROUPS and sum(not other.shutting_down for other in self.nodes) > 1:
-                node.shutdown()
-
-    return DedicatedTierScheduling(config, log)
+    return FileGroupScheduling(config, log)
 
 
 class TierViolation(BaseException):
