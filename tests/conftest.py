@@ -192,7 +192,7 @@ def minicluster(netns_capable):
 
     if minicluster_leftovers(MINICLUSTER_NAME):
         # a session killed outright (SIGKILL: no teardown ran) leaves its nodes up; the name is the suite's own
-        print(f"\nminicluster {MINICLUSTER_NAME!r} left up by an earlier session: taking it down", file=sys.stderr)
+        print(f"\nminicluster {MINICLUSTER_NAME!r} left up by a killed pytest run: taking it down", file=sys.stderr)
         stale = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
         assert stale.returncode == 0, stale.stderr
     result = run_cli("minicluster", "up", "--nodes", "2", "--name", MINICLUSTER_NAME, "--subnet", MINICLUSTER_SUBNET)
