@@ -15,13 +15,15 @@ and `sampled` (the same at the default `collective_timing_every=10`: the first 1
 then every 10th timed, the other steps on DDP's own C++ all-reduce path). A block
 runs 10 steps of every (size, arm) in a rotating order, each arm's steps one epoch as long as the
 benchmark (a job's epoch holds hundreds of steps or more: the work at an epoch's start and end, about
-0.1 ms, is not a cost of each step); per block and size, an arm's extra time per step is its mean step minus bare's mean step of the same block (wall clock, and the
-process's CPU time, every thread's). Figures are medians over blocks with the 95%
-order-statistic interval; the per-bucket part of a block is (extra at 40 - extra at 1) / 39.
+0.1 ms, is not a cost of each step); per block and size, an arm's extra time per step is its mean
+step minus bare's mean step of the same block (wall clock, and the process's CPU time, every
+thread's). Figures are medians over blocks with the 95% order-statistic interval; the per-bucket
+part of a block is (extra at 40 - extra at 1) / 39.
 Budgets (decided by the interval, as the other cost benchmarks): at most 250 us per step at 20
 buckets and at most 10 us per extra bucket. The step records are resolved into rows at the epoch's
 end, off the steps' path (on a GPU, while the device is idle): that work is measured after the
-blocks, per step recorded (`resolve_us_per_step`, no budget). Run: `.venv/bin/python bench/instrument_host_cost.py`.
+blocks, per step recorded (`resolve_us_per_step`, no budget).
+Run: `.venv/bin/python bench/instrument_host_cost.py`.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def main() -> int:
         for arm in ARMS:
             model, optimizer, meter = build(size, arm)
             # one epoch per arm, as long as the benchmark: a job's per-epoch work is not a per-step cost
-            jobs[(size, arm)] = (model, optimizer, meter.batches(itertools.count()) if meter else itertools.count(), meter)
+            batches = meter.batches(itertools.count()) if meter else itertools.count()
+            jobs[(size, arm)] = (model, optimizer, batches, meter)
     batch = torch.randn(BATCH, WIDTH)
     keys = list(jobs)
     windows = bl.StepWindows()
