@@ -27,10 +27,10 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from scaling.launch.local import start_workers
 from scaling.testbed.local_cluster import free_port
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes
@@ -93,7 +93,7 @@ def _job(rank: int, port: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sampling")
-    mp.start_processes(_job, args=(free_port(), str(tmp)), nprocs=2, join=True, start_method="spawn")
+    start_workers(_job, (free_port(), str(tmp)), 2)
     return {name: ([json.loads((tmp / f"{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
             for name in RUNS}
 

@@ -36,11 +36,11 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from scaling.instrument.backends.fsdp import ShardedCommRule
 from scaling.instrument.recorder import RunRecorder
 from scaling.instrument.timing import BucketMarks, Clock, StepMarks
+from scaling.launch.local import start_workers
 from scaling.testbed.local_cluster import free_port
 from tests import fsdp_jobs
 from tests.test_attribution_rules import ThreadWorld
@@ -53,7 +53,7 @@ FORWARD_ALLGATHERS, REGATHERS, REDUCESCATTERS = BLOCKS + 1, BLOCKS, BLOCKS + 1
 def world(tmp_path_factory):
     """case -> (each rank's result, run directory), from one pair of gloo processes."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    mp.start_processes(fsdp_jobs.world_job, args=(free_port(), str(tmp)), nprocs=2, join=True, start_method="spawn")
+    start_workers(fsdp_jobs.world_job, (free_port(), str(tmp)), 2)
     return {name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
             for name in fsdp_jobs.WORLD_CASES}
 

@@ -24,11 +24,11 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from rich.console import Console
 
 from scaling.config import ConfigError, load_config
 from scaling.report import write_report
+from scaling.launch.local import start_workers
 from scaling.testbed.local_cluster import free_port
 from tests.conftest import REPO
 
@@ -85,7 +85,7 @@ def world_job(rank: int, port: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp_lab")
-    mp.start_processes(world_job, args=(free_port(), str(tmp)), nprocs=2, join=True, start_method="spawn")
+    start_workers(world_job, (free_port(), str(tmp)), 2)
     return tmp
 
 

@@ -33,11 +33,11 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from scaling.launch.local import start_workers
 from scaling.testbed.local_cluster import free_port
 
 DATA_SLEEP_S, FORWARD_SLEEP_S, PAUSE_S = 0.04, 0.03, 0.02
@@ -141,7 +141,7 @@ def _job(rank: int, port: int, tmp: str) -> None:
 def runs(tmp_path_factory) -> dict[str, tuple[list[dict], str]]:
     """mode -> (each rank's result, run directory), from one pair of processes."""
     tmp = tmp_path_factory.mktemp("own_loop")
-    mp.start_processes(_job, args=(free_port(), str(tmp)), nprocs=2, join=True, start_method="spawn")
+    start_workers(_job, (free_port(), str(tmp)), 2)
     return {mode: ([json.loads((tmp / f"result-{mode}.rank{r}.json").read_text()) for r in range(2)], str(tmp / mode))
             for mode in MODES}
 

@@ -38,8 +38,8 @@ import time
 import pandas as pd
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from scaling.launch.local import start_workers
 from scaling.testbed.local_cluster import free_port
 from tests import real_jobs
 
@@ -51,7 +51,7 @@ PHASE_COLUMNS = ["data_s", "forward_s", "backward_s", "optimizer_s", "step_s"]
 def world(tmp_path_factory):
     """case -> (each rank's result, run directory), from one pair of gloo processes."""
     tmp = tmp_path_factory.mktemp("real_jobs")
-    mp.start_processes(real_jobs.world_job, args=(free_port(), str(tmp)), nprocs=2, join=True, start_method="spawn")
+    start_workers(real_jobs.world_job, (free_port(), str(tmp)), 2)
     return {name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
             for name in real_jobs.WORLD_CASES}
 

@@ -24,8 +24,8 @@ import json
 
 import pandas as pd
 import pytest
-import torch.multiprocessing as mp
 
+from scaling.launch.local import start_workers
 from scaling.testbed.local_cluster import free_port
 from tests import trainer_jobs
 
@@ -41,8 +41,7 @@ def world(tmp_path_factory):
     """case -> (rank 0's result, run directory or None), from one pair of gloo processes."""
     tmp = tmp_path_factory.mktemp("trainers")
     cases = list(trainer_jobs.CASES)
-    mp.start_processes(trainer_jobs.world_job, args=(free_port(), str(tmp), cases), nprocs=2, join=True,
-                       start_method="spawn")
+    start_workers(trainer_jobs.world_job, (free_port(), str(tmp), cases), 2)
     return {name: (json.loads((tmp / f"result-{name}.rank0.json").read_text()),
                    tmp / name if (tmp / name).exists() else None) for name in cases}
 
