@@ -38,6 +38,18 @@ from scaling.testbed.local_cluster import private_ray_head
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
+# Every Ray node the suite starts (the session heads, the minicluster's nodes) inherits these.
+# - Ray's raylet starts its workers at nice 15 (`worker_niceness`), so that its own daemons win the
+#   CPU. Beside the other pytest process, whose local runs train at nice 0, a Ray Train worker then
+#   got about 3% of a contested core (the scheduler's weights for nice 15 and 0: 36 and 1024), and
+#   the Ray tier, the suite's longest path, waited on the rest: the same processes at the same
+#   priority share the 2 cores evenly.
+# - Ray Train's preemption watcher, an actor per run (a process importing Ray Train: 3 s of CPU
+#   here) that relays a node's drain notice; no test drains a node (the minicluster's preemption
+#   kills it), and nothing of the lab reads the notice.
+os.environ.setdefault("RAY_worker_niceness", "0")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():
