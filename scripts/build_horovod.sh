@@ -84,10 +84,12 @@ log() { echo "[build_horovod] $*" >&2; }
 [ -x "$PY" ] || { log "no python at $PY (make install first)"; exit 2; }
 
 # What the wheel depends on: torch's exact version (the extension links libtorch), the
-# interpreter, and whether GPU operations are compiled in.
+# interpreter, and whether GPU operations are compiled in. Read from torch/version.py, the file torch
+# itself takes them from, without importing torch (seconds of CPU).
 read -r TORCH_VERSION TORCH_CUDA PY_TAG < <("$PY" -c '
-import sys, torch
-print(torch.__version__, torch.version.cuda or "none", f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+import importlib.util, os, runpy, sys
+version = runpy.run_path(os.path.join(os.path.dirname(importlib.util.find_spec("torch").origin), "version.py"))
+print(version["__version__"], version["cuda"] or "none", f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 
 TORCH_CUDA="${SCALING_HOROVOD_TORCH_CUDA:-$TORCH_CUDA}"
 
