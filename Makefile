@@ -16,15 +16,15 @@ PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --no-compile --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
+	$(BIN)/pip install --quiet --no-compile -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-compile -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
