@@ -84,8 +84,16 @@ def horovod_importable() -> tuple[bool, str]:
     return horovod_backend.available()
 
 
-def _rank(rank: int, port: int, sizes: list[int], backends: list[str], rounds: int, warmup: int, target_s: float,
-          out_path: str) -> None:
+def _rank(
+    rank: int,
+    port: int,
+    sizes: list[int],
+    backends: list[str],
+    rounds: int,
+    warmup: int,
+    target_s: float,
+    out_path: str,
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -110,9 +118,9 @@ def _rank(rank: int, port: int, sizes: list[int], backends: list[str], rounds: i
     times: dict[str, dict[int, list[float]]] = {b: {size: [] for size in sizes} for b in active}
     try:
         for r in range(rounds):
-            for size in (sizes if r % 2 == 0 else list(reversed(sizes))):
+            for size in sizes if r % 2 == 0 else list(reversed(sizes)):
                 tensor = torch.ones(size // 4, dtype=torch.float32)
-                for backend in (active if r % 2 == 0 else list(reversed(active))):
+                for backend in active if r % 2 == 0 else list(reversed(active)):
                     run = reduce[backend]
                     tensor.fill_(1.0)
                     run(tensor)
@@ -139,10 +147,14 @@ def _rank(rank: int, port: int, sizes: list[int], backends: list[str], rounds: i
                     times[backend][size] += elapsed.tolist()
                 del tensor
         if rank == 0:
-            Path(out_path).write_text(json.dumps({
-                "times": {b: {str(k): v for k, v in per.items()} for b, per in times.items()},
-                "horovod_error": horovod_error,
-            }))
+            Path(out_path).write_text(
+                json.dumps(
+                    {
+                        "times": {b: {str(k): v for k, v in per.items()} for b, per in times.items()},
+                        "horovod_error": horovod_error,
+                    }
+                )
+            )
     finally:
         if "horovod_gloo" in reduce:
             from scaling.train import horovod_backend as hb
@@ -151,13 +163,20 @@ def _rank(rank: int, port: int, sizes: list[int], backends: list[str], rounds: i
         dist.destroy_process_group()
 
 
-def measure(sizes: list[int], backends: list[str], rounds: int, warmup: int, target_s: float) -> tuple[dict, str | None]:
+def measure(
+    sizes: list[int], backends: list[str], rounds: int, warmup: int, target_s: float
+) -> tuple[dict, str | None]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="bench-ar-") as tmp:
         out = Path(tmp) / "times.json"
-        mp.start_processes(_rank, args=(free_port(), sizes, backends, rounds, warmup, target_s, str(out)),
-                           nprocs=WORLD, join=True, start_method="spawn")
+        mp.start_processes(
+            _rank,
+            args=(free_port(), sizes, backends, rounds, warmup, target_s, str(out)),
+            nprocs=WORLD,
+            join=True,
+            start_method="spawn",
+        )
         data = json.loads(out.read_text())
     times = {b: {int(k): v for k, v in per.items()} for b, per in data["times"].items()}
     return times, data["horovod_error"]
@@ -177,8 +196,10 @@ def backends_present(horovod_ok: bool, horovod_why: str) -> dict:
     }
     not_measured = []
     if not present["torch_nccl"] or not present["cuda_devices"]:
-        not_measured.append(f"NCCL (torch {torch.__version__}: nccl {'built' if present['torch_nccl'] else 'not built'}, "
-                            f"{present['cuda_devices']} GPUs)")
+        not_measured.append(
+            f"NCCL (torch {torch.__version__}: nccl {'built' if present['torch_nccl'] else 'not built'}, "
+            f"{present['cuda_devices']} GPUs)"
+        )
     if not horovod_ok:
         not_measured.append(f"Horovod ({horovod_why})")
     present["not_measured"] = "; ".join(not_measured) or "nothing left out"
@@ -207,10 +228,17 @@ def figure(rows: dict[str, list[dict]]):
         for backend, series in rows.items():
             sizes = [r["bytes"] for r in series]
             colour, marker = COLOUR[backend], MARKER[backend]
-            ax_time.fill_between(sizes, [r["p25_s"] * 1e3 for r in series], [r["p75_s"] * 1e3 for r in series],
-                                 color=colour, alpha=0.15, linewidth=0)
-            ax_time.plot(sizes, [r["median_s"] * 1e3 for r in series], color=colour, marker=marker,
-                         label=LABEL[backend])
+            ax_time.fill_between(
+                sizes,
+                [r["p25_s"] * 1e3 for r in series],
+                [r["p75_s"] * 1e3 for r in series],
+                color=colour,
+                alpha=0.15,
+                linewidth=0,
+            )
+            ax_time.plot(
+                sizes, [r["median_s"] * 1e3 for r in series], color=colour, marker=marker, label=LABEL[backend]
+            )
             ax_bw.plot(sizes, [r["busbw_GBps"] for r in series], color=colour, marker=marker, label=LABEL[backend])
         ax_time.set_ylabel("time per all-reduce (ms)")
         ax_time.set_title("Time (median; band: 25th–75th percentile)")
@@ -240,7 +268,9 @@ def main() -> None:
     parser.add_argument("--max-mib", type=int, help="largest message in MiB (default 256; quick 16)")
     parser.add_argument("--rounds", type=int, help="rounds over the sizes, ascending/descending (default 3; quick 2)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per size, backend and round")
-    parser.add_argument("--target-s", type=float, help="timed seconds per size, backend and round (default 0.6; quick 0.2)")
+    parser.add_argument(
+        "--target-s", type=float, help="timed seconds per size, backend and round (default 0.6; quick 0.2)"
+    )
     parser.add_argument("--no-horovod", action="store_true", help="torch.distributed gloo only")
     args = parser.parse_args()
     max_bytes = (args.max_mib or (16 if args.quick else 256)) * MIB
@@ -251,8 +281,11 @@ def main() -> None:
     horovod_ok, horovod_why = (False, "left out (--no-horovod)") if args.no_horovod else horovod_importable()
     backends = ["torch_gloo"] + (["horovod_gloo"] if horovod_ok else [])
     sizes = sizes_bytes(max_bytes)
-    print(f"[{NAME}] {', '.join(LABEL[b] for b in backends)}; {WORLD} ranks, {len(sizes)} sizes "
-          f"{size_label(sizes[0])}..{size_label(sizes[-1])}, {rounds} rounds", flush=True)
+    print(
+        f"[{NAME}] {', '.join(LABEL[b] for b in backends)}; {WORLD} ranks, {len(sizes)} sizes "
+        f"{size_label(sizes[0])}..{size_label(sizes[-1])}, {rounds} rounds",
+        flush=True,
+    )
     with bl.RunQueue() as rq:
         times, horovod_error = measure(sizes, backends, rounds, args.warmup, target_s)
     if horovod_error:
@@ -266,15 +299,29 @@ def main() -> None:
             values = per_size[size]
             t = bl.median(values)
             algbw = size / t / 1e9
-            rows[backend].append({
-                "bytes": size, "size": size_label(size), "iterations": len(values), "median_s": t,
-                "min_s": min(values), "p25_s": quantile(values, 0.25), "p75_s": quantile(values, 0.75),
-                "max_s": max(values), "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-            })
+            rows[backend].append(
+                {
+                    "bytes": size,
+                    "size": size_label(size),
+                    "iterations": len(values),
+                    "median_s": t,
+                    "min_s": min(values),
+                    "p25_s": quantile(values, 0.25),
+                    "p75_s": quantile(values, 0.75),
+                    "max_s": max(values),
+                    "algbw_GBps": algbw,
+                    "busbw_GBps": algbw * factor,
+                }
+            )
     for i, size in enumerate(sizes):
-        print(f"[{NAME}] {size_label(size):>8}  " + "  ".join(
-            f"{LABEL[b]}: {rows[b][i]['median_s'] * 1e3:9.3f} ms, busbw {rows[b][i]['busbw_GBps']:6.3f} GB/s"
-            for b in rows), flush=True)
+        print(
+            f"[{NAME}] {size_label(size):>8}  "
+            + "  ".join(
+                f"{LABEL[b]}: {rows[b][i]['median_s'] * 1e3:9.3f} ms, busbw {rows[b][i]['busbw_GBps']:6.3f} GB/s"
+                for b in rows
+            ),
+            flush=True,
+        )
 
     from scaling.plots.figures import save
 
@@ -288,30 +335,58 @@ def main() -> None:
     why_no_b = "" if hvd_rows else f"; Horovod not measured: {horovod_why}"
     comparisons = [
         bl.comparison(
-            f"all-reduce latency, {small['size']}", a, b, small["median_s"] * 1e3,
-            hvd_rows[0]["median_s"] * 1e3 if hvd_rows else None, "ms",
+            f"all-reduce latency, {small['size']}",
+            a,
+            b,
+            small["median_s"] * 1e3,
+            hvd_rows[0]["median_s"] * 1e3 if hvd_rows else None,
+            "ms",
             bl.ratio(hvd_rows[0]["median_s"], small["median_s"]) if hvd_rows else None,
             "Horovod / torch time of one all-reduce (medians)" if hvd_rows else "",
-            note="median time of one all-reduce, the slower rank's" + why_no_b),
+            note="median time of one all-reduce, the slower rank's" + why_no_b,
+        ),
         bl.comparison(
-            f"all-reduce busbw, {large['size']}", a, b, large["busbw_GBps"],
-            hvd_rows[-1]["busbw_GBps"] if hvd_rows else None, "GB/s",
+            f"all-reduce busbw, {large['size']}",
+            a,
+            b,
+            large["busbw_GBps"],
+            hvd_rows[-1]["busbw_GBps"] if hvd_rows else None,
+            "GB/s",
             bl.ratio(hvd_rows[-1]["busbw_GBps"], large["busbw_GBps"]) if hvd_rows else None,
             "Horovod / torch bus bandwidth" if hvd_rows else "",
             note=f"busbw = size / time × 2(n−1)/n (nccl-tests); torch's peak {peak['busbw_GBps']:.3f} GB/s at "
-                 f"{peak['size']}" + why_no_b),
+            f"{peak['size']}" + why_no_b,
+        ),
     ]
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
-        world_size=WORLD, threads_per_rank=1, dtype="float32", op="sum", rounds=rounds,
-        warmup_iterations=args.warmup, target_s_per_size_backend_and_round=target_s,
-        definitions={"time": "median over iterations of the slower rank's time of one all-reduce (barrier before each)",
-                     "algbw": "bytes / time, GB/s = 1e9 B/s", "busbw": "algbw * 2(n-1)/n",
-                     "source": "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md"},
-        backends_measured=list(rows), backends_present=backends_present(horovod_ok, horovod_why),
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        world_size=WORLD,
+        threads_per_rank=1,
+        dtype="float32",
+        op="sum",
+        rounds=rounds,
+        warmup_iterations=args.warmup,
+        target_s_per_size_backend_and_round=target_s,
+        definitions={
+            "time": "median over iterations of the slower rank's time of one all-reduce (barrier before each)",
+            "algbw": "bytes / time, GB/s = 1e9 B/s",
+            "busbw": "algbw * 2(n-1)/n",
+            "source": "https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md",
+        },
+        backends_measured=list(rows),
+        backends_present=backends_present(horovod_ok, horovod_why),
         horovod_settings="scaling.train.horovod_backend.setup_horovod_env_and_init defaults: gloo controller and CPU "
-                         "operations, fusion threshold 128 MiB, cycle time 1 ms" if hvd_rows else None,
-        mean_runnable=rq.mean, sizes=rows, figure=[str(p.relative_to(bl.REPO)) for p in figure_paths],
+        "operations, fusion threshold 128 MiB, cycle time 1 ms"
+        if hvd_rows
+        else None,
+        mean_runnable=rq.mean,
+        sizes=rows,
+        figure=[str(p.relative_to(bl.REPO)) for p in figure_paths],
         iteration_times_s={b: {str(k): v for k, v in per.items()} for b, per in times.items()},
     )
     bl.print_comparisons(comparisons)

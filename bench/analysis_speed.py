@@ -56,8 +56,14 @@ CALIBRATION_PAIRS = 10
 TARGET = 0.84
 TRAIN_SAMPLES = 8192
 # small_cnn's counted FLOPs and a 1-thread CPU's roofs, as in a compute_profile.json of this machine
-PROFILE = {"train_flops": 17_513_472.0, "forward_flops": 6_132_736.0, "train_bytes_per_sample": 2_038_933.0,
-           "peak_flops_per_s": 1.0e11, "peak_source": "measured", "mem_bytes_per_s": 1.0e10}
+PROFILE = {
+    "train_flops": 17_513_472.0,
+    "forward_flops": 6_132_736.0,
+    "train_bytes_per_sample": 2_038_933.0,
+    "peak_flops_per_s": 1.0e11,
+    "peak_source": "measured",
+    "mem_bytes_per_s": 1.0e10,
+}
 
 
 def _epochs(rng, workers: int, batch: int, reaches: bool):
@@ -76,13 +82,24 @@ def _epochs(rng, workers: int, batch: int, reaches: bool):
     accuracy = np.minimum(accuracy, TARGET - 0.002)
     accuracy[-1] = TARGET + 0.004 if reaches else TARGET - 0.01
     wall = np.cumsum(train_s + eval_s + calibration_s + 0.1)
-    return pd.DataFrame({
-        "epoch": epoch, "train_s": train_s, "eval_s": eval_s, "calibration_s": calibration_s,
-        "train_loss": 2.0 * np.exp(-0.05 * epoch), "val_accuracy": accuracy, "val_top1": accuracy,
-        "val_top5": np.minimum(1.0, accuracy + 0.1), "samples": samples, "throughput_samples_per_s": samples / train_s,
-        "elapsed_train_s": np.cumsum(train_s), "elapsed_wall_s": wall, "lr": 0.05 * global_batch / 64,
-        "first_step_unix": 1.7e9,
-    })
+    return pd.DataFrame(
+        {
+            "epoch": epoch,
+            "train_s": train_s,
+            "eval_s": eval_s,
+            "calibration_s": calibration_s,
+            "train_loss": 2.0 * np.exp(-0.05 * epoch),
+            "val_accuracy": accuracy,
+            "val_top1": accuracy,
+            "val_top5": np.minimum(1.0, accuracy + 0.1),
+            "samples": samples,
+            "throughput_samples_per_s": samples / train_s,
+            "elapsed_train_s": np.cumsum(train_s),
+            "elapsed_wall_s": wall,
+            "lr": 0.05 * global_batch / 64,
+            "first_step_unix": 1.7e9,
+        }
+    )
 
 
 def _steps(rng, workers: int, batch: int):
@@ -102,28 +119,60 @@ def _steps(rng, workers: int, batch: int):
         optimizer = np.full(n, 0.003)
         backward = backward_compute + exposed
         step_s = data + forward + backward + optimizer
-        frame = pd.DataFrame({
-            "epoch": step // per_epoch + 1, "step": step, "rank": rank, "node_rank": rank // 2, "local_rank": rank % 2,
-            "kind": "train", "pair": -1, "warmup": step < WARMUP_STEPS, "samples": batch, "data_s": data,
-            "forward_s": forward, "backward_s": backward, "optimizer_s": optimizer, "step_s": step_s,
-            "allreduce_s": 2 * exposed, "exposed_comm_s": exposed, "compute_s": forward + backward - exposed + optimizer,
-            "num_buckets": 0 if workers == 1 else 2,
-        })
+        frame = pd.DataFrame(
+            {
+                "epoch": step // per_epoch + 1,
+                "step": step,
+                "rank": rank,
+                "node_rank": rank // 2,
+                "local_rank": rank % 2,
+                "kind": "train",
+                "pair": -1,
+                "warmup": step < WARMUP_STEPS,
+                "samples": batch,
+                "data_s": data,
+                "forward_s": forward,
+                "backward_s": backward,
+                "optimizer_s": optimizer,
+                "step_s": step_s,
+                "allreduce_s": 2 * exposed,
+                "exposed_comm_s": exposed,
+                "compute_s": forward + backward - exposed + optimizer,
+                "num_buckets": 0 if workers == 1 else 2,
+            }
+        )
         frames.append(frame)
         if workers > 1:
             m = EPOCHS * CALIBRATION_PAIRS * 2
             index = np.arange(m)
             epoch = index // (2 * CALIBRATION_PAIRS) + 1
             pair = (index // 2) % CALIBRATION_PAIRS
-            sync = (index % 2 == 1)
+            sync = index % 2 == 1
             fb = 0.055 * batch / 64 + np.where(sync, 1.5 * exposed, 0.0) + 0.001 * rng.standard_normal(m)
-            frames.append(pd.DataFrame({
-                "epoch": epoch, "step": epoch * per_epoch - 1, "rank": rank, "node_rank": rank // 2,
-                "local_rank": rank % 2, "kind": np.where(sync, "calib_sync", "calib_nosync"), "pair": pair,
-                "warmup": False, "samples": batch, "data_s": 0.0, "forward_s": 0.025 * batch / 64,
-                "backward_s": fb - 0.025 * batch / 64, "optimizer_s": 0.0, "step_s": fb, "allreduce_s": 0.0,
-                "exposed_comm_s": 0.0, "compute_s": fb, "num_buckets": np.where(sync, 2, 0),
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "epoch": epoch,
+                        "step": epoch * per_epoch - 1,
+                        "rank": rank,
+                        "node_rank": rank // 2,
+                        "local_rank": rank % 2,
+                        "kind": np.where(sync, "calib_sync", "calib_nosync"),
+                        "pair": pair,
+                        "warmup": False,
+                        "samples": batch,
+                        "data_s": 0.0,
+                        "forward_s": 0.025 * batch / 64,
+                        "backward_s": fb - 0.025 * batch / 64,
+                        "optimizer_s": 0.0,
+                        "step_s": fb,
+                        "allreduce_s": 0.0,
+                        "exposed_comm_s": 0.0,
+                        "compute_s": fb,
+                        "num_buckets": np.where(sync, 2, 0),
+                    }
+                )
+            )
     steps = pd.concat(frames, ignore_index=True)
     steps["model_flops"] = steps["samples"] * PROFILE["train_flops"]
     steps["achieved_flops_per_s"] = steps["model_flops"] / steps["step_s"]
@@ -160,21 +209,47 @@ def make_sweep(root: Path, repeats: int) -> tuple[Path, int]:
                 steps = _steps(rng, workers, batch)
                 figures = summarize_run(steps, epochs, TARGET, workers, PROFILE)
                 figures.pop("ranks", None)  # the per-rank table: ranks.parquet, not the summary
-                config = {**base, "workers": {**base["workers"], "num_workers": workers},
-                          "train": {**base["train"], "per_worker_batch": batch, "seed": repeat}}
+                config = {
+                    **base,
+                    "workers": {**base["workers"], "num_workers": workers},
+                    "train": {**base["train"], "per_worker_batch": batch, "seed": repeat},
+                }
                 summary = {
-                    "schema_version": 1, "run_id": key, "name": "quickstart", "model": "small_cnn",
-                    "dataset": "embedded", "backend": "gloo", "launcher": "ray", "num_workers": workers,
-                    "num_nodes": max(1, workers // 2), "workers_per_node": workers / max(1, workers // 2),
-                    "per_worker_batch": batch, "global_batch": workers * batch, "seed": repeat,
+                    "schema_version": 1,
+                    "run_id": key,
+                    "name": "quickstart",
+                    "model": "small_cnn",
+                    "dataset": "embedded",
+                    "backend": "gloo",
+                    "launcher": "ray",
+                    "num_workers": workers,
+                    "num_nodes": max(1, workers // 2),
+                    "workers_per_node": workers / max(1, workers // 2),
+                    "per_worker_batch": batch,
+                    "global_batch": workers * batch,
+                    "seed": repeat,
                     "status": "reached_target" if figures["epochs_to_target"] is not None else "max_epochs",
-                    "error": None, "target_accuracy": TARGET, "target_metric": "top1", "precision": "fp32",
-                    "channels_last": False, "compile": False, "grad_compression": "none", "step_timing": True,
-                    **figures, "inject_comm_delay_s": 0.0, "node_price_per_hour": 0.5,
-                    "started_at": "2025-01-01T00:00:00+00:00", "run_wall_s": float(epochs["elapsed_wall_s"].iloc[-1]) + 5,
+                    "error": None,
+                    "target_accuracy": TARGET,
+                    "target_metric": "top1",
+                    "precision": "fp32",
+                    "channels_last": False,
+                    "compile": False,
+                    "grad_compression": "none",
+                    "step_timing": True,
+                    **figures,
+                    "inject_comm_delay_s": 0.0,
+                    "node_price_per_hour": 0.5,
+                    "started_at": "2025-01-01T00:00:00+00:00",
+                    "run_wall_s": float(epochs["elapsed_wall_s"].iloc[-1]) + 5,
                     "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "ray": "2.60.0"},
-                    "hardware": {"hostname": "bench", "cpu_model": "generated", "cpu_count": 2, "gpu_name": None,
-                                 "gpu_count": 0},
+                    "hardware": {
+                        "hostname": "bench",
+                        "cpu_model": "generated",
+                        "cpu_count": 2,
+                        "gpu_name": None,
+                        "gpu_count": 0,
+                    },
                 }
                 run.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
                 run.compute_profile_path.write_text(json.dumps(PROFILE))
@@ -188,8 +263,13 @@ def make_sweep(root: Path, repeats: int) -> tuple[Path, int]:
 
 def time_cli(sweep: Path) -> float:
     t0 = time.perf_counter()
-    out = subprocess.run([str(Path(sys.executable).parent / "scaling"), "report", str(sweep)], cwd=bl.REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "scaling"), "report", str(sweep)],
+        cwd=bl.REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     elapsed = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"scaling report failed: {out.stderr[-1500:]}")
@@ -228,6 +308,7 @@ def breakdown_in_process(sweep: Path) -> dict:
                 return function(*args, **kwargs)
             finally:
                 spent[key] += time.perf_counter() - t0
+
         return wrapper
 
     class TimedConsole(Console):
@@ -290,7 +371,9 @@ def main() -> None:
         sweep, n_runs = make_sweep(root, args.repeats)
         generate_s = time.perf_counter() - t0
         size_mb = sum(p.stat().st_size for p in sweep.rglob("*") if p.is_file()) / 1e6
-        print(f"[{NAME}] generated {n_runs} runs x {EPOCHS} epochs ({size_mb:.0f} MB) in {generate_s:.1f} s", flush=True)
+        print(
+            f"[{NAME}] generated {n_runs} runs x {EPOCHS} epochs ({size_mb:.0f} MB) in {generate_s:.1f} s", flush=True
+        )
         warm_s = time_in_process(sweep)  # untimed: imports, font cache
         print(f"[{NAME}] first in-process report (untimed warm-up): {warm_s:.2f} s", flush=True)
         sequence = []
@@ -307,22 +390,44 @@ def main() -> None:
 
     cli_s = bl.median(v for arm, v in sequence if arm == "cli")
     inproc_s = bl.median(v for arm, v in sequence if arm == "in-process")
-    comparisons = [bl.comparison(
-        f"analysis speed: scaling report, {n_runs} runs x {EPOCHS} epochs", "`scaling report` CLI (fresh process)",
-        "write_report() in-process, warm", cli_s, inproc_s, "s", bl.ratio(cli_s, inproc_s),
-        "cli / in-process (the part of the CLI's time that is interpreter start and imports)", BUDGET_S,
-        "CLI wall time <= 10 s", budget_on="a",
-        note=f"medians of {pairs} each; report.md + 7 figures (PNG + SVG) + every table printed",
-    )]
+    comparisons = [
+        bl.comparison(
+            f"analysis speed: scaling report, {n_runs} runs x {EPOCHS} epochs",
+            "`scaling report` CLI (fresh process)",
+            "write_report() in-process, warm",
+            cli_s,
+            inproc_s,
+            "s",
+            bl.ratio(cli_s, inproc_s),
+            "cli / in-process (the part of the CLI's time that is interpreter start and imports)",
+            BUDGET_S,
+            "CLI wall time <= 10 s",
+            budget_on="a",
+            note=f"medians of {pairs} each; report.md + 7 figures (PNG + SVG) + every table printed",
+        )
+    ]
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
-        sweep={"runs": n_runs, "workers": list(WORKERS), "per_worker_batch": list(BATCHES), "repeats": args.repeats,
-               "epochs_per_run": EPOCHS, "train_steps_per_rank": STEPS_PER_RANK,
-               "calibration_pairs_per_epoch": CALIBRATION_PAIRS, "size_mb": round(size_mb, 1),
-               "generate_s": generate_s},
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        sweep={
+            "runs": n_runs,
+            "workers": list(WORKERS),
+            "per_worker_batch": list(BATCHES),
+            "repeats": args.repeats,
+            "epochs_per_run": EPOCHS,
+            "train_steps_per_rank": STEPS_PER_RANK,
+            "calibration_pairs_per_epoch": CALIBRATION_PAIRS,
+            "size_mb": round(size_mb, 1),
+            "generate_s": generate_s,
+        },
         arms={"cli": ".venv/bin/scaling report SWEEP", "in-process": "scaling.report.write_report(SWEEP, console=...)"},
         timings=[{"order": i, "arm": arm, "s": s} for i, (arm, s) in enumerate(sequence)],
-        first_in_process_s=warm_s, report_files=files,
+        first_in_process_s=warm_s,
+        report_files=files,
         phases_in_process=phases,
         profile={"wall_s_under_cprofile": profiled_s, "top_cumulative": profile_text.splitlines()},
     )

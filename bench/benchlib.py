@@ -81,7 +81,7 @@ def median_order_interval(values, confidence: float = 0.95) -> tuple[float | Non
     n, tail = len(xs), (1 - confidence) / 2
     k, below = 0, 0.0  # below: P(Binomial(n, 1/2) < k + 1)
     while k < n:
-        below += math.comb(n, k) / 2 ** n
+        below += math.comb(n, k) / 2**n
         if below > tail:
             break
         k += 1
@@ -114,9 +114,22 @@ def interval_verdict(lo: float | None, hi: float | None, budget: float) -> str:
     return "miss" if lo > budget else UNDECIDED
 
 
-def comparison(name: str, a: str, b: str, a_median, b_median, unit: str, ratio_value, ratio_definition: str,
-               budget: float | None = None, budget_definition: str = "", note: str = "",
-               budget_on: str = "ratio", pair_ratios=None, decided_by_interval: bool = False) -> dict:
+def comparison(
+    name: str,
+    a: str,
+    b: str,
+    a_median,
+    b_median,
+    unit: str,
+    ratio_value,
+    ratio_definition: str,
+    budget: float | None = None,
+    budget_definition: str = "",
+    note: str = "",
+    budget_on: str = "ratio",
+    pair_ratios=None,
+    decided_by_interval: bool = False,
+) -> dict:
     """One row of the summary table. `pass`: the ratio (budget_on="ratio") or A's median
     (budget_on="a", a budget in `unit`) is <= budget; null without a budget or a value.
 
@@ -140,25 +153,48 @@ def comparison(name: str, a: str, b: str, a_median, b_median, unit: str, ratio_v
         lo, hi = median_interval(pair_ratios) if pair_ratios else (None, None)
         lo, hi = (None, None) if lo is None or lo != lo else (lo, hi)
     row = {
-        "name": name, "a": a, "b": b, "a_median": a_median, "b_median": b_median, "unit": unit,
-        "ratio": ratio_value, "ratio_lo": lo, "ratio_hi": hi, "ratio_definition": ratio_definition,
+        "name": name,
+        "a": a,
+        "b": b,
+        "a_median": a_median,
+        "b_median": b_median,
+        "unit": unit,
+        "ratio": ratio_value,
+        "ratio_lo": lo,
+        "ratio_hi": hi,
+        "ratio_definition": ratio_definition,
         "within_noise": None if lo is None else bool(lo <= 1.0 <= hi),
-        "budget_within_noise": None if lo is None or budget is None or budget_on != "ratio" else bool(lo <= budget < hi),
-        "budget": budget, "budget_on": budget_on, "budget_definition": budget_definition, "pass": passed, "note": note,
+        "budget_within_noise": None
+        if lo is None or budget is None or budget_on != "ratio"
+        else bool(lo <= budget < hi),
+        "budget": budget,
+        "budget_on": budget_on,
+        "budget_definition": budget_definition,
+        "pass": passed,
+        "note": note,
     }
     if decided:
         verdict = interval_verdict(lo, hi, budget)
-        row.update(interval="95% order-statistic (sign-test) interval of the median over pairs", verdict=verdict,
-                   pairs=len([r for r in pair_ratios or [] if r is not None]),
-                   budget_within_noise=verdict == UNDECIDED, **{"pass": {"pass": True, "miss": False}.get(verdict)})
+        row.update(
+            interval="95% order-statistic (sign-test) interval of the median over pairs",
+            verdict=verdict,
+            pairs=len([r for r in pair_ratios or [] if r is not None]),
+            budget_within_noise=verdict == UNDECIDED,
+            **{"pass": {"pass": True, "miss": False}.get(verdict)},
+        )
     return row
 
 
 def command_line() -> str:
     """The command that is running, as one could type it again from the repository root."""
+
     def rel(path: str) -> str:
         try:
-            return os.path.relpath(Path(path).absolute(), REPO) if Path(path).is_absolute() or Path(path).exists() else path
+            return (
+                os.path.relpath(Path(path).absolute(), REPO)
+                if Path(path).is_absolute() or Path(path).exists()
+                else path
+            )
         except ValueError:
             return path
 
@@ -267,7 +303,7 @@ class TreeCpu:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        rest = stat[stat.rindex(")") + 2:].split()
+        rest = stat[stat.rindex(")") + 2 :].split()
         return (int(rest[11]) + int(rest[12])) / cls.TICK  # utime + stime
 
     @staticmethod
@@ -346,9 +382,12 @@ class TreeCpu:
         wall = end - start
         used = {kind: self.cpu_s(kind, start, end) for kind in self.KINDS}
         machine = self._at(self.machine, end, None) - self._at(self.machine, start, None)
-        return {"window_s": round(wall, 2), "train_workers_cores": round(used["train_workers"] / wall, 3),
-                "lab_and_ray_other_cores": round(used["other"] / wall, 3),
-                "rest_of_machine_cores": round((machine - sum(used.values())) / wall, 3)}
+        return {
+            "window_s": round(wall, 2),
+            "train_workers_cores": round(used["train_workers"] / wall, 3),
+            "lab_and_ray_other_cores": round(used["other"] / wall, 3),
+            "rest_of_machine_cores": round((machine - sum(used.values())) / wall, 3),
+        }
 
 
 def training_windows(epochs, first_step_unix: float) -> list[tuple[int, float, float]]:
@@ -409,13 +448,28 @@ class StepWindows:
     def now(self) -> tuple[float, float, float]:
         return time.perf_counter(), time.process_time(), self._gc_s
 
-    def add(self, block: int, arm: str, start: tuple[float, float, float], end: tuple[float, float, float],
-            into_last: bool = False) -> None:
+    def add(
+        self,
+        block: int,
+        arm: str,
+        start: tuple[float, float, float],
+        end: tuple[float, float, float],
+        into_last: bool = False,
+    ) -> None:
         """Book a step's window; `into_last`: add it to this arm's last step in the block instead (an
         iterator's closing call, which ends the last step and starts none)."""
-        row = {"block": block, "arm": arm, "wall_s": end[0] - start[0], "cpu_s": end[1] - start[1],
-               "gc_s": end[2] - start[2]}
-        last = next((r for r in reversed(self.rows) if r["block"] == block and r["arm"] == arm), None) if into_last else None
+        row = {
+            "block": block,
+            "arm": arm,
+            "wall_s": end[0] - start[0],
+            "cpu_s": end[1] - start[1],
+            "gc_s": end[2] - start[2],
+        }
+        last = (
+            next((r for r in reversed(self.rows) if r["block"] == block and r["arm"] == arm), None)
+            if into_last
+            else None
+        )
         if last is not None:
             for key in ("wall_s", "cpu_s", "gc_s"):
                 last[key] += row[key]
@@ -435,16 +489,20 @@ def block_means(rows_by_rank: list[list[dict]], arms: tuple[str, ...]) -> list[d
             if not all(per_rank):
                 break
             first = per_rank[0]
-            row[arm] = {"steps": len(first), "wall_s": sum(r["wall_s"] for r in first) / len(first),
-                        "cpu_s": sum(sum(r["cpu_s"] for r in rows) / len(rows) for rows in per_rank),
-                        "gc_s": sum(r["gc_s"] for r in first) / len(first)}
+            row[arm] = {
+                "steps": len(first),
+                "wall_s": sum(r["wall_s"] for r in first) / len(first),
+                "cpu_s": sum(sum(r["cpu_s"] for r in rows) / len(rows) for rows in per_rank),
+                "gc_s": sum(r["gc_s"] for r in first) / len(first),
+            }
         else:
             out.append(row)
     return out
 
 
-def measure_until_decided(measure_next, rows, started: float, max_minutes: float, name: str, unit: str,
-                          once: bool = False) -> int:
+def measure_until_decided(
+    measure_next, rows, started: float, max_minutes: float, name: str, unit: str, once: bool = False
+) -> int:
     """Call `measure_next(index)` (one more pair of processes, or run) until no verdict of
     `rows()` is undecided, or another would end after `max_minutes` from `started` (judged by the
     mean so far); `once`: the first only (a quick check). `unit` says what one is, for the
@@ -456,8 +514,11 @@ def measure_until_decided(measure_next, rows, started: float, max_minutes: float
                 return index
             elapsed = time.time() - started
             if elapsed + elapsed / index > 60 * max_minutes:
-                print(f"[{name}] undecided after {index} ({unit} each), and one more would end after "
-                      f"{max_minutes:g} min: stopping", flush=True)
+                print(
+                    f"[{name}] undecided after {index} ({unit} each), and one more would end after "
+                    f"{max_minutes:g} min: stopping",
+                    flush=True,
+                )
                 return index
         print(f"[{name}] #{index + 1}: {unit}", flush=True)
         measure_next(index)
@@ -506,7 +567,9 @@ def lab_with_bare_steps(cfg, ctx, run_dir, make_bare, windows: StepWindows) -> N
     from scaling.train.user_function import lab_context
 
     if cfg.train.eval_every != 1:
-        raise ValueError("lab_with_bare_steps needs train.eval_every=1: a mid-epoch evaluation would count as a lab step")
+        raise ValueError(
+            "lab_with_bare_steps needs train.eval_every=1: a mid-epoch evaluation would count as a lab step"
+        )
     load_dataset = lab_loop.load_dataset
 
     def load_with_bare_steps(*args, **kwargs):
@@ -524,8 +587,12 @@ def lab_with_bare_steps(cfg, ctx, run_dir, make_bare, windows: StepWindows) -> N
 def describe_machine(load_avg_start=None) -> dict:
     from scaling.instrument.machine import describe_hardware, describe_versions
 
-    return {"hardware": describe_hardware(), "versions": describe_versions(),
-            "load_avg_start": load_avg_start, "load_avg_end": load_average()}
+    return {
+        "hardware": describe_hardware(),
+        "versions": describe_versions(),
+        "load_avg_start": load_avg_start,
+        "load_avg_end": load_average(),
+    }
 
 
 def what(doc: str) -> str:
@@ -545,8 +612,9 @@ def results_dir(quick: bool) -> Path:
     return folder
 
 
-def write_result(name: str, doc: str, quick: bool, started: float, load_avg_start, comparisons: list[dict],
-                 **details) -> Path:
+def write_result(
+    name: str, doc: str, quick: bool, started: float, load_avg_start, comparisons: list[dict], **details
+) -> Path:
     """Write results/<name>.json (atomically) and return its path."""
     out_dir = results_dir(quick)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -577,8 +645,11 @@ def print_comparisons(comparisons: list[dict]) -> None:
         on = "" if c.get("budget_on", "ratio") == "ratio" else f" {c['unit']}, on A"
         budget = f" (budget <= {c['budget']}{on})" if c["budget"] is not None else ""
         r = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
-        print(f"{c['name']}: A {c['a']} = {_fmt(c['a_median'])} {c['unit']}, B {c['b']} = {_fmt(c['b_median'])} "
-              f"{c['unit']}; ratio {r}{budget}{verdict}", flush=True)
+        print(
+            f"{c['name']}: A {c['a']} = {_fmt(c['a_median'])} {c['unit']}, B {c['b']} = {_fmt(c['b_median'])} "
+            f"{c['unit']}; ratio {r}{budget}{verdict}",
+            flush=True,
+        )
 
 
 def _fmt(value) -> str:

@@ -45,8 +45,13 @@ def main() -> None:
     from scaling.launch.run import execute_run
 
     started, load_start = time.time(), bl.load_average()
-    overrides = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "instrument.calibration_pairs=0",
-                 "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
+    overrides = [
+        f"train.max_epochs={epochs}",
+        "train.target_accuracy=1.0",
+        "instrument.calibration_pairs=0",
+        "data.val_samples=512",
+        *(["data.train_samples=2048"] if args.quick else []),
+    ]
     sequence, runs = [], []
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
         for i, workers in enumerate(bl.abba(pairs, 1, 2)):
@@ -58,28 +63,60 @@ def main() -> None:
                 raise RuntimeError(f"{workers}-worker run failed: {summary['error']}")
             throughput = summary["throughput_samples_per_s"]
             sequence.append((workers, throughput))
-            runs.append({"order": i, "workers": workers, "throughput_samples_per_s": throughput, "mean_runnable": rq.mean,
-                         "time_per_epoch_s": summary["time_per_epoch_s"], "step_s": summary["step_s"],
-                         "global_batch": summary["global_batch"], "comm_exposed_s": summary.get("exposed_comm_s")})
+            runs.append(
+                {
+                    "order": i,
+                    "workers": workers,
+                    "throughput_samples_per_s": throughput,
+                    "mean_runnable": rq.mean,
+                    "time_per_epoch_s": summary["time_per_epoch_s"],
+                    "step_s": summary["step_s"],
+                    "global_batch": summary["global_batch"],
+                    "comm_exposed_s": summary.get("exposed_comm_s"),
+                }
+            )
             print(f"[{NAME}]   {throughput:,.0f} samples/s (runnable tasks {rq.mean})", flush=True)
 
     speedups = [b / a for a, b in bl.adjacent_pairs(sequence, 1, 2)]
     a_med = bl.median(v for w, v in sequence if w == 1)
     b_med = bl.median(v for w, v in sequence if w == 2)
     speedup = bl.median(speedups)
-    comparisons = [bl.comparison(
-        "CPU scaling, throughput speedup 1 -> 2 workers", "1 worker", "2 workers", a_med, b_med, "samples/s", speedup,
-        "speedup: median over adjacent ABBA pairs of throughput(2) / throughput(1); ideal 2", None, "",
-        note=f"scaling efficiency {speedup / 2:.0%} (speedup / 2); quickstart, local launcher, 1 thread per worker, "
-             f"{pairs} pairs x {epochs} epochs; pair speedups {', '.join(f'{s:.3f}' for s in speedups)}; "
-             f"{bl.contention_note(runs)}",
-    )]
-    cli = f".venv/bin/scaling run {args.config} --launcher local " + " ".join(f"--set {shlex.quote(o)}" for o in overrides)
+    comparisons = [
+        bl.comparison(
+            "CPU scaling, throughput speedup 1 -> 2 workers",
+            "1 worker",
+            "2 workers",
+            a_med,
+            b_med,
+            "samples/s",
+            speedup,
+            "speedup: median over adjacent ABBA pairs of throughput(2) / throughput(1); ideal 2",
+            None,
+            "",
+            note=f"scaling efficiency {speedup / 2:.0%} (speedup / 2); quickstart, local launcher, 1 thread per worker, "
+            f"{pairs} pairs x {epochs} epochs; pair speedups {', '.join(f'{s:.3f}' for s in speedups)}; "
+            f"{bl.contention_note(runs)}",
+        )
+    ]
+    cli = f".venv/bin/scaling run {args.config} --launcher local " + " ".join(
+        f"--set {shlex.quote(o)}" for o in overrides
+    )
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
-        config=args.config, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        config=args.config,
+        pairs=pairs,
+        epochs_per_run=epochs,
+        overrides=overrides,
         arms={"1 worker": f"{cli} --workers 1 --out DIR", "2 workers": f"{cli} --workers 2 --out DIR"},
-        speedup=speedup, efficiency=speedup / 2 if speedup else None, pair_speedups=speedups, runs=runs,
+        speedup=speedup,
+        efficiency=speedup / 2 if speedup else None,
+        pair_speedups=speedups,
+        runs=runs,
     )
     bl.print_comparisons(comparisons)
     print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)

@@ -101,12 +101,20 @@ def timing_overrides(epochs: int, quick: bool) -> list[str]:
 def loop_spec(cfg) -> dict:
     """What the bare and attached loops need of the lab's config, so that all arms do the same work per step."""
     return {
-        "model": cfg.model.name, "vocab": cfg.data.num_classes, "seq_len": cfg.data.seq_len,
-        "data_seed": cfg.data.seed, "train_samples": cfg.data.train_samples, "val_samples": cfg.data.val_samples,
-        "token_noise": cfg.data.token_noise, "seed": cfg.train.seed, "batch": cfg.train.per_worker_batch,
-        "epochs": cfg.train.max_epochs, "threads": cfg.workers.cpus_per_worker,
+        "model": cfg.model.name,
+        "vocab": cfg.data.num_classes,
+        "seq_len": cfg.data.seq_len,
+        "data_seed": cfg.data.seed,
+        "train_samples": cfg.data.train_samples,
+        "val_samples": cfg.data.val_samples,
+        "token_noise": cfg.data.token_noise,
+        "seed": cfg.train.seed,
+        "batch": cfg.train.per_worker_batch,
+        "epochs": cfg.train.max_epochs,
+        "threads": cfg.workers.cpus_per_worker,
         # the lab's optimizer (scaling/train/loop.py): SGD at the linearly scaled peak rate, Nesterov with momentum
-        "lr": cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch, "momentum": cfg.optim.momentum,
+        "lr": cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch,
+        "momentum": cfg.optim.momentum,
         "weight_decay": cfg.optim.weight_decay,
     }
 
@@ -125,15 +133,25 @@ class BareFsdp:
         # its own seeds, without moving the global generator's state the lab's loop seeds and uses
         with torch.random.fork_rng():
             torch.manual_seed(spec["seed"])
-            self.train_x, self.train_y, _, _ = make_token_rule(spec["data_seed"], spec["vocab"], spec["seq_len"],
-                                                               spec["train_samples"], spec["val_samples"],
-                                                               spec["token_noise"])
+            self.train_x, self.train_y, _, _ = make_token_rule(
+                spec["data_seed"],
+                spec["vocab"],
+                spec["seq_len"],
+                spec["train_samples"],
+                spec["val_samples"],
+                spec["token_noise"],
+            )
             self.model = build_model(spec["model"], spec["vocab"])
         for block in self.model.blocks:
             fully_shard(block)
         fully_shard(self.model)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=spec["lr"], momentum=spec["momentum"],
-                                         nesterov=spec["momentum"] > 0, weight_decay=spec["weight_decay"])
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=spec["lr"],
+            momentum=spec["momentum"],
+            nesterov=spec["momentum"] > 0,
+            weight_decay=spec["weight_decay"],
+        )
 
     def batches(self, epoch: int):
         import torch
@@ -142,7 +160,7 @@ class BareFsdp:
 
         indices = torch.tensor(train_shard(len(self.train_y), self.rank, self.world_size, epoch, self.spec["seed"]))
         for start in range(0, len(indices) - self.spec["batch"] + 1, self.spec["batch"]):
-            batch = indices[start:start + self.spec["batch"]]
+            batch = indices[start : start + self.spec["batch"]]
             yield self.train_x[batch], self.train_y[batch]
 
     def step(self, inputs, targets) -> None:
@@ -162,9 +180,11 @@ def instrument_phase(rank: int, world_size: int, spec: dict, attach_dir: str, wi
     jobs = {"attached": BareFsdp(rank, world_size, spec), "bare": BareFsdp(rank, world_size, spec)}
     with instrument.attach(jobs["attached"].model, jobs["attached"].optimizer, run_dir=attach_dir) as meter:
         for epoch in range(1, spec["epochs"] + 1):
-            iterators = {"attached": iter(meter.batches(jobs["attached"].batches(epoch))),
-                         "bare": iter(jobs["bare"].batches(epoch))}
-            for step in range(10 ** 9):
+            iterators = {
+                "attached": iter(meter.batches(jobs["attached"].batches(epoch))),
+                "bare": iter(jobs["bare"].batches(epoch)),
+            }
+            for step in range(10**9):
                 ended = []
                 for arm in PHASES["instrument"] if step % 2 == 0 else PHASES["instrument"][::-1]:
                     start = windows.now()
@@ -198,8 +218,9 @@ def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: di
     windows = bl.StepWindows()
     instrument_phase(rank, world_size, spec, str(Path(tmp) / f"{tag}-attached"), windows)
     instrument_rows, windows.rows = windows.rows, []
-    bl.lab_with_bare_steps(cfg, ctx, Path(tmp) / f"{tag}-lab", lambda _dataset: BareFsdp(rank, world_size, spec),
-                           windows)
+    bl.lab_with_bare_steps(
+        cfg, ctx, Path(tmp) / f"{tag}-lab", lambda _dataset: BareFsdp(rank, world_size, spec), windows
+    )
     windows.close()
     Path(tmp, f"{tag}-rank{rank}.json").write_text(json.dumps({"instrument": instrument_rows, "lab": windows.rows}))
     release_process_group()
@@ -221,9 +242,12 @@ def measure_pair(index: int, cfg, spec: dict, tmp: str) -> dict[str, list[dict]]
         for b in blocks:
             b["processes"] = index
             a = b[arms[0]]
-            print(f"[{NAME}] processes {index + 1}, {phase} phase, epoch {b['block']}: {arms[0]} / bare step "
-                  f"{a['wall_s'] / b['bare']['wall_s']:.3f} ({a['wall_s'] * 1e3:.1f} / {b['bare']['wall_s'] * 1e3:.1f} ms), "
-                  f"CPU {a['cpu_s'] / b['bare']['cpu_s']:.3f}", flush=True)
+            print(
+                f"[{NAME}] processes {index + 1}, {phase} phase, epoch {b['block']}: {arms[0]} / bare step "
+                f"{a['wall_s'] / b['bare']['wall_s']:.3f} ({a['wall_s'] * 1e3:.1f} / {b['bare']['wall_s'] * 1e3:.1f} ms), "
+                f"CPU {a['cpu_s'] / b['bare']['cpu_s']:.3f}",
+                flush=True,
+            )
         out[phase] = blocks
     for path in Path(tmp).glob(f"{tag}-*"):
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
@@ -237,41 +261,80 @@ def block_ratios(blocks: list[dict], arm: str, key: str) -> list[float]:
 def figures(blocks: dict[str, list[dict]], epochs: int) -> list[dict]:
     """Four comparison rows (each ratio's step time and workers' CPU per step), each decided by its interval."""
     rows = []
-    cases = (("instrument", "attached", "instrument on a user's FSDP job", "attached (scaling.instrument.attach, defaults)",
-              INSTRUMENT_BUDGET, "an attached and a bare FSDP2 job, their steps alternating (order flipped every step)"),
-             ("lab", "lab", "the lab's FSDP loop vs a bare FSDP2 loop", "lab (scaling run, backend: fsdp)",
-              LOOP_BUDGET, "the lab's loop (its instrument with the lab's defaults, LR schedule, bookkeeping) with a "
-                           "bare FSDP2 job stepping before each of its batches"))
+    cases = (
+        (
+            "instrument",
+            "attached",
+            "instrument on a user's FSDP job",
+            "attached (scaling.instrument.attach, defaults)",
+            INSTRUMENT_BUDGET,
+            "an attached and a bare FSDP2 job, their steps alternating (order flipped every step)",
+        ),
+        (
+            "lab",
+            "lab",
+            "the lab's FSDP loop vs a bare FSDP2 loop",
+            "lab (scaling run, backend: fsdp)",
+            LOOP_BUDGET,
+            "the lab's loop (its instrument with the lab's defaults, LR schedule, bookkeeping) with a "
+            "bare FSDP2 job stepping before each of its batches",
+        ),
+    )
     for phase, arm, title, label, budget, what in cases:
         phase_blocks = blocks[phase]
         for key, unit, figure, measured in (
-                ("wall_s", "s/step", "step time", "mean step, wall clock on rank 0"),
-                ("cpu_s", "CPU s/step", "workers' CPU per step", "mean CPU seconds per step, summed over the ranks")):
+            ("wall_s", "s/step", "step time", "mean step, wall clock on rank 0"),
+            ("cpu_s", "CPU s/step", "workers' CPU per step", "mean CPU seconds per step, summed over the ranks"),
+        ):
             ratios = block_ratios(phase_blocks, arm, key)
             a_med = bl.median(b[arm][key] for b in phase_blocks)
             b_med = bl.median(b["bare"][key] for b in phase_blocks)
-            gc_share = {x: sum(b[x]["gc_s"] * b[x]["steps"] for b in phase_blocks)
-                        / max(1e-12, sum(b[x]["wall_s"] * b[x]["steps"] for b in phase_blocks)) for x in (arm, "bare")}
+            gc_share = {
+                x: sum(b[x]["gc_s"] * b[x]["steps"] for b in phase_blocks)
+                / max(1e-12, sum(b[x]["wall_s"] * b[x]["steps"] for b in phase_blocks))
+                for x in (arm, "bare")
+            }
             processes = len({b["processes"] for b in phase_blocks})
-            note = (f"{what}; {CONFIG}, gpt2-tiny, {WORKERS} gloo ranks x 1 thread, fp32; {len(phase_blocks)} epochs "
-                    f"(blocks) from {processes} pair(s) of processes of {epochs} epochs per phase, the first left out; "
-                    f"garbage collection {100 * gc_share[arm]:.2f}% of the {arm} windows, {100 * gc_share['bare']:.2f}% "
-                    f"of the bare ones; block ratios {', '.join(f'{r:.3f}' for r in ratios)}")
-            rows.append(bl.comparison(
-                f"{title} ({figure})", label, "bare FSDP2 loop", a_med, b_med, unit, bl.median(ratios),
-                f"median over epochs of {arm} / bare {measured}, the two arms' steps interleaved in the epoch",
-                budget, f"{arm} / bare <= {budget:g} on CPU, by the 95% interval of the median ratio",
-                pair_ratios=ratios, decided_by_interval=True, note=note))
+            note = (
+                f"{what}; {CONFIG}, gpt2-tiny, {WORKERS} gloo ranks x 1 thread, fp32; {len(phase_blocks)} epochs "
+                f"(blocks) from {processes} pair(s) of processes of {epochs} epochs per phase, the first left out; "
+                f"garbage collection {100 * gc_share[arm]:.2f}% of the {arm} windows, {100 * gc_share['bare']:.2f}% "
+                f"of the bare ones; block ratios {', '.join(f'{r:.3f}' for r in ratios)}"
+            )
+            rows.append(
+                bl.comparison(
+                    f"{title} ({figure})",
+                    label,
+                    "bare FSDP2 loop",
+                    a_med,
+                    b_med,
+                    unit,
+                    bl.median(ratios),
+                    f"median over epochs of {arm} / bare {measured}, the two arms' steps interleaved in the epoch",
+                    budget,
+                    f"{arm} / bare <= {budget:g} on CPU, by the 95% interval of the median ratio",
+                    pair_ratios=ratios,
+                    decided_by_interval=True,
+                    note=note,
+                )
+            )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 short epochs per phase (a check that it runs)")
-    parser.add_argument("--epochs", type=int,
-                        help="epochs per phase in each pair of processes, the first left out (default 16; quick 2)")
-    parser.add_argument("--max-minutes", type=float, default=30.0,
-                        help="no further pair of processes starts once it would end after this (default 30)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        help="epochs per phase in each pair of processes, the first left out (default 16; quick 2)",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=30.0,
+        help="no further pair of processes starts once it would end after this (default 30)",
+    )
     args = parser.parse_args()
     epochs = args.epochs or (2 if args.quick else 16)
     if epochs < 2:
@@ -292,19 +355,40 @@ def main() -> None:
             for phase, more in measure_pair(index, cfg, spec, tmp).items():
                 blocks[phase] += more
 
-        bl.measure_until_decided(measure_next, lambda: figures(blocks, epochs), started, args.max_minutes, NAME,
-                                 f"a pair of processes, {epochs} epochs per phase", once=args.quick)
+        bl.measure_until_decided(
+            measure_next,
+            lambda: figures(blocks, epochs),
+            started,
+            args.max_minutes,
+            NAME,
+            f"a pair of processes, {epochs} epochs per phase",
+            once=args.quick,
+        )
     comparisons = figures(blocks, epochs)
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
-        f"--set {shlex.quote(o)}" for o in overrides)
+        f"--set {shlex.quote(o)}" for o in overrides
+    )
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
-        config=CONFIG, workers=WORKERS, epochs_per_phase=epochs, overrides=overrides, loop=spec,
-        arms={"lab": f"scaling/train/loop.py train_worker, as `{cli} --out DIR` runs it on each worker",
-              "bare": "bench/fsdp_overhead.py BareFsdp",
-              "attached": "bench/fsdp_overhead.py BareFsdp with scaling.instrument.attach(model, optimizer, run_dir=...)"},
-        block_ratios={arm: {key: block_ratios(blocks[phase], arm, key) for key in ("wall_s", "cpu_s")}
-                      for phase, arm in (("instrument", "attached"), ("lab", "lab"))},
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        config=CONFIG,
+        workers=WORKERS,
+        epochs_per_phase=epochs,
+        overrides=overrides,
+        loop=spec,
+        arms={
+            "lab": f"scaling/train/loop.py train_worker, as `{cli} --out DIR` runs it on each worker",
+            "bare": "bench/fsdp_overhead.py BareFsdp",
+            "attached": "bench/fsdp_overhead.py BareFsdp with scaling.instrument.attach(model, optimizer, run_dir=...)",
+        },
+        block_ratios={
+            arm: {key: block_ratios(blocks[phase], arm, key) for key in ("wall_s", "cpu_s")}
+            for phase, arm in (("instrument", "attached"), ("lab", "lab"))
+        },
         blocks=blocks,
     )
     bl.print_comparisons(comparisons)

@@ -58,8 +58,13 @@ def build(buckets: int, arm: str):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     meter = None
     if arm != "bare":
-        meter = instrument.attach(model, optimizer, telemetry_interval_s=0, trace_steps=0,
-                                  collective_timing_every=10 if arm == "sampled" else 1)
+        meter = instrument.attach(
+            model,
+            optimizer,
+            telemetry_interval_s=0,
+            trace_steps=0,
+            collective_timing_every=10 if arm == "sampled" else 1,
+        )
     return model, optimizer, meter
 
 
@@ -75,8 +80,9 @@ def run_block(job, batch, windows: bl.StepWindows, block: int, key: str) -> None
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="exit status: 0 measured (whatever the verdicts), 2 bad arguments")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="exit status: 0 measured (whatever the verdicts), 2 bad arguments"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer blocks (bench/results/quick/)")
     parser.add_argument("--blocks", type=int, default=None, help="blocks of steps (default 60, quick 16)")
     args = parser.parse_args()
@@ -108,7 +114,7 @@ def main() -> int:
     windows = bl.StepWindows()
     warmup_blocks = 2
     for block in range(blocks + warmup_blocks):
-        order = keys[block % len(keys):] + keys[:block % len(keys)]
+        order = keys[block % len(keys) :] + keys[: block % len(keys)]
         for key in order if block % 2 == 0 else order[::-1]:
             run_block(jobs[key], batch, windows, block, f"{key[0]}:{key[1]}")
         if block % 10 == 0:
@@ -133,10 +139,11 @@ def main() -> int:
             for arm in ARMS[1:]:
                 mine = rows[f"{size}:{arm}"]
                 for clock in ("wall_s", "cpu_s"):
-                    extra.setdefault((size, arm, clock), []).append(
-                        (mine[clock] - bare[clock]) / STEPS_PER_BLOCK * 1e6)
-    bare_step = {size: bl.median([rows[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6
-                                  for rows in per_block.values()]) for size in SIZES}
+                    extra.setdefault((size, arm, clock), []).append((mine[clock] - bare[clock]) / STEPS_PER_BLOCK * 1e6)
+    bare_step = {
+        size: bl.median([rows[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6 for rows in per_block.values()])
+        for size in SIZES
+    }
 
     def verdict(values, budget):
         lo, hi = bl.median_order_interval(values)
@@ -147,41 +154,105 @@ def main() -> int:
         for clock, label in (("wall_s", "wall"), ("cpu_s", "CPU")):
             for size in SIZES:
                 value, lo, hi, _ = verdict(extra[(size, arm, clock)], STEP_BUDGET_US)
-                table.append({"arm": arm, "clock": label, "buckets": size, "extra_us_per_step": value,
-                              "lo": lo, "hi": hi, "bare_us_per_step": bare_step[size],
-                              "resolve_us_per_step": resolve_us[(size, arm)]})
+                table.append(
+                    {
+                        "arm": arm,
+                        "clock": label,
+                        "buckets": size,
+                        "extra_us_per_step": value,
+                        "lo": lo,
+                        "hi": hi,
+                        "bare_us_per_step": bare_step[size],
+                        "resolve_us_per_step": resolve_us[(size, arm)],
+                    }
+                )
             at20 = extra[(20, arm, clock)]
             value, lo, hi, v = verdict(at20, STEP_BUDGET_US)
-            comparisons.append(_row(f"{arm}, 20 buckets, extra {label} per step", arm, value, lo, hi, v,
-                                    STEP_BUDGET_US, "us per step", bare_step[20]))
-            slope = [(a - b) / (SIZES[-1] - SIZES[0]) for a, b in zip(extra[(SIZES[-1], arm, clock)],
-                                                                       extra[(SIZES[0], arm, clock)])]
+            comparisons.append(
+                _row(
+                    f"{arm}, 20 buckets, extra {label} per step",
+                    arm,
+                    value,
+                    lo,
+                    hi,
+                    v,
+                    STEP_BUDGET_US,
+                    "us per step",
+                    bare_step[20],
+                )
+            )
+            slope = [
+                (a - b) / (SIZES[-1] - SIZES[0])
+                for a, b in zip(extra[(SIZES[-1], arm, clock)], extra[(SIZES[0], arm, clock)])
+            ]
             value, lo, hi, v = verdict(slope, BUCKET_BUDGET_US)
-            comparisons.append(_row(f"{arm}, extra {label} per extra bucket", arm, value, lo, hi, v,
-                                    BUCKET_BUDGET_US, "us per bucket", None))
-    path = bl.write_result("instrument_host_cost", __doc__, args.quick, started, load_start, comparisons,
-                           blocks=blocks, steps_per_block=STEPS_PER_BLOCK, layers=LAYERS, width=WIDTH, batch=BATCH,
-                           by_size=table)
+            comparisons.append(
+                _row(
+                    f"{arm}, extra {label} per extra bucket",
+                    arm,
+                    value,
+                    lo,
+                    hi,
+                    v,
+                    BUCKET_BUDGET_US,
+                    "us per bucket",
+                    None,
+                )
+            )
+    path = bl.write_result(
+        "instrument_host_cost",
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        blocks=blocks,
+        steps_per_block=STEPS_PER_BLOCK,
+        layers=LAYERS,
+        width=WIDTH,
+        batch=BATCH,
+        by_size=table,
+    )
     bl.print_comparisons(comparisons)
     for row in table:
-        print(f"  {row['arm']:9s} {row['clock']:4s} {row['buckets']:2d} buckets: "
-              f"+{row['extra_us_per_step']:.0f} us/step [{row['lo']:.0f}, {row['hi']:.0f}] "
-              f"(bare step {row['bare_us_per_step']:.0f} us; records resolved at the epoch's end "
-              f"{row['resolve_us_per_step']:.0f} us per step)")
+        print(
+            f"  {row['arm']:9s} {row['clock']:4s} {row['buckets']:2d} buckets: "
+            f"+{row['extra_us_per_step']:.0f} us/step [{row['lo']:.0f}, {row['hi']:.0f}] "
+            f"(bare step {row['bare_us_per_step']:.0f} us; records resolved at the epoch's end "
+            f"{row['resolve_us_per_step']:.0f} us per step)"
+        )
     print(f"wrote {path}")
     return 0
 
 
 def _row(name, arm, value, lo, hi, verdict, budget, unit, bare_us):
-    return {"name": name, "a": arm, "b": "bare", "a_median": value, "b_median": bare_us, "unit": unit,
-            "ratio": None, "ratio_lo": lo, "ratio_hi": hi,
-            "ratio_definition": "", "budget": budget, "budget_on": "a",
-            "budget_definition": f"the median's 95% order-statistic interval [lo, hi] at most {budget:g} {unit}",
-            "interval": "95% order-statistic interval of the median over blocks", "verdict": verdict,
-            "pass": {"pass": True, "miss": False}.get(verdict), "within_noise": None, "budget_within_noise": None,
-            "pairs": None,
-            "note": (f"median {value:.1f} {unit}, 95% interval [{lo:.1f}, {hi:.1f}] over blocks of "
-                     f"{STEPS_PER_BLOCK} steps per arm" if lo is not None else "")}
+    return {
+        "name": name,
+        "a": arm,
+        "b": "bare",
+        "a_median": value,
+        "b_median": bare_us,
+        "unit": unit,
+        "ratio": None,
+        "ratio_lo": lo,
+        "ratio_hi": hi,
+        "ratio_definition": "",
+        "budget": budget,
+        "budget_on": "a",
+        "budget_definition": f"the median's 95% order-statistic interval [lo, hi] at most {budget:g} {unit}",
+        "interval": "95% order-statistic interval of the median over blocks",
+        "verdict": verdict,
+        "pass": {"pass": True, "miss": False}.get(verdict),
+        "within_noise": None,
+        "budget_within_noise": None,
+        "pairs": None,
+        "note": (
+            f"median {value:.1f} {unit}, 95% interval [{lo:.1f}, {hi:.1f}] over blocks of "
+            f"{STEPS_PER_BLOCK} steps per arm"
+            if lo is not None
+            else ""
+        ),
+    }
 
 
 if __name__ == "__main__":

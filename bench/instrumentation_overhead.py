@@ -92,22 +92,29 @@ class BareDdp:
         with torch.random.fork_rng():  # its own initial weights, leaving the generator the lab's loop seeded alone
             torch.manual_seed(cfg.train.seed + 1)
             plain = self.precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
-        self.model = DistributedDataParallel(plain, bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb,
-                                             **NO_BUFFER_SYNC_IN_FORWARD)
+        self.model = DistributedDataParallel(
+            plain, bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb, **NO_BUFFER_SYNC_IN_FORWARD
+        )
         self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch,
-            momentum=cfg.optim.momentum, nesterov=cfg.optim.momentum > 0, weight_decay=cfg.optim.weight_decay)
+            self.model.parameters(),
+            lr=cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch,
+            momentum=cfg.optim.momentum,
+            nesterov=cfg.optim.momentum > 0,
+            weight_decay=cfg.optim.weight_decay,
+        )
 
     def batches(self, epoch: int):
-        return self.dataset.train_batches(self.ctx.rank, self.ctx.world_size, epoch, self.cfg.train.seed,
-                                          self.cfg.train.per_worker_batch)
+        return self.dataset.train_batches(
+            self.ctx.rank, self.ctx.world_size, epoch, self.cfg.train.seed, self.cfg.train.per_worker_batch
+        )
 
     def step(self, inputs, targets) -> None:
         import torch.nn.functional as F
 
         with self.precision.autocast():
-            loss = F.cross_entropy(self.model(self.precision.layout(inputs)), targets,
-                                   label_smoothing=self.cfg.train.label_smoothing)
+            loss = F.cross_entropy(
+                self.model(self.precision.layout(inputs)), targets, label_smoothing=self.cfg.train.label_smoothing
+            )
         self.precision.backward(loss)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad()
@@ -147,9 +154,12 @@ def measure_lab_pair(index: int, cfg, tmp: str) -> list[dict]:
     blocks = [b for b in bl.block_means(per_rank, ("lab", "bare")) if b["block"] > 1]
     for b in blocks:
         b["processes"] = index
-        print(f"[{NAME}] processes {index + 1}, epoch {b['block']}: lab / bare step "
-              f"{b['lab']['wall_s'] / b['bare']['wall_s']:.3f} ({b['lab']['wall_s'] * 1e3:.1f} / "
-              f"{b['bare']['wall_s'] * 1e3:.1f} ms), CPU {b['lab']['cpu_s'] / b['bare']['cpu_s']:.3f}", flush=True)
+        print(
+            f"[{NAME}] processes {index + 1}, epoch {b['block']}: lab / bare step "
+            f"{b['lab']['wall_s'] / b['bare']['wall_s']:.3f} ({b['lab']['wall_s'] * 1e3:.1f} / "
+            f"{b['bare']['wall_s'] * 1e3:.1f} ms), CPU {b['lab']['cpu_s'] / b['bare']['cpu_s']:.3f}",
+            flush=True,
+        )
     for path in Path(tmp).glob(f"{tag}-*"):
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
     return blocks
@@ -159,29 +169,47 @@ def interleaved_rows(blocks: list[dict], arm: str, label: str, bare_label: str, 
     """Two rows (step time, workers' CPU per step) of `arm` / bare over the blocks, each decided by its interval."""
     rows = []
     for key, unit, figure, measured in (
-            ("wall_s", "s/step", "step time", "mean step, wall clock on rank 0"),
-            ("cpu_s", "CPU s/step", "workers' CPU per step", "mean CPU seconds per step, summed over the ranks")):
+        ("wall_s", "s/step", "step time", "mean step, wall clock on rank 0"),
+        ("cpu_s", "CPU s/step", "workers' CPU per step", "mean CPU seconds per step, summed over the ranks"),
+    ):
         ratios = [b[arm][key] / b["bare"][key] for b in blocks if b["bare"][key] > 0]
-        gc_share = {x: sum(b[x]["gc_s"] * b[x]["steps"] for b in blocks)
-                    / max(1e-12, sum(b[x]["wall_s"] * b[x]["steps"] for b in blocks)) for x in (arm, "bare")}
-        rows.append(bl.comparison(
-            f"instrumentation overhead ({figure})", label, bare_label, bl.median(b[arm][key] for b in blocks),
-            bl.median(b["bare"][key] for b in blocks), unit, bl.median(ratios),
-            f"median over epochs of {arm} / bare {measured}, the two arms' steps interleaved in the epoch",
-            BUDGET, f"{arm} / bare <= {BUDGET:g} on CPU, by the 95% interval of the median ratio",
-            pair_ratios=ratios, decided_by_interval=True,
-            note=f"{what}; {len(blocks)} epochs (blocks) from {origin}, the first left out; garbage collection "
-                 f"{100 * gc_share[arm]:.2f}% of the {arm} windows, {100 * gc_share['bare']:.2f}% of the bare ones; "
-                 f"block ratios {', '.join(f'{r:.3f}' for r in ratios)}"))
+        gc_share = {
+            x: sum(b[x]["gc_s"] * b[x]["steps"] for b in blocks)
+            / max(1e-12, sum(b[x]["wall_s"] * b[x]["steps"] for b in blocks))
+            for x in (arm, "bare")
+        }
+        rows.append(
+            bl.comparison(
+                f"instrumentation overhead ({figure})",
+                label,
+                bare_label,
+                bl.median(b[arm][key] for b in blocks),
+                bl.median(b["bare"][key] for b in blocks),
+                unit,
+                bl.median(ratios),
+                f"median over epochs of {arm} / bare {measured}, the two arms' steps interleaved in the epoch",
+                BUDGET,
+                f"{arm} / bare <= {BUDGET:g} on CPU, by the 95% interval of the median ratio",
+                pair_ratios=ratios,
+                decided_by_interval=True,
+                note=f"{what}; {len(blocks)} epochs (blocks) from {origin}, the first left out; garbage collection "
+                f"{100 * gc_share[arm]:.2f}% of the {arm} windows, {100 * gc_share['bare']:.2f}% of the bare ones; "
+                f"block ratios {', '.join(f'{r:.3f}' for r in ratios)}",
+            )
+        )
     return rows
 
 
 def lab_figures(blocks: list[dict], epochs: int) -> list[dict]:
     pairs = len({b["processes"] for b in blocks})
     return interleaved_rows(
-        blocks, "lab", "lab's loop (scaling run, step timing on)", "bare DDP loop",
+        blocks,
+        "lab",
+        "lab's loop (scaling run, step timing on)",
+        "bare DDP loop",
         f"{CONFIG}, {WORKERS} workers, the lab's loop with a bare DDP job stepping before each of its batches",
-        f"{pairs} pair(s) of processes of {epochs} epochs")
+        f"{pairs} pair(s) of processes of {epochs} epochs",
+    )
 
 
 def main_lab(args, started: float, load_start) -> None:
@@ -193,17 +221,34 @@ def main_lab(args, started: float, load_start) -> None:
     cfg = load_config(bl.REPO / CONFIG, overrides=overrides, num_workers=WORKERS)
     blocks: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
-        bl.measure_until_decided(lambda index: blocks.extend(measure_lab_pair(index, cfg, tmp)),
-                                 lambda: lab_figures(blocks, epochs), started, args.max_minutes, NAME,
-                                 f"a pair of processes, {epochs} epochs", once=args.quick)
+        bl.measure_until_decided(
+            lambda index: blocks.extend(measure_lab_pair(index, cfg, tmp)),
+            lambda: lab_figures(blocks, epochs),
+            started,
+            args.max_minutes,
+            NAME,
+            f"a pair of processes, {epochs} epochs",
+            once=args.quick,
+        )
     comparisons = lab_figures(blocks, epochs)
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
-        f"--set {shlex.quote(o)}" for o in overrides)
+        f"--set {shlex.quote(o)}" for o in overrides
+    )
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
-        config=CONFIG, workers=WORKERS, epochs_per_run=epochs, overrides=overrides,
-        arms={"lab": f"scaling/train/loop.py train_worker, as `{cli} --out DIR` runs it on each worker",
-              "bare": "bench/instrumentation_overhead.py BareDdp"},
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        config=CONFIG,
+        workers=WORKERS,
+        epochs_per_run=epochs,
+        overrides=overrides,
+        arms={
+            "lab": f"scaling/train/loop.py train_worker, as `{cli} --out DIR` runs it on each worker",
+            "bare": "bench/instrumentation_overhead.py BareDdp",
+        },
         block_ratios={key: [b["lab"][key] / b["bare"][key] for b in blocks] for key in ("wall_s", "cpu_s")},
         blocks=blocks,
     )
@@ -225,8 +270,11 @@ def measure_own_run(index: int, overrides: list[str], workers: int, tmp: str, na
     from scaling.config import load_config
     from scaling.launch.run import execute_run
 
-    cfg = load_config(bl.REPO / "examples/own_job/sweep.yaml", num_workers=workers,
-                      overrides=[*overrides, f"train.function={OWN_FUNCTION}"])
+    cfg = load_config(
+        bl.REPO / "examples/own_job/sweep.yaml",
+        num_workers=workers,
+        overrides=[*overrides, f"train.function={OWN_FUNCTION}"],
+    )
     run_dir = (Path(tmp) / f"run{index:02d}").resolve()
     summary = execute_run(cfg, run_dir, launcher="ray")
     if summary["status"] == "failed":
@@ -236,8 +284,11 @@ def measure_own_run(index: int, overrides: list[str], workers: int, tmp: str, na
     for b in blocks:
         b["run"] = index
         a, bare = b["instrumented"], b["bare"]
-        print(f"[{name}] run {index + 1}, epoch {b['block']}: instrumented / bare step {a['wall_s'] / bare['wall_s']:.3f} "
-              f"({a['wall_s'] * 1e3:.1f} / {bare['wall_s'] * 1e3:.1f} ms), CPU {a['cpu_s'] / bare['cpu_s']:.3f}", flush=True)
+        print(
+            f"[{name}] run {index + 1}, epoch {b['block']}: instrumented / bare step {a['wall_s'] / bare['wall_s']:.3f} "
+            f"({a['wall_s'] * 1e3:.1f} / {bare['wall_s'] * 1e3:.1f} ms), CPU {a['cpu_s'] / bare['cpu_s']:.3f}",
+            flush=True,
+        )
     shutil.rmtree(run_dir, ignore_errors=True)
     return blocks
 
@@ -245,10 +296,14 @@ def measure_own_run(index: int, overrides: list[str], workers: int, tmp: str, na
 def own_figures(blocks: list[dict], workers: int, epochs: int) -> list[dict]:
     runs = len({b["run"] for b in blocks})
     return interleaved_rows(
-        blocks, "instrumented", "instrumented (attach, as examples/own_job attaches it)",
+        blocks,
+        "instrumented",
+        "instrumented (attach, as examples/own_job attaches it)",
         "bare (the same job, no instrument)",
         f"examples/own_job/sweep.yaml, {workers} workers, ray launcher, the job twice in one Ray Train run "
-        "(bench/own_job_interleaved.py)", f"{runs} run(s) of {epochs} epochs")
+        "(bench/own_job_interleaved.py)",
+        f"{runs} run(s) of {epochs} epochs",
+    )
 
 
 def main_own(args, started: float, load_start) -> None:
@@ -258,15 +313,30 @@ def main_own(args, started: float, load_start) -> None:
     overrides = [*bl.steady_run_overrides(epochs, args.quick), "train.function_config.num_train=8192"]
     blocks: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-instr-own-") as tmp:
-        bl.measure_until_decided(lambda index: blocks.extend(measure_own_run(index, overrides, args.workers, tmp, name)),
-                                 lambda: own_figures(blocks, args.workers, epochs), started, args.max_minutes, name,
-                                 f"a Ray Train run, {epochs} epochs of both jobs", once=args.quick)
+        bl.measure_until_decided(
+            lambda index: blocks.extend(measure_own_run(index, overrides, args.workers, tmp, name)),
+            lambda: own_figures(blocks, args.workers, epochs),
+            started,
+            args.max_minutes,
+            name,
+            f"a Ray Train run, {epochs} epochs of both jobs",
+            once=args.quick,
+        )
     comparisons = own_figures(blocks, args.workers, epochs)
     cli = f".venv/bin/scaling run examples/own_job/sweep.yaml --launcher ray --workers {args.workers} " + " ".join(
-        f"--set {shlex.quote(o)}" for o in [*overrides, f"train.function={OWN_FUNCTION}"])
+        f"--set {shlex.quote(o)}" for o in [*overrides, f"train.function={OWN_FUNCTION}"]
+    )
     path = bl.write_result(
-        name, __doc__, args.quick, started, load_start, comparisons,
-        config="examples/own_job/sweep.yaml", workers=args.workers, epochs_per_run=epochs, overrides=overrides,
+        name,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        config="examples/own_job/sweep.yaml",
+        workers=args.workers,
+        epochs_per_run=epochs,
+        overrides=overrides,
         arms={"both, interleaved": f"{cli} --out DIR (bench/own_job_interleaved.py)"},
         block_ratios={key: [b["instrumented"][key] / b["bare"][key] for b in blocks] for key in ("wall_s", "cpu_s")},
         blocks=blocks,
@@ -278,15 +348,23 @@ def main_own(args, started: float, load_start) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one run of 2 short epochs (a check that it runs)")
-    parser.add_argument("--max-minutes", type=float,
-                        help="no further pair of processes (own: run) starts once it would end after this "
-                             "(default 15; own 20)")
-    parser.add_argument("--epochs", type=int,
-                        help="epochs per pair of processes (own: per run), the first left out (default: lab 16, "
-                             "own 13; quick 2)")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        help="no further pair of processes (own: run) starts once it would end after this (default 15; own 20)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        help="epochs per pair of processes (own: per run), the first left out (default: lab 16, own 13; quick 2)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="--job own: workers (default 2)")
-    parser.add_argument("--job", choices=("lab", "own"), default="lab",
-                        help="lab: the lab's loop on the quickstart; own: the user's job of examples/own_job (Ray launcher)")
+    parser.add_argument(
+        "--job",
+        choices=("lab", "own"),
+        default="lab",
+        help="lab: the lab's loop on the quickstart; own: the user's job of examples/own_job (Ray launcher)",
+    )
     args = parser.parse_args()
     if args.epochs is not None and args.epochs < 2:
         parser.error("--epochs must be 2 or more: the first epoch is left out")

@@ -33,8 +33,17 @@ import benchlib as bl
 
 NAME = "interference_ground_truth"
 CAPS_MB = {"A": 0.25, "B": 0.05}
-FIGURES = ("step_s", "allreduce_s", "allreduce_pct", "exposed_comm_s", "exposed_comm_pct", "comm_delta_s",
-           "comm_overhead_pct", "interference_s", "num_buckets")
+FIGURES = (
+    "step_s",
+    "allreduce_s",
+    "allreduce_pct",
+    "exposed_comm_s",
+    "exposed_comm_pct",
+    "comm_delta_s",
+    "comm_overhead_pct",
+    "interference_s",
+    "num_buckets",
+)
 
 
 def main() -> None:
@@ -53,8 +62,12 @@ def main() -> None:
     from scaling.results import RunDir
 
     started, load_start = time.time(), bl.load_average()
-    base = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "data.val_samples=512",
-            *(["data.train_samples=2048"] if args.quick else [])]
+    base = [
+        f"train.max_epochs={epochs}",
+        "train.target_accuracy=1.0",
+        "data.val_samples=512",
+        *(["data.train_samples=2048"] if args.quick else []),
+    ]
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-interference-") as tmp:
         for i, arm in enumerate(bl.abba(pairs, "A", "B")):
@@ -72,12 +85,22 @@ def main() -> None:
                 slowdown, why = None, str(exc)
             else:
                 why = None
-            runs.append({"arm": arm, "bucket_cap_mb": CAPS_MB[arm], "mean_runnable": rq.mean,
-                         "overlap_slowdown": slowdown, "overlap_slowdown_note": why,
-                         **{k: summary.get(k) for k in FIGURES}})
-            print(f"[{NAME}]   communicating {summary.get('allreduce_pct'):.1f}%, exposed "
-                  f"{summary.get('exposed_comm_pct'):.1f}%, A/B {summary.get('comm_overhead_pct'):.1f}%, "
-                  f"slowdown {slowdown}", flush=True)
+            runs.append(
+                {
+                    "arm": arm,
+                    "bucket_cap_mb": CAPS_MB[arm],
+                    "mean_runnable": rq.mean,
+                    "overlap_slowdown": slowdown,
+                    "overlap_slowdown_note": why,
+                    **{k: summary.get(k) for k in FIGURES},
+                }
+            )
+            print(
+                f"[{NAME}]   communicating {summary.get('allreduce_pct'):.1f}%, exposed "
+                f"{summary.get('exposed_comm_pct'):.1f}%, A/B {summary.get('comm_overhead_pct'):.1f}%, "
+                f"slowdown {slowdown}",
+                flush=True,
+            )
 
     arms = {arm: [r for r in runs if r["arm"] == arm] for arm in CAPS_MB}
     slowdown_a = bl.median([r["overlap_slowdown"] for r in arms["A"]])
@@ -86,19 +109,37 @@ def main() -> None:
         if slowdown_a is not None and r["interference_s"] is not None:
             predicted.append(slowdown_a * (r["allreduce_s"] - r["exposed_comm_s"]))
             measured.append(r["interference_s"])
-    summary_by_arm = {arm: {k: bl.median([r[k] for r in rs]) for k in (*FIGURES, "overlap_slowdown")}
-                      for arm, rs in arms.items()}
+    summary_by_arm = {
+        arm: {k: bl.median([r[k] for r in rs]) for k in (*FIGURES, "overlap_slowdown")} for arm, rs in arms.items()
+    }
     comparison = bl.comparison(
         "interference predicted from A's slowdown vs measured (arm B, 0.05 MB buckets)",
-        "predicted: slowdown(A) x overlap(B)", "measured interference_s (B)",
-        bl.median(predicted), bl.median(measured), "s/step",
-        bl.ratio(bl.median(predicted), bl.median(measured)), "predicted / measured interference per step",
-        note=f"slowdown measured on arm A (0.25 MB buckets): {slowdown_a}; 2 gloo ranks sharing 2 CPU cores")
-    path = bl.write_result(NAME, __doc__, args.quick, started, load_start, [comparison], runs=runs,
-                           by_arm=summary_by_arm, slowdown_from_a=slowdown_a,
-                           interference_b_predicted_s=predicted, interference_b_measured_s=measured)
-    print(f"[{NAME}] slowdown measured on A: {slowdown_a}; B interference predicted {bl.median(predicted)} s, "
-          f"measured {bl.median(measured)} s; wrote {path}")
+        "predicted: slowdown(A) x overlap(B)",
+        "measured interference_s (B)",
+        bl.median(predicted),
+        bl.median(measured),
+        "s/step",
+        bl.ratio(bl.median(predicted), bl.median(measured)),
+        "predicted / measured interference per step",
+        note=f"slowdown measured on arm A (0.25 MB buckets): {slowdown_a}; 2 gloo ranks sharing 2 CPU cores",
+    )
+    path = bl.write_result(
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        [comparison],
+        runs=runs,
+        by_arm=summary_by_arm,
+        slowdown_from_a=slowdown_a,
+        interference_b_predicted_s=predicted,
+        interference_b_measured_s=measured,
+    )
+    print(
+        f"[{NAME}] slowdown measured on A: {slowdown_a}; B interference predicted {bl.median(predicted)} s, "
+        f"measured {bl.median(measured)} s; wrote {path}"
+    )
 
 
 if __name__ == "__main__":  # the plain launcher spawns processes that re-import this module

@@ -67,7 +67,6 @@ ARMS = {"live": "1", "off": "0"}  # SCALING_LIVE_METRICS in the workers' environ
 SETTLE_S = 3.0
 
 
-
 SCRAPE_INTERVAL_S = 10.0  # Ray's prometheus.yml (ray/dashboard/modules/metrics/templates.py)
 
 
@@ -89,8 +88,9 @@ class ScrapeWatch:
             except OSError:
                 continue
             self.scrapes += 1
-            self.seen = self.seen or any(line.startswith("ray_scaling_epoch{") and self.needle in line
-                                         for line in text.splitlines())
+            self.seen = self.seen or any(
+                line.startswith("ray_scaling_epoch{") and self.needle in line for line in text.splitlines()
+            )
 
     def __enter__(self) -> "ScrapeWatch":
         self._thread.start()
@@ -119,13 +119,28 @@ def exporter_probe_class():
             os.environ[ENABLE_ENV] = "1" if live else "0"
             self.metrics = RayLiveMetrics(run_name, Identity(rank, 2, rank, 0))
             random.seed(rank)
-            self.rows = [{"kind": "train", "warmup": False, "epoch": 1, "step": i, "rank": rank,
-                          "step_s": random.uniform(0.10, 0.14), "data_s": random.uniform(0.001, 0.003),
-                          "forward_s": random.uniform(0.03, 0.04), "backward_s": random.uniform(0.06, 0.09),
-                          "optimizer_s": random.uniform(0.001, 0.002), "allreduce_s": random.uniform(0.01, 0.03),
-                          "exposed_comm_s": random.uniform(0.005, 0.02), "waiting_s": random.uniform(0.0, 0.01),
-                          "transfer_s": random.uniform(0.001, 0.01), "straggler_rank": float(i % 2), "num_buckets": 1,
-                          "synced_micro_batches": 1} for i in range(STEPS_PER_EPOCH)]
+            self.rows = [
+                {
+                    "kind": "train",
+                    "warmup": False,
+                    "epoch": 1,
+                    "step": i,
+                    "rank": rank,
+                    "step_s": random.uniform(0.10, 0.14),
+                    "data_s": random.uniform(0.001, 0.003),
+                    "forward_s": random.uniform(0.03, 0.04),
+                    "backward_s": random.uniform(0.06, 0.09),
+                    "optimizer_s": random.uniform(0.001, 0.002),
+                    "allreduce_s": random.uniform(0.01, 0.03),
+                    "exposed_comm_s": random.uniform(0.005, 0.02),
+                    "waiting_s": random.uniform(0.0, 0.01),
+                    "transfer_s": random.uniform(0.001, 0.01),
+                    "straggler_rank": float(i % 2),
+                    "num_buckets": 1,
+                    "synced_micro_batches": 1,
+                }
+                for i in range(STEPS_PER_EPOCH)
+            ]
 
         def run(self, window_s: float, epoch_s: float) -> float:
             """CPU seconds of this process over the window, an epoch's `update` every `epoch_s`."""
@@ -133,8 +148,10 @@ def exporter_probe_class():
             while time.monotonic() < start + window_s:
                 if time.monotonic() >= start + epoch * epoch_s:
                     epoch += 1
-                    self.metrics.update(self.rows, {"epoch": epoch, "train_s": epoch_s, "num_workers": 2,
-                                                    "throughput_samples_per_s": 1000.0})
+                    self.metrics.update(
+                        self.rows,
+                        {"epoch": epoch, "train_s": epoch_s, "num_workers": 2, "throughput_samples_per_s": 1000.0},
+                    )
                 time.sleep(0.05)
             return time.process_time() - cpu0
 
@@ -161,18 +178,33 @@ def run_exporter(args, started: float, load_start) -> None:
             run_name = f"exporter-{i:02d}-{arm}"
             actors = [probe.remote(arm == "live", rank, run_name) for rank in range(2)]
             ray.get([a.__ray_ready__.remote() for a in actors])
-            with bl.TreeCpu([head.process.pid]) as tree, ScrapeWatch(f"http://127.0.0.1:{port}/metrics", run_name) as watch:
+            with (
+                bl.TreeCpu([head.process.pid]) as tree,
+                ScrapeWatch(f"http://127.0.0.1:{port}/metrics", run_name) as watch,
+            ):
                 t0 = time.time()
                 actor_cpu = sum(ray.get([a.run.remote(window_s, EPOCH_S) for a in actors]))
                 t1 = time.time()
             node_cpu = tree.cpu_s("other", t0, t1) - actor_cpu  # the head's tree, the probes aside
             for a in actors:
                 ray.kill(a)
-            runs.append({"order": i, "arm": arm, "window_s": round(t1 - t0, 2), "actors_cpu_s": actor_cpu,
-                         "node_cpu_s": node_cpu, "exported_seen": watch.seen, "scrapes": watch.scrapes})
+            runs.append(
+                {
+                    "order": i,
+                    "arm": arm,
+                    "window_s": round(t1 - t0, 2),
+                    "actors_cpu_s": actor_cpu,
+                    "node_cpu_s": node_cpu,
+                    "exported_seen": watch.seen,
+                    "scrapes": watch.scrapes,
+                }
+            )
             sequence.append((arm, (actor_cpu / 2 + node_cpu / 2) / (t1 - t0)))  # per worker and second
-            print(f"[{name}] run {i + 1}/{2 * pairs} {arm}: actors {actor_cpu:.3f} CPU s, rest of the node "
-                  f"{node_cpu:.3f} CPU s in {t1 - t0:.1f} s, exported {watch.seen}", flush=True)
+            print(
+                f"[{name}] run {i + 1}/{2 * pairs} {arm}: actors {actor_cpu:.3f} CPU s, rest of the node "
+                f"{node_cpu:.3f} CPU s in {t1 - t0:.1f} s, exported {watch.seen}",
+                flush=True,
+            )
         ray.shutdown()
     finally:
         head.stop()
@@ -180,22 +212,44 @@ def run_exporter(args, started: float, load_start) -> None:
     bound = [1.0 + x for x in extra]
     switch_worked = all(r["exported_seen"] == (r["arm"] == "live") for r in runs)
     row = bl.comparison(
-        "live metrics overhead (exporter's CPU)", "live (lab's metrics, 2 worker stand-ins)",
-        "off (none)", bl.median(v for arm, v in sequence if arm == "live"),
-        bl.median(v for arm, v in sequence if arm == "off"), "CPU s/s per worker", bl.median(bound),
+        "live metrics overhead (exporter's CPU)",
+        "live (lab's metrics, 2 worker stand-ins)",
+        "off (none)",
+        bl.median(v for arm, v in sequence if arm == "live"),
+        bl.median(v for arm, v in sequence if arm == "off"),
+        "CPU s/s per worker",
+        bl.median(bound),
         "1 + median over adjacent ABBA pairs of the extra CPU per second per worker (the actors' and the rest of the "
         "node's, halved): the most it could lengthen a step on a busy core",
-        BUDGET, "<= 1.01: at most 1% of a worker's core", pair_ratios=bound, decided_by_interval=True,
+        BUDGET,
+        "<= 1.01: at most 1% of a worker's core",
+        pair_ratios=bound,
+        decided_by_interval=True,
         note=f"{pairs} pairs of {window_s:g} s windows, an epoch of {STEPS_PER_EPOCH} steps every {EPOCH_S:g} s, "
-             f"scraped every {SCRAPE_INTERVAL_S:g} s; extra CPU per worker-second per pair "
-             f"{', '.join(f'{x * 1e3:+.2f} ms' for x in extra)}"
-             + ("" if switch_worked else "; THE SWITCH DID NOT WORK (exported_seen per run)"),
+        f"scraped every {SCRAPE_INTERVAL_S:g} s; extra CPU per worker-second per pair "
+        f"{', '.join(f'{x * 1e3:+.2f} ms' for x in extra)}"
+        + ("" if switch_worked else "; THE SWITCH DID NOT WORK (exported_seen per run)"),
     )
-    path = bl.write_result(name, __doc__, args.quick, started, load_start, [row], pairs=pairs, window_s=window_s,
-                           epoch_s=EPOCH_S, steps_per_epoch=STEPS_PER_EPOCH, switch_worked=switch_worked, runs=runs)
-    print(f"[{name}] {row['name']}: live {row['a_median']:.4g}, off {row['b_median']:.4g} {row['unit']}; bound "
-          f"{row['ratio']:.4f}, 95% interval {bl._fmt(row['ratio_lo'])}-{bl._fmt(row['ratio_hi'])} (budget <= {BUDGET}): "
-          f"{row['verdict']}", flush=True)
+    path = bl.write_result(
+        name,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        [row],
+        pairs=pairs,
+        window_s=window_s,
+        epoch_s=EPOCH_S,
+        steps_per_epoch=STEPS_PER_EPOCH,
+        switch_worked=switch_worked,
+        runs=runs,
+    )
+    print(
+        f"[{name}] {row['name']}: live {row['a_median']:.4g}, off {row['b_median']:.4g} {row['unit']}; bound "
+        f"{row['ratio']:.4f}, 95% interval {bl._fmt(row['ratio_lo'])}-{bl._fmt(row['ratio_hi'])} (budget <= {BUDGET}): "
+        f"{row['verdict']}",
+        flush=True,
+    )
     print(f"[{name}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
@@ -205,10 +259,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, help="A/B pairs (default 10, --exporter 6; quick 1)")
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--workers", type=int, default=2, help="data-parallel workers (default 2)")
-    parser.add_argument("--config", default="experiments/quickstart.yaml",
-                        help="experiment YAML (default experiments/quickstart.yaml)")
-    parser.add_argument("--exporter", action="store_true",
-                        help="measure the exporter's own CPU with stand-in workers instead of training (default: off)")
+    parser.add_argument(
+        "--config", default="experiments/quickstart.yaml", help="experiment YAML (default experiments/quickstart.yaml)"
+    )
+    parser.add_argument(
+        "--exporter",
+        action="store_true",
+        help="measure the exporter's own CPU with stand-in workers instead of training (default: off)",
+    )
     args = parser.parse_args()
     if args.exporter:
         run_exporter(args, time.time(), bl.load_average())
@@ -236,15 +294,24 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
             for i, arm in enumerate(bl.abba(pairs, "live", "off")):
                 name = f"live-bench-{i:02d}-{arm}"
-                cfg = load_config(bl.REPO / args.config, overrides=[*overrides, f"name={name}"], num_workers=args.workers)
+                cfg = load_config(
+                    bl.REPO / args.config, overrides=[*overrides, f"name={name}"], num_workers=args.workers
+                )
                 run_dir = Path(tmp) / name
                 print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
-                ray.init(address=head.address, logging_level="WARNING", log_to_driver=False,
-                         runtime_env={"env_vars": {**RAY_ENV, ENABLE_ENV: ARMS[arm]}})
+                ray.init(
+                    address=head.address,
+                    logging_level="WARNING",
+                    log_to_driver=False,
+                    runtime_env={"env_vars": {**RAY_ENV, ENABLE_ENV: ARMS[arm]}},
+                )
                 try:
                     port = [n for n in ray.nodes() if n["Alive"]][0]["MetricsExportPort"]
-                    with bl.RunQueue() as rq, bl.TreeCpu([os.getpid(), head.process.pid]) as cpu, \
-                            ScrapeWatch(f"http://127.0.0.1:{port}/metrics", name) as watch:
+                    with (
+                        bl.RunQueue() as rq,
+                        bl.TreeCpu([os.getpid(), head.process.pid]) as cpu,
+                        ScrapeWatch(f"http://127.0.0.1:{port}/metrics", name) as watch,
+                    ):
                         summary = execute_run(cfg, run_dir, launcher="ray")
                 finally:
                     ray.shutdown()
@@ -258,13 +325,26 @@ def main() -> None:
                 sequence.append((arm, step_s))
                 sequence_epochs.append((arm, epoch_step_s))
                 sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
-                runs.append({"order": i, "arm": arm, "median_step_s": step_s, "steady_step_s": epoch_step_s,
-                             "steps": int(len(steady_steps)), "mean_runnable": rq.mean, "exported_seen": watch.seen,
-                             "scrapes": watch.scrapes,
-                             **steady, "epochs": epoch_rows})
-                print(f"[{NAME}]   median step {step_s * 1e3:.2f} ms, train_s/steps {epoch_step_s * 1e3:.2f} ms, worker CPU "
-                      f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step, exported {watch.seen} "
-                      f"(runnable tasks {rq.mean})", flush=True)
+                runs.append(
+                    {
+                        "order": i,
+                        "arm": arm,
+                        "median_step_s": step_s,
+                        "steady_step_s": epoch_step_s,
+                        "steps": int(len(steady_steps)),
+                        "mean_runnable": rq.mean,
+                        "exported_seen": watch.seen,
+                        "scrapes": watch.scrapes,
+                        **steady,
+                        "epochs": epoch_rows,
+                    }
+                )
+                print(
+                    f"[{NAME}]   median step {step_s * 1e3:.2f} ms, train_s/steps {epoch_step_s * 1e3:.2f} ms, worker CPU "
+                    f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step, exported {watch.seen} "
+                    f"(runnable tasks {rq.mean})",
+                    flush=True,
+                )
     finally:
         head.stop()
 
@@ -278,42 +358,87 @@ def main() -> None:
     cpu_pairs = [a / b for a, b in bl.adjacent_pairs(sequence_cpu, "live", "off") if a and b]
     cpu_a = bl.median(v for arm, v in sequence_cpu if arm == "live")
     cpu_b = bl.median(v for arm, v in sequence_cpu if arm == "off")
-    switch_note = "" if switch_worked else "; THE SWITCH DID NOT WORK (exported_seen per run): the arms are not what they say"
-    comparisons = [bl.comparison(
-        "live metrics overhead (step time)", "live (metrics exported)", "off (SCALING_LIVE_METRICS=0)",
-        a_med, b_med, "s/step", bl.median(pair_ratios),
-        "median over adjacent ABBA pairs of live / off median steady-state step time (steps.parquet)",
-        BUDGET, "live / off <= 1.01 on CPU", pair_ratios=pair_ratios, decided_by_interval=True,
-        note=f"{args.config}, {args.workers} workers, Ray launcher, {pairs} pairs x {epochs} epochs; ratio of arm medians "
-             f"{bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
-             f"{bl.contention_note(runs)}{switch_note}",
-    ), bl.comparison(
-        "live metrics overhead (train_s per step)", "live (metrics exported)", "off (SCALING_LIVE_METRICS=0)",
-        epoch_a, epoch_b, "s/step", bl.median(epoch_pairs),
-        "median over adjacent ABBA pairs of live / off steady-state train_s / steps (epochs.parquet)",
-        BUDGET, "live / off <= 1.01 on CPU", pair_ratios=epoch_pairs, decided_by_interval=True,
-        note=f"pair ratios {', '.join(f'{r:.3f}' for r in epoch_pairs)}{switch_note}",
-    ), bl.comparison(
-        "live metrics overhead (workers' CPU per step)", "live (metrics exported)", "off (SCALING_LIVE_METRICS=0)",
-        cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
-        "median over adjacent ABBA pairs of live / off CPU seconds of the training workers per steady-state step",
-        BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)", pair_ratios=cpu_pairs,
-        decided_by_interval=True,
-        note=f"/proc CPU time of the {args.workers} worker processes while the epochs after the first trained; pair "
-             f"ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}{switch_note}",
-    )]
+    switch_note = (
+        "" if switch_worked else "; THE SWITCH DID NOT WORK (exported_seen per run): the arms are not what they say"
+    )
+    comparisons = [
+        bl.comparison(
+            "live metrics overhead (step time)",
+            "live (metrics exported)",
+            "off (SCALING_LIVE_METRICS=0)",
+            a_med,
+            b_med,
+            "s/step",
+            bl.median(pair_ratios),
+            "median over adjacent ABBA pairs of live / off median steady-state step time (steps.parquet)",
+            BUDGET,
+            "live / off <= 1.01 on CPU",
+            pair_ratios=pair_ratios,
+            decided_by_interval=True,
+            note=f"{args.config}, {args.workers} workers, Ray launcher, {pairs} pairs x {epochs} epochs; ratio of arm medians "
+            f"{bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
+            f"{bl.contention_note(runs)}{switch_note}",
+        ),
+        bl.comparison(
+            "live metrics overhead (train_s per step)",
+            "live (metrics exported)",
+            "off (SCALING_LIVE_METRICS=0)",
+            epoch_a,
+            epoch_b,
+            "s/step",
+            bl.median(epoch_pairs),
+            "median over adjacent ABBA pairs of live / off steady-state train_s / steps (epochs.parquet)",
+            BUDGET,
+            "live / off <= 1.01 on CPU",
+            pair_ratios=epoch_pairs,
+            decided_by_interval=True,
+            note=f"pair ratios {', '.join(f'{r:.3f}' for r in epoch_pairs)}{switch_note}",
+        ),
+        bl.comparison(
+            "live metrics overhead (workers' CPU per step)",
+            "live (metrics exported)",
+            "off (SCALING_LIVE_METRICS=0)",
+            cpu_a,
+            cpu_b,
+            "CPU s/step",
+            bl.median(cpu_pairs),
+            "median over adjacent ABBA pairs of live / off CPU seconds of the training workers per steady-state step",
+            BUDGET,
+            "the step-time budget, applied to CPU time (little moved by other jobs)",
+            pair_ratios=cpu_pairs,
+            decided_by_interval=True,
+            note=f"/proc CPU time of the {args.workers} worker processes while the epochs after the first trained; pair "
+            f"ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}{switch_note}",
+        ),
+    ]
     cli = f".venv/bin/scaling run {args.config} --launcher ray --workers {args.workers} " + " ".join(
-        f"--set {shlex.quote(o)}" for o in overrides)
+        f"--set {shlex.quote(o)}" for o in overrides
+    )
     path = bl.write_result(
-        NAME, __doc__, args.quick, started, load_start, comparisons,
-        config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        config=args.config,
+        workers=args.workers,
+        pairs=pairs,
+        epochs_per_run=epochs,
+        overrides=overrides,
         arms={arm: f"{ENABLE_ENV}={value} in the job's runtime_env; {cli} --out DIR" for arm, value in ARMS.items()},
-        switch_worked=switch_worked, pair_ratios=pair_ratios, ratio_of_medians=bl.ratio(a_med, b_med), runs=runs,
+        switch_worked=switch_worked,
+        pair_ratios=pair_ratios,
+        ratio_of_medians=bl.ratio(a_med, b_med),
+        runs=runs,
     )
     for row in comparisons:
-        print(f"[{NAME}] {row['name']}: live {row['a_median']:.4g}, off {row['b_median']:.4g} {row['unit']}; ratio "
-              f"{row['ratio']:.3f}, 95% interval {bl._fmt(row['ratio_lo'])}-{bl._fmt(row['ratio_hi'])} "
-              f"(budget <= {BUDGET}): {row['verdict']}", flush=True)
+        print(
+            f"[{NAME}] {row['name']}: live {row['a_median']:.4g}, off {row['b_median']:.4g} {row['unit']}; ratio "
+            f"{row['ratio']:.3f}, 95% interval {bl._fmt(row['ratio_lo'])}-{bl._fmt(row['ratio_hi'])} "
+            f"(budget <= {BUDGET}): {row['verdict']}",
+            flush=True,
+        )
     print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 

@@ -37,7 +37,8 @@ CAPS = ("100mbit", "1gbit", "uncapped")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog=f"Needs root; uses the minicluster {NAME!r} on 10.215.0.0/24 and takes it down at the end.")
+        epilog=f"Needs root; uses the minicluster {NAME!r} on 10.215.0.0/24 and takes it down at the end.",
+    )
     parser.parse_args(argv)
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -49,8 +50,23 @@ def main(argv: list[str] | None = None) -> int:
         for cap in CAPS:
             mc.set_bandwidth(cap, NAME)
             probes[cap] = mc.allreduce_seconds(GRADIENT_BYTES, NAME, iters=5)["median_s"]
-        subprocess.run([scaling, "minicluster", "exec", "--name", NAME, "--", scaling, "sweep",
-                        "experiments/minicluster-bandwidth.yaml", "--out", str(sweep_dir)], cwd=REPO, check=True)
+        subprocess.run(
+            [
+                scaling,
+                "minicluster",
+                "exec",
+                "--name",
+                NAME,
+                "--",
+                scaling,
+                "sweep",
+                "experiments/minicluster-bandwidth.yaml",
+                "--out",
+                str(sweep_dir),
+            ],
+            cwd=REPO,
+            check=True,
+        )
     subprocess.run([scaling, "report", str(sweep_dir)], cwd=REPO, check=True, capture_output=True)
     import pandas as pd
 
@@ -59,16 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     for _, run in runs.sort_values("link_bandwidth_bits_per_s", na_position="last").iterrows():
         cap = run["link_bandwidth"]
         bits = run["link_bandwidth_bits_per_s"]
-        rows.append({
-            "link_bandwidth": cap,
-            "comm_overhead_pct": run["comm_overhead_pct"],
-            "exposed_comm_ms": 1e3 * run["exposed_comm_s"],
-            "allreduce_ms": 1e3 * run["allreduce_s"],
-            "step_ms": 1e3 * run["step_s"],
-            "time_per_epoch_s": run["time_per_epoch_s"],
-            "probe_allreduce_ms": 1e3 * probes[cap],
-            "bandwidth_bound_ms": 1e3 * GRADIENT_BYTES * 8 / bits if pd.notna(bits) else None,
-        })
+        rows.append(
+            {
+                "link_bandwidth": cap,
+                "comm_overhead_pct": run["comm_overhead_pct"],
+                "exposed_comm_ms": 1e3 * run["exposed_comm_s"],
+                "allreduce_ms": 1e3 * run["allreduce_s"],
+                "step_ms": 1e3 * run["step_s"],
+                "time_per_epoch_s": run["time_per_epoch_s"],
+                "probe_allreduce_ms": 1e3 * probes[cap],
+                "bandwidth_bound_ms": 1e3 * GRADIENT_BYTES * 8 / bits if pd.notna(bits) else None,
+            }
+        )
     result = {
         "benchmark": "minicluster_bandwidth",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

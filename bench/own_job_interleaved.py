@@ -50,8 +50,11 @@ def train_func(config: dict) -> None:
     for arm in ARMS:
         model = ray.train.torch.prepare_model(TinyViT(num_classes=10))
         loader = DataLoader(train_set, batch_size=config["batch_size"], shuffle=True, drop_last=True)
-        jobs[arm] = (model, torch.optim.Adam(model.parameters(), lr=config["lr"]),
-                     ray.train.torch.prepare_data_loader(loader))
+        jobs[arm] = (
+            model,
+            torch.optim.Adam(model.parameters(), lr=config["lr"]),
+            ray.train.torch.prepare_data_loader(loader),
+        )
     model, optimizer, train_loader = jobs["instrumented"]
 
     def forward_backward(batch):
@@ -67,7 +70,7 @@ def train_func(config: dict) -> None:
                 if world_size > 1:
                     loader.sampler.set_epoch(epoch)
                 iterators[arm] = iter(meter.batches(loader) if arm == "instrumented" else loader)
-            for step in range(10 ** 9):
+            for step in range(10**9):
                 ended = []
                 for arm in ARMS if step % 2 == 0 else ARMS[::-1]:
                     arm_model, arm_optimizer, _ = jobs[arm]
@@ -102,5 +105,6 @@ if __name__ == "__main__":
     argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="The train function bench/instrumentation_overhead.py --job own runs under Ray Train; it measures nothing "
-               "itself.").parse_args()
+        "itself.",
+    ).parse_args()
     print("bench/own_job_interleaved.py is the train function of bench/instrumentation_overhead.py --job own")

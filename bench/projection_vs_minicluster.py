@@ -64,8 +64,12 @@ BUCKET_CAP_MB = 25.0
 SIZES = (65_536, 262_144, 1_048_576, 4_194_304, 16_777_216)
 PROBE_ITERS = 5
 FIT_MIN_BURSTS = 4  # fit alpha-beta to sizes whose traffic is at least 4 token-bucket bursts (see fit_caps)
-BASELINE_EPOCHS = 10  # 1-worker runs: 64 steps per epoch; long enough that the concurrent pair overlaps despite Ray start-up skew
-RUN_TIMEOUT_S = 360  # a 1-worker run (or pair) that has not finished by then is stopped (Ray can hang fetching an object)
+BASELINE_EPOCHS = (
+    10  # 1-worker runs: 64 steps per epoch; long enough that the concurrent pair overlaps despite Ray start-up skew
+)
+RUN_TIMEOUT_S = (
+    360  # a 1-worker run (or pair) that has not finished by then is stopped (Ray can hang fetching an object)
+)
 SWEEP_TIMEOUT_S = 2400
 GOAL_STEP_REL = 0.10
 GOAL_OVERHEAD_PP = 5.0
@@ -106,7 +110,11 @@ class LoadSampler:
         out = {}
         for phase in dict.fromkeys(p for _, p, _ in self.samples):
             values = [v for _, p, v in self.samples if p == phase]
-            out[phase] = {"mean_load1": round(sum(values) / len(values), 2), "max_load1": max(values), "samples": len(values)}
+            out[phase] = {
+                "mean_load1": round(sum(values) / len(values), 2),
+                "max_load1": max(values),
+                "samples": len(values),
+            }
         return out
 
 
@@ -157,9 +165,11 @@ def fit_caps(caps: list[str]) -> dict:
                 "gradient_allreduce_probe_s": check["median_s"],
                 "gradient_allreduce_probe_seconds": check["seconds"],
             }
-            log(f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
+            log(
+                f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
                 f"(rms {100 * fit.rms_relative_error:.1f}%); {GRADIENT_BYTES / 1e6:.2f} MB: fitted "
-                f"{1e3 * fit.predict_s(GRADIENT_BYTES):.1f} ms, lab probe {1e3 * check['median_s']:.1f} ms")
+                f"{1e3 * fit.predict_s(GRADIENT_BYTES):.1f} ms, lab probe {1e3 * check['median_s']:.1f} ms"
+            )
     finally:
         probe.close()
     return fits
@@ -171,8 +181,13 @@ def fit_caps(caps: list[str]) -> dict:
 def exec_command(args: list[str], log_path: Path, name: str = NAME) -> subprocess.Popen:
     """`scaling ARGS` as a driver inside cluster `name` (the head's namespace), in its own process group."""
     log_file = open(log_path, "w")
-    return subprocess.Popen([SCALING, "minicluster", "exec", "--name", name, "--", SCALING, *args],
-                            cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [SCALING, "minicluster", "exec", "--name", name, "--", SCALING, *args],
+        cwd=REPO,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_or_stop(process: subprocess.Popen, deadline: float) -> int | None:
@@ -195,8 +210,14 @@ def wait_or_stop(process: subprocess.Popen, deadline: float) -> int | None:
         return None
 
 
-def one_worker_runs(out_dirs: list[Path], logs: Path, epochs: int = BASELINE_EPOCHS, attempts: int = 2,
-                    config: str = CONFIG, name: str = NAME) -> None:
+def one_worker_runs(
+    out_dirs: list[Path],
+    logs: Path,
+    epochs: int = BASELINE_EPOCHS,
+    attempts: int = 2,
+    config: str = CONFIG,
+    name: str = NAME,
+) -> None:
     """1-worker runs of `config` in cluster `name`, all started at once (Ray puts each worker on its own
     node: one CPU per node); all of them again, into fresh directories, if one fails or hangs."""
     import shutil
@@ -204,8 +225,14 @@ def one_worker_runs(out_dirs: list[Path], logs: Path, epochs: int = BASELINE_EPO
     for attempt in range(1, attempts + 1):
         for d in out_dirs:
             shutil.rmtree(d, ignore_errors=True)
-        processes = [exec_command(["run", config, "--workers", "1", "--out", str(d), "--set", f"train.max_epochs={epochs}"],
-                                  logs / f"{d.name}.attempt{attempt}.log", name) for d in out_dirs]
+        processes = [
+            exec_command(
+                ["run", config, "--workers", "1", "--out", str(d), "--set", f"train.max_epochs={epochs}"],
+                logs / f"{d.name}.attempt{attempt}.log",
+                name,
+            )
+            for d in out_dirs
+        ]
         deadline = time.time() + RUN_TIMEOUT_S
         codes = [wait_or_stop(p, deadline) for p in processes]
         failed = [d for d, c in zip(out_dirs, codes) if c != 0 or not RunDir(d).has_summary]
@@ -227,22 +254,44 @@ def concurrent_compute(dirs: list[Path]) -> dict:
     return {
         "runs": singles,
         "source": compute.source,
-        "data_s": compute.data_s, "forward_s": compute.forward_s, "backward_s": compute.backward_s,
-        "optimizer_s": compute.optimizer_s, "step_s": compute.step_s, "straggler_s": compute.straggler_s,
+        "data_s": compute.data_s,
+        "forward_s": compute.forward_s,
+        "backward_s": compute.backward_s,
+        "optimizer_s": compute.optimizer_s,
+        "step_s": compute.step_s,
+        "straggler_s": compute.straggler_s,
     }
 
 
 # ---------------------------------------------------------------------------- predictions
 
 
-PREDICTED = ("step_s", "comm_overhead_pct", "exposed_comm_s", "straggler_s", "allreduce_s", "data_s", "forward_s",
-             "backward_compute_s", "optimizer_s", "num_buckets", "grad_bytes")
+PREDICTED = (
+    "step_s",
+    "comm_overhead_pct",
+    "exposed_comm_s",
+    "straggler_s",
+    "allreduce_s",
+    "data_s",
+    "forward_s",
+    "backward_compute_s",
+    "optimizer_s",
+    "num_buckets",
+    "grad_bytes",
+)
 
 
 def predict(fit: dict, from_run, straggler_s: float | None = None) -> dict:
-    df = project_cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], [1, N], gpus_per_node=1,
-                                         model=MODEL, from_run=from_run, bucket_cap_mb=BUCKET_CAP_MB,
-                                         straggler_s=straggler_s)
+    df = project_cluster_from_alpha_beta(
+        fit["alpha_s"],
+        fit["bandwidth_bytes_per_s"],
+        [1, N],
+        gpus_per_node=1,
+        model=MODEL,
+        from_run=from_run,
+        bucket_cap_mb=BUCKET_CAP_MB,
+        straggler_s=straggler_s,
+    )
     row = df[df["num_workers"] == N].iloc[0]
     out = {k: float(row[k]) for k in PREDICTED}
     out["notes"] = list(df.attrs.get("notes", []))
@@ -270,8 +319,20 @@ def predictions(fits: dict, solo: Path, pair: list[Path]) -> dict:
 # ---------------------------------------------------------------------------- measurements
 
 
-MEASURED_FIELDS = ("step_s", "comm_overhead_pct", "comm_delta_s", "exposed_comm_s", "exposed_comm_pct", "allreduce_s",
-                   "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")
+MEASURED_FIELDS = (
+    "step_s",
+    "comm_overhead_pct",
+    "comm_delta_s",
+    "exposed_comm_s",
+    "exposed_comm_pct",
+    "allreduce_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "time_per_epoch_s",
+    "run_wall_s",
+)
 
 
 def measured(sweep_dir: Path) -> dict:
@@ -292,9 +353,15 @@ def measured(sweep_dir: Path) -> dict:
         run_dir = Path(middle["run_dir"])
         if not run_dir.is_absolute():
             run_dir = sweep_dir / run_dir
-        row.update(status=middle["status"], run_dir=str(run_dir), diagnosis=decompose(run_dir), repeats=len(group),
-                   per_repeat=[{"step_s": float(r.step_s), "comm_overhead_pct": float(r.comm_overhead_pct)}
-                               for r in group.itertuples()])
+        row.update(
+            status=middle["status"],
+            run_dir=str(run_dir),
+            diagnosis=decompose(run_dir),
+            repeats=len(group),
+            per_repeat=[
+                {"step_s": float(r.step_s), "comm_overhead_pct": float(r.comm_overhead_pct)} for r in group.itertuples()
+            ],
+        )
         out[cap] = row
     return out
 
@@ -365,30 +432,60 @@ def figure(rows: list[dict], fits: dict, meas: dict, path: Path, load: dict | No
     fig = Figure(figsize=(15, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax_step, ax_ovh, ax_ar = fig.subplots(1, 3)
-    styles = {"concurrent+straggler": dict(color="C0", lw=2, marker="o", label="predicted (concurrent + straggler)"),
-              "concurrent": dict(color="C0", lw=1, ls="--", marker=".", label="predicted, no straggler term"),
-              "solo": dict(color="C2", lw=1, ls=":", marker=".", label="predicted from the solo 1-worker run")}
+    styles = {
+        "concurrent+straggler": dict(color="C0", lw=2, marker="o", label="predicted (concurrent + straggler)"),
+        "concurrent": dict(color="C0", lw=1, ls="--", marker=".", label="predicted, no straggler term"),
+        "solo": dict(color="C2", lw=1, ls=":", marker=".", label="predicted from the solo 1-worker run"),
+    }
     for model, style in styles.items():
         ax_step.plot(x, [1e3 * r[f"predicted_step_s[{model}]"] for r in rows], **style)
         ax_ovh.plot(x, [r[f"predicted_comm_overhead_pct[{model}]"] for r in rows], **style)
     head = [1e3 * r["predicted_step_s[concurrent+straggler]"] for r in rows]
-    ax_step.fill_between(x, [0.9 * h for h in head], [1.1 * h for h in head], color="C0", alpha=0.12, label="goal: ±10%")
+    ax_step.fill_between(
+        x, [0.9 * h for h in head], [1.1 * h for h in head], color="C0", alpha=0.12, label="goal: ±10%"
+    )
     ovh = [r["predicted_comm_overhead_pct[concurrent+straggler]"] for r in rows]
     ax_ovh.fill_between(x, [o - 5 for o in ovh], [o + 5 for o in ovh], color="C0", alpha=0.12, label="goal: ±5 pp")
     mx = [xi for xi, r in zip(x, rows) if r.get("measured_step_s")]
     repeats = max((m.get("repeats", 1) for m in meas.values()), default=1)
     of = f", median of {repeats}" if repeats > 1 else ""
-    ax_step.plot(mx, [1e3 * r["measured_step_s"] for r in rows if r.get("measured_step_s")], "ks", ms=7,
-                 label=f"measured (2 workers, 2 nodes{of})")
-    ax_ovh.plot(mx, [r["measured_comm_overhead_pct"] for r in rows if r.get("measured_step_s")], "ks", ms=7,
-                label=f"measured (A/B{of})")
+    ax_step.plot(
+        mx,
+        [1e3 * r["measured_step_s"] for r in rows if r.get("measured_step_s")],
+        "ks",
+        ms=7,
+        label=f"measured (2 workers, 2 nodes{of})",
+    )
+    ax_ovh.plot(
+        mx,
+        [r["measured_comm_overhead_pct"] for r in rows if r.get("measured_step_s")],
+        "ks",
+        ms=7,
+        label=f"measured (A/B{of})",
+    )
     ax_ar.plot(x, [1e3 * fits[c]["gradient_allreduce_fitted_s"] for c in caps], "C0o-", label="alpha-beta fit")
-    ax_ar.plot(x, [1e3 * fits[c]["gradient_allreduce_probe_s"] for c in caps], "C1^", ms=8, label="idle probe (lab's allreduce_seconds)")
-    ax_ar.plot([xi for xi, c in zip(x, caps) if c in meas], [1e3 * meas[c]["diagnosis"]["allreduce_in_run_s"] for c in caps if c in meas],
-               "ks", ms=7, label="in the 2-worker run (slower rank's exposed)")
-    ax_ar.plot(x, [GRADIENT_BYTES * 8 / (xi * 1e6) * 1e3 for xi in x], color="0.5", lw=1, ls="--", label="S / line rate")
-    for ax, title, ylabel in ((ax_step, "step time", "ms per step"), (ax_ovh, "communication overhead", "% of step"),
-                              (ax_ar, f"all-reduce of the {GRADIENT_BYTES / 1e6:.2f} MB gradient bucket", "ms")):
+    ax_ar.plot(
+        x,
+        [1e3 * fits[c]["gradient_allreduce_probe_s"] for c in caps],
+        "C1^",
+        ms=8,
+        label="idle probe (lab's allreduce_seconds)",
+    )
+    ax_ar.plot(
+        [xi for xi, c in zip(x, caps) if c in meas],
+        [1e3 * meas[c]["diagnosis"]["allreduce_in_run_s"] for c in caps if c in meas],
+        "ks",
+        ms=7,
+        label="in the 2-worker run (slower rank's exposed)",
+    )
+    ax_ar.plot(
+        x, [GRADIENT_BYTES * 8 / (xi * 1e6) * 1e3 for xi in x], color="0.5", lw=1, ls="--", label="S / line rate"
+    )
+    for ax, title, ylabel in (
+        (ax_step, "step time", "ms per step"),
+        (ax_ovh, "communication overhead", "% of step"),
+        (ax_ar, f"all-reduce of the {GRADIENT_BYTES / 1e6:.2f} MB gradient bucket", "ms"),
+    ):
         ax.set_xscale("log")
         ax.set_xticks(x, [c.replace("mbit", " Mbit/s") for c in caps])
         ax.minorticks_off()
@@ -407,7 +504,8 @@ def figure(rows: list[dict], fits: dict, meas: dict, path: Path, load: dict | No
     if load:
         phases = (("baseline_concurrent", "concurrent baseline"), ("sweep", "2-worker sweep"))
         title += "\nmachine load (1-min load average, 2 cores): " + ", ".join(
-            f"{label} {load[key]['mean_load1']:.1f}" for key, label in phases if key in load)
+            f"{label} {load[key]['mean_load1']:.1f}" for key, label in phases if key in load
+        )
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120)
 
@@ -425,11 +523,16 @@ def write(record: dict, path: Path = OUT_JSON) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=None,
-                        help="where the runs go (default results/projection-vs-minicluster/<time>)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="2-worker runs per cap; the comparison takes their median (default 3: one run's "
-                             "compute moved by up to 20%% between caps on this 2-core machine)")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="where the runs go (default results/projection-vs-minicluster/<time>)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="2-worker runs per cap; the comparison takes their median (default 3: one run's "
+        "compute moved by up to 20%% between caps on this 2-core machine)",
+    )
     args = parser.parse_args()
     started = time.time()
     from benchlib import describe_machine
@@ -449,8 +552,11 @@ def main() -> int:
         "bucket_cap_mb": BUCKET_CAP_MB,
         "caps": caps,
         "repeats_per_cap": args.repeats,
-        "goal": {"step_time_relative": GOAL_STEP_REL, "comm_overhead_pp": GOAL_OVERHEAD_PP,
-                 "judged_on": "concurrent+straggler"},
+        "goal": {
+            "step_time_relative": GOAL_STEP_REL,
+            "comm_overhead_pp": GOAL_OVERHEAD_PP,
+            "judged_on": "concurrent+straggler",
+        },
         "models": MODELS,
         "work_dir": str(work),
         "status": "started",
@@ -485,8 +591,9 @@ def main() -> int:
             sampler.phase = "sweep"
             sweep_dir = work / "sweep"
             log(f"2-worker sweep over {', '.join(caps)}")
-            sweep = exec_command(["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)],
-                                 logs / "sweep.log")
+            sweep = exec_command(
+                ["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)], logs / "sweep.log"
+            )
             if wait_or_stop(sweep, time.time() + SWEEP_TIMEOUT_S) is None:
                 log(f"the sweep did not finish within {SWEEP_TIMEOUT_S} s and was stopped")
             meas = measured(sweep_dir) if SweepDir(sweep_dir).index_path.is_file() else {}
@@ -498,7 +605,9 @@ def main() -> int:
                 one_worker_runs(after, logs, attempts=1)
                 drift = concurrent_compute(after)
                 # after the fact, not a prediction: the same model on the baseline measured after the sweep
-                drift["posthoc_predictions"] = {cap: predict(fit, [RunDir(p) for p in after]) for cap, fit in record["fits"].items()}
+                drift["posthoc_predictions"] = {
+                    cap: predict(fit, [RunDir(p) for p in after]) for cap, fit in record["fits"].items()
+                }
             except Exception as exc:  # noqa: BLE001 -- a failed check is reported, not fatal
                 drift = {"error": str(exc)}
             sampler.phase = "down"
@@ -532,11 +641,15 @@ def main() -> int:
             print(f"{r['cap']:>9}  no measurement")
             continue
         h = "concurrent+straggler"
-        print(f"{r['cap']:>9} {1e3 * r[f'predicted_step_s[{h}]']:8.1f}ms {1e3 * r['measured_step_s']:8.1f}ms "
-              f"{r[f'step_error_pct[{h}]']:+6.1f}% {r[f'predicted_comm_overhead_pct[{h}]']:8.1f}% "
-              f"{r['measured_comm_overhead_pct']:8.1f}% {r[f'overhead_error_pp[{h}]']:+6.1f}pp "
-              f"{'PASS' if r['step_pass'] and r['overhead_pass'] else 'MISS'}")
-    print(f"goal met: {record['goal_met']}; wall {record['wall_s']:.0f} s; {OUT_JSON.relative_to(REPO)}, {OUT_PNG.relative_to(REPO)}")
+        print(
+            f"{r['cap']:>9} {1e3 * r[f'predicted_step_s[{h}]']:8.1f}ms {1e3 * r['measured_step_s']:8.1f}ms "
+            f"{r[f'step_error_pct[{h}]']:+6.1f}% {r[f'predicted_comm_overhead_pct[{h}]']:8.1f}% "
+            f"{r['measured_comm_overhead_pct']:8.1f}% {r[f'overhead_error_pp[{h}]']:+6.1f}pp "
+            f"{'PASS' if r['step_pass'] and r['overhead_pass'] else 'MISS'}"
+        )
+    print(
+        f"goal met: {record['goal_met']}; wall {record['wall_s']:.0f} s; {OUT_JSON.relative_to(REPO)}, {OUT_PNG.relative_to(REPO)}"
+    )
     return 0
 
 

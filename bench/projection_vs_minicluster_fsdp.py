@@ -67,7 +67,15 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import benchlib as bl  # noqa: E402
 from projection_vs_minicluster import (  # noqa: E402
-    LoadSampler, concurrent_compute, exec_command, log, one_worker_runs, run_figures, sweep_caps, wait_or_stop, write,
+    LoadSampler,
+    concurrent_compute,
+    exec_command,
+    log,
+    one_worker_runs,
+    run_figures,
+    sweep_caps,
+    wait_or_stop,
+    write,
 )
 
 from scaling.projection import fit_alpha_beta, project_cluster_from_alpha_beta  # noqa: E402
@@ -118,10 +126,14 @@ def projection_settings() -> dict:
     if fsdp.shard != "blocks" or fsdp.param_dtype != "float32" or fsdp.reduce_dtype != "float32":
         raise ValueError(f"{CONFIG}: the bench projects fsdp.shard blocks in float32 (its probe times fp32 units)")
     # the lab's loop reshards every block when true and keeps the root gathered (FSDP2's default for it)
-    return {"backend": "fsdp", "fsdp_process_group": "gloo",
-            "reshard_after_forward": "all" if fsdp.reshard_after_forward else "none",
-            "fsdp_param_dtype": dtypes[fsdp.param_dtype], "fsdp_reduce_dtype": dtypes[fsdp.reduce_dtype],
-            "activation_checkpointing": "none"}
+    return {
+        "backend": "fsdp",
+        "fsdp_process_group": "gloo",
+        "reshard_after_forward": "all" if fsdp.reshard_after_forward else "none",
+        "fsdp_param_dtype": dtypes[fsdp.param_dtype],
+        "fsdp_reduce_dtype": dtypes[fsdp.reduce_dtype],
+        "activation_checkpointing": "none",
+    }
 
 
 # ---------------------------------------------------------------------------- 1. the links and their fit
@@ -141,8 +153,21 @@ def cap_links(cap: str | None) -> str:
     if cap is None:
         return "uncapped"
     for node in cluster.nodes:
-        _tc(node.namespace, "qdisc", "replace", "dev", mc.NODE_IFACE, "root", "tbf", "rate", cap,
-            "burst", str(LINK_BURST_BYTES), "latency", "200ms")
+        _tc(
+            node.namespace,
+            "qdisc",
+            "replace",
+            "dev",
+            mc.NODE_IFACE,
+            "root",
+            "tbf",
+            "rate",
+            cap,
+            "burst",
+            str(LINK_BURST_BYTES),
+            "latency",
+            "200ms",
+        )
     return _tc(cluster.nodes[0].namespace, "qdisc", "show", "dev", mc.NODE_IFACE).strip()
 
 
@@ -157,11 +182,14 @@ def fit_caps(caps: list[str], units: list[int]) -> dict:
             medians = {r["bytes"]: r["median_s"] for r in results}
             fit = fit_alpha_beta(sizes, [medians[s] for s in sizes], N)
             line_rate = mc.rate_bits_per_s(cap) / 8
-            units_check = {str(nbytes): {
-                "reduce_scatter_fitted_s": fit.predict_s(nbytes),  # gloo's: an all-reduce of the buffer
-                "reduce_scatter_probe_s": medians[nbytes],
-                "all_gather_fitted_s": reduce_scatter_s(nbytes, N, fit.alpha_s, fit.bandwidth_bytes_per_s),
-            } for nbytes in sorted(set(units))}
+            units_check = {
+                str(nbytes): {
+                    "reduce_scatter_fitted_s": fit.predict_s(nbytes),  # gloo's: an all-reduce of the buffer
+                    "reduce_scatter_probe_s": medians[nbytes],
+                    "all_gather_fitted_s": reduce_scatter_s(nbytes, N, fit.alpha_s, fit.bandwidth_bytes_per_s),
+                }
+                for nbytes in sorted(set(units))
+            }
             fits[cap] = {
                 "cap": cap,
                 "qdisc": qdisc,
@@ -177,10 +205,14 @@ def fit_caps(caps: list[str], units: list[int]) -> dict:
                 "bandwidth_over_line_rate": fit.bandwidth_bytes_per_s / line_rate,
                 "units": units_check,
             }
-            log(f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
-                f"(rms {100 * fit.rms_relative_error:.1f}%); reduce-scatter per unit, fitted / probe: " + ", ".join(
+            log(
+                f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
+                f"(rms {100 * fit.rms_relative_error:.1f}%); reduce-scatter per unit, fitted / probe: "
+                + ", ".join(
                     f"{int(b) / 1e3:.0f} KB {1e3 * c['reduce_scatter_fitted_s']:.1f} / {1e3 * c['reduce_scatter_probe_s']:.1f} ms"
-                    for b, c in units_check.items()))
+                    for b, c in units_check.items()
+                )
+            )
     finally:
         probe.close()
     return fits
@@ -189,14 +221,37 @@ def fit_caps(caps: list[str], units: list[int]) -> dict:
 # ---------------------------------------------------------------------------- 3. predictions
 
 
-PREDICTED = ("step_s", "exposed_comm_s", "exposed_comm_pct", "comm_overhead_pct", "allreduce_s", "straggler_s",
-             "allgather_s", "regather_s", "reducescatter_s", "data_s", "forward_s", "backward_s", "backward_compute_s",
-             "optimizer_s", "num_buckets", "grad_bytes")
+PREDICTED = (
+    "step_s",
+    "exposed_comm_s",
+    "exposed_comm_pct",
+    "comm_overhead_pct",
+    "allreduce_s",
+    "straggler_s",
+    "allgather_s",
+    "regather_s",
+    "reducescatter_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "backward_compute_s",
+    "optimizer_s",
+    "num_buckets",
+    "grad_bytes",
+)
 
 
 def predict(fit: dict, from_run, settings: dict, straggler_s: float | None = None) -> dict:
-    df = project_cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], [1, N], gpus_per_node=1,
-                                         model=MODEL, from_run=from_run, straggler_s=straggler_s, **settings)
+    df = project_cluster_from_alpha_beta(
+        fit["alpha_s"],
+        fit["bandwidth_bytes_per_s"],
+        [1, N],
+        gpus_per_node=1,
+        model=MODEL,
+        from_run=from_run,
+        straggler_s=straggler_s,
+        **settings,
+    )
     row = df[df["num_workers"] == N].iloc[0]
     out = {k: float(row[k]) for k in PREDICTED}
     out["notes"] = list(df.attrs.get("notes", []))
@@ -204,18 +259,40 @@ def predict(fit: dict, from_run, settings: dict, straggler_s: float | None = Non
 
 
 def predictions(fits: dict, solo: Path, pair: list[Path], settings: dict) -> dict:
-    return {cap: {HEADLINE: predict(fit, [RunDir(p) for p in pair], settings),
-                  "concurrent": predict(fit, [RunDir(p) for p in pair], settings, straggler_s=0.0),
-                  "solo": predict(fit, RunDir(solo), settings)}
-            for cap, fit in fits.items()}
+    return {
+        cap: {
+            HEADLINE: predict(fit, [RunDir(p) for p in pair], settings),
+            "concurrent": predict(fit, [RunDir(p) for p in pair], settings, straggler_s=0.0),
+            "solo": predict(fit, RunDir(solo), settings),
+        }
+        for cap, fit in fits.items()
+    }
 
 
 # ---------------------------------------------------------------------------- 4. the 2-worker runs
 
 
-MEASURED_FIELDS = ("step_s", "exposed_comm_s", "exposed_comm_pct", "comm_overhead_pct", "comm_delta_s", "comm_s",
-                   "allgather_s", "regather_s", "reducescatter_s", "exposed_forward_comm_s", "waiting_s", "transfer_s",
-                   "data_s", "forward_s", "backward_s", "optimizer_s", "compute_s", "time_per_epoch_s", "run_wall_s")
+MEASURED_FIELDS = (
+    "step_s",
+    "exposed_comm_s",
+    "exposed_comm_pct",
+    "comm_overhead_pct",
+    "comm_delta_s",
+    "comm_s",
+    "allgather_s",
+    "regather_s",
+    "reducescatter_s",
+    "exposed_forward_comm_s",
+    "waiting_s",
+    "transfer_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "compute_s",
+    "time_per_epoch_s",
+    "run_wall_s",
+)
 
 
 def two_worker_runs(cap: str, repeats: int, work: Path, logs: Path, overrides: list[str]) -> list[Path]:
@@ -230,14 +307,28 @@ def two_worker_runs(cap: str, repeats: int, work: Path, logs: Path, overrides: l
         run_dir = work / f"w2-{cap}-r{repeat}"
         for attempt in (1, 2):
             shutil.rmtree(run_dir, ignore_errors=True)
-            process = exec_command(["run", CONFIG, "--workers", str(N), "--out", str(run_dir),
-                                    "--set", f"train.seed={repeat}", *overrides],
-                                   logs / f"{run_dir.name}.attempt{attempt}.log", NAME)
+            process = exec_command(
+                [
+                    "run",
+                    CONFIG,
+                    "--workers",
+                    str(N),
+                    "--out",
+                    str(run_dir),
+                    "--set",
+                    f"train.seed={repeat}",
+                    *overrides,
+                ],
+                logs / f"{run_dir.name}.attempt{attempt}.log",
+                NAME,
+            )
             code = wait_or_stop(process, time.time() + RUN_TIMEOUT_S)
             if code == 0 and RunDir(run_dir).has_summary and RunDir(run_dir).summary().get("step_s"):
                 done.append(run_dir)
-                log(f"{cap} repeat {repeat}: step {1e3 * RunDir(run_dir).summary()['step_s']:.1f} ms, exposed "
-                    f"{RunDir(run_dir).summary()['exposed_comm_pct']:.1f}%")
+                log(
+                    f"{cap} repeat {repeat}: step {1e3 * RunDir(run_dir).summary()['step_s']:.1f} ms, exposed "
+                    f"{RunDir(run_dir).summary()['exposed_comm_pct']:.1f}%"
+                )
                 break
             log(f"{cap} repeat {repeat} failed or hung (attempt {attempt}); log in {logs}")
     return done
@@ -254,10 +345,21 @@ def measured(cap: str, run_dirs: list[Path]) -> dict:
         values = [s[key] for s in summaries.values() if isinstance(s.get(key), (int, float))]
         row[key] = statistics.median(values) if values else None
     middle = min(run_dirs, key=lambda d: abs(summaries[d]["step_s"] - row["step_s"]))
-    row.update(cap=cap, repeats=len(run_dirs), run_dir=str(middle), diagnosis=decompose(middle),
-               link_bandwidth=summaries[middle].get("link_bandwidth"),
-               per_repeat=[{"step_s": s["step_s"], "exposed_comm_pct": s["exposed_comm_pct"],
-                            "comm_overhead_pct": s.get("comm_overhead_pct")} for s in summaries.values()])
+    row.update(
+        cap=cap,
+        repeats=len(run_dirs),
+        run_dir=str(middle),
+        diagnosis=decompose(middle),
+        link_bandwidth=summaries[middle].get("link_bandwidth"),
+        per_repeat=[
+            {
+                "step_s": s["step_s"],
+                "exposed_comm_pct": s["exposed_comm_pct"],
+                "comm_overhead_pct": s.get("comm_overhead_pct"),
+            }
+            for s in summaries.values()
+        ],
+    )
     return row
 
 
@@ -277,8 +379,9 @@ def decompose(run_dir: Path) -> dict:
     compute = (train["step_s"] - train["exposed_comm_s"]).groupby(train["rank"]).mean()
     frame = run.collectives()
     frame = frame[(frame["step_kind"] == "train") & (~frame["warmup"].astype(bool))].copy()
-    frame["kind"] = frame["collective"].where(~((frame["collective"] == "all_gather") & (frame["pass"] == "backward")),
-                                              "re_gather")
+    frame["kind"] = frame["collective"].where(
+        ~((frame["collective"] == "all_gather") & (frame["pass"] == "backward")), "re_gather"
+    )
     keys = ["epoch", "step", "index"]
     durations = frame.pivot_table(index=keys, columns="rank", values="duration_s").dropna()
     labels = frame.drop_duplicates(keys).set_index(keys)[["kind", "module", "bytes"]]
@@ -293,10 +396,15 @@ def decompose(run_dir: Path) -> dict:
         "compute_s_per_rank": [float(v) for v in compute],
         "transfer_s": float(by_kind["transfer_s"].sum()),
         "wait_s": float(by_kind["wait_s"].sum()),
-        "by_kind": {k: {"transfer_s": float(by_kind.loc[k, "transfer_s"]), "wait_s": float(by_kind.loc[k, "wait_s"])}
-                    for k in KINDS if k in by_kind.index},
-        "per_unit": [{"kind": k, "module": m, "bytes": int(r["bytes"]), "transfer_s": float(r["transfer_s"])}
-                     for (k, m), r in per_unit.iterrows()],
+        "by_kind": {
+            k: {"transfer_s": float(by_kind.loc[k, "transfer_s"]), "wait_s": float(by_kind.loc[k, "wait_s"])}
+            for k in KINDS
+            if k in by_kind.index
+        },
+        "per_unit": [
+            {"kind": k, "module": m, "bytes": int(r["bytes"]), "transfer_s": float(r["transfer_s"])}
+            for (k, m), r in per_unit.iterrows()
+        ],
     }
 
 
@@ -316,8 +424,11 @@ def compare(preds: dict, meas: dict) -> list[dict]:
             row.update(measured_step_s=None, measured_exposed_comm_pct=None, step_pass=False, exposed_pass=False)
             rows.append(row)
             continue
-        row.update(measured_step_s=m["step_s"], measured_exposed_comm_pct=m["exposed_comm_pct"],
-                   measured_comm_overhead_pct=m["comm_overhead_pct"])
+        row.update(
+            measured_step_s=m["step_s"],
+            measured_exposed_comm_pct=m["exposed_comm_pct"],
+            measured_comm_overhead_pct=m["comm_overhead_pct"],
+        )
         for model, p in preds[cap].items():
             row[f"step_error_pct[{model}]"] = 100 * (p["step_s"] - m["step_s"]) / m["step_s"]
             row[f"exposed_error_pp[{model}]"] = p["exposed_comm_pct"] - m["exposed_comm_pct"]
@@ -327,7 +438,10 @@ def compare(preds: dict, meas: dict) -> list[dict]:
         # where the step-time error sits (predicted - measured, ms), by term
         row["error_by_term_ms"] = {
             "compute": 1e3 * (p["step_s"] - p["exposed_comm_s"] - d["compute_s"]),
-            **{kind: 1e3 * (p[KIND_COLUMNS[kind]] - d["by_kind"].get(kind, {}).get("transfer_s", 0.0)) for kind in KINDS},
+            **{
+                kind: 1e3 * (p[KIND_COLUMNS[kind]] - d["by_kind"].get(kind, {}).get("transfer_s", 0.0))
+                for kind in KINDS
+            },
             "straggler": 1e3 * (p["straggler_s"] - d["wait_s"]),
         }
         rows.append(row)
@@ -343,35 +457,72 @@ def figure(rows: list[dict], preds: dict, meas: dict, path: Path, load: dict | N
     fig = Figure(figsize=(15, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax_step, ax_exp, ax_kind = fig.subplots(1, 3)
-    styles = {HEADLINE: dict(color="C0", lw=2, marker="o", label="predicted (concurrent + straggler)"),
-              "concurrent": dict(color="C0", lw=1, ls="--", marker=".", label="predicted, no straggler term"),
-              "solo": dict(color="C2", lw=1, ls=":", marker=".", label="predicted from the solo 1-worker run")}
+    styles = {
+        HEADLINE: dict(color="C0", lw=2, marker="o", label="predicted (concurrent + straggler)"),
+        "concurrent": dict(color="C0", lw=1, ls="--", marker=".", label="predicted, no straggler term"),
+        "solo": dict(color="C2", lw=1, ls=":", marker=".", label="predicted from the solo 1-worker run"),
+    }
     for model, style in styles.items():
         ax_step.plot(x, [1e3 * r[f"predicted_step_s[{model}]"] for r in rows], **style)
         ax_exp.plot(x, [r[f"predicted_exposed_comm_pct[{model}]"] for r in rows], **style)
     head = [1e3 * r[f"predicted_step_s[{HEADLINE}]"] for r in rows]
-    ax_step.fill_between(x, [(1 - GOAL_STEP_REL) * h for h in head], [(1 + GOAL_STEP_REL) * h for h in head],
-                         color="C0", alpha=0.12, label=f"goal: ±{100 * GOAL_STEP_REL:.0f}%")
+    ax_step.fill_between(
+        x,
+        [(1 - GOAL_STEP_REL) * h for h in head],
+        [(1 + GOAL_STEP_REL) * h for h in head],
+        color="C0",
+        alpha=0.12,
+        label=f"goal: ±{100 * GOAL_STEP_REL:.0f}%",
+    )
     exp = [r[f"predicted_exposed_comm_pct[{HEADLINE}]"] for r in rows]
-    ax_exp.fill_between(x, [e - GOAL_EXPOSED_PP for e in exp], [e + GOAL_EXPOSED_PP for e in exp], color="C0",
-                        alpha=0.12, label=f"goal: ±{GOAL_EXPOSED_PP:g} pp")
+    ax_exp.fill_between(
+        x,
+        [e - GOAL_EXPOSED_PP for e in exp],
+        [e + GOAL_EXPOSED_PP for e in exp],
+        color="C0",
+        alpha=0.12,
+        label=f"goal: ±{GOAL_EXPOSED_PP:g} pp",
+    )
     have = [(xi, r) for xi, r in zip(x, rows) if r.get("measured_step_s")]
     repeats = max((m.get("repeats", 1) for m in meas.values()), default=1)
     of = f", median of {repeats}" if repeats > 1 else ""
-    ax_step.plot([xi for xi, _ in have], [1e3 * r["measured_step_s"] for _, r in have], "ks", ms=7,
-                 label=f"measured (2 workers, 2 nodes{of})")
-    ax_exp.plot([xi for xi, _ in have], [r["measured_exposed_comm_pct"] for _, r in have], "ks", ms=7,
-                label=f"measured{of}")
+    ax_step.plot(
+        [xi for xi, _ in have],
+        [1e3 * r["measured_step_s"] for _, r in have],
+        "ks",
+        ms=7,
+        label=f"measured (2 workers, 2 nodes{of})",
+    )
+    ax_exp.plot(
+        [xi for xi, _ in have], [r["measured_exposed_comm_pct"] for _, r in have], "ks", ms=7, label=f"measured{of}"
+    )
     width = 0.12
     for k, kind in enumerate(KINDS):
         offset = (k - 1) * 2.2 * width
-        ax_kind.bar([xi + offset - width / 2 for xi in x], [1e3 * preds[c][HEADLINE][KIND_COLUMNS[kind]] for c in caps],
-                    width, color=f"C{k}", alpha=0.45, label=f"{kind.replace('_', '-')}: fitted")
-        ax_kind.bar([xi + offset + width / 2 for xi, c in zip(x, caps)],
-                    [1e3 * ((meas.get(c) or {}).get("diagnosis") or {}).get("by_kind", {}).get(kind, {}).get("transfer_s", 0.0)
-                     for c in caps], width, color=f"C{k}", label=f"{kind.replace('_', '-')}: in the run")
-    for ax, title, ylabel in ((ax_step, "step time", "ms per step"), (ax_exp, "exposed communication", "% of step"),
-                              (ax_kind, "collectives per step, by kind (transfer)", "ms per step")):
+        ax_kind.bar(
+            [xi + offset - width / 2 for xi in x],
+            [1e3 * preds[c][HEADLINE][KIND_COLUMNS[kind]] for c in caps],
+            width,
+            color=f"C{k}",
+            alpha=0.45,
+            label=f"{kind.replace('_', '-')}: fitted",
+        )
+        ax_kind.bar(
+            [xi + offset + width / 2 for xi, c in zip(x, caps)],
+            [
+                1e3
+                * ((meas.get(c) or {}).get("diagnosis") or {}).get("by_kind", {}).get(kind, {}).get("transfer_s", 0.0)
+                for c in caps
+            ],
+            width,
+            color=f"C{k}",
+            label=f"{kind.replace('_', '-')}: in the run",
+        )
+    for ax, title, ylabel in (
+        (ax_step, "step time", "ms per step"),
+        (ax_exp, "exposed communication", "% of step"),
+        (ax_kind, "collectives per step, by kind (transfer)", "ms per step"),
+    ):
         ax.set_xticks(x, [c.replace("mbit", " Mbit/s") for c in caps])
         ax.set_xlabel("link cap per node (tc tbf, 4 KB bucket)")
         ax.set_ylabel(ylabel)
@@ -382,7 +533,8 @@ def figure(rows: list[dict], preds: dict, meas: dict, path: Path, load: dict | N
     if load:
         phases = (("baseline_concurrent", "concurrent baseline"), ("runs", "2-worker runs"))
         title += "\nmachine load (1-min load average, 2 cores): " + ", ".join(
-            f"{label} {load[key]['mean_load1']:.1f}" for key, label in phases if key in load)
+            f"{label} {load[key]['mean_load1']:.1f}" for key, label in phases if key in load
+        )
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120)
 
@@ -397,14 +549,24 @@ def expected_minutes(caps: int, runs_per_cap: int, epochs_2w: int, solo: int, pa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=None,
-                        help="where the runs go (default results/projection-vs-minicluster-fsdp/<time>)")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="2-worker runs per cap; the comparison takes their median (default: the config's "
-                             "sweep.repeats, 3)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke check of every piece (the first cap, 1 run of 1 epoch, short baselines, no drift "
-                             "check), written to bench/results/quick/; not a measurement")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="where the runs go (default results/projection-vs-minicluster-fsdp/<time>)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="2-worker runs per cap; the comparison takes their median (default: the config's sweep.repeats, 3)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke check of every piece (the first cap, 1 run of 1 epoch, short baselines, no drift "
+        "check), written to bench/results/quick/; not a measurement",
+    )
     args = parser.parse_args()
     started = time.time()
     load_start = bl.load_average()
@@ -449,8 +611,10 @@ def main() -> int:
         "status": "started",
     }
     minutes = expected_minutes(len(run_caps), repeats, epochs_full, solo_epochs, pair_epochs, not args.quick)
-    log(f"expected duration: about {minutes:.0f} minutes ({len(run_caps)} cap(s) x {repeats} run(s) of {epochs_full} "
-        f"epoch(s), baselines of {solo_epochs} and {pair_epochs} epochs{'' if args.quick else ', drift check'})")
+    log(
+        f"expected duration: about {minutes:.0f} minutes ({len(run_caps)} cap(s) x {repeats} run(s) of {epochs_full} "
+        f"epoch(s), baselines of {solo_epochs} and {pair_epochs} epochs{'' if args.quick else ', drift check'})"
+    )
     sampler = LoadSampler().start()
     meas, drift = {}, None
     log(f"minicluster {NAME!r} up (2 nodes, 1 CPU each, {SUBNET}); runs under {work}")
@@ -477,9 +641,11 @@ def main() -> int:
             write(record, out_json)  # the predictions are on disk before any 2-worker run starts
             for cap in caps:
                 p = record["predictions"][cap][HEADLINE]
-                log(f"predicted at {cap}: step {1e3 * p['step_s']:.1f} ms, exposed {p['exposed_comm_pct']:.1f}% "
+                log(
+                    f"predicted at {cap}: step {1e3 * p['step_s']:.1f} ms, exposed {p['exposed_comm_pct']:.1f}% "
                     f"(all-gather {1e3 * p['allgather_s']:.1f}, re-gather {1e3 * p['regather_s']:.1f}, reduce-scatter "
-                    f"{1e3 * p['reducescatter_s']:.1f}, straggler {1e3 * p['straggler_s']:.1f} ms)")
+                    f"{1e3 * p['reducescatter_s']:.1f}, straggler {1e3 * p['straggler_s']:.1f} ms)"
+                )
             sampler.phase = "runs"
             for cap in run_caps:
                 done = two_worker_runs(cap, repeats, work, logs, overrides)
@@ -494,8 +660,9 @@ def main() -> int:
                     one_worker_runs(after, logs, epochs=pair_epochs, attempts=1, config=CONFIG, name=NAME)
                     drift = concurrent_compute(after)
                     # after the fact, not a prediction: the same model on the baseline measured after the runs
-                    drift["posthoc_predictions"] = {cap: predict(fit, [RunDir(p) for p in after], settings)
-                                                    for cap, fit in fits.items()}
+                    drift["posthoc_predictions"] = {
+                        cap: predict(fit, [RunDir(p) for p in after], settings) for cap, fit in fits.items()
+                    }
                 except Exception as exc:  # noqa: BLE001 -- a failed check is reported, not fatal
                     drift = {"error": str(exc)}
             sampler.phase = "down"
@@ -528,13 +695,17 @@ def main() -> int:
         if r.get("measured_step_s") is None:
             print(f"{r['cap']:>9}  no measurement")
             continue
-        print(f"{r['cap']:>9} {1e3 * r[f'predicted_step_s[{HEADLINE}]']:8.1f}ms {1e3 * r['measured_step_s']:8.1f}ms "
-              f"{r[f'step_error_pct[{HEADLINE}]']:+6.1f}% {r[f'predicted_exposed_comm_pct[{HEADLINE}]']:8.1f}% "
-              f"{r['measured_exposed_comm_pct']:8.1f}% {r[f'exposed_error_pp[{HEADLINE}]']:+6.1f}pp "
-              f"{'PASS' if r['step_pass'] and r['exposed_pass'] else 'MISS'}  by term (ms): "
-              + ", ".join(f"{k} {v:+.1f}" for k, v in r["error_by_term_ms"].items()))
-    print(f"goal met: {record['goal_met']}{' (quick: not a measurement)' if args.quick else ''}; wall "
-          f"{record['wall_s']:.0f} s; {out_json.relative_to(REPO)}, {out_png.relative_to(REPO)}")
+        print(
+            f"{r['cap']:>9} {1e3 * r[f'predicted_step_s[{HEADLINE}]']:8.1f}ms {1e3 * r['measured_step_s']:8.1f}ms "
+            f"{r[f'step_error_pct[{HEADLINE}]']:+6.1f}% {r[f'predicted_exposed_comm_pct[{HEADLINE}]']:8.1f}% "
+            f"{r['measured_exposed_comm_pct']:8.1f}% {r[f'exposed_error_pp[{HEADLINE}]']:+6.1f}pp "
+            f"{'PASS' if r['step_pass'] and r['exposed_pass'] else 'MISS'}  by term (ms): "
+            + ", ".join(f"{k} {v:+.1f}" for k, v in r["error_by_term_ms"].items())
+        )
+    print(
+        f"goal met: {record['goal_met']}{' (quick: not a measurement)' if args.quick else ''}; wall "
+        f"{record['wall_s']:.0f} s; {out_json.relative_to(REPO)}, {out_png.relative_to(REPO)}"
+    )
     return 0
 
 

@@ -96,8 +96,9 @@ def measure_ray_init() -> dict:
     env = ray_env()
     env.pop("RAY_ADDRESS", None)
     try:
-        out = subprocess.run([sys.executable, "-c", RAY_INIT_PROBE, temp_dir], env=env, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", RAY_INIT_PROBE, temp_dir], env=env, capture_output=True, text=True, timeout=300
+        )
         if out.returncode != 0:
             raise RuntimeError(f"ray.init probe failed: {out.stderr[-800:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -112,9 +113,12 @@ def training_thread(epochs, global_batch: int) -> dict:
     steady = epochs[epochs["epoch"] > 1]
     steps = float((steady["samples"] / global_batch).sum())
     cpu, wall = float(steady["train_thread_cpu_s"].sum()), float(steady["train_s"].sum())
-    return {"thread_cpu_s_per_step": cpu / steps, "thread_preemptions_per_step": float(steady["train_preemptions"].sum()) / steps,
-            "thread_minor_faults_per_step": float(steady["train_minor_faults"].sum()) / steps,
-            "thread_off_core_share": 1.0 - cpu / wall}
+    return {
+        "thread_cpu_s_per_step": cpu / steps,
+        "thread_preemptions_per_step": float(steady["train_preemptions"].sum()) / steps,
+        "thread_minor_faults_per_step": float(steady["train_minor_faults"].sum()) / steps,
+        "thread_off_core_share": 1.0 - cpu / wall,
+    }
 
 
 def main() -> None:
@@ -123,12 +127,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, help=f"A/B pairs (default {DEFAULT_PAIRS}; quick 1)")
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                        help=f"training workers (default {DEFAULT_WORKERS}; another count writes ray_overhead_w<N>.json)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"training workers (default {DEFAULT_WORKERS}; another count writes ray_overhead_w<N>.json)",
+    )
     parser.add_argument("--config", default="experiments/quickstart.yaml")
-    parser.add_argument("--pin", action="store_true",
-                        help="the Ray head (so every Ray process) and both arms' drivers on the last CPU, the training threads "
-                             "pinned to CPUs 0..workers-1 (workers.pin_cpus); needs a CPU to spare; writes <name>_pinned.json")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the Ray head (so every Ray process) and both arms' drivers on the last CPU, the training threads "
+        "pinned to CPUs 0..workers-1 (workers.pin_cpus); needs a CPU to spare; writes <name>_pinned.json",
+    )
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
     if args.pin and args.workers >= cpus:
@@ -141,8 +152,13 @@ def main() -> None:
     print(f"[{NAME}] cold ray.init(address='local'): {probes} probe(s)", flush=True)
     init_probes = [measure_ray_init() for _ in range(probes)]
 
-    overrides = [f"train.max_epochs={epochs}", "train.target_accuracy=1.0", "instrument.calibration_pairs=0",
-                 "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
+    overrides = [
+        f"train.max_epochs={epochs}",
+        "train.target_accuracy=1.0",
+        "instrument.calibration_pairs=0",
+        "data.val_samples=512",
+        *(["data.train_samples=2048"] if args.quick else []),
+    ]
     taskset = ["taskset", "-c", str(cpus - 1)] if args.pin else []
     if args.pin:
         overrides.append(f"workers.pin_cpus=0-{args.workers - 1}")
@@ -155,8 +171,19 @@ def main() -> None:
         env = {**head.env, "RAY_ADDRESS": head.address}
         for i, arm in enumerate(bl.abba(pairs, "ray", "local")):
             run_dir = Path(tmp) / f"run{i:02d}-{arm}"
-            command = [*taskset, str(BIN / "scaling"), "run", args.config, "--launcher", arm, "--workers", str(args.workers),
-                       *[x for o in overrides for x in ("--set", o)], "--out", str(run_dir)]
+            command = [
+                *taskset,
+                str(BIN / "scaling"),
+                "run",
+                args.config,
+                "--launcher",
+                arm,
+                "--workers",
+                str(args.workers),
+                *[x for o in overrides for x in ("--set", o)],
+                "--out",
+                str(run_dir),
+            ]
             print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
             log = Path(tmp) / f"run{i:02d}-{arm}.log"
             with open(log, "w") as out, bl.RunQueue() as rq, bl.TreeCpu([head.process.pid]) as cpu:
@@ -178,13 +205,26 @@ def main() -> None:
             sequence_step.append((arm, step_s))
             sequence_start.append((arm, startup_s))
             sequence_cpu.append((arm, steady["worker_cpu_s_per_step"]))
-            runs.append({"order": i, "arm": arm, "steady_step_s": step_s, "startup_s": startup_s, "mean_runnable": rq.mean,
-                         **steady, **thread, "command_wall_s": end_unix - launch_unix, "epochs": epoch_rows})
-            print(f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s, worker CPU "
-                  f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step; rank 0's training thread {thread['thread_cpu_s_per_step'] * 1e3:.1f} "
-                  f"ms CPU, {thread['thread_preemptions_per_step']:.1f} preemptions, {thread['thread_minor_faults_per_step']:.0f} page "
-                  f"faults per step, off its core {thread['thread_off_core_share']:.1%} (runnable tasks {rq.mean}; cores {steady['cores']})",
-                  flush=True)
+            runs.append(
+                {
+                    "order": i,
+                    "arm": arm,
+                    "steady_step_s": step_s,
+                    "startup_s": startup_s,
+                    "mean_runnable": rq.mean,
+                    **steady,
+                    **thread,
+                    "command_wall_s": end_unix - launch_unix,
+                    "epochs": epoch_rows,
+                }
+            )
+            print(
+                f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s, worker CPU "
+                f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step; rank 0's training thread {thread['thread_cpu_s_per_step'] * 1e3:.1f} "
+                f"ms CPU, {thread['thread_preemptions_per_step']:.1f} preemptions, {thread['thread_minor_faults_per_step']:.0f} page "
+                f"faults per step, off its core {thread['thread_off_core_share']:.1%} (runnable tasks {rq.mean}; cores {steady['cores']})",
+                flush=True,
+            )
     finally:
         head.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -199,8 +239,10 @@ def main() -> None:
     start_a = bl.median(v for arm, v in sequence_start if arm == "ray")
     start_b = bl.median(v for arm, v in sequence_start if arm == "local")
     init_s = bl.median(p["ray_init_local_s"] for p in init_probes)
-    background = {arm: bl.median(r["cores"]["lab_and_ray_other_cores"] for r in runs if r["arm"] == arm and r["cores"])
-                  for arm in ("ray", "local")}
+    background = {
+        arm: bl.median(r["cores"]["lab_and_ray_other_cores"] for r in runs if r["arm"] == arm and r["cores"])
+        for arm in ("ray", "local")
+    }
     elsewhere = [r["cores"]["rest_of_machine_cores"] for r in runs if r["cores"]]
     where = f"quickstart, {args.workers} workers, {pairs} pairs x {epochs} epochs"
     # Another worker count is another question (e.g. 1 worker: a core left to Ray's own processes):
@@ -214,66 +256,142 @@ def main() -> None:
     def thread_row(key: str, what: str, unit: str) -> dict:
         a = bl.median(t[key] for arm, t in sequence_thread if arm == "ray")
         b = bl.median(t[key] for arm, t in sequence_thread if arm == "local")
-        pairs = [x / y for x, y in bl.adjacent_pairs([(arm, t[key]) for arm, t in sequence_thread], "ray", "local") if y]
-        shares = {arm: bl.median(t["thread_off_core_share"] for a_, t in sequence_thread if a_ == arm) for arm in ("ray", "local")}
+        pairs = [
+            x / y for x, y in bl.adjacent_pairs([(arm, t[key]) for arm, t in sequence_thread], "ray", "local") if y
+        ]
+        shares = {
+            arm: bl.median(t["thread_off_core_share"] for a_, t in sequence_thread if a_ == arm)
+            for arm in ("ray", "local")
+        }
         return bl.comparison(
-            f"rank 0's training thread: {what}{of}", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
-            a, b, unit, bl.median(pairs) if pairs else None,
-            "median over adjacent ABBA pairs of ray / local", None, "", pair_ratios=pairs,
+            f"rank 0's training thread: {what}{of}",
+            "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)",
+            a,
+            b,
+            unit,
+            bl.median(pairs) if pairs else None,
+            "median over adjacent ABBA pairs of ray / local",
+            None,
+            "",
+            pair_ratios=pairs,
             note=f"{where}; getrusage(RUSAGE_THREAD) over the epochs after the first (epochs.parquet); share of the "
-                 f"training wall time the thread was off its core: ray {shares['ray']:.1%}, local {shares['local']:.1%}")
+            f"training wall time the thread was off its core: ray {shares['ray']:.1%}, local {shares['local']:.1%}",
+        )
+
     comparisons = [
         bl.comparison(
-            f"Ray Train overhead (step time{of})", "Ray Train (--launcher ray)", "plain torch.distributed (--launcher local)",
-            step_a, step_b, "s/step", bl.median(step_pairs),
-            "median over adjacent ABBA pairs of ray / local steady-state step time", STEP_BUDGET,
-            "ray / local <= 1.05", pair_ratios=step_pairs,
+            f"Ray Train overhead (step time{of})",
+            "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)",
+            step_a,
+            step_b,
+            "s/step",
+            bl.median(step_pairs),
+            "median over adjacent ABBA pairs of ray / local steady-state step time",
+            STEP_BUDGET,
+            "ray / local <= 1.05",
+            pair_ratios=step_pairs,
             note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
-                 f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}"),
+            f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}",
+        ),
         bl.comparison(
-            f"Ray Train overhead (training workers' CPU per step{of})", "Ray Train (--launcher ray)",
-            "plain torch.distributed (--launcher local)", cpu_a, cpu_b, "CPU s/step", bl.median(cpu_pairs),
+            f"Ray Train overhead (training workers' CPU per step{of})",
+            "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)",
+            cpu_a,
+            cpu_b,
+            "CPU s/step",
+            bl.median(cpu_pairs),
             "median over adjacent ABBA pairs of ray / local CPU seconds of the training workers per steady-state step",
-            STEP_BUDGET, "the step-time budget, applied to CPU time (little moved by other jobs)", pair_ratios=cpu_pairs,
+            STEP_BUDGET,
+            "the step-time budget, applied to CPU time (little moved by other jobs)",
+            pair_ratios=cpu_pairs,
             note=f"{where}; /proc CPU time of the training worker processes in the epochs after the first, training "
-                 f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}"),
+            f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}",
+        ),
         thread_row("thread_cpu_s_per_step", "CPU per step", "CPU s/step"),
         thread_row("thread_preemptions_per_step", "preemptions per step", "preemptions/step"),
         bl.comparison(
-            f"CPU besides the training workers, steady state{of}", "Ray Train (--launcher ray)",
-            "plain torch.distributed (--launcher local)", background["ray"], background["local"], "cores", None, "",
+            f"CPU besides the training workers, steady state{of}",
+            "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)",
+            background["ray"],
+            background["local"],
+            "cores",
+            None,
+            "",
             note=f"{where}; cores used while the epochs after the first trained by the driver and the Ray head's "
-                 f"processes (GCS, raylet, dashboard, Train controller and helper actors; the head is up in both arms), "
-                 f"not counting the training workers; the rest of the machine (other jobs) used "
-                 f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile" if elsewhere else where),
+            f"processes (GCS, raylet, dashboard, Train controller and helper actors; the head is up in both arms), "
+            f"not counting the training workers; the rest of the machine (other jobs) used "
+            f"{min(elsewhere):.2f}-{max(elsewhere):.2f} cores meanwhile"
+            if elsewhere
+            else where,
+        ),
         bl.comparison(
-            f"start-up, warm cluster (command -> first step{of})", "Ray Train (--launcher ray)",
-            "plain torch.distributed (--launcher local)", start_a, start_b, "s", bl.median(start_pairs),
-            "median over adjacent ABBA pairs of ray / local start-up", None, "",
+            f"start-up, warm cluster (command -> first step{of})",
+            "Ray Train (--launcher ray)",
+            "plain torch.distributed (--launcher local)",
+            start_a,
+            start_b,
+            "s",
+            bl.median(start_pairs),
+            "median over adjacent ABBA pairs of ray / local start-up",
+            None,
+            "",
             note=f"{where}; Ray's includes connecting to the running cluster and creating the Train controller "
-                 f"and worker group; difference of medians {start_a - start_b:+.2f} s"),
+            f"and worker group; difference of medians {start_a - start_b:+.2f} s",
+        ),
         bl.comparison(
-            "start-up of a new local Ray cluster", "ray.init(address='local')", "", init_s, None, "s", None, "",
-            None, "",
+            "start-up of a new local Ray cluster",
+            "ray.init(address='local')",
+            "",
+            init_s,
+            None,
+            "s",
+            None,
+            "",
+            None,
+            "",
             note=f"fresh process, median of {probes}; a run on a new cluster pays this on top of the warm start-up; "
-                 f"`ray start --head` until `ray status` and the dashboard answered took {head.start_s:.1f} s"),
+            f"`ray start --head` until `ray status` and the dashboard answered took {head.start_s:.1f} s",
+        ),
     ]
-    cli = " ".join(taskset + [""]) + f".venv/bin/scaling run {args.config} --workers {args.workers} " + " ".join(
-        f"--set {shlex.quote(o)}" for o in overrides)
+    cli = (
+        " ".join(taskset + [""])
+        + f".venv/bin/scaling run {args.config} --workers {args.workers} "
+        + " ".join(f"--set {shlex.quote(o)}" for o in overrides)
+    )
     path = bl.write_result(
-        name, __doc__, args.quick, started, load_start, comparisons,
-        config=args.config, workers=args.workers, pairs=pairs, epochs_per_run=epochs, overrides=overrides,
+        name,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        config=args.config,
+        workers=args.workers,
+        pairs=pairs,
+        epochs_per_run=epochs,
+        overrides=overrides,
         pinned=args.pin,
-        arms={"ray": f"RAY_ADDRESS=<private head{' started under ' + ' '.join(taskset) if taskset else ''}> {cli} --launcher ray --out DIR",
-              "local": f"{cli} --launcher local --out DIR"},
+        arms={
+            "ray": f"RAY_ADDRESS=<private head{' started under ' + ' '.join(taskset) if taskset else ''}> {cli} --launcher ray --out DIR",
+            "local": f"{cli} --launcher local --out DIR",
+        },
         startup_definition="first_step_unix (rank 0, epochs.parquet) - time.time() just before the command started; "
-                           "for Ray it includes the driver's connection to the warm cluster, the Train controller and "
-                           "worker-group creation (worker actors, torch process group)",
-        step_pair_ratios=step_pairs, startup_pair_ratios=start_pairs,
-        ray_head={"start_s": head.start_s, "num_cpus": head.num_cpus,
-                  "how": "ray start --head --block, 127.0.0.1, free ports, private --temp-dir, RAY_AUTH_MODE=disabled; "
-                         "stopped by process id"},
-        ray_init_probes=init_probes, runs=runs,
+        "for Ray it includes the driver's connection to the warm cluster, the Train controller and "
+        "worker-group creation (worker actors, torch process group)",
+        step_pair_ratios=step_pairs,
+        startup_pair_ratios=start_pairs,
+        ray_head={
+            "start_s": head.start_s,
+            "num_cpus": head.num_cpus,
+            "how": "ray start --head --block, 127.0.0.1, free ports, private --temp-dir, RAY_AUTH_MODE=disabled; "
+            "stopped by process id",
+        },
+        ray_init_probes=init_probes,
+        runs=runs,
     )
     bl.print_comparisons(comparisons)
     print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)

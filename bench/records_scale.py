@@ -51,19 +51,47 @@ REPORT_BUDGET_S, REPORT_BUDGET_GIB = 30.0, 1.0
 
 # --- part 1: rank 0's per-epoch recording time ----------------------------------------------
 
+
 def _marks(epoch: int, base_step: int, rank: int):
     from scaling.instrument.timing import BucketMarks, StepMarks
 
     marks, t = [], 1000.0 * epoch
     for i in range(STEPS):
         t += 0.05
-        marks.append(StepMarks.single(epoch, base_step + i, "train", False, 64, t, t + 0.001, t + 0.012, t + 0.035, t + 0.04,
-                               [BucketMarks(0, t + 0.03, t + 0.034 + 0.001 * rank)]))
+        marks.append(
+            StepMarks.single(
+                epoch,
+                base_step + i,
+                "train",
+                False,
+                64,
+                t,
+                t + 0.001,
+                t + 0.012,
+                t + 0.035,
+                t + 0.04,
+                [BucketMarks(0, t + 0.03, t + 0.034 + 0.001 * rank)],
+            )
+        )
     for pair in range(CALIB_PAIRS):
         for kind in ("calib_nosync", "calib_sync"):
             t += 0.05
-            marks.append(StepMarks.single(epoch, base_step + STEPS - 1, kind, False, 64, t, t, t + 0.012, t + 0.035, t + 0.035,
-                                   [BucketMarks(0, t + 0.03, t + 0.034)] if kind == "calib_sync" else [], pair=pair))
+            marks.append(
+                StepMarks.single(
+                    epoch,
+                    base_step + STEPS - 1,
+                    kind,
+                    False,
+                    64,
+                    t,
+                    t,
+                    t + 0.012,
+                    t + 0.035,
+                    t + 0.035,
+                    [BucketMarks(0, t + 0.03, t + 0.034)] if kind == "calib_sync" else [],
+                    pair=pair,
+                )
+            )
     return marks
 
 
@@ -116,12 +144,18 @@ def recording_time(world: int, arm: str, tmp: Path) -> float:
 
     port = free_port()
     out = tmp / f"rank0-{arm}-{world}.json"
-    mp.start_processes(_recording_worker, args=(world, port, arm, str(tmp / f"run-{arm}-{world}"), str(out)),
-                       nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(
+        _recording_worker,
+        args=(world, port, arm, str(tmp / f"run-{arm}-{world}"), str(out)),
+        nprocs=world,
+        join=True,
+        start_method="spawn",
+    )
     return statistics.median(json.loads(out.read_text()))
 
 
 # --- part 2: a generated sweep with a 1,024-rank run ---------------------------------------
+
 
 def _write_rank_parts(args) -> None:
     run_dir, ranks, epochs, steps = args
@@ -135,17 +169,30 @@ def _write_rank_parts(args) -> None:
         for epoch in range(1, epochs + 1):
             n = steps + 2 * CALIB_PAIRS
             step_s = rng.normal(0.1, 0.005, n)
-            frame = pd.DataFrame({
-                "epoch": np.full(n, epoch), "step": (epoch - 1) * steps + np.minimum(np.arange(n), steps - 1),
-                "kind": ["train"] * steps + ["calib_nosync", "calib_sync"] * CALIB_PAIRS,
-                "pair": np.r_[np.full(steps, -1), np.repeat(np.arange(CALIB_PAIRS), 2)],
-                "warmup": (epoch == 1) & (np.arange(n) < 5), "samples": np.full(n, 256),
-                "data_s": rng.normal(0.002, 1e-4, n), "forward_s": step_s * 0.3, "backward_s": step_s * 0.6,
-                "optimizer_s": step_s * 0.1 - 0.002, "step_s": step_s, "allreduce_s": step_s * 0.4,
-                "exposed_comm_s": step_s * 0.05, "compute_s": step_s * 0.95, "num_buckets": np.full(n, 5),
-                "rank": np.full(n, rank), "node_rank": np.full(n, rank // 8), "local_rank": np.full(n, rank % 8),
-                "model_flops": np.full(n, 256 * 24.3e9), "achieved_flops_per_s": 256 * 24.3e9 / step_s,
-            })
+            frame = pd.DataFrame(
+                {
+                    "epoch": np.full(n, epoch),
+                    "step": (epoch - 1) * steps + np.minimum(np.arange(n), steps - 1),
+                    "kind": ["train"] * steps + ["calib_nosync", "calib_sync"] * CALIB_PAIRS,
+                    "pair": np.r_[np.full(steps, -1), np.repeat(np.arange(CALIB_PAIRS), 2)],
+                    "warmup": (epoch == 1) & (np.arange(n) < 5),
+                    "samples": np.full(n, 256),
+                    "data_s": rng.normal(0.002, 1e-4, n),
+                    "forward_s": step_s * 0.3,
+                    "backward_s": step_s * 0.6,
+                    "optimizer_s": step_s * 0.1 - 0.002,
+                    "step_s": step_s,
+                    "allreduce_s": step_s * 0.4,
+                    "exposed_comm_s": step_s * 0.05,
+                    "compute_s": step_s * 0.95,
+                    "num_buckets": np.full(n, 5),
+                    "rank": np.full(n, rank),
+                    "node_rank": np.full(n, rank // 8),
+                    "local_rank": np.full(n, rank % 8),
+                    "model_flops": np.full(n, 256 * 24.3e9),
+                    "achieved_flops_per_s": 256 * 24.3e9 / step_s,
+                }
+            )
             write_parquet_atomic(rank_part_path(Path(run_dir) / STEPS_PARQUET, rank, epoch), frame)
 
 
@@ -161,14 +208,29 @@ def generate_sweep(root: Path, worker_counts: list[int], epochs: int, steps: int
     jobs = []
     for n in worker_counts:
         run = sweep.run(run_key(n, {}, 0))
-        epoch_rows = pd.DataFrame({"epoch": range(1, epochs + 1), "train_s": [steps * 0.1] * epochs,
-                                   "eval_s": 2.0, "calibration_s": 1.0, "samples": steps * 256 * n,
-                                   "val_accuracy": [min(0.76, 0.3 + 0.01 * e) for e in range(1, epochs + 1)],
-                                   "elapsed_train_s": [steps * 0.1 * e for e in range(1, epochs + 1)],
-                                   "elapsed_wall_s": [steps * 0.1 * e + 3 * e for e in range(1, epochs + 1)]})
+        epoch_rows = pd.DataFrame(
+            {
+                "epoch": range(1, epochs + 1),
+                "train_s": [steps * 0.1] * epochs,
+                "eval_s": 2.0,
+                "calibration_s": 1.0,
+                "samples": steps * 256 * n,
+                "val_accuracy": [min(0.76, 0.3 + 0.01 * e) for e in range(1, epochs + 1)],
+                "elapsed_train_s": [steps * 0.1 * e for e in range(1, epochs + 1)],
+                "elapsed_wall_s": [steps * 0.1 * e + 3 * e for e in range(1, epochs + 1)],
+            }
+        )
         write_parquet_atomic(run.epochs_path, epoch_rows)
-        write_json_atomic(run.machine_path, {"hostname": "generated", "cpu_model": "generated", "cpu_count": 64,
-                                                    "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8})
+        write_json_atomic(
+            run.machine_path,
+            {
+                "hostname": "generated",
+                "cpu_model": "generated",
+                "cpu_count": 64,
+                "gpu_name": "NVIDIA H100 80GB HBM3",
+                "gpu_count": 8,
+            },
+        )
         chunks = [list(range(start, min(n, start + 16))) for start in range(0, n, 16)]
         jobs += [(str(run.path), chunk, epochs, steps) for chunk in chunks]
     with Pool(os.cpu_count() or 1) as pool:
@@ -222,53 +284,109 @@ def main() -> None:
         for world in worlds:
             for arm in ("per_rank", "gathered"):
                 measured[(arm, world)] = recording_time(world, arm, tmp)
-                print(f"[{NAME}] {world:3d} ranks, {arm:9s}: rank 0's end_epoch {measured[(arm, world)] * 1e3:.1f} ms CPU",
-                      flush=True)
+                print(
+                    f"[{NAME}] {world:3d} ranks, {arm:9s}: rank 0's end_epoch {measured[(arm, world)] * 1e3:.1f} ms CPU",
+                    flush=True,
+                )
         small, large = worlds[0], worlds[-1]
         growth = measured[("per_rank", large)] / measured[("per_rank", small)]
         gathered_growth = measured[("gathered", large)] / measured[("gathered", small)]
         worst = max(measured[("per_rank", w)] for w in worlds)
-        comparisons.append(bl.comparison(
-            f"rank 0's per-epoch recording CPU, {small} to {large} ranks (worst)", "per-rank parts", "",
-            worst, None, "CPU s/epoch", growth,
-            f"rank 0's CPU time in end_epoch at {large} ranks / at {small} ranks (median over {EPOCHS_TIMED} epochs of "
-            f"{STEPS} steps); the replaced design (every rank's rows gathered to rank 0): {gathered_growth:.2f}",
-            RECORDING_BUDGET_S, f"<= {RECORDING_BUDGET_S * 1e3:g} ms CPU per epoch at every rank count", budget_on="a",
-            note="; ".join(f"{w} ranks: per-rank parts {measured[('per_rank', w)] * 1e3:.1f} ms, gathered to rank 0 "
-                           f"{measured[('gathered', w)] * 1e3:.1f} ms" for w in worlds)))
+        comparisons.append(
+            bl.comparison(
+                f"rank 0's per-epoch recording CPU, {small} to {large} ranks (worst)",
+                "per-rank parts",
+                "",
+                worst,
+                None,
+                "CPU s/epoch",
+                growth,
+                f"rank 0's CPU time in end_epoch at {large} ranks / at {small} ranks (median over {EPOCHS_TIMED} epochs of "
+                f"{STEPS} steps); the replaced design (every rank's rows gathered to rank 0): {gathered_growth:.2f}",
+                RECORDING_BUDGET_S,
+                f"<= {RECORDING_BUDGET_S * 1e3:g} ms CPU per epoch at every rank count",
+                budget_on="a",
+                note="; ".join(
+                    f"{w} ranks: per-rank parts {measured[('per_rank', w)] * 1e3:.1f} ms, gathered to rank 0 "
+                    f"{measured[('gathered', w)] * 1e3:.1f} ms"
+                    for w in worlds
+                ),
+            )
+        )
 
         t0 = time.perf_counter()
         sweep = generate_sweep(tmp, sweep_counts, epochs, STEPS)
         largest = sweep_counts[-1]
-        print(f"[{NAME}] generated the sweep ({largest} ranks x {epochs} epochs x {STEPS} steps in the largest run) "
-              f"in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"[{NAME}] generated the sweep ({largest} ranks x {epochs} epochs x {STEPS} steps in the largest run) "
+            f"in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
         for n in sweep_counts:  # summaries of the smaller runs (not timed), so that the sweep is reportable
             result = _child(SUMMARY_CHILD, str(SweepDir(sweep).run(run_key(n, {}, 0)).path), str(n))
         rows = largest * epochs * (STEPS + 2 * CALIB_PAIRS)
-        print(f"[{NAME}] summary of the {largest}-rank run ({rows:,} step rows): {result['seconds']:.1f} s, "
-              f"peak {result['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
-        comparisons.append(bl.comparison(
-            f"run summary of a {largest}-rank x {epochs}-epoch x {STEPS}-step run", "write_summary", "",
-            result["seconds"], None, "s", None, "", SUMMARY_BUDGET_S, f"<= {SUMMARY_BUDGET_S:g} s and <= "
-            f"{SUMMARY_BUDGET_GIB:g} GiB peak", budget_on="a",
-            note=f"{rows:,} step rows in {largest * epochs:,} files, read by column in batches; peak resident memory "
-                 f"{result['peak_rss_bytes'] / 2**30:.2f} GiB (budget {SUMMARY_BUDGET_GIB:g} GiB: "
-                 f"{'pass' if result['peak_rss_bytes'] <= SUMMARY_BUDGET_GIB * 2**30 else 'miss'})"))
+        print(
+            f"[{NAME}] summary of the {largest}-rank run ({rows:,} step rows): {result['seconds']:.1f} s, "
+            f"peak {result['peak_rss_bytes'] / 2**30:.2f} GiB",
+            flush=True,
+        )
+        comparisons.append(
+            bl.comparison(
+                f"run summary of a {largest}-rank x {epochs}-epoch x {STEPS}-step run",
+                "write_summary",
+                "",
+                result["seconds"],
+                None,
+                "s",
+                None,
+                "",
+                SUMMARY_BUDGET_S,
+                f"<= {SUMMARY_BUDGET_S:g} s and <= {SUMMARY_BUDGET_GIB:g} GiB peak",
+                budget_on="a",
+                note=f"{rows:,} step rows in {largest * epochs:,} files, read by column in batches; peak resident memory "
+                f"{result['peak_rss_bytes'] / 2**30:.2f} GiB (budget {SUMMARY_BUDGET_GIB:g} GiB: "
+                f"{'pass' if result['peak_rss_bytes'] <= SUMMARY_BUDGET_GIB * 2**30 else 'miss'})",
+            )
+        )
         costs["summary"] = result
         report = _child(REPORT_CHILD, str(sweep))
-        print(f"[{NAME}] scaling report on the sweep: {report['seconds']:.1f} s, peak {report['peak_rss_bytes'] / 2**30:.2f} GiB",
-              flush=True)
-        comparisons.append(bl.comparison(
-            f"scaling report on the sweep (largest run {largest} ranks)", "scaling report", "", report["seconds"], None,
-            "s", None, "", REPORT_BUDGET_S, f"<= {REPORT_BUDGET_S:g} s and <= {REPORT_BUDGET_GIB:g} GiB peak", budget_on="a",
-            note=f"runs of {', '.join(map(str, sweep_counts))} ranks; peak resident memory "
-                 f"{report['peak_rss_bytes'] / 2**30:.2f} GiB (budget {REPORT_BUDGET_GIB:g} GiB: "
-                 f"{'pass' if report['peak_rss_bytes'] <= REPORT_BUDGET_GIB * 2**30 else 'miss'})"))
+        print(
+            f"[{NAME}] scaling report on the sweep: {report['seconds']:.1f} s, peak {report['peak_rss_bytes'] / 2**30:.2f} GiB",
+            flush=True,
+        )
+        comparisons.append(
+            bl.comparison(
+                f"scaling report on the sweep (largest run {largest} ranks)",
+                "scaling report",
+                "",
+                report["seconds"],
+                None,
+                "s",
+                None,
+                "",
+                REPORT_BUDGET_S,
+                f"<= {REPORT_BUDGET_S:g} s and <= {REPORT_BUDGET_GIB:g} GiB peak",
+                budget_on="a",
+                note=f"runs of {', '.join(map(str, sweep_counts))} ranks; peak resident memory "
+                f"{report['peak_rss_bytes'] / 2**30:.2f} GiB (budget {REPORT_BUDGET_GIB:g} GiB: "
+                f"{'pass' if report['peak_rss_bytes'] <= REPORT_BUDGET_GIB * 2**30 else 'miss'})",
+            )
+        )
         costs["report"] = report
-    path = bl.write_result(NAME, __doc__, args.quick, started, load_start, comparisons,
-                           recording_s={f"{arm}@{w}": v for (arm, w), v in measured.items()},
-                           summary=costs["summary"], report=costs["report"], sweep_worker_counts=sweep_counts,
-                           epochs=epochs, steps=STEPS)
+    path = bl.write_result(
+        NAME,
+        __doc__,
+        args.quick,
+        started,
+        load_start,
+        comparisons,
+        recording_s={f"{arm}@{w}": v for (arm, w), v in measured.items()},
+        summary=costs["summary"],
+        report=costs["report"],
+        sweep_worker_counts=sweep_counts,
+        epochs=epochs,
+        steps=STEPS,
+    )
     bl.print_comparisons(comparisons)
     print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 

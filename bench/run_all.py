@@ -22,23 +22,35 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # Shortest first: a broken set-up shows within a minute.
-BENCHMARKS = ("projection_anchors", "projection_torchtitan", "allreduce", "analysis_speed", "instrumentation_overhead", "instrumentation_overhead_own_job",
-              "instrument_host_cost",
-              "ray_overhead", "cpu_scaling", "horovod_cycle_ground_truth", "fsdp_overhead",
-              "projection_vs_minicluster_fsdp")  # root: a minicluster of network namespaces, about 17 minutes
+BENCHMARKS = (
+    "projection_anchors",
+    "projection_torchtitan",
+    "allreduce",
+    "analysis_speed",
+    "instrumentation_overhead",
+    "instrumentation_overhead_own_job",
+    "instrument_host_cost",
+    "ray_overhead",
+    "cpu_scaling",
+    "horovod_cycle_ground_truth",
+    "fsdp_overhead",
+    "projection_vs_minicluster_fsdp",
+)  # root: a minicluster of network namespaces, about 17 minutes
 # A benchmark that is another's script with arguments: name -> (script, arguments).
 VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["--job", "own"])}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="A full run takes about 51 minutes on 2 CPUs (each benchmark's own time: docs/benchmarks.md) and\n"
-               "overwrites the committed results, bench/results/<name>.json, and the tables bench/summarize.py\n"
-               "writes into README.md and docs/*.md; --quick writes to bench/results/quick/ instead. One benchmark,\n"
-               "projection_vs_minicluster_fsdp (about 17 minutes), builds a minicluster of network namespaces\n"
-               "and needs root; without it that benchmark fails and the others still run.\n\n"
-               "exit status: 0 every benchmark ran, 1 one or more failed, 2 bad arguments")
+        "overwrites the committed results, bench/results/<name>.json, and the tables bench/summarize.py\n"
+        "writes into README.md and docs/*.md; --quick writes to bench/results/quick/ instead. One benchmark,\n"
+        "projection_vs_minicluster_fsdp (about 17 minutes), builds a minicluster of network namespaces\n"
+        "and needs root; without it that benchmark fails and the others still run.\n\n"
+        "exit status: 0 every benchmark ran, 1 one or more failed, 2 bad arguments",
+    )
     parser.add_argument("--quick", action="store_true", help="the few-minute variant of every benchmark")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     args = parser.parse_args()

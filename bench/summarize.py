@@ -59,8 +59,9 @@ import benchlib as bl  # noqa: E402
 
 DOCS = bl.REPO / "docs"
 FIGURES = DOCS / "figures" / "bench"
-MARKER = re.compile(r"<!-- begin bench/summarize\.py: (?P<key>[^>]*?) -->\n.*?<!-- end bench/summarize\.py: (?P=key) -->",
-                    re.DOTALL)
+MARKER = re.compile(
+    r"<!-- begin bench/summarize\.py: (?P<key>[^>]*?) -->\n.*?<!-- end bench/summarize\.py: (?P=key) -->", re.DOTALL
+)
 
 
 def value(v, unit: str) -> str:
@@ -157,12 +158,25 @@ def comparison_table(records: list[tuple[str, dict]]) -> list[str]:
     notes, sources = [], []
     for name, record in records:
         for c in record["comparisons"]:
-            cells = [c["name"], arm(c["a"], c["a_median"], c["unit"]), arm(c["b"], c["b_median"], c["unit"]),
-                     ratio_cell(c), budget(c), verdict(c)]
+            cells = [
+                c["name"],
+                arm(c["a"], c["a_median"], c["unit"]),
+                arm(c["b"], c["b_median"], c["unit"]),
+                ratio_cell(c),
+                budget(c),
+                verdict(c),
+            ]
             lines.append("| " + " | ".join(escape(x) for x in cells) + " |")
-            detail = "; ".join(filter(None, [f"ratio = {c['ratio_definition']}" if c.get("ratio_definition") else "",
-                                             f"budget: {c['budget_definition']}" if c.get("budget_definition") else "",
-                                             c.get("note", "")]))
+            detail = "; ".join(
+                filter(
+                    None,
+                    [
+                        f"ratio = {c['ratio_definition']}" if c.get("ratio_definition") else "",
+                        f"budget: {c['budget_definition']}" if c.get("budget_definition") else "",
+                        c.get("note", ""),
+                    ],
+                )
+            )
             if detail:
                 notes.append(f"- *{c['name']}*: {detail}")
         sources.append(f"- {provenance(record, name)}")
@@ -192,22 +206,30 @@ def block_make_bench(folder: Path, names: list[str]) -> list[str]:
         measured += 1
         lines.append(f"| {name} | {command} | {record['date'][:10]}, {machine(record)} |")
     others = sorted(p.stem for p in folder.glob("*.json") if p.stem not in run_all.BENCHMARKS)
-    results = ("their committed results took" if measured == len(run_all.BENCHMARKS)
-               else f"the committed results of {measured} of them took")
-    return [*lines, "",
-            f"`make bench` runs these {len(run_all.BENCHMARKS)} benchmarks; {results} "
-            f"{minutes(total)} together (each on the machine and date in its row, its own time under its table; the "
-            f"first `make bench` also builds Horovod). The other committed results are run one by one, each with the "
-            f"command under its table: "
-            + ", ".join(f"`{n}`" for n in others) + "."]
+    results = (
+        "their committed results took"
+        if measured == len(run_all.BENCHMARKS)
+        else f"the committed results of {measured} of them took"
+    )
+    return [
+        *lines,
+        "",
+        f"`make bench` runs these {len(run_all.BENCHMARKS)} benchmarks; {results} "
+        f"{minutes(total)} together (each on the machine and date in its row, its own time under its table; the "
+        f"first `make bench` also builds Horovod). The other committed results are run one by one, each with the "
+        f"command under its table: " + ", ".join(f"`{n}`" for n in others) + ".",
+    ]
 
 
 def block_anchors(folder: Path, names: list[str]) -> list[str]:
     import projection_anchors
 
     record = load(folder, "projection_anchors")
-    return [*projection_anchors.markdown(record["anchors"]).splitlines(), "",
-            f"- {provenance(record, 'projection_anchors')}"]
+    return [
+        *projection_anchors.markdown(record["anchors"]).splitlines(),
+        "",
+        f"- {provenance(record, 'projection_anchors')}",
+    ]
 
 
 def block_torchtitan(folder: Path, names: list[str]) -> list[str]:
@@ -215,15 +237,21 @@ def block_torchtitan(folder: Path, names: list[str]) -> list[str]:
 
     record = load(folder, "projection_torchtitan")
     short = names == ["short"]  # the README's: the table, the count and where it comes from
-    return [*projection_torchtitan.markdown(record, short=short).splitlines(), "",
-            f"- {provenance(record, 'projection_torchtitan', load=not short)}"]
+    return [
+        *projection_torchtitan.markdown(record, short=short).splitlines(),
+        "",
+        f"- {provenance(record, 'projection_torchtitan', load=not short)}",
+    ]
 
 
 def block_projection_vs_minicluster(folder: Path, names: list[str]) -> list[str]:
     record = load(folder, "projection_vs_minicluster")
     headline = record["goal"]["judged_on"]
-    lines = ["| cap | all-reduce of the gradients: fitted / in the run | step: predicted / measured (error) | "
-             "A/B overhead: predicted / measured (error) | measured step per repeat |", "|---|---:|---:|---:|---|"]
+    lines = [
+        "| cap | all-reduce of the gradients: fitted / in the run | step: predicted / measured (error) | "
+        "A/B overhead: predicted / measured (error) | measured step per repeat |",
+        "|---|---:|---:|---:|---|",
+    ]
     for row in record["comparison"]:
         cap, fit, measured = row["cap"], record["fits"][row["cap"]], record["measured"].get(row["cap"]) or {}
         repeats = ", ".join(f"{1e3 * r['step_s']:.1f}" for r in measured.get("per_repeat", []))
@@ -235,27 +263,37 @@ def block_projection_vs_minicluster(folder: Path, names: list[str]) -> list[str]
             f"({row[f'step_error_pct[{headline}]']:+.1f}%{'' if row['step_pass'] else ', **misses**'}) "
             f"| {row[f'predicted_comm_overhead_pct[{headline}]']:.1f} / {row['measured_comm_overhead_pct']:.1f}% "
             f"({row[f'overhead_error_pp[{headline}]']:+.1f} pp{'' if row['overhead_pass'] else ', **misses**'}) "
-            f"| {repeats} ms |")
+            f"| {repeats} ms |"
+        )
     goal = record["goal"]
-    return [*lines, "",
-            f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and A/B overhead within "
-            f"{goal['comm_overhead_pp']:g} pp at every cap: **{'met' if record['goal_met'] else 'not met'}**. "
-            f"Predictions written {record['predicted_at'][:16].replace('T', ' ')} UTC, before the first 2-worker run; "
-            f"{record['repeats_per_cap']} runs per cap, compared by their median.", "",
-            f"- {provenance(record, 'projection_vs_minicluster')}"]
+    return [
+        *lines,
+        "",
+        f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and A/B overhead within "
+        f"{goal['comm_overhead_pp']:g} pp at every cap: **{'met' if record['goal_met'] else 'not met'}**. "
+        f"Predictions written {record['predicted_at'][:16].replace('T', ' ')} UTC, before the first 2-worker run; "
+        f"{record['repeats_per_cap']} runs per cap, compared by their median.",
+        "",
+        f"- {provenance(record, 'projection_vs_minicluster')}",
+    ]
 
 
 def block_projection_vs_minicluster_fsdp(folder: Path, names: list[str]) -> list[str]:
     """The FSDP half of the minicluster proof; until its result is committed, how to make it."""
     name = "projection_vs_minicluster_fsdp"
     if not (folder / f"{name}.json").exists():
-        return [f"Not yet measured: `.venv/bin/python bench/{name}.py` (root; about 17 minutes on a quiet machine) "
-                f"writes `bench/results/{name}.json`."]
+        return [
+            f"Not yet measured: `.venv/bin/python bench/{name}.py` (root; about 17 minutes on a quiet machine) "
+            f"writes `bench/results/{name}.json`."
+        ]
     record = load(folder, name)
     head = record["goal"]["judged_on"]
-    lines = ["| cap | collectives per step: fitted / in the run | step: predicted / measured (error) | "
-             "exposed communication: predicted / measured (error) | A/B (reduce-scatters): predicted / measured | "
-             "measured step per repeat |", "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| cap | collectives per step: fitted / in the run | step: predicted / measured (error) | "
+        "exposed communication: predicted / measured (error) | A/B (reduce-scatters): predicted / measured | "
+        "measured step per repeat |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for row in record["comparison"]:
         measured = record["measured"].get(row["cap"]) or {}
         if row.get("measured_step_s") is None:
@@ -271,30 +309,43 @@ def block_projection_vs_minicluster_fsdp(folder: Path, names: list[str]) -> list
             f"({row[f'step_error_pct[{head}]']:+.1f}%{'' if row['step_pass'] else ', **misses**'}) "
             f"| {row[f'predicted_exposed_comm_pct[{head}]']:.1f} / {row['measured_exposed_comm_pct']:.1f}% "
             f"({row[f'exposed_error_pp[{head}]']:+.1f} pp{'' if row['exposed_pass'] else ', **misses**'}) "
-            f"| {row['predicted_comm_overhead_pct']:.1f} / {row['measured_comm_overhead_pct']:.1f}% | {repeats} ms |")
+            f"| {row['predicted_comm_overhead_pct']:.1f} / {row['measured_comm_overhead_pct']:.1f}% | {repeats} ms |"
+        )
     goal = record["goal"]
-    return [*lines, "",
-            f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and exposed communication within "
-            f"{goal['exposed_comm_pp']:g} pp at every cap: **{'met' if record['goal_met'] else 'not met'}**. "
-            f"Predictions written {record['predicted_at'][:16].replace('T', ' ')}, before the first 2-worker run; "
-            f"{record['repeats_per_cap']} runs per cap, compared by their median.", "",
-            f"- {provenance(record, name)}",
-            *(["", *block_figure(folder, [name])] if (folder / f"{name}.png").exists() else [])]
+    return [
+        *lines,
+        "",
+        f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and exposed communication within "
+        f"{goal['exposed_comm_pp']:g} pp at every cap: **{'met' if record['goal_met'] else 'not met'}**. "
+        f"Predictions written {record['predicted_at'][:16].replace('T', ' ')}, before the first 2-worker run; "
+        f"{record['repeats_per_cap']} runs per cap, compared by their median.",
+        "",
+        f"- {provenance(record, name)}",
+        *(["", *block_figure(folder, [name])] if (folder / f"{name}.png").exists() else []),
+    ]
 
 
 def block_minicluster_bandwidth(folder: Path, names: list[str]) -> list[str]:
     record = load(folder, "minicluster_bandwidth")
-    lines = ["| link cap | A/B overhead | all-reduce in the run | idle all-reduce probe | bandwidth bound | step |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| link cap | A/B overhead | all-reduce in the run | idle all-reduce probe | bandwidth bound | step |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for row in record["rows"]:
         bound = f"{row['bandwidth_bound_ms']:.1f} ms" if row.get("bandwidth_bound_ms") else "—"
-        lines.append(f"| {row['link_bandwidth']} | {row['comm_overhead_pct']:.1f}% | {row['allreduce_ms']:.1f} ms | "
-                     f"{row['probe_allreduce_ms']:.1f} ms | {bound} | {row['step_ms']:.1f} ms |")
+        lines.append(
+            f"| {row['link_bandwidth']} | {row['comm_overhead_pct']:.1f}% | {row['allreduce_ms']:.1f} ms | "
+            f"{row['probe_allreduce_ms']:.1f} ms | {bound} | {row['step_ms']:.1f} ms |"
+        )
     hw = record["machine"]
-    return [*lines, "",
-            f"{record['what']}; {record['gradient_bytes'] / 1e6:.2f} MB of gradients per step.", "",
-            f"- `bench/results/minicluster_bandwidth.json`: {record['date'][:10]}, {hw['cpu_model']}, "
-            f"{hw['cpu_count']} CPUs; `{record['command']}`"]
+    return [
+        *lines,
+        "",
+        f"{record['what']}; {record['gradient_bytes'] / 1e6:.2f} MB of gradients per step.",
+        "",
+        f"- `bench/results/minicluster_bandwidth.json`: {record['date'][:10]}, {hw['cpu_model']}, "
+        f"{hw['cpu_count']} CPUs; `{record['command']}`",
+    ]
 
 
 def block_interference(folder: Path, names: list[str]) -> list[str]:
@@ -302,16 +353,26 @@ def block_interference(folder: Path, names: list[str]) -> list[str]:
     import interference_ground_truth as igt
 
     record = load(folder, "interference_ground_truth")
-    lines = ["| arm | bucket cap | step | communicating | exposed | A/B overhead | interference | overlap slowdown | runs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| arm | bucket cap | step | communicating | exposed | A/B overhead | interference | overlap slowdown | runs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, arm_figures in record["by_arm"].items():
         runs = [r for r in record["runs"] if r["arm"] == name]
         slowdowns = ", ".join(f"{r['overlap_slowdown']:.2f}" for r in runs if r.get("overlap_slowdown") is not None)
-        lines.append(f"| {name} | {igt.CAPS_MB[name]:g} MB | {1e3 * arm_figures['step_s']:.1f} ms | "
-                     f"{arm_figures['allreduce_pct']:.1f}% | {arm_figures['exposed_comm_pct']:.1f}% | "
-                     f"{arm_figures['comm_overhead_pct']:.1f}% | {1e3 * arm_figures['interference_s']:.1f} ms | "
-                     f"{arm_figures['overlap_slowdown']:.2f} ({slowdowns}) | {len(runs)} |")
-    return [*lines, "", "Medians per arm; the slowdown per run in brackets.", "", *comparison_table([("interference_ground_truth", record)])]
+        lines.append(
+            f"| {name} | {igt.CAPS_MB[name]:g} MB | {1e3 * arm_figures['step_s']:.1f} ms | "
+            f"{arm_figures['allreduce_pct']:.1f}% | {arm_figures['exposed_comm_pct']:.1f}% | "
+            f"{arm_figures['comm_overhead_pct']:.1f}% | {1e3 * arm_figures['interference_s']:.1f} ms | "
+            f"{arm_figures['overlap_slowdown']:.2f} ({slowdowns}) | {len(runs)} |"
+        )
+    return [
+        *lines,
+        "",
+        "Medians per arm; the slowdown per run in brackets.",
+        "",
+        *comparison_table([("interference_ground_truth", record)]),
+    ]
 
 
 def block_figure(folder: Path, names: list[str]) -> list[str]:
@@ -331,18 +392,26 @@ def block_figure(folder: Path, names: list[str]) -> list[str]:
 WRITE = True  # False under --check: nothing is written
 STALE_FIGURES: list[str] = []  # figure copies that differed from bench/results/
 
-BLOCKS = {"table": block_table, "make-bench": block_make_bench, "anchors": block_anchors, "torchtitan": block_torchtitan,
-          "projection-vs-minicluster": block_projection_vs_minicluster,
-          "projection-vs-minicluster-fsdp": block_projection_vs_minicluster_fsdp,
-          "minicluster-bandwidth": block_minicluster_bandwidth, "interference": block_interference, "figure": block_figure}
+BLOCKS = {
+    "table": block_table,
+    "make-bench": block_make_bench,
+    "anchors": block_anchors,
+    "torchtitan": block_torchtitan,
+    "projection-vs-minicluster": block_projection_vs_minicluster,
+    "projection-vs-minicluster-fsdp": block_projection_vs_minicluster_fsdp,
+    "minicluster-bandwidth": block_minicluster_bandwidth,
+    "interference": block_interference,
+    "figure": block_figure,
+}
 
 
 def render_page(text: str, folder: Path, page: Path) -> str:
     def replace(match: re.Match) -> str:
         kind, *names = match["key"].split()
         if kind not in BLOCKS:
-            raise SystemExit(f"summarize: {page.relative_to(bl.REPO)} asks for an unknown block {kind!r}; "
-                             f"known: {', '.join(BLOCKS)}")
+            raise SystemExit(
+                f"summarize: {page.relative_to(bl.REPO)} asks for an unknown block {kind!r}; known: {', '.join(BLOCKS)}"
+            )
         body = "\n".join(BLOCKS[kind](folder, names))
         return f"<!-- begin bench/summarize.py: {match['key']} -->\n{body}\n<!-- end bench/summarize.py: {match['key']} -->"
 
@@ -381,11 +450,13 @@ def quoted(folder: Path, key: str) -> str:
 
 def render_quotes(text: str, folder: Path, page: Path) -> str:
     """Every inline quote of the page rewritten from its result."""
+
     def replace(match: re.Match) -> str:
         if match.start() == 0 or text[match.start() - 1] == "\n":
             # Markdown reads a line that opens with `<!--` as a raw HTML block, not as prose
-            raise SystemExit(f"summarize: {page.name}: <!-- quote {match['key']} --> opens a line; "
-                             "put a word before it")
+            raise SystemExit(
+                f"summarize: {page.name}: <!-- quote {match['key']} --> opens a line; put a word before it"
+            )
         try:
             return f"<!-- quote {match['key']} -->{quoted(folder, match['key'])}<!-- /quote -->"
         except (KeyError, ValueError) as e:
@@ -409,20 +480,38 @@ def stale_pages(pages: list[Path], folder: Path, write: bool) -> list[Path]:
 
 def quick_page(folder: Path) -> str:
     names = sorted(p.stem for p in folder.glob("*.json"))
-    records = [(n, r) for n in names if isinstance((r := json.loads((folder / f"{n}.json").read_text())).get("comparisons"), list)
-               and r["comparisons"]]
+    records = [
+        (n, r)
+        for n in names
+        if isinstance((r := json.loads((folder / f"{n}.json").read_text())).get("comparisons"), list)
+        and r["comparisons"]
+    ]
     if not records:
-        raise SystemExit(f"no benchmark results with comparisons in {folder.relative_to(bl.REPO)}; run `make bench QUICK=1` first")
-    return "\n".join(["# Quick benchmarks (not committed)", "",
-                      "`make bench QUICK=1`: a check that every benchmark runs, too short to be a measurement.", "",
-                      *comparison_table(records), ""])
+        raise SystemExit(
+            f"no benchmark results with comparisons in {folder.relative_to(bl.REPO)}; run `make bench QUICK=1` first"
+        )
+    return "\n".join(
+        [
+            "# Quick benchmarks (not committed)",
+            "",
+            "`make bench QUICK=1`: a check that every benchmark runs, too short to be a measurement.",
+            "",
+            *comparison_table(records),
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="render bench/results/quick/ into bench/results/quick/README.md")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a docs block or quoted figure differs from the results")
+    parser.add_argument(
+        "--quick", action="store_true", help="render bench/results/quick/ into bench/results/quick/README.md"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a docs block or quoted figure differs from the results",
+    )
     args = parser.parse_args(argv)
     folder = bl.results_dir(args.quick)
     if args.quick:
@@ -438,7 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     stale += STALE_FIGURES
     if args.check:
         if stale:
-            print(f"summarize: out of date with bench/results/: {', '.join(stale)} (run bench/summarize.py)", file=sys.stderr)
+            print(
+                f"summarize: out of date with bench/results/: {', '.join(stale)} (run bench/summarize.py)",
+                file=sys.stderr,
+            )
             return 1
         print("summarize: every docs block and quoted figure matches bench/results/")
         return 0

@@ -48,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("nodes", type=int, help="GPU worker nodes to hold (0 releases the request)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="how long to wait for the nodes")
-    parser.add_argument("--market", choices=("on_demand", "spot"), default="on_demand",
-                        help="on-demand nodes (gpu_worker) or spot nodes (gpu_worker_spot); a later call replaces the request")
+    parser.add_argument(
+        "--market",
+        choices=("on_demand", "spot"),
+        default="on_demand",
+        help="on-demand nodes (gpu_worker) or spot nodes (gpu_worker_spot); a later call replaces the request",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 0:
         parser.error("nodes must be >= 0")

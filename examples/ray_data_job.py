@@ -48,8 +48,10 @@ class NeuralNetwork(nn.Module):
         super().__init__()
         self.flatten = nn.Flatten()
         self.layers = nn.Sequential(
-            nn.Linear(IMAGE_SIDE * IMAGE_SIDE, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(IMAGE_SIDE * IMAGE_SIDE, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, NUM_CLASSES),
         )
 
@@ -128,8 +130,14 @@ def train_func(config: dict):
     # shard's epochs stay the loop's own
     calibration = lambda epoch: val_shard.iter_torch_batches(batch_size=batch_size)  # noqa: E731  # scaling
     settings = {k: config[k] for k in ("warmup_steps", "calibration_pairs") if k in config}
-    meter = instrument.attach(model, optimizer, run_dir=config.get("run_dir"),  # scaling
-                              forward_backward=forward_backward, calibration_data=calibration, **settings)  # scaling
+    meter = instrument.attach(
+        model,
+        optimizer,
+        run_dir=config.get("run_dir"),  # scaling
+        forward_backward=forward_backward,
+        calibration_data=calibration,
+        **settings,
+    )  # scaling
     for epoch in range(epochs):
         for batch in meter.batches(shard_batches(train_shard, batch_size, stall_per_epoch[epoch])):  # scaling
             loss = criterion(model(batch["image"]), batch["label"])
@@ -142,8 +150,17 @@ def train_func(config: dict):
     meter.finish()  # scaling
 
 
-def trainer_for(run_dir: str, *, workers: int = 2, epochs: int = 2, batch_size: int = 16, stall_s=None,
-                num_train: int = 512, cpus_per_worker: float = 1.0, **settings):
+def trainer_for(
+    run_dir: str,
+    *,
+    workers: int = 2,
+    epochs: int = 2,
+    batch_size: int = 16,
+    stall_s=None,
+    num_train: int = 512,
+    cpus_per_worker: float = 1.0,
+    **settings,
+):
     """The TorchTrainer of this job (gloo on CPU): its datasets, its loop config, its run directory."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -151,8 +168,14 @@ def trainer_for(run_dir: str, *, workers: int = 2, epochs: int = 2, batch_size: 
     train_set, val_set = make_datasets(num_train=num_train)
     return TorchTrainer(
         train_func,
-        train_loop_config={"lr": 0.01, "batch_size": batch_size, "epochs": epochs, "run_dir": run_dir,
-                           "stall_s": stall_s, **settings},
+        train_loop_config={
+            "lr": 0.01,
+            "batch_size": batch_size,
+            "epochs": epochs,
+            "run_dir": run_dir,
+            "stall_s": stall_s,
+            **settings,
+        },
         datasets={"train": train_set, "validation": val_set},
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=False, resources_per_worker={"CPU": cpus_per_worker}),
@@ -169,12 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-ms", type=float, help="a stall injected per batch into the ingest (prefetching off)")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.epochs < 1 or args.batch_size < 1 or (args.stall_ms or 0) < 0:
-        print("ray_data_job: --workers, --epochs and --batch-size must be at least 1, --stall-ms not negative",
-              file=sys.stderr)
+        print(
+            "ray_data_job: --workers, --epochs and --batch-size must be at least 1, --stall-ms not negative",
+            file=sys.stderr,
+        )
         return 2
     run_dir = os.path.abspath(args.out)
-    trainer_for(run_dir, workers=args.workers, epochs=args.epochs, batch_size=args.batch_size,
-                stall_s=None if args.stall_ms is None else args.stall_ms / 1000).fit()
+    trainer_for(
+        run_dir,
+        workers=args.workers,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        stall_s=None if args.stall_ms is None else args.stall_ms / 1000,
+    ).fit()
     print(f"records and summary in {run_dir}")
     return 0
 

@@ -74,193 +74,350 @@ def _epilog(examples: list[str], statuses: list[str]) -> str:
 
 def _command(commands, name: str, help: str, description: str, examples: list[str], statuses: list[str]):
     """A subcommand whose --help has a description, examples and its exit statuses."""
-    return commands.add_parser(name, help=help, description=description, epilog=_epilog(examples, statuses),
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    return commands.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=_epilog(examples, statuses),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="scaling", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="scaling",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="A distributed training-scaling lab on Ray: time every step of a data-parallel run, roll runs\n"
-                    "up into speedup, time to accuracy and communication overhead, and project them onto a cluster.",
-        epilog=_epilog([
-            "scaling run experiments/quickstart.yaml --workers 2 --launcher local",
-            "scaling sweep experiments/quickstart.yaml --out results/demo",
-            "scaling report results/demo",
-            "scaling project --cluster p3.16xlarge --nodes 1,2,4,8 --out results/projection",
-            "scaling cluster check cluster/aws-p3.16xlarge.yaml",
-            "scaling minicluster up --nodes 2          (root)",
-        ], [
-            "  0    done",
-            "  1    a run failed (run), or a run of the sweep failed (sweep)",
-            _USAGE,
-            _INTERRUPTED,
-        ]) + "\n\nEach command's options: scaling COMMAND --help.",
+        "up into speedup, time to accuracy and communication overhead, and project them onto a cluster.",
+        epilog=_epilog(
+            [
+                "scaling run experiments/quickstart.yaml --workers 2 --launcher local",
+                "scaling sweep experiments/quickstart.yaml --out results/demo",
+                "scaling report results/demo",
+                "scaling project --cluster p3.16xlarge --nodes 1,2,4,8 --out results/projection",
+                "scaling cluster check cluster/aws-p3.16xlarge.yaml",
+                "scaling minicluster up --nodes 2          (root)",
+            ],
+            [
+                "  0    done",
+                "  1    a run failed (run), or a run of the sweep failed (sweep)",
+                _USAGE,
+                _INTERRUPTED,
+            ],
+        )
+        + "\n\nEach command's options: scaling COMMAND --help.",
     )
-    parser.add_argument("--version", action="version", version=f"scaling {version()}",
-                        help="print the lab's version and exit")
+    parser.add_argument(
+        "--version", action="version", version=f"scaling {version()}", help="print the lab's version and exit"
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
 
     run = _command(
-        commands, "run", "one data-parallel training run, timed step by step",
+        commands,
+        "run",
+        "one data-parallel training run, timed step by step",
         "Train the config's model with N data-parallel workers, timing every step (data, forward,\n"
         "backward, optimizer, all-reduce), and write the run directory: its records, summary.json\n"
         "and a one-screen summary.",
-        ["scaling run experiments/quickstart.yaml",
-         "scaling run experiments/quickstart.yaml --workers 2 --launcher local --out results/qs-w2",
-         "scaling run experiments/quickstart.yaml --set optim.lr=0.2 --set train.max_epochs=3"],
-        ["  0    the run finished (its target reached or its epochs run)", "  1    the run failed", _USAGE, _INTERRUPTED])
+        [
+            "scaling run experiments/quickstart.yaml",
+            "scaling run experiments/quickstart.yaml --workers 2 --launcher local --out results/qs-w2",
+            "scaling run experiments/quickstart.yaml --set optim.lr=0.2 --set train.max_epochs=3",
+        ],
+        [
+            "  0    the run finished (its target reached or its epochs run)",
+            "  1    the run failed",
+            _USAGE,
+            _INTERRUPTED,
+        ],
+    )
     run.add_argument("config", metavar="CONFIG", help="experiment YAML, e.g. experiments/quickstart.yaml")
-    run.add_argument("--workers", type=int, metavar="N",
-                     help="number of data-parallel workers (default: the config's workers.num_workers)")
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="number of data-parallel workers (default: the config's workers.num_workers)",
+    )
     run.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: results/<name>-w<N>-<time>)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config field, e.g. --set optim.lr=0.2; repeatable (default: none)")
-    run.add_argument("--launcher", choices=("ray", "local"), default="ray",
-                     help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
-                          "host, no Ray (default: ray)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set optim.lr=0.2; repeatable (default: none)",
+    )
+    run.add_argument(
+        "--launcher",
+        choices=("ray", "local"),
+        default="ray",
+        help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
+        "host, no Ray (default: ray)",
+    )
 
     sweep = _command(
-        commands, "sweep", "every worker count x repeat (x sweep axes) as its own run; resumable",
+        commands,
+        "sweep",
+        "every worker count x repeat (x sweep axes) as its own run; resumable",
         "Run every point of a sweep (worker counts x repeats, x the config's sweep axes), each as its\n"
         "own run under one sweep directory, with runs.parquet indexing them. Re-running the same\n"
         "command resumes: finished runs are kept, failed and unfinished ones run again.",
-        ["scaling sweep experiments/quickstart.yaml --out results/demo",
-         "scaling sweep experiments/quickstart.yaml --workers 1,2 --repeats 3 --launcher local",
-         "scaling sweep experiments/quickstart.yaml --repeats auto --interval-width 0.05 --max-repeats 6"],
-        ["  0    every run finished", "  1    at least one run failed (re-run the command to redo it)", _USAGE,
-         _INTERRUPTED])
+        [
+            "scaling sweep experiments/quickstart.yaml --out results/demo",
+            "scaling sweep experiments/quickstart.yaml --workers 1,2 --repeats 3 --launcher local",
+            "scaling sweep experiments/quickstart.yaml --repeats auto --interval-width 0.05 --max-repeats 6",
+        ],
+        [
+            "  0    every run finished",
+            "  1    at least one run failed (re-run the command to redo it)",
+            _USAGE,
+            _INTERRUPTED,
+        ],
+    )
     sweep.add_argument("config", metavar="CONFIG", help="experiment YAML, optionally with a sweep: section")
-    sweep.add_argument("--workers", metavar="N,N,...", help="comma-separated worker counts, e.g. 1,2 (default: the config's sweep.workers)")
-    sweep.add_argument("--repeats", metavar="R|auto", help="seeds per point, or auto: add repeats until each point's 95%% interval is "
-                                         "within --interval-width (default: the config's sweep.repeats)")
-    sweep.add_argument("--interval-width", type=float, default=0.05,
-                       help="--repeats auto: the relative half-width to reach (default: 0.05, i.e. ±5%%)")
-    sweep.add_argument("--max-repeats", type=int, default=6,
-                       help="--repeats auto: at most this many repeats per point (default: 6)")
+    sweep.add_argument(
+        "--workers",
+        metavar="N,N,...",
+        help="comma-separated worker counts, e.g. 1,2 (default: the config's sweep.workers)",
+    )
+    sweep.add_argument(
+        "--repeats",
+        metavar="R|auto",
+        help="seeds per point, or auto: add repeats until each point's 95%% interval is "
+        "within --interval-width (default: the config's sweep.repeats)",
+    )
+    sweep.add_argument(
+        "--interval-width",
+        type=float,
+        default=0.05,
+        help="--repeats auto: the relative half-width to reach (default: 0.05, i.e. ±5%%)",
+    )
+    sweep.add_argument(
+        "--max-repeats", type=int, default=6, help="--repeats auto: at most this many repeats per point (default: 6)"
+    )
     sweep.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default: results/<name>-sweep)")
-    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a base config field for every run; repeatable (default: none)")
-    sweep.add_argument("--launcher", choices=("ray", "local"), default="ray",
-                       help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
-                            "host, no Ray (default: ray)")
+    sweep.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a base config field for every run; repeatable (default: none)",
+    )
+    sweep.add_argument(
+        "--launcher",
+        choices=("ray", "local"),
+        default="ray",
+        help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
+        "host, no Ray (default: ray)",
+    )
 
     report = _command(
-        commands, "report", "tables and figures of a sweep directory (or of several, merged)",
+        commands,
+        "report",
+        "tables and figures of a sweep directory (or of several, merged)",
         "Print a sweep's tables (scaling, uncertainty, time to accuracy, communication, utilisation,\n"
         "runs) and write its report directory: report.md and the figures, each as PNG and SVG.",
-        ["scaling report results/demo",
-         "scaling report results/ddp-sweep results/horovod-sweep --out results/ddp-vs-horovod"],
-        ["  0    report written", _USAGE])
-    report.add_argument("sweep_dirs", type=Path, nargs="+", metavar="SWEEP_DIR",
-                        help="a sweep directory; several are merged into one report (needs --out)")
-    report.add_argument("--out", type=Path, metavar="DIR", help="report directory (default: SWEEP_DIR/report; required for several)")
+        [
+            "scaling report results/demo",
+            "scaling report results/ddp-sweep results/horovod-sweep --out results/ddp-vs-horovod",
+        ],
+        ["  0    report written", _USAGE],
+    )
+    report.add_argument(
+        "sweep_dirs",
+        type=Path,
+        nargs="+",
+        metavar="SWEEP_DIR",
+        help="a sweep directory; several are merged into one report (needs --out)",
+    )
+    report.add_argument(
+        "--out", type=Path, metavar="DIR", help="report directory (default: SWEEP_DIR/report; required for several)"
+    )
 
     project = _command(
-        commands, "project", "project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
+        commands,
+        "project",
+        "project step time, speedup and comm overhead onto a cluster (alpha-beta model)",
         "Project data-parallel scaling (DDP or Horovod step time, speedup, the three communication\n"
         "figures, time per epoch and, given epochs to target, time to accuracy) onto a cluster with\n"
         "the alpha-beta model, from a device table or from this machine's measured runs. Given a run\n"
         "directory of your own job (attach, the lab's loop), it projects that job: step, throughput,\n"
         "the three figures and memory per GPU, each with an interval from the run's own steps.",
-        ["scaling project results/my-job --cluster p5.48xlarge --gpus 8,32,128",
-         "scaling project results/my-job --cluster h200x8_400g_per_gpu --gpus 8,128 --backend fsdp --compute-ms 42",
-         "scaling project --cluster p3.16xlarge --nodes 1,2,4,8,16",
-         "scaling project --model resnet50 --cluster p3.16xlarge --precision amp --out results/projection",
-         "scaling project --cluster p3.16xlarge --from-run results/qs-w1 --json"],
-        ["  0    projected", _USAGE])
+        [
+            "scaling project results/my-job --cluster p5.48xlarge --gpus 8,32,128",
+            "scaling project results/my-job --cluster h200x8_400g_per_gpu --gpus 8,128 --backend fsdp --compute-ms 42",
+            "scaling project --cluster p3.16xlarge --nodes 1,2,4,8,16",
+            "scaling project --model resnet50 --cluster p3.16xlarge --precision amp --out results/projection",
+            "scaling project --cluster p3.16xlarge --from-run results/qs-w1 --json",
+        ],
+        ["  0    projected", _USAGE],
+    )
     _project_arguments(project)
 
     cluster = _command(
-        commands, "cluster", "cluster YAMLs for ray up",
+        commands,
+        "cluster",
+        "cluster YAMLs for ray up",
         "Cluster YAMLs for `ray up`, checked offline before a cluster is paid for.",
-        ["scaling cluster check cluster/aws-p3.16xlarge.yaml"], ["  0    every YAML is valid", _USAGE])
-    cluster_commands = cluster.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
+        ["scaling cluster check cluster/aws-p3.16xlarge.yaml"],
+        ["  0    every YAML is valid", _USAGE],
+    )
+    cluster_commands = cluster.add_subparsers(
+        dest="action", required=True, parser_class=OneLineParser, metavar="ACTION"
+    )
     check = _command(
-        cluster_commands, "check", "validate cluster YAMLs offline (Ray's validator + the lab's checks)",
+        cluster_commands,
+        "check",
+        "validate cluster YAMLs offline (Ray's validator + the lab's checks)",
         "Validate cluster YAMLs offline: Ray's own checks (those `ray up` runs first), then the lab's\n"
         "(resources against the instance table, shared storage, open ports, a pinned image, node\n"
         "counts, a spot worker type, torch's GPU kernels). Prints `<path>: ok` for each valid one.",
         ["scaling cluster check cluster/aws-p3.16xlarge.yaml", "scaling cluster check cluster/*.yaml"],
-        ["  0    every YAML is valid", "  2    a YAML is refused (one line naming each problem) or bad arguments"])
+        ["  0    every YAML is valid", "  2    a YAML is refused (one line naming each problem) or bad arguments"],
+    )
     check.add_argument("paths", nargs="+", type=Path, metavar="YAML", help="cluster YAML files to check")
 
     mini = _command(
-        commands, "minicluster", "a multi-node Ray cluster on this machine (network namespaces; root)",
+        commands,
+        "minicluster",
+        "a multi-node Ray cluster on this machine (network namespaces; root)",
         "A multi-node Ray cluster on this machine: one network namespace per node, joined by a\n"
         "bridge, each link optionally capped; needs root.",
-        ["scaling minicluster up --nodes 2 --bandwidth 1gbit",
-         "scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2",
-         "scaling minicluster down"],
-        ["  0    done", "  1    a step failed (the message names it)",
-         "  2    bad arguments, not root, or no such minicluster (one line on stderr)", "  N    exec: the command's own"])
+        [
+            "scaling minicluster up --nodes 2 --bandwidth 1gbit",
+            "scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2",
+            "scaling minicluster down",
+        ],
+        [
+            "  0    done",
+            "  1    a step failed (the message names it)",
+            "  2    bad arguments, not root, or no such minicluster (one line on stderr)",
+            "  N    exec: the command's own",
+        ],
+    )
     mini_commands = mini.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
     name_help = "which minicluster (default: lab)"
-    mini_statuses = ["  0    done", "  1    a step failed (the message names it)",
-                     "  2    bad arguments, not root, or no such minicluster (one line on stderr)"]
+    mini_statuses = [
+        "  0    done",
+        "  1    a step failed (the message names it)",
+        "  2    bad arguments, not root, or no such minicluster (one line on stderr)",
+    ]
     mini_up = _command(
-        mini_commands, "up", "build N namespaced nodes joined by a bridge, each a Ray node",
+        mini_commands,
+        "up",
+        "build N namespaced nodes joined by a bridge, each a Ray node",
         "Build N nodes (network namespaces on a private subnet, joined by a bridge), node 0 a Ray\n"
         "head and the others Ray workers; on any failure, or SIGTERM or Ctrl-C, remove what was made.",
         ["scaling minicluster up --nodes 2", "scaling minicluster up --nodes 4 --bandwidth 1gbit --cpus-per-node 2"],
-        mini_statuses[:2] + [mini_statuses[2].replace("or no such minicluster", "or a minicluster of that name is up"),
-                             "  130  interrupted (Ctrl-C): what was made is removed",
-                             "  143  ended by SIGTERM: what was made is removed"])
-    mini_up.add_argument("--nodes", type=int, required=True, help="number of nodes, 1 to 50; node 0 is the head (required)")
-    mini_up.add_argument("--bandwidth", help="cap each node's link, a tc rate such as 100mbit or 1gbit (default: uncapped)")
+        mini_statuses[:2]
+        + [
+            mini_statuses[2].replace("or no such minicluster", "or a minicluster of that name is up"),
+            "  130  interrupted (Ctrl-C): what was made is removed",
+            "  143  ended by SIGTERM: what was made is removed",
+        ],
+    )
+    mini_up.add_argument(
+        "--nodes", type=int, required=True, help="number of nodes, 1 to 50; node 0 is the head (required)"
+    )
+    mini_up.add_argument(
+        "--bandwidth", help="cap each node's link, a tc rate such as 100mbit or 1gbit (default: uncapped)"
+    )
     mini_up.add_argument("--cpus-per-node", type=int, default=1, help="CPUs each node's Ray offers (default: 1)")
-    mini_up.add_argument("--subnet", default="10.213.0.0/24", help="private subnet of the nodes (default: 10.213.0.0/24)")
+    mini_up.add_argument(
+        "--subnet", default="10.213.0.0/24", help="private subnet of the nodes (default: 10.213.0.0/24)"
+    )
     mini_up.add_argument("--name", default="lab", help=name_help)
     for action, text, description, example in (
-        ("status", "nodes, IPs, caps, liveness", "Print the minicluster's nodes as JSON: namespaces, IPs, link caps, "
-         "whether each Ray node is alive.", "scaling minicluster status"),
-        ("down", "remove exactly what up made", "Remove exactly what `up` recorded: the processes in its namespaces, "
-         "the namespaces, the bridge.", "scaling minicluster down --name lab"),
+        (
+            "status",
+            "nodes, IPs, caps, liveness",
+            "Print the minicluster's nodes as JSON: namespaces, IPs, link caps, whether each Ray node is alive.",
+            "scaling minicluster status",
+        ),
+        (
+            "down",
+            "remove exactly what up made",
+            "Remove exactly what `up` recorded: the processes in its namespaces, the namespaces, the bridge.",
+            "scaling minicluster down --name lab",
+        ),
     ):
         sub = _command(mini_commands, action, text, description, [example], mini_statuses)
         sub.add_argument("--name", default="lab", help=name_help)
     for action, text, description in (
-        ("preempt", "take a worker node away as a spot preemption does (link down, processes killed)",
-         "Take a worker node away as a spot preemption does: its link down, every process in it killed."),
-        ("rejoin", "bring a preempted node back (link up, Ray started)",
-         "Bring a preempted node back, as an autoscaler's replacement: link up, Ray started, every node alive."),
+        (
+            "preempt",
+            "take a worker node away as a spot preemption does (link down, processes killed)",
+            "Take a worker node away as a spot preemption does: its link down, every process in it killed.",
+        ),
+        (
+            "rejoin",
+            "bring a preempted node back (link up, Ray started)",
+            "Bring a preempted node back, as an autoscaler's replacement: link up, Ray started, every node alive.",
+        ),
     ):
-        sub = _command(mini_commands, action, text, description, [f"scaling minicluster {action} --node 1"], mini_statuses)
+        sub = _command(
+            mini_commands, action, text, description, [f"scaling minicluster {action} --node 1"], mini_statuses
+        )
         sub.add_argument("--name", default="lab", help=name_help)
-        sub.add_argument("--node", type=int, required=True, help="which worker node, 1..N-1 (node 0 is the head) (required)")
+        sub.add_argument(
+            "--node", type=int, required=True, help="which worker node, 1..N-1 (node 0 is the head) (required)"
+        )
     mini_exec = _command(
-        mini_commands, "exec", "run a command inside the cluster (head namespace, RAY_ADDRESS set)",
+        mini_commands,
+        "exec",
+        "run a command inside the cluster (head namespace, RAY_ADDRESS set)",
         "Run a command inside the cluster, as its driver: in a node's namespace (the head's by\n"
         "default) with RAY_ADDRESS set. Everything after -- is the command.",
-        ["scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2",
-         "scaling minicluster exec --node 1 -- ip addr"],
-        ["  N    the command's own exit status", "  2    no command, bad arguments, not root, or no such minicluster"])
+        [
+            "scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers 2",
+            "scaling minicluster exec --node 1 -- ip addr",
+        ],
+        ["  N    the command's own exit status", "  2    no command, bad arguments, not root, or no such minicluster"],
+    )
     mini_exec.add_argument("--name", default="lab", help=name_help)
     mini_exec.add_argument("--node", type=int, default=0, help="which node's namespace (default: 0, the head)")
-    mini_exec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                           help="the command and its arguments, after -- (required)")
+    mini_exec.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the command and its arguments, after -- (required)",
+    )
 
     dashboard = _command(
-        commands, "dashboard", "the lab's Grafana dashboard, beside Ray's Train Dashboard",
+        commands,
+        "dashboard",
+        "the lab's Grafana dashboard, beside Ray's Train Dashboard",
         "The lab's Grafana dashboard (step time per rank, communication, stragglers, throughput, MFU),\n"
         "shipped with the package and shown beside Ray's Train Dashboard (docs/dashboard.md).",
-        ["scaling dashboard install"], ["  0    done", _USAGE])
-    dashboard_commands = dashboard.add_subparsers(dest="action", required=True, parser_class=OneLineParser,
-                                                  metavar="ACTION")
+        ["scaling dashboard install"],
+        ["  0    done", _USAGE],
+    )
+    dashboard_commands = dashboard.add_subparsers(
+        dest="action", required=True, parser_class=OneLineParser, metavar="ACTION"
+    )
     dashboard_install = _command(
-        dashboard_commands, "install", "copy the dashboard where Ray's Grafana provisioning finds it",
+        dashboard_commands,
+        "install",
+        "copy the dashboard where Ray's Grafana provisioning finds it",
         "Copy the dashboard into the Grafana provisioning a Ray head wrote under its session directory\n"
         "(<session>/metrics/grafana/dashboards/, beside Ray's own dashboards) and print how to open it.\n"
         "Without a session on this machine (and no --session-dir), print the dashboard's path and how to\n"
         "import it by hand. A head started again rewrites that folder: install again after `ray start`.",
         ["scaling dashboard install", "scaling dashboard install --session-dir /tmp/ray/session_latest"],
-        ["  0    installed (or, with no Ray session here, the dashboard's path and the steps printed)",
-         "  2    the session directory is not a Ray head's with its Grafana folder, or bad arguments "
-         "(one line on stderr, nothing written)"])
+        [
+            "  0    installed (or, with no Ray session here, the dashboard's path and the steps printed)",
+            "  2    the session directory is not a Ray head's with its Grafana folder, or bad arguments "
+            "(one line on stderr, nothing written)",
+        ],
+    )
     dashboard_install.add_argument(
-        "--session-dir", type=Path, metavar="DIR",
+        "--session-dir",
+        type=Path,
+        metavar="DIR",
         help="the Ray head's session directory, e.g. /tmp/ray/session_latest (default: $RAY_TMPDIR or the system's "
-             "temp dir, then ray/session_latest)")
+        "temp dir, then ray/session_latest)",
+    )
     return parser
 
 
@@ -287,80 +444,190 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, preset_names
     from scaling.projection.layers import available_models
 
-    parser.add_argument("run_dir", nargs="?", type=Path, default=None, metavar="RUN_DIR",
-                        help="a run directory of your own job (made by attach or scaling run): project that job "
-                             "(scaling/projection/from_run.py; default: none, --model's layer table)")
-    parser.add_argument("--gpus", default=None,
-                        help="with RUN_DIR: comma-separated GPU counts, e.g. 8,32,128 (default 1,2,4,...,128)")
-    parser.add_argument("--compute-ms", type=float, default=None,
-                        help="with RUN_DIR: one target GPU's forward + backward per step at the run's batch, in ms "
-                             "(default: the run's, measured on the target's GPU, else its FLOPs at --mfu)")
-    parser.add_argument("--fsdp-units", type=int, default=None,
-                        help="with RUN_DIR and --backend fsdp: blocks to split the model into when the run has no "
-                             "FSDP2 per-module records (default: the run's collectives)")
-    parser.add_argument("--model", default=None, choices=available_models(), metavar="MODEL",
-                        help="model with a layer table: %(choices)s (default: the run's, else resnet50)")
-    parser.add_argument("--cluster", required=True,
-                        help=f"preset ({', '.join(preset_names())}) or a cluster YAML file (scaling/projection/cluster.py)")
-    parser.add_argument("--nodes", default=None, help="comma-separated node counts, e.g. 1,2,4,8,16 (default 1,2,4,8,16)")
-    parser.add_argument("--workers", default=None,
-                        help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs) "
-                             "(default: none, --nodes decides)")
-    parser.add_argument("--per-gpu-batch", type=int, default=None,
-                        help="samples (a transformer: sequences) per GPU per step (default: the run's, else 64; 2 "
-                             "sequences for a transformer)")
-    parser.add_argument("--precision", default=None, type=str.lower, choices=(*PRECISIONS, *PRECISION_ALIASES),
-                        help="fp32, fp16 or bf16; amp and mixed are fp16 autocast, tf32 is fp32 (default: the run's, "
-                             "else fp32)")
-    parser.add_argument("--from-run", type=Path, nargs="+", default=None, metavar="RUN_DIR",
-                        help="run directory whose step times are the compute (a 1-worker run is best); several "
-                             "1-worker runs made at the same time, one per future rank, also measure the straggler wait "
-                             "(default: none, the device table's throughput)")
-    parser.add_argument("--straggler-ms", type=float, default=None,
-                        help="wait for the slowest rank per synchronous step, added to exposed communication "
-                             "(default: what concurrent --from-run runs measured, else the cluster's step jitter)")
-    parser.add_argument("--overlap-slowdown", type=float, default=None,
-                        help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
-                             "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)")
-    parser.add_argument("--samples-per-s", type=float, default=None,
-                        help="one GPU's training throughput, instead of the device table or a run (default: the "
-                             "run's, else the device table's)")
-    parser.add_argument("--allreduce", choices=("ring", "hierarchical"), default=None,
-                        help="all-reduce algorithm (default: the cluster's)")
-    parser.add_argument("--backend", choices=("ddp", "horovod", "fsdp", "hsdp"), default="ddp",
-                        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion; fsdp: FSDP's "
-                             "all-gathers and reduce-scatters per block (a transformer: llama3-8b, gpt2-small, "
-                             "gpt2-medium); hsdp: sharded inside a node, replicated across nodes (default ddp)")
-    parser.add_argument("--mfu", type=float, default=None,
-                        help="a transformer's compute rate as model FLOPs utilisation, e.g. 0.35 (default: the "
-                             "device's published one, else required)")
-    parser.add_argument("--activation-checkpointing", choices=("none", "selective", "full"), default=None,
-                        help="transformers: activations held and recomputed (default selective, torchtitan's)")
-    parser.add_argument("--reshard-after-forward", choices=("all-but-last", "all", "none"), default="all-but-last",
-                        help="--backend fsdp/hsdp: the blocks freed after forward and gathered again for backward "
-                             "(default all-but-last, torchtitan's; all: FSDP2's default; none: kept to backward)")
-    parser.add_argument("--fsdp-param-dtype", choices=("fp32", "bf16"), default=None,
-                        help="--backend fsdp/hsdp: the parameters' dtype in the all-gather (default: the precision)")
-    parser.add_argument("--fsdp-reduce-dtype", choices=("fp32", "bf16"), default="fp32",
-                        help="--backend fsdp/hsdp: the gradients' dtype in the reduce-scatter (default fp32, "
-                             "torchtitan's)")
-    parser.add_argument("--horovod-cycle-time-ms", type=float, default=None,
-                        help="--backend horovod: HOROVOD_CYCLE_TIME (default 1, Horovod's since 0.21; 5 before)")
-    parser.add_argument("--horovod-fusion-threshold-mb", type=float, default=None,
-                        help="--backend horovod: fusion buffer in MiB (default 128, Horovod's since 0.21; 64 before)")
-    parser.add_argument("--grad-compression", choices=("none", "fp16", "bf16"), default=None,
-                        help="DDP compression hook: gradients on the wire in 2 bytes (default: the run's, else none)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=None,
-                        help="DDP bucket_cap_mb given explicitly (default: the run's; else DDP's default, 25 MiB with a 1 MiB first bucket)")
-    parser.add_argument("--dataset-size", type=int, default=None,
-                        help="samples per epoch (default: the run's, else the model's usual dataset, e.g. ImageNet 1,281,167)")
-    parser.add_argument("--epochs-to-target", default=None, metavar="BATCH:EPOCHS,...",
-                        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA "
-                             "(default: none, no TTA columns)")
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="a run directory of your own job (made by attach or scaling run): project that job "
+        "(scaling/projection/from_run.py; default: none, --model's layer table)",
+    )
+    parser.add_argument(
+        "--gpus", default=None, help="with RUN_DIR: comma-separated GPU counts, e.g. 8,32,128 (default 1,2,4,...,128)"
+    )
+    parser.add_argument(
+        "--compute-ms",
+        type=float,
+        default=None,
+        help="with RUN_DIR: one target GPU's forward + backward per step at the run's batch, in ms "
+        "(default: the run's, measured on the target's GPU, else its FLOPs at --mfu)",
+    )
+    parser.add_argument(
+        "--fsdp-units",
+        type=int,
+        default=None,
+        help="with RUN_DIR and --backend fsdp: blocks to split the model into when the run has no "
+        "FSDP2 per-module records (default: the run's collectives)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        choices=available_models(),
+        metavar="MODEL",
+        help="model with a layer table: %(choices)s (default: the run's, else resnet50)",
+    )
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        help=f"preset ({', '.join(preset_names())}) or a cluster YAML file (scaling/projection/cluster.py)",
+    )
+    parser.add_argument(
+        "--nodes", default=None, help="comma-separated node counts, e.g. 1,2,4,8,16 (default 1,2,4,8,16)"
+    )
+    parser.add_argument(
+        "--workers",
+        default=None,
+        help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs) "
+        "(default: none, --nodes decides)",
+    )
+    parser.add_argument(
+        "--per-gpu-batch",
+        type=int,
+        default=None,
+        help="samples (a transformer: sequences) per GPU per step (default: the run's, else 64; 2 "
+        "sequences for a transformer)",
+    )
+    parser.add_argument(
+        "--precision",
+        default=None,
+        type=str.lower,
+        choices=(*PRECISIONS, *PRECISION_ALIASES),
+        help="fp32, fp16 or bf16; amp and mixed are fp16 autocast, tf32 is fp32 (default: the run's, else fp32)",
+    )
+    parser.add_argument(
+        "--from-run",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="RUN_DIR",
+        help="run directory whose step times are the compute (a 1-worker run is best); several "
+        "1-worker runs made at the same time, one per future rank, also measure the straggler wait "
+        "(default: none, the device table's throughput)",
+    )
+    parser.add_argument(
+        "--straggler-ms",
+        type=float,
+        default=None,
+        help="wait for the slowest rank per synchronous step, added to exposed communication "
+        "(default: what concurrent --from-run runs measured, else the cluster's step jitter)",
+    )
+    parser.add_argument(
+        "--overlap-slowdown",
+        type=float,
+        default=None,
+        help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
+        "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)",
+    )
+    parser.add_argument(
+        "--samples-per-s",
+        type=float,
+        default=None,
+        help="one GPU's training throughput, instead of the device table or a run (default: the "
+        "run's, else the device table's)",
+    )
+    parser.add_argument(
+        "--allreduce",
+        choices=("ring", "hierarchical"),
+        default=None,
+        help="all-reduce algorithm (default: the cluster's)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("ddp", "horovod", "fsdp", "hsdp"),
+        default="ddp",
+        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion; fsdp: FSDP's "
+        "all-gathers and reduce-scatters per block (a transformer: llama3-8b, gpt2-small, "
+        "gpt2-medium); hsdp: sharded inside a node, replicated across nodes (default ddp)",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=None,
+        help="a transformer's compute rate as model FLOPs utilisation, e.g. 0.35 (default: the "
+        "device's published one, else required)",
+    )
+    parser.add_argument(
+        "--activation-checkpointing",
+        choices=("none", "selective", "full"),
+        default=None,
+        help="transformers: activations held and recomputed (default selective, torchtitan's)",
+    )
+    parser.add_argument(
+        "--reshard-after-forward",
+        choices=("all-but-last", "all", "none"),
+        default="all-but-last",
+        help="--backend fsdp/hsdp: the blocks freed after forward and gathered again for backward "
+        "(default all-but-last, torchtitan's; all: FSDP2's default; none: kept to backward)",
+    )
+    parser.add_argument(
+        "--fsdp-param-dtype",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="--backend fsdp/hsdp: the parameters' dtype in the all-gather (default: the precision)",
+    )
+    parser.add_argument(
+        "--fsdp-reduce-dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="--backend fsdp/hsdp: the gradients' dtype in the reduce-scatter (default fp32, torchtitan's)",
+    )
+    parser.add_argument(
+        "--horovod-cycle-time-ms",
+        type=float,
+        default=None,
+        help="--backend horovod: HOROVOD_CYCLE_TIME (default 1, Horovod's since 0.21; 5 before)",
+    )
+    parser.add_argument(
+        "--horovod-fusion-threshold-mb",
+        type=float,
+        default=None,
+        help="--backend horovod: fusion buffer in MiB (default 128, Horovod's since 0.21; 64 before)",
+    )
+    parser.add_argument(
+        "--grad-compression",
+        choices=("none", "fp16", "bf16"),
+        default=None,
+        help="DDP compression hook: gradients on the wire in 2 bytes (default: the run's, else none)",
+    )
+    parser.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP bucket_cap_mb given explicitly (default: the run's; else DDP's default, 25 MiB with a 1 MiB first bucket)",
+    )
+    parser.add_argument(
+        "--dataset-size",
+        type=int,
+        default=None,
+        help="samples per epoch (default: the run's, else the model's usual dataset, e.g. ImageNet 1,281,167)",
+    )
+    parser.add_argument(
+        "--epochs-to-target",
+        default=None,
+        metavar="BATCH:EPOCHS,...",
+        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA "
+        "(default: none, no TTA columns)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="directory for the figure and the rows: DIR/projection.png, .svg and .json "
-                             "(default: none, the table only)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory for the figure and the rows: DIR/projection.png, .svg and .json "
+        "(default: none, the table only)",
+    )
 
 
 def _json_value(value):
@@ -395,8 +662,19 @@ def print_projection(df, console=None) -> None:
     console = console if console is not None else output_console()
     table = Table(title=projection_title(df), title_justify="left", header_style="bold")
     # the three communication figures, each named for what it is (scaling/projection/project.py)
-    headers = ["nodes", "GPUs", "batch", "step ms", "communicating %", "exposed %", "A/B overhead %", "samples/s",
-               "speedup", "effic.", "epoch"]
+    headers = [
+        "nodes",
+        "GPUs",
+        "batch",
+        "step ms",
+        "communicating %",
+        "exposed %",
+        "A/B overhead %",
+        "samples/s",
+        "speedup",
+        "effic.",
+        "epoch",
+    ]
     tokens = "tokens_per_s_per_gpu" in df.columns
     if tokens:  # a transformer: tokens/s per GPU and memory per GPU beside the step
         headers[7] = "tokens/s/GPU"
@@ -407,47 +685,71 @@ def print_projection(df, console=None) -> None:
     for h in headers:
         table.add_column(h, justify="right", no_wrap=True)
     for _, r in df.iterrows():
-        row = [f"{r.num_nodes}", f"{r.num_workers}", f"{r.global_batch:,}", _ms(r.step_s), f"{r.allreduce_pct:.1f}",
-               f"{r.exposed_comm_pct:.1f}", f"{r.comm_overhead_pct:.1f}", f"{r.throughput_samples_per_s:,.0f}",
-               f"{r.speedup_throughput:.2f}", f"{r.efficiency_throughput:.3f}", _duration(r.time_per_epoch_s)]
+        row = [
+            f"{r.num_nodes}",
+            f"{r.num_workers}",
+            f"{r.global_batch:,}",
+            _ms(r.step_s),
+            f"{r.allreduce_pct:.1f}",
+            f"{r.exposed_comm_pct:.1f}",
+            f"{r.comm_overhead_pct:.1f}",
+            f"{r.throughput_samples_per_s:,.0f}",
+            f"{r.speedup_throughput:.2f}",
+            f"{r.efficiency_throughput:.3f}",
+            _duration(r.time_per_epoch_s),
+        ]
         if tokens:
             too_big = r.get("fits") is False
             row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}" + (" > cap." if too_big else "")
         if tta:
-            row += [f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""), _duration(r.tta_s),
-                    f"{r.speedup_tta:.2f}"]
+            row += [
+                f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""),
+                _duration(r.tta_s),
+                f"{r.speedup_tta:.2f}",
+            ]
         table.add_row(*row)
     console.print(table)
     if df.attrs.get("sharded"):
-        console.print("[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
-                      "compute waiting on a collective; A/B overhead %: the step less the step without reduce-scatters "
-                      "(the lab's FSDP A/B), / t_step; batch in sequences; memory: parameters, gradients, optimizer "
-                      "state, activations and FSDP's buffers per GPU[/dim]", highlight=False)
+        console.print(
+            "[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
+            "compute waiting on a collective; A/B overhead %: the step less the step without reduce-scatters "
+            "(the lab's FSDP A/B), / t_step; batch in sequences; memory: parameters, gradients, optimizer "
+            "state, activations and FSDP's buffers per GPU[/dim]",
+            highlight=False,
+        )
     else:
-        console.print("[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
-                      "overhead\"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x "
-                      "synced micro-batches / t_step, exposed + interference[/dim]", highlight=False)
+        console.print(
+            "[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
+            'overhead"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x '
+            "synced micro-batches / t_step, exposed + interference[/dim]",
+            highlight=False,
+        )
     if tokens and "fits" in df.columns and (df["fits"] == False).any():  # noqa: E712 - None is not False
         over = df[df["fits"] == False]  # noqa: E712
         gpus = ", ".join(str(int(n)) for n in over["num_workers"])
         worst = over["memory_gib"].max()
         sharded = df.attrs.get("sharded")
-        remedies = ("more GPUs sharding the model" if sharded else "sharding the model (--backend fsdp)")
-        console.print(f"[red]does not fit at {gpus} GPU(s): up to {worst:.1f} GiB per GPU projected against the "
-                      f"device's {over['memory_capacity_gib'].iloc[0]:g} GiB; what would make it fit: {remedies}, "
-                      "activation checkpointing (--activation-checkpointing full), or a smaller --per-gpu-batch[/red]",
-                      highlight=False)
+        remedies = "more GPUs sharding the model" if sharded else "sharding the model (--backend fsdp)"
+        console.print(
+            f"[red]does not fit at {gpus} GPU(s): up to {worst:.1f} GiB per GPU projected against the "
+            f"device's {over['memory_capacity_gib'].iloc[0]:g} GiB; what would make it fit: {remedies}, "
+            "activation checkpointing (--activation-checkpointing full), or a smaller --per-gpu-batch[/red]",
+            highlight=False,
+        )
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
     for caveat in df.attrs.get("caveats", []):
-        console.print(f"[yellow]caveat: {escape(caveat)}[/yellow]" + (" (* = extrapolated)" if tta else ""), highlight=False)
+        console.print(
+            f"[yellow]caveat: {escape(caveat)}[/yellow]" + (" (* = extrapolated)" if tta else ""), highlight=False
+        )
 
 
 def _check_out_dir(out: Path) -> None:
     """`--out` names a directory, for every command: refused in one line before anything runs."""
     if out.suffix.lower() in (".png", ".svg", ".json") and not out.is_dir():
-        raise UsageError(f"--out is a directory (the projection goes to DIR/projection.png, .svg and .json), "
-                         f"got the file name {out}")
+        raise UsageError(
+            f"--out is a directory (the projection goes to DIR/projection.png, .svg and .json), got the file name {out}"
+        )
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
 
@@ -487,15 +789,28 @@ def _cmd_project(args) -> int:
     model = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
     nodes = args.nodes if (args.nodes is not None or args.workers is not None) else "1,2,4,8,16"
     df = run_projection(
-        model, args.cluster, nodes, args.per_gpu_batch, args.precision, from_run,
-        workers=args.workers, samples_per_s=args.samples_per_s, dataset_size=args.dataset_size,
-        epochs_to_target=args.epochs_to_target, allreduce=args.allreduce, grad_compression=args.grad_compression,
+        model,
+        args.cluster,
+        nodes,
+        args.per_gpu_batch,
+        args.precision,
+        from_run,
+        workers=args.workers,
+        samples_per_s=args.samples_per_s,
+        dataset_size=args.dataset_size,
+        epochs_to_target=args.epochs_to_target,
+        allreduce=args.allreduce,
+        grad_compression=args.grad_compression,
         bucket_cap_mb=args.bucket_cap_mb,
         straggler_s=None if args.straggler_ms is None else args.straggler_ms / 1e3,
-        backend=args.backend, horovod_cycle_time_ms=args.horovod_cycle_time_ms,
-        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb, overlap_slowdown=args.overlap_slowdown,
-        mfu=args.mfu, activation_checkpointing=args.activation_checkpointing,
-        reshard_after_forward=args.reshard_after_forward, fsdp_reduce_dtype=args.fsdp_reduce_dtype,
+        backend=args.backend,
+        horovod_cycle_time_ms=args.horovod_cycle_time_ms,
+        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb,
+        overlap_slowdown=args.overlap_slowdown,
+        mfu=args.mfu,
+        activation_checkpointing=args.activation_checkpointing,
+        reshard_after_forward=args.reshard_after_forward,
+        fsdp_reduce_dtype=args.fsdp_reduce_dtype,
         fsdp_param_dtype=args.fsdp_param_dtype,
     )
     rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
@@ -522,26 +837,48 @@ def _project_run_dir(args) -> int:
     from scaling.projection.from_run import project_run
     from scaling.results import RunDir
 
-    for flag, value in (("--model", args.model), ("--from-run", args.from_run), ("--nodes", args.nodes),
-                        ("--samples-per-s", args.samples_per_s), ("--epochs-to-target", args.epochs_to_target)):
+    for flag, value in (
+        ("--model", args.model),
+        ("--from-run", args.from_run),
+        ("--nodes", args.nodes),
+        ("--samples-per-s", args.samples_per_s),
+        ("--epochs-to-target", args.epochs_to_target),
+    ):
         if value is not None:
             raise UsageError(f"{flag} does not go with a run directory (the run is the model and the compute)")
     if args.backend not in ("ddp", "fsdp"):
         raise UsageError(f"a run directory projects with --backend ddp or fsdp, not {args.backend}")
     if args.gpus is not None and args.workers is not None:
         raise UsageError("give --gpus or --workers, not both")
-    kwargs = {k: v for k, v in (("bucket_cap_mb", args.bucket_cap_mb), ("grad_compression", args.grad_compression),
-                                ("allreduce", args.allreduce), ("overlap_slowdown", args.overlap_slowdown),
-                                ("dataset_size", args.dataset_size), ("per_gpu_batch", args.per_gpu_batch),
-                                ("activation_checkpointing", args.activation_checkpointing),
-                                ("fsdp_param_dtype", args.fsdp_param_dtype)) if v is not None}
+    kwargs = {
+        k: v
+        for k, v in (
+            ("bucket_cap_mb", args.bucket_cap_mb),
+            ("grad_compression", args.grad_compression),
+            ("allreduce", args.allreduce),
+            ("overlap_slowdown", args.overlap_slowdown),
+            ("dataset_size", args.dataset_size),
+            ("per_gpu_batch", args.per_gpu_batch),
+            ("activation_checkpointing", args.activation_checkpointing),
+            ("fsdp_param_dtype", args.fsdp_param_dtype),
+        )
+        if v is not None
+    }
     if args.straggler_ms is not None:
         kwargs["straggler_s"] = args.straggler_ms / 1e3
     if args.backend == "fsdp":
         kwargs.update(reshard_after_forward=args.reshard_after_forward, fsdp_reduce_dtype=args.fsdp_reduce_dtype)
-    df = project_run(RunDir(args.run_dir), args.cluster, args.gpus or args.workers or "1,2,4,8,16,32,64,128",
-                     args.backend, compute_ms=args.compute_ms, mfu=args.mfu, precision=args.precision,
-                     fsdp_units=args.fsdp_units, **kwargs)
+    df = project_run(
+        RunDir(args.run_dir),
+        args.cluster,
+        args.gpus or args.workers or "1,2,4,8,16,32,64,128",
+        args.backend,
+        compute_ms=args.compute_ms,
+        mfu=args.mfu,
+        precision=args.precision,
+        fsdp_units=args.fsdp_units,
+        **kwargs,
+    )
     rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
     written = _write_projection(df, rows, args.out) if args.out is not None else []
     if args.json:
@@ -564,8 +901,10 @@ def print_run_projection(df, console=None) -> None:
 
     console = console if console is not None else output_console()
     tokens = bool(df.attrs.get("tokens"))
-    title = (f"{Path(df.attrs['run']).name} on {df.attrs['cluster']}, {df.attrs['backend']}: the run's job projected "
-             f"(95% of its steps' compute in brackets)")
+    title = (
+        f"{Path(df.attrs['run']).name} on {df.attrs['cluster']}, {df.attrs['backend']}: the run's job projected "
+        f"(95% of its steps' compute in brackets)"
+    )
     table = Table(title=title, title_justify="left", header_style="bold")
     rate = "tokens/s/GPU" if tokens else "samples/s"
     for h in ("GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"):
@@ -573,31 +912,46 @@ def print_run_projection(df, console=None) -> None:
     per = df.attrs.get("seq_len") or 1
 
     def band(r, figure, fmt, scale=1.0):
-        return (f"{fmt.format(r[figure] * scale)} [{fmt.format(r[figure + '_lo'] * scale)}, "
-                f"{fmt.format(r[figure + '_hi'] * scale)}]")
+        return (
+            f"{fmt.format(r[figure] * scale)} [{fmt.format(r[figure + '_lo'] * scale)}, "
+            f"{fmt.format(r[figure + '_hi'] * scale)}]"
+        )
 
     for _, r in df.iterrows():
         rate_scale = per / r.num_workers if tokens else 1.0
         fits = r.get("fits")
         memory = f"{r.memory_gib:.1f}" + (" > cap." if fits is not None and fits == fits and not fits else "")
-        table.add_row(f"{r.num_workers}", band(r, "step_s", "{:,.1f}", 1e3),
-                      band(r, "throughput_samples_per_s", "{:,.0f}", rate_scale), band(r, "allreduce_pct", "{:.1f}"),
-                      band(r, "exposed_comm_pct", "{:.1f}"), band(r, "comm_overhead_pct", "{:.1f}"),
-                      band(r, "efficiency_throughput", "{:.3f}"), memory)
+        table.add_row(
+            f"{r.num_workers}",
+            band(r, "step_s", "{:,.1f}", 1e3),
+            band(r, "throughput_samples_per_s", "{:,.0f}", rate_scale),
+            band(r, "allreduce_pct", "{:.1f}"),
+            band(r, "exposed_comm_pct", "{:.1f}"),
+            band(r, "comm_overhead_pct", "{:.1f}"),
+            band(r, "efficiency_throughput", "{:.3f}"),
+            memory,
+        )
     console.print(table)
-    console.print("[dim]communicating %: a collective in flight, hidden or not; exposed %: compute waiting on one; "
-                  "A/B overhead %: the step less the step without gradient synchronisation, / t_step; memory: the "
-                  "tensors, the allocator's reserve, the CUDA context and NCCL's buffers[/dim]", highlight=False)
+    console.print(
+        "[dim]communicating %: a collective in flight, hidden or not; exposed %: compute waiting on one; "
+        "A/B overhead %: the step less the step without gradient synchronisation, / t_step; memory: the "
+        "tensors, the allocator's reserve, the CUDA context and NCCL's buffers[/dim]",
+        highlight=False,
+    )
     if (df["fits"] == False).any():  # noqa: E712 - None is not False
         gpus = ", ".join(str(int(n)) for n in df.loc[df["fits"] == False, "num_workers"])  # noqa: E712
         remedy = "more GPUs sharding it" if df.attrs.get("sharded") else "sharding the model (--backend fsdp)"
-        console.print(f"[red]does not fit at {gpus} GPU(s) ({df['memory_capacity_gib'].iloc[0]:g} GiB per GPU); what "
-                      f"would make it fit: {remedy}, activation checkpointing, or a smaller batch[/red]",
-                      highlight=False)
+        console.print(
+            f"[red]does not fit at {gpus} GPU(s) ({df['memory_capacity_gib'].iloc[0]:g} GiB per GPU); what "
+            f"would make it fit: {remedy}, activation checkpointing, or a smaller batch[/red]",
+            highlight=False,
+        )
     console.print("set by (each parameter of the projection and the measured quantity or assumption behind it):")
     for name, value, source in df.attrs["parameters"]:
-        console.print(f"[dim]- {escape(name)} = {escape(str(value))}" + (f": {escape(source)}" if source else "")
-                      + "[/dim]", highlight=False)
+        console.print(
+            f"[dim]- {escape(name)} = {escape(str(value))}" + (f": {escape(source)}" if source else "") + "[/dim]",
+            highlight=False,
+        )
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
 
@@ -608,8 +962,10 @@ def _cmd_minicluster(args) -> int:
     if args.action == "exec":
         command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not command:
-            raise UsageError("scaling minicluster exec: the command is missing: give it after --, e.g. "
-                             "-- scaling sweep experiments/quickstart.yaml --workers 2 (see scaling minicluster exec --help)")
+            raise UsageError(
+                "scaling minicluster exec: the command is missing: give it after --, e.g. "
+                "-- scaling sweep experiments/quickstart.yaml --workers 2 (see scaling minicluster exec --help)"
+            )
         return mc.exec_in(command, args.name, args.node)
     if args.action == "up":
         with mc.signals_raise():  # SIGTERM mid-way: `up` removes what it made, as on Ctrl-C
@@ -617,7 +973,9 @@ def _cmd_minicluster(args) -> int:
         cap = f", each link capped at {cluster.bandwidth}" if cluster.bandwidth else ", uncapped"
         print(f"minicluster {cluster.name!r} up: {len(cluster.nodes)} nodes{cap}")
         print(f"  head {cluster.address}  dashboard/jobs {cluster.dashboard}")
-        print(f"  run inside it: scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers {len(cluster.nodes)}")
+        print(
+            f"  run inside it: scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers {len(cluster.nodes)}"
+        )
         return 0
     if args.action == "status":
         import json
@@ -675,7 +1033,12 @@ def _cmd_sweep(args) -> int:
     from scaling.launch.preflight import preflight_sweep
     from scaling.launch.run import check_run_dir, resolve_out
     from scaling.launch.sweep import (
-        parse_repeats, parse_workers, plan_more_repeats, plan_sweep, prepare_sweep_dir, run_sweep,
+        parse_repeats,
+        parse_workers,
+        plan_more_repeats,
+        plan_sweep,
+        prepare_sweep_dir,
+        run_sweep,
     )
 
     workers = parse_workers(args.workers) if args.workers is not None else None
@@ -720,10 +1083,15 @@ def _fmt(value, spec: str = ".3f", unit: str = "") -> str:
 
 
 def _not_measured(summary: dict, figure: str) -> str | None:
-    """"not measured: <reason>" for a figure the summary names in `not_measured` (schema 4), or
+    """ "not measured: <reason>" for a figure the summary names in `not_measured` (schema 4), or
     an older summary's `comm_overhead_note`; None for a figure that was measured."""
     reason = (summary.get("not_measured") or {}).get(figure)
-    if reason is None and figure == "comm_overhead_pct" and summary.get(figure) is None and summary.get("comm_overhead_note"):
+    if (
+        reason is None
+        and figure == "comm_overhead_pct"
+        and summary.get(figure) is None
+        and summary.get("comm_overhead_note")
+    ):
         return summary["comm_overhead_note"].replace("A/B not measured", "not measured")
     return f"not measured: {reason}" if reason else None
 
@@ -741,62 +1109,151 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     absent = functools.partial(_not_measured, summary)  # a figure nothing measured: its reason, never a number
     rows = [
         ("model / data", f"{summary['model']} / {summary['dataset']}"),
-        ("workers (nodes)", f"{summary['num_workers']} ({_fmt(summary['num_nodes'], 'd')}), backend {summary['backend']}"),
+        (
+            "workers (nodes)",
+            f"{summary['num_workers']} ({_fmt(summary['num_nodes'], 'd')}), backend {summary['backend']}",
+        ),
         ("batch", f"{summary['per_worker_batch']} per worker, {summary['global_batch']} global"),
         # a loss target (train.target_metric: val_loss) is read as a loss, lower is better
         ("val loss", f"best {_fmt(summary.get('best_val_loss'), '.4f')}, target {summary['target_loss']}")
-        if summary.get("target_loss") is not None else
-        ("accuracy", (f"best {absent('best_accuracy')}" if absent("best_accuracy") else f"best {_fmt(summary['best_accuracy'], '.4f')}")
-         + f", target {summary['target_accuracy']}"),
+        if summary.get("target_loss") is not None
+        else (
+            "accuracy",
+            (
+                f"best {absent('best_accuracy')}"
+                if absent("best_accuracy")
+                else f"best {_fmt(summary['best_accuracy'], '.4f')}"
+            )
+            + f", target {summary['target_accuracy']}",
+        ),
         ("epochs", f"{summary['epochs_run']} run, target at {_fmt(summary['epochs_to_target'], 'd')}"),
-        ("TTA", absent("tta_s")
-         or f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)"),
-        ("time per epoch", absent("time_per_epoch_s")
-         or _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)"),
-        ("throughput", absent("throughput_samples_per_s")
-         or _fmt(summary["throughput_samples_per_s"],
-                 ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g", " samples/s")
-         + (f" ({summary['throughput_tokens_per_s']:,.0f} tokens/s)" if summary.get("throughput_tokens_per_s") else "")),
-        ("step", absent("step_s")
-         or _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
-         + "  = data " + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
-         + " + fwd " + _fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
-         + " + bwd " + _fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
-         + " + opt " + _fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f") + " ms"),
+        (
+            "TTA",
+            absent("tta_s")
+            or f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)",
+        ),
+        (
+            "time per epoch",
+            absent("time_per_epoch_s")
+            or _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)",
+        ),
+        (
+            "throughput",
+            absent("throughput_samples_per_s")
+            or _fmt(
+                summary["throughput_samples_per_s"],
+                ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g",
+                " samples/s",
+            )
+            + (
+                f" ({summary['throughput_tokens_per_s']:,.0f} tokens/s)"
+                if summary.get("throughput_tokens_per_s")
+                else ""
+            ),
+        ),
+        (
+            "step",
+            absent("step_s")
+            or _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
+            + "  = data "
+            + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
+            + " + fwd "
+            + _fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
+            + " + bwd "
+            + _fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
+            + " + opt "
+            + _fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f")
+            + " ms",
+        ),
         # the three communication figures (scaling/analysis/run_metrics.py), each by its name
         # a sharded run's collectives are all-gathers and reduce-scatters: comm_s is their union, each kind beside it
-        ("communicating", (_fmt(summary["comm_pct"], ".1f", "% of step") + " with a collective in flight ("
-                           + _fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step") + "; all-gather "
-                           + _fmt(summary.get("allgather_pct"), ".1f", " %") + ", reduce-scatter "
-                           + _fmt(summary.get("reducescatter_pct"), ".1f", " %") + ")")
-         if summary.get("comm_pct") is not None and summary.get("allgather_pct") is not None else
-         absent("allreduce_pct")
-         or _fmt(summary.get("allreduce_pct"), ".1f", "% of step") + " with an all-reduce in flight ("
-         + _fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step") + ")"),
-        ("exposed comm", absent("exposed_comm_pct")
-         or _fmt(summary["exposed_comm_pct"], ".1f", "% of step")
-         + (" not hidden behind compute (" if summary.get("exposed_forward_comm_s") is not None else " not hidden behind backward (")
-         + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
-         + (", of which in forward " + _fmt(summary["exposed_forward_comm_s"] * 1e3, ".2f", " ms")
-            if summary.get("exposed_forward_comm_s") is not None else "") + ")"),
-        ("comm overhead (A/B)", absent("comm_overhead_pct")
-         or _fmt(summary["comm_overhead_pct"], ".1f", " %")
-         + " of step: comm_delta_s x synced_micro_batches / step_s"),
-        ("compute", _fmt(summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9, ".3g", " GFLOP/sample")
-         + ", " + (f"rate and MFU {absent('achieved_flops_per_s')}" if absent("achieved_flops_per_s") else
-                   _fmt(summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12, ".3g", " TFLOP/s per worker")
-                   + ", MFU " + _fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %"))
-         + f" ({summary.get('precision', 'fp32')}, peak " + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s") + ")"),
+        (
+            "communicating",
+            (
+                _fmt(summary["comm_pct"], ".1f", "% of step")
+                + " with a collective in flight ("
+                + _fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step")
+                + "; all-gather "
+                + _fmt(summary.get("allgather_pct"), ".1f", " %")
+                + ", reduce-scatter "
+                + _fmt(summary.get("reducescatter_pct"), ".1f", " %")
+                + ")"
+            )
+            if summary.get("comm_pct") is not None and summary.get("allgather_pct") is not None
+            else absent("allreduce_pct")
+            or _fmt(summary.get("allreduce_pct"), ".1f", "% of step")
+            + " with an all-reduce in flight ("
+            + _fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step")
+            + ")",
+        ),
+        (
+            "exposed comm",
+            absent("exposed_comm_pct")
+            or _fmt(summary["exposed_comm_pct"], ".1f", "% of step")
+            + (
+                " not hidden behind compute ("
+                if summary.get("exposed_forward_comm_s") is not None
+                else " not hidden behind backward ("
+            )
+            + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
+            + (
+                ", of which in forward " + _fmt(summary["exposed_forward_comm_s"] * 1e3, ".2f", " ms")
+                if summary.get("exposed_forward_comm_s") is not None
+                else ""
+            )
+            + ")",
+        ),
+        (
+            "comm overhead (A/B)",
+            absent("comm_overhead_pct")
+            or _fmt(summary["comm_overhead_pct"], ".1f", " %")
+            + " of step: comm_delta_s x synced_micro_batches / step_s",
+        ),
+        (
+            "compute",
+            _fmt(
+                summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9,
+                ".3g",
+                " GFLOP/sample",
+            )
+            + ", "
+            + (
+                f"rate and MFU {absent('achieved_flops_per_s')}"
+                if absent("achieved_flops_per_s")
+                else _fmt(
+                    summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12,
+                    ".3g",
+                    " TFLOP/s per worker",
+                )
+                + ", MFU "
+                + _fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %")
+            )
+            + f" ({summary.get('precision', 'fp32')}, peak "
+            + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s")
+            + ")",
+        ),
         ("results", str(run_dir)),
     ]
     after_tta = [key for key, _ in rows].index("TTA") + 1
     if summary.get("cost_to_accuracy_usd") is not None:
-        rows.insert(after_tta, ("cost to accuracy", f"${summary['cost_to_accuracy_usd']:,.2f} at ${summary['node_price_per_hour']:g}"
-                                                    f"/node-hour ({summary.get('market', 'on_demand')}), "
-                                                    f"${summary['time_lost_cost_usd']:,.2f} of it time lost"))
+        rows.insert(
+            after_tta,
+            (
+                "cost to accuracy",
+                f"${summary['cost_to_accuracy_usd']:,.2f} at ${summary['node_price_per_hour']:g}"
+                f"/node-hour ({summary.get('market', 'on_demand')}), "
+                f"${summary['time_lost_cost_usd']:,.2f} of it time lost",
+            ),
+        )
     if summary.get("restarts"):
-        rows.insert(after_tta, ("restarts", f"{summary['restarts']}, {summary['time_lost_s']:.1f} s lost (counted in TTA), "
-                                            f"workers {summary.get('workers_first_attempt')} -> {summary.get('workers_last_attempt')}"))
+        rows.insert(
+            after_tta,
+            (
+                "restarts",
+                f"{summary['restarts']}, {summary['time_lost_s']:.1f} s lost (counted in TTA), "
+                f"workers {summary.get('workers_first_attempt')} -> {summary.get('workers_last_attempt')}",
+            ),
+        )
     if summary.get("error"):
         rows.insert(0, ("error", summary["error"]))
     for key, value in rows:
@@ -807,8 +1264,15 @@ def print_summary(summary: dict, run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
-        commands = {"run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report, "minicluster": _cmd_minicluster,
-                    "project": _cmd_project, "cluster": _cmd_cluster, "dashboard": _cmd_dashboard}
+        commands = {
+            "run": _cmd_run,
+            "sweep": _cmd_sweep,
+            "report": _cmd_report,
+            "minicluster": _cmd_minicluster,
+            "project": _cmd_project,
+            "cluster": _cmd_cluster,
+            "dashboard": _cmd_dashboard,
+        }
         return commands[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -37,7 +37,9 @@ INSTANCES = {
 }
 WORKER = "gpu_worker"  # the GPU node type's name in every file
 SPOT_WORKER = "gpu_worker_spot"  # the same node on the spot market
-SPOT_RESOURCE = "spot_node"  # only the spot type has it: a request naming it launches spot nodes (cluster/request_nodes.py)
+SPOT_RESOURCE = (
+    "spot_node"  # only the spot type has it: a request naming it launches spot nodes (cluster/request_nodes.py)
+)
 SHARED_MOUNT = "/mnt/efs"
 MIN_NODES = 16  # sweeps go from 1 to 16 nodes
 
@@ -52,7 +54,7 @@ TORCH_INDEX = "https://download.pytorch.org/whl/"
 def index_has_sm70(torch_version: str, index_url: str | None) -> bool:
     if not index_url or not index_url.startswith(TORCH_INDEX):
         return False  # PyPI (or anything else): CUDA 13 builds for torch >= 2.11
-    m = re.fullmatch(r"cu(\d+)(\d)", index_url[len(TORCH_INDEX):].strip("/"))
+    m = re.fullmatch(r"cu(\d+)(\d)", index_url[len(TORCH_INDEX) :].strip("/"))
     if not m:
         return False  # cpu, rocm, ...
     cuda = (int(m.group(1)), int(m.group(2)))
@@ -102,9 +104,10 @@ def ray_default_inbound_rules() -> list[dict]:
         raise RuntimeError("Ray's default security-group rules moved; re-check them")
     namespace: dict = {"itertools": itertools}
     exec(compile(ast.Module(body=funcs, type_ignores=[]), "ray-aws-config", "exec"), namespace)
-    return namespace["_create_default_intracluster_inbound_rules"](["sg-self"]) + namespace[
-        "_create_default_ssh_inbound_rules"
-    ]()
+    return (
+        namespace["_create_default_intracluster_inbound_rules"](["sg-self"])
+        + namespace["_create_default_ssh_inbound_rules"]()
+    )
 
 
 # ---- project checks: each returns a list of problems ----------------------------------------
@@ -152,7 +155,9 @@ def storage_problems(config: dict) -> list[str]:
 
 
 def _open_to_world(perm: dict) -> bool:
-    ranges = [r.get("CidrIp") for r in perm.get("IpRanges", [])] + [r.get("CidrIpv6") for r in perm.get("Ipv6Ranges", [])]
+    ranges = [r.get("CidrIp") for r in perm.get("IpRanges", [])] + [
+        r.get("CidrIpv6") for r in perm.get("Ipv6Ranges", [])
+    ]
     return any(r and ipaddress.ip_network(r, strict=False).prefixlen == 0 for r in ranges)
 
 
@@ -240,10 +245,14 @@ def spot_problems(config: dict) -> list[str]:
         problems.append(f"{WORKER} sets InstanceMarketOptions: the on-demand type must stay on demand")
     same = {k: v for k, v in spot["node_config"].items() if k != "InstanceMarketOptions"}
     if same != worker["node_config"]:
-        differing = sorted(k for k in set(same) | set(worker["node_config"]) if same.get(k) != worker["node_config"].get(k))
+        differing = sorted(
+            k for k in set(same) | set(worker["node_config"]) if same.get(k) != worker["node_config"].get(k)
+        )
         problems.append(f"{SPOT_WORKER} differs from {WORKER} in {', '.join(differing)}, not only in its market")
     if spot.get("resources") != {**worker.get("resources", {}), SPOT_RESOURCE: 1}:
-        problems.append(f"{SPOT_WORKER} resources must be {WORKER}'s plus {{{SPOT_RESOURCE}: 1}}, got {spot.get('resources')}")
+        problems.append(
+            f"{SPOT_WORKER} resources must be {WORKER}'s plus {{{SPOT_RESOURCE}: 1}}, got {spot.get('resources')}"
+        )
     if SPOT_RESOURCE in worker.get("resources", {}):
         problems.append(f"{WORKER} advertises {SPOT_RESOURCE}: a spot request could land on demand")
     if spot.get("min_workers", 0) != 0:
@@ -276,8 +285,6 @@ def torch_problems(config: dict) -> list[str]:
     return problems
 
 
-
-
 def check_cluster_yaml(path: str | Path) -> list[str]:
     """Every problem of one cluster YAML (Ray's validator first), as one-line strings; [] = fine."""
     path = Path(path)
@@ -304,7 +311,14 @@ def check_cluster_yaml(path: str | Path) -> list[str]:
         problems.append(f"no '{WORKER}' node type with a known p3 InstanceType ({', '.join(INSTANCES)})")
     else:
         problems += resource_problems(config, instance)
-    for check in (ingress_problems, control_plane_problems, image_problems, size_problems, spot_problems, torch_problems):
+    for check in (
+        ingress_problems,
+        control_plane_problems,
+        image_problems,
+        size_problems,
+        spot_problems,
+        torch_problems,
+    ):
         try:
             problems += check(config)
         except (KeyError, TypeError, AttributeError) as exc:

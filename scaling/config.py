@@ -77,7 +77,9 @@ class DataConfig:
     difficulty: float = 1.0  # embedded: noise scale; higher is harder (see scaling/data/embedded.py)
     path: str = ""  # cifar10: the cifar-10-batches-py folder; imagenet: the folder holding train/ and val/; tokens_file: a .bin of uint16 ids (its last val_samples windows validate) or a folder with train.bin and val.bin
     seq_len: int = 64  # tokens, tokens_file: tokens per sample (a window; the model's context at most)
-    token_noise: float = 0.1  # tokens: probability that a token is drawn at random instead of by the rule (sets the loss floor)
+    token_noise: float = (
+        0.1  # tokens: probability that a token is drawn at random instead of by the rule (sets the loss floor)
+    )
     loader_workers: int = 2  # imagenet: Pillow-decoding DataLoader processes per training worker
 
 
@@ -109,7 +111,9 @@ class TrainConfig:
     compile_backend: CompileBackend = "inductor"  # with compile: inductor (generates kernels: the fast one) | aot_eager (traces forward and backward, generates nothing: checks a compiled run's function in seconds on a CPU)
     label_smoothing: float = 0.0  # cross-entropy label smoothing (0.1 in the MLPerf ResNet-50 reference)
     function: str = ""  # a user's Ray Train train function by import path (package.module:callable taking one config dict) run instead of the lab's loop; "" = the lab's loop
-    function_config: dict = field(default_factory=dict)  # what `function` receives as its config, plus the lab's keys (see scaling/train/user_function.py)
+    function_config: dict = field(
+        default_factory=dict
+    )  # what `function` receives as its config, plus the lab's keys (see scaling/train/user_function.py)
 
 
 @dataclass
@@ -131,10 +135,14 @@ class InstrumentConfig(InstrumentSettings):
     injections, trace_steps, step_timing, telemetry_interval_s), and how the lab sets up each backend."""
 
     ddp_bucket_cap_mb: float = 25.0  # DDP gradient bucket size (PyTorch's default is 25)
-    grad_compression: GradCompression = "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
+    grad_compression: GradCompression = (
+        "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
+    )
     horovod_fusion_threshold_mb: float = 128.0  # backend horovod: tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB; 0 = no fusion; 128 is Horovod's default
     horovod_cycle_time_ms: float = 1.0  # backend horovod: how often Horovod's background thread negotiates and launches (HOROVOD_CYCLE_TIME), ms; 1 is Horovod's default
-    horovod_timeline: bool = False  # backend horovod: rank 0 writes horovod_timeline.json (Chrome trace) into the run directory
+    horovod_timeline: bool = (
+        False  # backend horovod: rank 0 writes horovod_timeline.json (Chrome trace) into the run directory
+    )
     fail_at_step: int = -1  # fault injection: rank 0 raises at this global step (tests of failure handling); -1 = never
 
 
@@ -144,7 +152,9 @@ class FsdpConfig:
 
     reshard_after_forward: bool = True  # free each block's gathered parameters after its forward and gather them again in backward (ZeRO-3); the root stays gathered, FSDP2's default for it (scaling/train/backends/fsdp.py); false keeps them all to backward (fewer all-gathers, more memory)
     param_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype parameters are gathered and computed in (MixedPrecisionPolicy.param_dtype); the sharded parameters and optimizer state stay float32
-    reduce_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype)
+    reduce_dtype: FsdpDtype = (
+        "float32"  # float32 | bfloat16: the dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype)
+    )
     shard: FsdpShard = "blocks"  # blocks: fully_shard each module of the model's outermost nn.ModuleLists (a transformer's blocks), then the root | root: the whole model as one unit
 
 
@@ -152,7 +162,9 @@ class FsdpConfig:
 class FailureConfig:
     max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies or its node is lost (Ray launcher); 0 = fail at once
     capacity_wait_s: float = 300.0  # per restart, seconds to wait for the workers' resources (a lost node back, or its replacement started) before the run fails with one line
-    checkpoint_every_epochs: int = 1  # checkpoint (model, optimizer, schedule, counters, RNG, records) every N epochs; 0 = never
+    checkpoint_every_epochs: int = (
+        1  # checkpoint (model, optimizer, schedule, counters, RNG, records) every N epochs; 0 = never
+    )
 
 
 @dataclass
@@ -227,9 +239,7 @@ def _build(cls, data: dict, prefix: str = ""):
     types_by_name = _field_types(cls)
     for key in data:
         if key not in types_by_name:
-            raise ConfigError(
-                f"unknown config key '{prefix}{key}'; valid keys here: {', '.join(types_by_name)}"
-            )
+            raise ConfigError(f"unknown config key '{prefix}{key}'; valid keys here: {', '.join(types_by_name)}")
     kwargs = {name: _coerce(value, types_by_name[name], prefix + name) for name, value in data.items()}
     return cls(**kwargs)
 
@@ -281,7 +291,9 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, num_workers: int | None = None) -> ExperimentConfig:
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, num_workers: int | None = None
+) -> ExperimentConfig:
     data = read_config_file(path)
     data.pop("sweep", None)  # the sweep grid belongs to `scaling sweep` (scaling/launch/sweep.py)
     data = apply_overrides(data, overrides or [])
@@ -322,25 +334,35 @@ def _check_tokens(cfg: ExperimentConfig, require) -> None:
     if is_import_path(cfg.model.name) or is_import_path(cfg.data.name):
         return
     context = context_length(cfg.model.name)
-    require(tokens or context is None,
-            f"model.name {cfg.model.name} is a language model (token ids in): use data.name tokens or tokens_file, not {cfg.data.name}")
-    require(not tokens or context is not None,
-            f"data.name {cfg.data.name} gives token ids: use a language model (gpt2-tiny, gpt2-small), not {cfg.model.name}")
+    require(
+        tokens or context is None,
+        f"model.name {cfg.model.name} is a language model (token ids in): use data.name tokens or tokens_file, not {cfg.data.name}",
+    )
+    require(
+        not tokens or context is not None,
+        f"data.name {cfg.data.name} gives token ids: use a language model (gpt2-tiny, gpt2-small), not {cfg.model.name}",
+    )
     if tokens:
-        require(cfg.data.seq_len <= context,
-                f"data.seq_len={cfg.data.seq_len} is longer than {cfg.model.name}'s context of {context} tokens")
+        require(
+            cfg.data.seq_len <= context,
+            f"data.seq_len={cfg.data.seq_len} is longer than {cfg.model.name}'s context of {context} tokens",
+        )
 
 
 def _check_sharded(cfg: ExperimentConfig, require) -> None:
     """What the lab's loop cannot run on a backend that shards the parameters (the adapter's
     `sharded`: scaling/instrument/backends/base.py); the model's shape is the preflight's."""
-    require(cfg.train.precision != "fp16",
-            "train.precision=fp16 scales the loss with GradScaler, whose inf check each shard would make alone "
-            f"(torch's ShardedGradScaler is not used by the lab's loop): with backend {cfg.backend} use train.precision "
-            "bf16 or fp32 (or fsdp.param_dtype bfloat16)")
-    require(cfg.data.val_samples >= cfg.workers.num_workers,
-            f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each needs a "
-            f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers ({cfg.workers.num_workers})")
+    require(
+        cfg.train.precision != "fp16",
+        "train.precision=fp16 scales the loss with GradScaler, whose inf check each shard would make alone "
+        f"(torch's ShardedGradScaler is not used by the lab's loop): with backend {cfg.backend} use train.precision "
+        "bf16 or fp32 (or fsdp.param_dtype bfloat16)",
+    )
+    require(
+        cfg.data.val_samples >= cfg.workers.num_workers,
+        f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each needs a "
+        f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers ({cfg.workers.num_workers})",
+    )
 
 
 def validate(cfg: ExperimentConfig) -> None:
@@ -357,22 +379,40 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(message)
 
     if not is_import_path(cfg.model.name):
-        require(cfg.model.name in model_names(), f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())} "
-                "or a model of your own as package.module:callable")
+        require(
+            cfg.model.name in model_names(),
+            f"unknown model.name {cfg.model.name!r}; valid: {', '.join(model_names())} "
+            "or a model of your own as package.module:callable",
+        )
     if not is_import_path(cfg.data.name):
-        require(cfg.data.name in dataset_names(), f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())} "
-                "or a dataset of your own as package.module:callable")
+        require(
+            cfg.data.name in dataset_names(),
+            f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())} "
+            "or a dataset of your own as package.module:callable",
+        )
     from scaling.instrument.backends import ADAPTERS, for_choice
 
     backend = for_choice(cfg.backend)
-    require(cfg.instrument.grad_compression in backend.compressions,
-            f"backend {cfg.backend} compresses gradients as {' or '.join(backend.compressions)}, "
-            f"got instrument.grad_compression={cfg.instrument.grad_compression!r}")
-    require(cfg.instrument.horovod_fusion_threshold_mb >= 0, f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}")
-    require(cfg.instrument.horovod_cycle_time_ms > 0, f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
-    require(not (cfg.resolved_backend == "nccl" and not cfg.workers.use_gpu), "backend nccl needs workers.use_gpu: true")
+    require(
+        cfg.instrument.grad_compression in backend.compressions,
+        f"backend {cfg.backend} compresses gradients as {' or '.join(backend.compressions)}, "
+        f"got instrument.grad_compression={cfg.instrument.grad_compression!r}",
+    )
+    require(
+        cfg.instrument.horovod_fusion_threshold_mb >= 0,
+        f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}",
+    )
+    require(
+        cfg.instrument.horovod_cycle_time_ms > 0,
+        f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}",
+    )
+    require(
+        not (cfg.resolved_backend == "nccl" and not cfg.workers.use_gpu), "backend nccl needs workers.use_gpu: true"
+    )
     require(cfg.workers.num_workers >= 1, f"workers must be >= 1, got {cfg.workers.num_workers}")
-    require(cfg.workers.cpus_per_worker >= 1, f"workers.cpus_per_worker must be >= 1, got {cfg.workers.cpus_per_worker}")
+    require(
+        cfg.workers.cpus_per_worker >= 1, f"workers.cpus_per_worker must be >= 1, got {cfg.workers.cpus_per_worker}"
+    )
     require(cfg.train.per_worker_batch >= 1, f"train.per_worker_batch must be >= 1, got {cfg.train.per_worker_batch}")
     require(cfg.train.max_epochs >= 1, f"train.max_epochs must be >= 1, got {cfg.train.max_epochs}")
     require(
@@ -387,62 +427,98 @@ def validate(cfg: ExperimentConfig) -> None:
     require(cfg.optim.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {cfg.optim.warmup_epochs}")
     if cfg.workers.pin_cpus:
         cpus = parse_cpu_list(cfg.workers.pin_cpus)
-        require(len(cpus) >= cfg.workers.cpus_per_worker,
-                f"workers.pin_cpus={cfg.workers.pin_cpus!r} names {len(cpus)} CPU(s), fewer than workers.cpus_per_worker={cfg.workers.cpus_per_worker}")
-    require(cfg.workers.node_price_per_hour >= 0, f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}")
+        require(
+            len(cpus) >= cfg.workers.cpus_per_worker,
+            f"workers.pin_cpus={cfg.workers.pin_cpus!r} names {len(cpus)} CPU(s), fewer than workers.cpus_per_worker={cfg.workers.cpus_per_worker}",
+        )
+    require(
+        cfg.workers.node_price_per_hour >= 0,
+        f"workers.node_price_per_hour must be >= 0, got {cfg.workers.node_price_per_hour}",
+    )
     require(cfg.data.num_classes >= 2, f"data.num_classes must be >= 2, got {cfg.data.num_classes}")
     require(cfg.data.image_size >= 8, f"data.image_size must be >= 8, got {cfg.data.image_size}")
     require(cfg.data.difficulty > 0, f"data.difficulty must be > 0, got {cfg.data.difficulty}")
     require(cfg.data.train_samples >= 1, f"data.train_samples must be >= 1, got {cfg.data.train_samples}")
-    require(0 < cfg.train.eval_every <= 1 and abs(1 / cfg.train.eval_every - round(1 / cfg.train.eval_every)) < 1e-9,
-            f"train.eval_every must be 1/k for a whole k (1, 0.5, 0.25, ...), got {cfg.train.eval_every}")
-    require(not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5), "train.target_metric top5 needs more than 5 classes")
-    require(cfg.train.target_metric != "val_loss" or cfg.train.target_loss > 0,
-            f"train.target_metric val_loss needs train.target_loss > 0 (the validation loss to reach), got {cfg.train.target_loss}")
+    require(
+        0 < cfg.train.eval_every <= 1 and abs(1 / cfg.train.eval_every - round(1 / cfg.train.eval_every)) < 1e-9,
+        f"train.eval_every must be 1/k for a whole k (1, 0.5, 0.25, ...), got {cfg.train.eval_every}",
+    )
+    require(
+        not (cfg.train.target_metric == "top5" and cfg.data.num_classes <= 5),
+        "train.target_metric top5 needs more than 5 classes",
+    )
+    require(
+        cfg.train.target_metric != "val_loss" or cfg.train.target_loss > 0,
+        f"train.target_metric val_loss needs train.target_loss > 0 (the validation loss to reach), got {cfg.train.target_loss}",
+    )
     _check_tokens(cfg, require)
-    require(not cfg.train.compile or cfg.instrument.warmup_steps >= 2,
-            f"train.compile compiles in the first steps, which must be warm-up steps, with one more to time the others "
-            f"by (compile_s): instrument.warmup_steps must be >= 2, got {cfg.instrument.warmup_steps}")
-    require(0.0 <= cfg.train.label_smoothing < 1.0, f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
+    require(
+        not cfg.train.compile or cfg.instrument.warmup_steps >= 2,
+        f"train.compile compiles in the first steps, which must be warm-up steps, with one more to time the others "
+        f"by (compile_s): instrument.warmup_steps must be >= 2, got {cfg.instrument.warmup_steps}",
+    )
+    require(
+        0.0 <= cfg.train.label_smoothing < 1.0,
+        f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}",
+    )
     require(cfg.data.loader_workers >= 0, f"data.loader_workers must be >= 0, got {cfg.data.loader_workers}")
     require(cfg.data.val_samples >= 1, f"data.val_samples must be >= 1, got {cfg.data.val_samples}")
     require(cfg.failure.max_failures >= 0, f"failure.max_failures must be >= 0, got {cfg.failure.max_failures}")
-    require(0 <= cfg.workers.min_workers <= cfg.workers.num_workers,
-            f"workers.min_workers must be between 0 (a fixed count) and workers.num_workers ({cfg.workers.num_workers}), "
-            f"got {cfg.workers.min_workers}")
+    require(
+        0 <= cfg.workers.min_workers <= cfg.workers.num_workers,
+        f"workers.min_workers must be between 0 (a fixed count) and workers.num_workers ({cfg.workers.num_workers}), "
+        f"got {cfg.workers.min_workers}",
+    )
     if cfg.workers.min_workers:
         # the global batch is kept at every count an elastic run may take, so each must divide it
         uneven = [k for k in range(cfg.workers.min_workers, cfg.workers.num_workers + 1) if cfg.global_batch % k]
-        require(not uneven, f"workers.min_workers={cfg.workers.min_workers}: an elastic run keeps the global batch "
-                f"({cfg.global_batch}), which {uneven[0] if uneven else 0} workers cannot share evenly; choose "
-                "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides it")
+        require(
+            not uneven,
+            f"workers.min_workers={cfg.workers.min_workers}: an elastic run keeps the global batch "
+            f"({cfg.global_batch}), which {uneven[0] if uneven else 0} workers cannot share evenly; choose "
+            "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides it",
+        )
         elastic = [choice for adapter in ADAPTERS if adapter.elastic for choice in adapter.choices]
-        require(backend.elastic and not cfg.train.function,
-                f"workers.min_workers (elastic) is for the lab's own loop on backend {' | '.join(elastic)}: "
-                f"not with backend {cfg.backend} or train.function")
+        require(
+            backend.elastic and not cfg.train.function,
+            f"workers.min_workers (elastic) is for the lab's own loop on backend {' | '.join(elastic)}: "
+            f"not with backend {cfg.backend} or train.function",
+        )
     require(cfg.failure.capacity_wait_s > 0, f"failure.capacity_wait_s must be > 0, got {cfg.failure.capacity_wait_s}")
-    require(cfg.failure.checkpoint_every_epochs >= 0, f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}")
+    require(
+        cfg.failure.checkpoint_every_epochs >= 0,
+        f"failure.checkpoint_every_epochs must be >= 0, got {cfg.failure.checkpoint_every_epochs}",
+    )
     # A straggler rank beyond a run's workers gets no injection (a sweep's 1-worker runs); `scaling
     # sweep` refuses one beyond its largest worker count (scaling/launch/sweep.py).
     for problem in cfg.instrument.problems(prefix="instrument."):
         require(False, problem)
-    require(not cfg.instrument.inject_comm_delay_s or cfg.instrument.inject_comm_delay_into in backend.injectable,
-            f"instrument.inject_comm_delay_into={cfg.instrument.inject_comm_delay_into} is not offered by backend "
-            f"{cfg.backend} ({backend.wraps}): it injects into {' or '.join(backend.injectable)}")
+    require(
+        not cfg.instrument.inject_comm_delay_s or cfg.instrument.inject_comm_delay_into in backend.injectable,
+        f"instrument.inject_comm_delay_into={cfg.instrument.inject_comm_delay_into} is not offered by backend "
+        f"{cfg.backend} ({backend.wraps}): it injects into {' or '.join(backend.injectable)}",
+    )
     if backend.sharded:
         _check_sharded(cfg, require)
-    require(cfg.instrument.ddp_bucket_cap_mb > 0, f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
+    require(
+        cfg.instrument.ddp_bucket_cap_mb > 0,
+        f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}",
+    )
     # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
     # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such
     # step is skipped and the scale pushed down, a different training from the uncompressed one.
-    require(not (cfg.train.precision == "fp16" and cfg.instrument.grad_compression == "fp16"),
-            "train.precision=fp16 scales the loss (GradScaler, up to 65536x) and instrument.grad_compression=fp16 casts "
-            "the scaled gradients to fp16, where they overflow (inf: skipped steps); use grad_compression bf16 (DDP), "
-            "none, or train.precision bf16")
+    require(
+        not (cfg.train.precision == "fp16" and cfg.instrument.grad_compression == "fp16"),
+        "train.precision=fp16 scales the loss (GradScaler, up to 65536x) and instrument.grad_compression=fp16 casts "
+        "the scaled gradients to fp16, where they overflow (inf: skipped steps); use grad_compression bf16 (DDP), "
+        "none, or train.precision bf16",
+    )
     # NCCL starts its proxy threads with the CPU mask of the thread that creates its communicator.
     # The lab's loop pins GPU workers after the backend is set up (scaling/train/loop.py); a
     # user's function creates its communicator after the pinning, so its proxy thread shares
     # the training thread's CPUs: at least two, or it takes the training thread's only one.
-    require(not (cfg.workers.pin_cpus and cfg.workers.use_gpu and cfg.train.function and cfg.workers.cpus_per_worker < 2),
-            "workers.pin_cpus with GPU workers running train.function needs workers.cpus_per_worker >= 2: NCCL's proxy "
-            "thread inherits the pinned training thread's CPUs")
+    require(
+        not (cfg.workers.pin_cpus and cfg.workers.use_gpu and cfg.train.function and cfg.workers.cpus_per_worker < 2),
+        "workers.pin_cpus with GPU workers running train.function needs workers.cpus_per_worker >= 2: NCCL's proxy "
+        "thread inherits the pinned training thread's CPUs",
+    )

@@ -62,6 +62,7 @@ def variable_queries(dashboard: dict) -> dict[str, str]:
 
 def substitute(expr: str, values: dict[str, str]) -> str:
     """`expr` with `$name` (and `${name}`) replaced by values[name], as Grafana interpolates a variable."""
+
     def value(match):
         name = match.group(1) or match.group(2)
         return values[name] if name in values else match.group(0)
@@ -85,12 +86,16 @@ def install(session_dir: Path) -> Path:
     it; returns the copy's path. A session without Ray's Grafana folder is refused in one line."""
     session_dir = Path(session_dir)
     if not session_dir.is_dir():
-        raise UsageError(f"{session_dir}: no such Ray session directory (a head's is <temp dir>/session_latest, "
-                         f"by default {default_session_dir()})")
+        raise UsageError(
+            f"{session_dir}: no such Ray session directory (a head's is <temp dir>/session_latest, "
+            f"by default {default_session_dir()})"
+        )
     grafana = session_dir / "metrics" / "grafana"
     if not grafana.is_dir():
-        raise UsageError(f"{session_dir}: no metrics/grafana/ in it: Ray writes its Grafana provisioning there when the "
-                         "head starts with its dashboard (ray start --head --include-dashboard=true)")
+        raise UsageError(
+            f"{session_dir}: no metrics/grafana/ in it: Ray writes its Grafana provisioning there when the "
+            "head starts with its dashboard (ray start --head --include-dashboard=true)"
+        )
     folder = provisioned_folder(session_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / DASHBOARD_FILE
@@ -108,7 +113,7 @@ def grafana_steps(session_dir: Path) -> list[str]:
         "(Ray's config: it scrapes every node through the session's service-discovery file)",
         f"grafana server --config {metrics / 'grafana' / 'grafana.ini'} --homepath <Grafana's home, e.g. "
         "/usr/share/grafana> web   (Ray's provisioning: its dashboards and this one)",
-        "open http://localhost:3000, Dashboards > Ray > \"Scaling lab: step time, communication, stragglers\"; "
+        'open http://localhost:3000, Dashboards > Ray > "Scaling lab: step time, communication, stragglers"; '
         "pick the run ($run) and ranks ($rank)",
         "a head started again rewrites metrics/grafana/: run `scaling dashboard install` again after each `ray start`",
     ]

@@ -30,8 +30,10 @@ THROUGHPUT_KEYS = ("samples_per_s", "batch", "source")
 def _number(value, name: str, where: str, integer: bool = False) -> None:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or value <= 0:
-        raise UsageError(f"device table {DEVICES_FILE}, {where}: {name} must be a positive "
-                         f"{'integer' if integer else 'number'}, got {value!r}")
+        raise UsageError(
+            f"device table {DEVICES_FILE}, {where}: {name} must be a positive "
+            f"{'integer' if integer else 'number'}, got {value!r}"
+        )
 
 
 def _keys(mapping, allowed: tuple[str, ...], where: str) -> None:
@@ -39,8 +41,9 @@ def _keys(mapping, allowed: tuple[str, ...], where: str) -> None:
         raise UsageError(f"device table {DEVICES_FILE}, {where}: expected a mapping, got {mapping!r}")
     unknown = sorted(set(mapping) - set(allowed))
     if unknown:
-        raise UsageError(f"device table {DEVICES_FILE}, {where}: unknown key(s) {', '.join(unknown)}; "
-                         f"valid: {', '.join(allowed)}")
+        raise UsageError(
+            f"device table {DEVICES_FILE}, {where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(allowed)}"
+        )
 
 
 @lru_cache(maxsize=1)

@@ -54,6 +54,8 @@ def load_callable(path: str, key: str, required_args: int | None = None):
         try:
             signature.bind(*([None] * required_args))
         except TypeError:
-            raise UsageError(f"{key}={path!r} must take {required_args} positional argument(s); its signature is "
-                             f"{attribute}{signature}") from None
+            raise UsageError(
+                f"{key}={path!r} must take {required_args} positional argument(s); its signature is "
+                f"{attribute}{signature}"
+            ) from None
     return target

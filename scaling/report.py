@@ -39,6 +39,7 @@ from scaling.results import RunDir, SweepDir, read_sweeps, write_text_atomic
 
 # ---------------------------------------------------------------------------- tables
 
+
 def _num(spec: str, scale: float = 1.0, suffix: str = ""):
     def fmt(value) -> str:
         try:
@@ -46,6 +47,7 @@ def _num(spec: str, scale: float = 1.0, suffix: str = ""):
         except (TypeError, ValueError):
             return "-"
         return "-" if not math.isfinite(value) else f"{value * scale:{spec}}{suffix}"
+
     return fmt
 
 
@@ -115,25 +117,32 @@ MEMORY_FIGURES = (
 
 def _comm_columns(keys, table: pd.DataFrame | None = None) -> list[tuple]:
     """The communication table's columns: the kinds and the peak memory where the runs recorded them."""
+
     def present(column: str) -> bool:
         return table is not None and _any(table, column)
 
     kinds = [(column, header, _num(".1f")) for column, header in KIND_FIGURES if present(column)]
     memory = [(column, header, _num(",.0f", 2**-20)) for column, header in MEMORY_FIGURES if present(column)]
-    return _key_columns(keys) + [(column, header, _num(".1f")) for column, header in COMM_FIGURES[:1]] + kinds + [
-        (column, header, _num(".1f")) for column, header in COMM_FIGURES[1:]] + [
-        ("step_s", "step (ms)", _num(".2f", 1e3)),
-        ("data_s", "data (ms)", _num(".2f", 1e3)),
-        ("forward_s", "forward (ms)", _num(".2f", 1e3)),
-        ("backward_compute_s", "backward compute (ms)", _num(".2f", 1e3)),
-        ("exposed_comm_s", "exposed comm (ms)", _num(".2f", 1e3)),
-        ("optimizer_s", "optimizer (ms)", _num(".2f", 1e3)),
-        *memory,
-    ]
+    return (
+        _key_columns(keys)
+        + [(column, header, _num(".1f")) for column, header in COMM_FIGURES[:1]]
+        + kinds
+        + [(column, header, _num(".1f")) for column, header in COMM_FIGURES[1:]]
+        + [
+            ("step_s", "step (ms)", _num(".2f", 1e3)),
+            ("data_s", "data (ms)", _num(".2f", 1e3)),
+            ("forward_s", "forward (ms)", _num(".2f", 1e3)),
+            ("backward_compute_s", "backward compute (ms)", _num(".2f", 1e3)),
+            ("exposed_comm_s", "exposed comm (ms)", _num(".2f", 1e3)),
+            ("optimizer_s", "optimizer (ms)", _num(".2f", 1e3)),
+            *memory,
+        ]
+    )
 
 
 def _interval_cell(figure: str, spec: str, suffix: str = ""):
     """'1.53× [1.41, 1.66] within noise'; '1.00× (base)' for the base row's speedups."""
+
     def cell(row) -> str:
         if figure.startswith(("speedup_", "gap_")) and row["num_workers"] == row["base_workers"]:
             return "base"
@@ -143,6 +152,7 @@ def _interval_cell(figure: str, spec: str, suffix: str = ""):
         text = iv.format_interval(row[figure], row[f"{figure}_lo"], row[f"{figure}_hi"], spec, suffix)
         verdict = row[f"verdict_{figure}"]
         return text + (" within noise" if verdict == "within noise" else "")
+
     return cell
 
 
@@ -171,14 +181,17 @@ def headline_claims(intervals: pd.DataFrame) -> list[str]:
     for _, row in intervals.iterrows():
         if row["num_workers"] == row["base_workers"] or not math.isfinite(row["speedup_throughput"]):
             continue
-        series = ", ".join(f"{k.removeprefix('sweep.')} {row[k]}" for k in intervals.attrs.get("group_by", ())
-                           if k != "num_workers")
+        series = ", ".join(
+            f"{k.removeprefix('sweep.')} {row[k]}" for k in intervals.attrs.get("group_by", ()) if k != "num_workers"
+        )
         where = f"{int(row['base_workers'])}→{int(row['num_workers'])} workers" + (f" ({series})" if series else "")
         parts = [f"throughput speedup {_claim(row, 'speedup_throughput')}", f"TTA speedup {_claim(row, 'speedup_tta')}"]
         gap = row["verdict_gap_tta_vs_throughput"]
         if gap == "within noise":
-            parts.append("TTA and throughput speedups do not differ beyond the noise: the data cannot say whether "
-                         "TTA scales better or worse than throughput")
+            parts.append(
+                "TTA and throughput speedups do not differ beyond the noise: the data cannot say whether "
+                "TTA scales better or worse than throughput"
+            )
         elif gap == "below":
             parts.append("TTA scales worse than throughput (outside the noise)")
         elif gap == "above":
@@ -243,13 +256,27 @@ def _run_columns(runs: pd.DataFrame) -> list[tuple]:
     axes = [(c, c.removeprefix("sweep."), _text) for c in runs.columns if c.startswith("sweep.")]
     # runs of sequences (a language model's) are read per token, and a loss target by its best loss
     best_loss = [("best_val_loss", "best val loss", _num(".3f"))] if _any(runs, "target_loss") else []
-    tokens = [("throughput_tokens_per_s", "throughput (tokens/s)", _num(",.0f"))] if _any(runs, "throughput_tokens_per_s") else []
-    return [("run_key", "run", _text), ("num_workers", "workers", _text), *axes, ("seed", "seed", _text),
-            ("status", "status", _text), ("epochs_run", "epochs", _text), ("epochs_to_target", "epochs to target", _text),
-            ("best_accuracy", "best acc.", _num(".2%")), *best_loss, ("tta_s", "TTA (s)", _num(".1f")),
-            ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),
-            ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")), *tokens,
-            ("comm_overhead_pct", "comm overhead (%)", _num(".1f"))]
+    tokens = (
+        [("throughput_tokens_per_s", "throughput (tokens/s)", _num(",.0f"))]
+        if _any(runs, "throughput_tokens_per_s")
+        else []
+    )
+    return [
+        ("run_key", "run", _text),
+        ("num_workers", "workers", _text),
+        *axes,
+        ("seed", "seed", _text),
+        ("status", "status", _text),
+        ("epochs_run", "epochs", _text),
+        ("epochs_to_target", "epochs to target", _text),
+        ("best_accuracy", "best acc.", _num(".2%")),
+        *best_loss,
+        ("tta_s", "TTA (s)", _num(".1f")),
+        ("time_per_epoch_s", "time/epoch (s)", _num(".2f")),
+        ("throughput_samples_per_s", "throughput (samples/s)", _num(",.0f")),
+        *tokens,
+        ("comm_overhead_pct", "comm overhead (%)", _num(".1f")),
+    ]
 
 
 def _cells(frame: pd.DataFrame, columns: list[tuple]) -> tuple[list[str], list[list[str]]]:
@@ -298,8 +325,10 @@ def _rich_tables(title: str, headers: list[str], rows: list[list[str]], width: i
     from rich.text import Text
 
     repeat = max(1, min(repeat, len(headers)))
-    widths = [max([cell_len(word) for word in header.split()] + [cell_len(row[i]) for row in rows] + [1])
-              for i, header in enumerate(headers)]
+    widths = [
+        max([cell_len(word) for word in header.split()] + [cell_len(row[i]) for row in rows] + [1])
+        for i, header in enumerate(headers)
+    ]
     keys = list(range(repeat))
     base = _TABLE_EDGE + sum(widths[i] + _COLUMN_FRAME for i in keys)
     groups, group, used = [], list(keys), base
@@ -320,8 +349,9 @@ def _rich_tables(title: str, headers: list[str], rows: list[list[str]], width: i
                 fitted[i], spare = widths[i] + grow, spare - grow
         table = Table(header_style="bold")
         for i in columns:
-            table.add_column(headers[i], justify="left" if _left(i, headers[i]) else "right",
-                             width=fitted[i], overflow="fold")
+            table.add_column(
+                headers[i], justify="left" if _left(i, headers[i]) else "right", width=fitted[i], overflow="fold"
+            )
         for row in rows:
             table.add_row(*(row[i] for i in columns))
         shown.append(Group(Text(title if n == 0 else f"{title} (continued)", style="italic"), table))
@@ -329,6 +359,7 @@ def _rich_tables(title: str, headers: list[str], rows: list[list[str]], width: i
 
 
 # ---------------------------------------------------------------------------- the report
+
 
 def _parts_columns(keys) -> list[tuple]:
     return _key_columns(keys) + [
@@ -387,30 +418,44 @@ def _first(runs: pd.DataFrame, column: str) -> str | None:
 def _header(dirs: list[Path], runs: pd.DataFrame, incomplete: list[str], target: float | None) -> list[str]:
     failed = int((runs["status"] == "failed").sum())
     reached = int((runs["status"] == "reached_target").sum())
+
     def each(column: str) -> str | None:  # every value, most common first
         if column not in runs.columns:
             return None
         values = runs[column].dropna().astype(str).value_counts().index.tolist()
         return " / ".join(values) if values else None
 
-    what = ", ".join(filter(None, [
-        each("model") and f"model {each('model')}",
-        each("dataset") and f"data {each('dataset')}",
-        each("backend") and f"backend {each('backend')}",
-        each("launcher") and f"launcher {each('launcher')}",
-        each("cluster") and f"cluster {each('cluster')}",
-    ]))
-    machine = ", ".join(filter(None, [_first(runs, "hardware.cpu_model"),
-                                      _first(runs, "hardware.gpu_name") and f"GPU {_first(runs, 'hardware.gpu_name')}"]))
+    what = ", ".join(
+        filter(
+            None,
+            [
+                each("model") and f"model {each('model')}",
+                each("dataset") and f"data {each('dataset')}",
+                each("backend") and f"backend {each('backend')}",
+                each("launcher") and f"launcher {each('launcher')}",
+                each("cluster") and f"cluster {each('cluster')}",
+            ],
+        )
+    )
+    machine = ", ".join(
+        filter(
+            None,
+            [
+                _first(runs, "hardware.cpu_model"),
+                _first(runs, "hardware.gpu_name") and f"GPU {_first(runs, 'hardware.gpu_name')}",
+            ],
+        )
+    )
     target_text = f"accuracy {target:.0%}" if target is not None else "accuracy ?"
     losses = runs["target_loss"].dropna() if "target_loss" in runs.columns else pd.Series(dtype=float)
     if not losses.empty and "target_metric" in runs.columns and (runs["target_metric"] == "val_loss").all():
         target_text = f"validation loss {float(losses.mode().iloc[0]):g}"  # reached at or below it
     return [
-        (f"Sweep directory `{dirs[0]}`" if len(dirs) == 1 else
-         "Sweep directories " + ", ".join(f"`{d}`" for d in dirs)) + (f": {what}." if what else "."),
+        (f"Sweep directory `{dirs[0]}`" if len(dirs) == 1 else "Sweep directories " + ", ".join(f"`{d}`" for d in dirs))
+        + (f": {what}." if what else "."),
         f"{len(runs)} runs with a summary: {len(runs) - failed} finished ({reached} reached the target "
-        f"{target_text}), {failed} failed; {len(incomplete)} incomplete." + (f" Machine (rank 0): {machine}." if machine else ""),
+        f"{target_text}), {failed} failed; {len(incomplete)} incomplete."
+        + (f" Machine (rank 0): {machine}." if machine else ""),
         "Every figure is defined once in `scaling/analysis/scaling_tables.py` (per run: `docs/results.md`).",
     ]
 
@@ -444,7 +489,8 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None,
     keys = st.group_keys(runs)
     table = st.per_worker_count(runs, keys)
     projected, projection_notes, projection_warnings = project_sweep(
-        st.prepare_runs(runs), keys, lambda run: _run_dir_of(dirs, run))
+        st.prepare_runs(runs), keys, lambda run: _run_dir_of(dirs, run)
+    )
     warnings += projection_warnings
     table = add_projection(table, projected, keys)
     intervals = iv.scaling_intervals(st.prepare_runs(runs), table)
@@ -471,26 +517,49 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None,
     if not ranks.empty:
         from scaling.plots.figures import who_waits_figure
 
-        figures["who_waits"] = (who_waits_figure, ranks, f"{largest['run_key']} ({int(largest['num_workers'])} workers)")
+        figures["who_waits"] = (
+            who_waits_figure,
+            ranks,
+            f"{largest['run_key']} ({int(largest['num_workers'])} workers)",
+        )
     for stem, (draw, *data) in figures.items():
         save(draw(*data), out / stem)
 
     sections = [
-        ("Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)", _scaling_columns(keys), table),
+        (
+            "Scaling: time per epoch, throughput and TTA (speedup over the smallest worker count)",
+            _scaling_columns(keys),
+            table,
+        ),
         ("Uncertainty: 95% intervals over repeats (bootstrap over runs)", _interval_columns(keys), table),
         ("Time to accuracy over repeats", _tta_columns(keys), table),
         ("Communication and step time", _comm_columns(keys, table), table),
         ("Hardware utilisation (model FLOPs)", _utilisation_columns(keys), table),
     ]
     if not parts.empty:
-        sections.append(("Why communication costs what it does: waiting, transfer, interference (medians over runs)",
-                         _parts_columns(keys), parts))
+        sections.append(
+            (
+                "Why communication costs what it does: waiting, transfer, interference (medians over runs)",
+                _parts_columns(keys),
+                parts,
+            )
+        )
     if not ranks.empty:
-        sections.append((f"Who waits for whom: {largest['run_key']} ({int(largest['num_workers'])} workers)",
-                         WHO_WAITS_COLUMNS, ranks))
+        sections.append(
+            (
+                f"Who waits for whom: {largest['run_key']} ({int(largest['num_workers'])} workers)",
+                WHO_WAITS_COLUMNS,
+                ranks,
+            )
+        )
     if not projected.empty:
-        sections.append(("Measured against projected (α–β model, scaling/projection)", _projection_columns(keys),
-                         table[table["projected_step_s"].notna()]))
+        sections.append(
+            (
+                "Measured against projected (α–β model, scaling/projection)",
+                _projection_columns(keys),
+                table[table["projected_step_s"].notna()],
+            )
+        )
     if not tradeoff.empty:
         sections.append(("Batch-size trade-off (global batch)", BATCH_COLUMNS, tradeoff))
     sections.append(("Runs", _run_columns(runs), runs.sort_values(["num_workers", "run_key"])))
@@ -502,17 +571,27 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None,
         md += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
     claims = headline_claims(intervals)
     if claims:
-        md += ["## What the data supports", "", *[f"- {c}" for c in claims],
-               "", "Intervals: 95%, percentile bootstrap over the runs of each worker count "
-               "(scaling/analysis/intervals.py); with 2–3 repeats they are at best the observed range, "
-               "so read \"repeats for ±5%\" in the uncertainty table before trusting a narrow one.", ""]
+        md += [
+            "## What the data supports",
+            "",
+            *[f"- {c}" for c in claims],
+            "",
+            "Intervals: 95%, percentile bootstrap over the runs of each worker count "
+            "(scaling/analysis/intervals.py); with 2–3 repeats they are at best the observed range, "
+            'so read "repeats for ±5%" in the uncertainty table before trusting a narrow one.',
+            "",
+        ]
         for claim in claims:
             console.print(f"[bold]{escape(claim)}[/bold]")
     md += ["## Figures", "", "Each figure is also written as SVG beside the PNG.", ""]
     if not projected.empty:
-        md += ["Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
-               "at the measured worker counts, from each series' smallest-worker run:", "",
-               *[f"- {note}" for note in projection_notes], ""]
+        md += [
+            "Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
+            "at the measured worker counts, from each series' smallest-worker run:",
+            "",
+            *[f"- {note}" for note in projection_notes],
+            "",
+        ]
     for stem, (draw, *_) in figures.items():
         md += [f"### {draw.heading}", "", f"![{draw.heading}]({stem}.png)", "", draw.caption, ""]
     md += ["## Tables", ""]

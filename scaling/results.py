@@ -388,8 +388,11 @@ class RunDir:
     def rank_records(self, name: str) -> list[dict]:
         """Every rank's record `name` (`rank_record_path`), by rank; [] when none was written."""
         workers = self.path / WORKERS_DIR
-        paths = sorted(workers.glob(f"rank*-{name}.json"), key=lambda p: int(p.name[4:].split("-", 1)[0])) \
-            if workers.is_dir() else []
+        paths = (
+            sorted(workers.glob(f"rank*-{name}.json"), key=lambda p: int(p.name[4:].split("-", 1)[0]))
+            if workers.is_dir()
+            else []
+        )
         return [_read_json(p) for p in paths]
 
     def trace_parts(self) -> list[Path]:
@@ -399,6 +402,7 @@ class RunDir:
 
 
 # ---------------------------------------------------------------------------- a sweep's runs
+
 
 def run_key(num_workers: int, axis_values: dict, repeat: int) -> str:
     """A sweep run's name: `w<workers>[-<axis><value>...]-r<repeat>`, an axis by its last dotted part."""
@@ -537,7 +541,9 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
     if not sweep_dir.is_dir():
         raise UsageError(f"{sweep_dir} is not a directory; give a sweep directory (made by scaling sweep)")
     if not any(sweep_dir.iterdir()):
-        raise UsageError(f"{sweep_dir} is empty: no sweep to report (make one with: scaling sweep CONFIG --out {sweep_dir})")
+        raise UsageError(
+            f"{sweep_dir} is empty: no sweep to report (make one with: scaling sweep CONFIG --out {sweep_dir})"
+        )
     sweep = SweepDir(sweep_dir)
     index_path = sweep.index_path
     run_dirs = sweep.run_dirs()
@@ -556,14 +562,18 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
         try:
             runs = pd.read_parquet(index_path)
         except Exception as exc:  # pyarrow raises several types for a damaged file
-            warnings.append(f"{RUNS_PARQUET} is unreadable ({type(exc).__name__}); the run table was built from {in_summaries}")
+            warnings.append(
+                f"{RUNS_PARQUET} is unreadable ({type(exc).__name__}); the run table was built from {in_summaries}"
+            )
     if runs.empty:
         runs = _runs_from_summaries(with_summary, sweep_dir, warnings)
         if index_path.exists() and not runs.empty:
             warnings.append(f"{RUNS_PARQUET} lists no runs; the run table was built from {len(runs)} {in_summaries}")
         elif not runs.empty:
-            warnings.append(f"no {RUNS_PARQUET} (interrupted sweep?); the run table was built from {len(runs)} "
-                            f"{in_summaries}, without the sweep axes")
+            warnings.append(
+                f"no {RUNS_PARQUET} (interrupted sweep?); the run table was built from {len(runs)} "
+                f"{in_summaries}, without the sweep axes"
+            )
     if runs.empty:
         raise UsageError(f"{sweep_dir}: no run of this sweep has finished yet")
     if "run_key" not in runs.columns:
@@ -580,7 +590,9 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
         warnings.append(f"incomplete runs (no {SUMMARY_JSON} yet), left out: {', '.join(incomplete)}")
     unlisted = [run.name for run in with_summary if run.name not in listed]
     if unlisted:
-        warnings.append(f"runs with a {SUMMARY_JSON} that {RUNS_PARQUET} does not list yet, left out: {', '.join(unlisted)}")
+        warnings.append(
+            f"runs with a {SUMMARY_JSON} that {RUNS_PARQUET} does not list yet, left out: {', '.join(unlisted)}"
+        )
 
     epochs, corrupt = _read_epochs(sweep_dir, runs, warnings)
     if corrupt:
@@ -607,9 +619,13 @@ def _merge(sweep_dirs: list[Path]) -> Sweep:
     for label, sweep_dir in zip(labels, sweep_dirs):
         sweep = _read_sweep(sweep_dir)
         prefix = f"{label}/"
-        runs.append(sweep.runs.assign(run_key=prefix + sweep.runs["run_key"].astype(str),
-                                      run_dir=[str(sweep_dir / d) for d in sweep.runs["run_dir"].astype(str)],
-                                      sweep=label))
+        runs.append(
+            sweep.runs.assign(
+                run_key=prefix + sweep.runs["run_key"].astype(str),
+                run_dir=[str(sweep_dir / d) for d in sweep.runs["run_dir"].astype(str)],
+                sweep=label,
+            )
+        )
         if not sweep.epochs.empty:
             epochs.append(sweep.epochs.assign(run_key=prefix + sweep.epochs["run_key"].astype(str), sweep=label))
         warnings += [f"{label}: {w}" for w in sweep.warnings]
@@ -631,8 +647,10 @@ def _readable_versions(runs: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
     named = ", ".join(f"{row.run_key} (schema_version {row.schema_version})" for row in unreadable.itertuples())
     readable = ", ".join(str(v) for v in READABLE_SCHEMA_VERSIONS)
     if len(unreadable) == len(runs):
-        raise UsageError(f"no run here has a schema version this lab reads ({readable}): {named}; "
-                         "report them with the version of the lab that wrote them")
+        raise UsageError(
+            f"no run here has a schema version this lab reads ({readable}): {named}; "
+            "report them with the version of the lab that wrote them"
+        )
     warnings.append(f"runs of a schema version this lab cannot read (reads {readable}), left out: {named}")
     return runs[version.isin(READABLE_SCHEMA_VERSIONS)]
 
@@ -661,8 +679,9 @@ def _read_epochs(sweep_dir: Path, runs: pd.DataFrame, warnings: list[str]) -> tu
     keys = [c for c in EPOCH_KEYS if c in runs.columns] + [c for c in runs.columns if c.startswith("sweep.")]
     runs = runs.reset_index(drop=True)
     tables, missing, corrupt = [], [], []
-    for position, (key, run_dir, status) in enumerate(zip(runs["run_key"].astype(str), runs["run_dir"].astype(str),
-                                                          runs["status"])):
+    for position, (key, run_dir, status) in enumerate(
+        zip(runs["run_key"].astype(str), runs["run_dir"].astype(str), runs["status"])
+    ):
         path = RunDir(sweep_dir / run_dir).epochs_path
         if not path.is_file():
             if status != "failed":

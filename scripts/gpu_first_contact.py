@@ -88,10 +88,18 @@ class StepPlan:
 
 # Budgets from the H200 run of 2026-11-27 (a lab run of GPT-2 small: 15 s; ResNet-50 compiled: 52 s)
 # plus compilation (the bare loop compiles first, the lab's run then finds inductor's cache warm).
-PLANS = (StepPlan("env", 15, 60), StepPlan("gpt2_eager", 50, 100), StepPlan("gpt2_compiled", 130, 200),
-         StepPlan("resnet50", 80, 150), StepPlan("nccl_ground_truth", 25, 60), StepPlan("profiler", 15, 60),
-         StepPlan("sync_audit", 20, 60), StepPlan("host_cost", 85, 150), StepPlan("hf_gpt2", 25, 60),
-         StepPlan("fsdp2_gloo", 25, 60))
+PLANS = (
+    StepPlan("env", 15, 60),
+    StepPlan("gpt2_eager", 50, 100),
+    StepPlan("gpt2_compiled", 130, 200),
+    StepPlan("resnet50", 80, 150),
+    StepPlan("nccl_ground_truth", 25, 60),
+    StepPlan("profiler", 15, 60),
+    StepPlan("sync_audit", 20, 60),
+    StepPlan("host_cost", 85, 150),
+    StepPlan("hf_gpt2", 25, 60),
+    StepPlan("fsdp2_gloo", 25, 60),
+)
 STEPS = tuple(plan.name for plan in PLANS)
 TOTAL_BUDGET_S = 480.0  # issue 47: one run of at most 8 minutes
 DRY_RUN_TIMEOUT_SCALE = 5  # a dry run's timeouts: the GPU's, times this
@@ -107,11 +115,32 @@ OPTIONAL_MODULES = ("pynvml", "ray", "torchvision", "transformers")
 # a range, not a kernel, so it is left out.
 NCCL_KERNEL = re.compile(r"^(?!nccl:).*(nccl|onerank)", re.IGNORECASE)
 # Figures of a lab run's summary.json kept in the results file
-RUN_FIGURES = ("status", "error", "epochs_run", "step_s", "data_s", "forward_s", "backward_s", "optimizer_s",
-               "allreduce_s", "exposed_comm_s", "throughput_samples_per_s", "time_per_epoch_s", "precision",
-               "train_flops_per_sample", "achieved_flops_per_s", "peak_flops_per_s", "mfu", "mfu_note",
-               "tokens_per_sample", "throughput_tokens_per_s", "peak_memory_bytes", "peak_memory_method",
-               "collectives_per_step", "instrument_host_s")
+RUN_FIGURES = (
+    "status",
+    "error",
+    "epochs_run",
+    "step_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "allreduce_s",
+    "exposed_comm_s",
+    "throughput_samples_per_s",
+    "time_per_epoch_s",
+    "precision",
+    "train_flops_per_sample",
+    "achieved_flops_per_s",
+    "peak_flops_per_s",
+    "mfu",
+    "mfu_note",
+    "tokens_per_sample",
+    "throughput_tokens_per_s",
+    "peak_memory_bytes",
+    "peak_memory_method",
+    "collectives_per_step",
+    "instrument_host_s",
+)
 # Goals (issues 45 and 47)
 WITHIN_BARE = 1.03  # the lab's step at most 3% longer than a bare loop's
 GPT2_MFU_GOAL = 0.35
@@ -152,8 +181,9 @@ def _one_rank_group(ctx: Ctx) -> None:
         return
     if ctx.gpu:
         torch.cuda.set_device(ctx.device)
-    dist.init_process_group("nccl" if ctx.gpu else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl" if ctx.gpu else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
 
 
 def _ddp_model(ctx: Ctx, model_name: str, num_classes: int):
@@ -171,10 +201,13 @@ def _batches(ctx: Ctx, count: int, batch: int, size: int, num_classes: int) -> l
     import torch
 
     generator = torch.Generator(device=ctx.device).manual_seed(0)
-    return [(torch.randn(batch, 3, size, size, generator=generator, device=ctx.device),
-             torch.randint(0, num_classes, (batch,), generator=generator, device=ctx.device)) for _ in range(count)]
-
-
+    return [
+        (
+            torch.randn(batch, 3, size, size, generator=generator, device=ctx.device),
+            torch.randint(0, num_classes, (batch,), generator=generator, device=ctx.device),
+        )
+        for _ in range(count)
+    ]
 
 
 def _run_local_in_this_process(cfg, run_dir) -> None:
@@ -189,8 +222,11 @@ def _run_local_in_this_process(cfg, run_dir) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group(cfg.resolved_backend, rank=0, world_size=1)
     try:
-        run_worker(cfg, WorkerContext(rank=0, world_size=1, local_rank=0, node_rank=0, device=torch.device("cpu")),
-                   Path(run_dir))
+        run_worker(
+            cfg,
+            WorkerContext(rank=0, world_size=1, local_rank=0, node_rank=0, device=torch.device("cpu")),
+            Path(run_dir),
+        )
     finally:
         release_process_group()
 
@@ -202,9 +238,15 @@ def lab_run(ctx: Ctx, name: str, base: Path, overrides: list[str]) -> dict:
     from scaling.launch.preflight import preflight
     from scaling.launch.run import execute_run
 
-    device = (["workers.use_gpu=true", f"workers.cpus_per_worker={ctx.args.cpus_per_worker}",
-               "instrument.telemetry_interval_s=0.5"] if ctx.gpu
-              else ["workers.use_gpu=false", "workers.cpus_per_worker=1", "instrument.telemetry_interval_s=0"])
+    device = (
+        [
+            "workers.use_gpu=true",
+            f"workers.cpus_per_worker={ctx.args.cpus_per_worker}",
+            "instrument.telemetry_interval_s=0.5",
+        ]
+        if ctx.gpu
+        else ["workers.use_gpu=false", "workers.cpus_per_worker=1", "instrument.telemetry_interval_s=0"]
+    )
     cfg = load_config(base, overrides=device + overrides, num_workers=1)
     notes = preflight(cfg, "local")
     if ctx.dry_run:
@@ -214,8 +256,12 @@ def lab_run(ctx: Ctx, name: str, base: Path, overrides: list[str]) -> dict:
     run_dir = ctx.out / "runs" / name
     started = time.perf_counter()
     summary = execute_run(cfg, run_dir, launcher="local", preflighted=True)
-    result = {"run_dir": str(run_dir.relative_to(ctx.out)), "wall_s": time.perf_counter() - started,
-              "note": " ".join(notes) or None, "overrides": overrides}
+    result = {
+        "run_dir": str(run_dir.relative_to(ctx.out)),
+        "wall_s": time.perf_counter() - started,
+        "note": " ".join(notes) or None,
+        "overrides": overrides,
+    }
     result.update({("run_status" if key == "status" else key): summary.get(key) for key in RUN_FIGURES})
     return result
 
@@ -246,31 +292,65 @@ def _gpt2_against_bare(ctx: Ctx, compiled: bool) -> dict:
     label = "compiled" if compiled else "eager"
     rows, goals, checks = {}, [], {}
     for batch in shapes["batches"]:
-        bare = gpt2_bare(ctx.device, shapes["model"], shapes["vocab"], shapes["seq"], batch, backend, warmup,
-                         steps if batch == shapes["batches"][0] else steps * 2 // 3)
+        bare = gpt2_bare(
+            ctx.device,
+            shapes["model"],
+            shapes["vocab"],
+            shapes["seq"],
+            batch,
+            backend,
+            warmup,
+            steps if batch == shapes["batches"][0] else steps * 2 // 3,
+        )
         _free_cuda_memory(ctx)
-        overrides = [f"model.name={shapes['model']}", f"data.num_classes={shapes['vocab']}",
-                     f"data.seq_len={shapes['seq']}", f"train.per_worker_batch={batch}",
-                     f"data.train_samples={batch * (warmup + steps)}", f"data.val_samples={batch}",
-                     "train.max_epochs=1", f"train.compile={str(compiled).lower()}",
-                     f"train.compile_backend={_compile_backend(ctx, lab=True)}",
-                     f"instrument.warmup_steps={warmup}", "instrument.calibration_pairs=0"]
+        overrides = [
+            f"model.name={shapes['model']}",
+            f"data.num_classes={shapes['vocab']}",
+            f"data.seq_len={shapes['seq']}",
+            f"train.per_worker_batch={batch}",
+            f"data.train_samples={batch * (warmup + steps)}",
+            f"data.val_samples={batch}",
+            "train.max_epochs=1",
+            f"train.compile={str(compiled).lower()}",
+            f"train.compile_backend={_compile_backend(ctx, lab=True)}",
+            f"instrument.warmup_steps={warmup}",
+            "instrument.calibration_pairs=0",
+        ]
         lab = lab_run(ctx, f"gpt2-{label}-b{batch}", GPU_GPT2, overrides)
         ratio = lab["step_s"] / bare["step_s"] if lab.get("step_s") else None
         peak, flops = lab.get("peak_flops_per_s"), lab.get("train_flops_per_sample")
         bare["mfu"] = batch * flops / bare["step_s"] / peak if (peak and flops) else None  # the lab's FLOP count
         rows[f"b{batch}"] = {"batch": batch, "bare": bare, "lab": lab, "lab_over_bare": ratio}
         checks[f"batch {batch}: lab run finished"] = lab["run_status"] == "max_epochs"
-        goals.append(goal(f"GPT-2 small {label} b{batch}: lab / bare step", ratio, f"<= {WITHIN_BARE}",
-                          ratio is not None and ratio <= WITHIN_BARE))
+        goals.append(
+            goal(
+                f"GPT-2 small {label} b{batch}: lab / bare step",
+                ratio,
+                f"<= {WITHIN_BARE}",
+                ratio is not None and ratio <= WITHIN_BARE,
+            )
+        )
         if compiled and batch == shapes["batches"][-1]:
             mfu = lab.get("mfu")
-            goals.append(goal(f"GPT-2 small compiled b{batch}: lab MFU", mfu, f">= {GPT2_MFU_GOAL}",
-                              mfu is not None and mfu >= GPT2_MFU_GOAL))
+            goals.append(
+                goal(
+                    f"GPT-2 small compiled b{batch}: lab MFU",
+                    mfu,
+                    f">= {GPT2_MFU_GOAL}",
+                    mfu is not None and mfu >= GPT2_MFU_GOAL,
+                )
+            )
     if ctx.gpu:
         checks["lab runs: MFU"] = all(row["lab"].get("mfu") is not None for row in rows.values())
-    return {"model": shapes["model"], "sequence": shapes["seq"], "compile_backend": backend, "runs": rows,
-            "checks": checks, "goals": goals, "passed": all(checks.values())}
+    return {
+        "model": shapes["model"],
+        "sequence": shapes["seq"],
+        "compile_backend": backend,
+        "runs": rows,
+        "checks": checks,
+        "goals": goals,
+        "passed": all(checks.values()),
+    }
 
 
 def _free_cuda_memory(ctx: Ctx) -> None:
@@ -299,9 +379,14 @@ def step_env(ctx: Ctx) -> dict:
             modules[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
     missing = [name for name in REQUIRED_MODULES if modules[name] is None]
     result = {
-        "python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "modules": modules,
-        "missing_required_modules": missing, "dry_run": ctx.dry_run,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "modules": modules,
+        "missing_required_modules": missing,
+        "dry_run": ctx.dry_run,
     }
     checks = {"required modules import": not missing}
     if ctx.gpu:
@@ -314,8 +399,11 @@ def step_env(ctx: Ctx) -> dict:
         result.update(
             cudnn=torch.backends.cudnn.version(),
             nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
-            device_count=torch.cuda.device_count(), device=str(ctx.device), device_name=props.name,
-            capability=list(capability), memory_gib=props.total_memory / 2**30,
+            device_count=torch.cuda.device_count(),
+            device=str(ctx.device),
+            device_name=props.name,
+            capability=list(capability),
+            memory_gib=props.total_memory / 2**30,
             device_uuid=str(getattr(props, "uuid", "")),
             bf16_native=bf16_problem(props.name, capability) is None,
             spin_cycles_per_s=spin_cycles_per_s(ctx.device),
@@ -326,11 +414,11 @@ def step_env(ctx: Ctx) -> dict:
     result["checks"] = checks
     result["passed"] = all(checks.values())
     if missing:
-        result["reason"] = (f"missing modules the lab needs: {', '.join(missing)} (pip install pandas pyarrow pyyaml "
-                            "pillow numpy mlperf-logging, or carry a wheelhouse to a machine without network)")
+        result["reason"] = (
+            f"missing modules the lab needs: {', '.join(missing)} (pip install pandas pyarrow pyyaml "
+            "pillow numpy mlperf-logging, or carry a wheelhouse to a machine without network)"
+        )
     return result
-
-
 
 
 def step_gpt2_eager(ctx: Ctx) -> dict:
@@ -361,20 +449,50 @@ def step_resnet50(ctx: Ctx) -> dict:
         model, size, classes, batch, warmup, steps = "small_cnn", 32, 10, 8, 2, 3
     bare = resnet_bare(ctx.device, model, classes, size, batch, _compile_backend(ctx), warmup, steps)
     _free_cuda_memory(ctx)
-    lab = lab_run(ctx, f"{model}-compiled-b{batch}", GPU_RESNET50, [
-        f"model.name={model}", f"data.image_size={size}", f"data.num_classes={classes}",
-        f"train.per_worker_batch={batch}", f"data.train_samples={batch * (warmup + steps)}", "train.max_epochs=1",
-        f"train.compile_backend={_compile_backend(ctx, lab=True)}", f"instrument.warmup_steps={warmup}",
-        "instrument.calibration_pairs=0"])
+    lab = lab_run(
+        ctx,
+        f"{model}-compiled-b{batch}",
+        GPU_RESNET50,
+        [
+            f"model.name={model}",
+            f"data.image_size={size}",
+            f"data.num_classes={classes}",
+            f"train.per_worker_batch={batch}",
+            f"data.train_samples={batch * (warmup + steps)}",
+            "train.max_epochs=1",
+            f"train.compile_backend={_compile_backend(ctx, lab=True)}",
+            f"instrument.warmup_steps={warmup}",
+            "instrument.calibration_pairs=0",
+        ],
+    )
     ratio = lab["step_s"] / bare["step_s"] if lab.get("step_s") else None
     rate = lab.get("throughput_samples_per_s")
-    goals = [goal(f"{model} bf16 cl compiled b{batch}: lab img/s", rate, f">= {RESNET_IMAGES_GOAL:,.0f}",
-                  rate is not None and rate >= RESNET_IMAGES_GOAL),
-             goal(f"{model} compiled b{batch}: lab / bare step", ratio, f"<= {WITHIN_BARE}",
-                  ratio is not None and ratio <= WITHIN_BARE)]
+    goals = [
+        goal(
+            f"{model} bf16 cl compiled b{batch}: lab img/s",
+            rate,
+            f">= {RESNET_IMAGES_GOAL:,.0f}",
+            rate is not None and rate >= RESNET_IMAGES_GOAL,
+        ),
+        goal(
+            f"{model} compiled b{batch}: lab / bare step",
+            ratio,
+            f"<= {WITHIN_BARE}",
+            ratio is not None and ratio <= WITHIN_BARE,
+        ),
+    ]
     checks = {"lab run finished": lab["run_status"] == "max_epochs"}
-    return {"model": model, "image_size": size, "per_worker_batch": batch, "bare": bare, "lab": lab,
-            "lab_over_bare": ratio, "checks": checks, "goals": goals, "passed": all(checks.values())}
+    return {
+        "model": model,
+        "image_size": size,
+        "per_worker_batch": batch,
+        "bare": bare,
+        "lab": lab,
+        "lab_over_bare": ratio,
+        "checks": checks,
+        "goals": goals,
+        "passed": all(checks.values()),
+    }
 
 
 def step_nccl_ground_truth(ctx: Ctx) -> dict:
@@ -400,12 +518,21 @@ def step_nccl_ground_truth(ctx: Ctx) -> dict:
     # DDP's own path, as a user's job runs it: no comm hook, the buckets timed through the instrument's
     # process group on every step (instrument/backends/ddp.py); attached with a delay so that the group
     # knows the last bucket, then the delay set per epoch
-    meter = attach(ddp, optimizer, run_dir=run_dir, name="ground_truth", warmup_steps=5, calibration_pairs=0,
-                   telemetry_interval_s=0, collective_timing_every=1, inject_comm_delay_s=inject_s)
+    meter = attach(
+        ddp,
+        optimizer,
+        run_dir=run_dir,
+        name="ground_truth",
+        warmup_steps=5,
+        calibration_pairs=0,
+        telemetry_interval_s=0,
+        collective_timing_every=1,
+        inject_comm_delay_s=inject_s,
+    )
     timer = meter.backend._timer
     data = _batches(ctx, steps, batch, size, classes)
     schedule = [0.0, inject_s, inject_s, 0.0] * ((pairs + 1) // 2)
-    schedule = schedule[:2 * pairs]  # ABBA: drift cancels
+    schedule = schedule[: 2 * pairs]  # ABBA: drift cancels
     spin_cycles = 0  # the injected epochs' spin (GPU)
     for delay in schedule:
         timer.configure(meter.clock, delay)  # GPU: measures the spin's cycles per second (a sync, between epochs)
@@ -428,19 +555,31 @@ def step_nccl_ground_truth(ctx: Ctx) -> dict:
     measured = float(np.median(injected["injected_s"]))
     growth = {name: estimate(injected[name]) - estimate(base[name]) for name in ("exposed_comm_s", "step_s")}
     errors = {name: (value - measured) / measured for name, value in growth.items()}
-    checks = {f"{name} grew by the injected time within {tolerance:.0%}": abs(err) <= tolerance
-              for name, err in errors.items()}
+    checks = {
+        f"{name} grew by the injected time within {tolerance:.0%}": abs(err) <= tolerance
+        for name, err in errors.items()
+    }
     checks["no injection in the base epochs"] = bool((base["injected_s"] == 0).all())
     checks["injected steps carry injected_s"] = bool((injected["injected_s"] > 0).all())
     return {
-        "backend": "nccl" if ctx.gpu else "gloo (dry run: host sleep)", "model": model_name, "per_rank_batch": batch,
-        "requested_s": inject_s, "measured_injected_s": measured, "measured_over_requested": measured / inject_s,
-        "spin_cycles": spin_cycles if ctx.gpu else None, "estimator": "median" if ctx.gpu else "min",
+        "backend": "nccl" if ctx.gpu else "gloo (dry run: host sleep)",
+        "model": model_name,
+        "per_rank_batch": batch,
+        "requested_s": inject_s,
+        "measured_injected_s": measured,
+        "measured_over_requested": measured / inject_s,
+        "spin_cycles": spin_cycles if ctx.gpu else None,
+        "estimator": "median" if ctx.gpu else "min",
         "base": {name: estimate(base[name]) for name in ("step_s", "exposed_comm_s", "allreduce_s")},
         "injected": {name: estimate(injected[name]) for name in ("step_s", "exposed_comm_s", "allreduce_s")},
-        "growth_s": growth, "relative_error": errors, "tolerance": tolerance, "schedule_s": schedule,
+        "growth_s": growth,
+        "relative_error": errors,
+        "tolerance": tolerance,
+        "schedule_s": schedule,
         "steps_compared": {"base": int(len(base)), "injected": int(len(injected))},
-        "run_dir": str(run_dir.relative_to(ctx.out)), "checks": checks, "passed": all(checks.values()),
+        "run_dir": str(run_dir.relative_to(ctx.out)),
+        "checks": checks,
+        "passed": all(checks.values()),
     }
 
 
@@ -451,8 +590,11 @@ def _kernel_intervals(prof) -> tuple[list[tuple[str, float, float]], list[str]]:
     """
     from torch.autograd import DeviceType
 
-    kernels = [(e.name, float(e.time_range.start), float(e.time_range.end))
-               for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = [
+        (e.name, float(e.time_range.start), float(e.time_range.end))
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    ]
     if not kernels:
         for e in prof.profiler.kineto_results.events():
             if e.device_type() == DeviceType.CUDA:
@@ -461,10 +603,9 @@ def _kernel_intervals(prof) -> tuple[list[tuple[str, float, float]], list[str]]:
     return sorted(kernels, key=lambda k: k[1]), sorted({k[0] for k in kernels})
 
 
-
-
-def judge_completion_lags(event_offsets_us: list[list[float]], kernel_end_offsets_us: list[list[float]],
-                          tolerance_us: float) -> dict:
+def judge_completion_lags(
+    event_offsets_us: list[list[float]], kernel_end_offsets_us: list[list[float]], tolerance_us: float
+) -> dict:
     """Step 06's rule, on offsets per profiled step and bucket (both from one common first instant, so no
     clock alignment): an event's lag behind its NCCL kernel's end, relative to that step's last bucket.
 
@@ -487,11 +628,14 @@ def judge_completion_lags(event_offsets_us: list[list[float]], kernel_end_offset
         "overlapped_lag_us_median": float(np.median(overlapped)) if overlapped.size else None,
         "overlapped_lag_us_max": float(overlapped.max()) if overlapped.size else None,
         "allreduce_overstatement_bound_s_per_step": float(np.median(np.clip(overlapped, 0, None).sum(axis=1))) / 1e6
-        if overlapped.size else 0.0,
+        if overlapped.size
+        else 0.0,
         "lag_beyond_last_bucket_us": [[round(float(v), 1) for v in row] for row in relative],
-        "checks": {f"last bucket's completion event tracks its NCCL kernel's end within {tolerance_us:g} us "
-                   "across steps (exposed_comm_s)": last_spread <= tolerance_us,
-                   "no earlier bucket's event after the last bucket's": ordered},
+        "checks": {
+            f"last bucket's completion event tracks its NCCL kernel's end within {tolerance_us:g} us "
+            "across steps (exposed_comm_s)": last_spread <= tolerance_us,
+            "no earlier bucket's event after the last bucket's": ordered,
+        },
     }
     result["passed"] = all(result["checks"].values())
     return result
@@ -499,8 +643,9 @@ def judge_completion_lags(event_offsets_us: list[list[float]], kernel_end_offset
 
 def step_profiler(ctx: Ctx) -> dict:
     if ctx.dry_run:
-        raise Skip("dry run: NCCL kernels and CUDA events exist only on GPU (the rule: judge_completion_lags, "
-                   "tested on CPU)")
+        raise Skip(
+            "dry run: NCCL kernels and CUDA events exist only on GPU (the rule: judge_completion_lags, tested on CPU)"
+        )
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -535,14 +680,21 @@ def step_profiler(ctx: Ctx) -> dict:
     nccl = [k for k in kernels if NCCL_KERNEL.search(k[0])]
     marks = [m for step_marks in per_step for m in step_marks]
     buckets = {len(step_marks) for step_marks in per_step}
-    result = {"profiled_steps": ctx.args.profiled_steps, "buckets": len(marks), "nccl_kernels": len(nccl),
-              "nccl_kernel_names": sorted({k[0] for k in nccl}),
-              "kernel_names_sample": names[:30], "tolerance_us": ctx.args.profiler_tolerance_us}
+    result = {
+        "profiled_steps": ctx.args.profiled_steps,
+        "buckets": len(marks),
+        "nccl_kernels": len(nccl),
+        "nccl_kernel_names": sorted({k[0] for k in nccl}),
+        "kernel_names_sample": names[:30],
+        "tolerance_us": ctx.args.profiler_tolerance_us,
+    }
     if not nccl or len(nccl) != len(marks) or len(buckets) != 1:
         result["checks"] = {"one NCCL kernel per bucket, as many buckets each step": False}
         result["passed"] = False
-        result["reason"] = (f"{len(nccl)} NCCL kernels for {len(marks)} buckets, buckets per step {sorted(buckets)} "
-                            "(kernel names: see nccl_kernel_names, kernel_names_sample)")
+        result["reason"] = (
+            f"{len(nccl)} NCCL kernels for {len(marks)} buckets, buckets per step {sorted(buckets)} "
+            "(kernel names: see nccl_kernel_names, kernel_names_sample)"
+        )
         return result
     # Offsets from the first completion / the first kernel's end: the same instant on both
     # clocks, so no alignment of the CUDA event timer with the profiler's clock is needed.
@@ -556,13 +708,23 @@ def step_profiler(ctx: Ctx) -> dict:
         difference_us=[[round(float(d), 1) for d in row] for row in event_offsets_us - kernel_offsets_us],
         kernel_end_offset_us=[[round(float(o), 1) for o in row] for row in kernel_offsets_us],
     )
-    result.update(judge_completion_lags(event_offsets_us.tolist(), kernel_offsets_us.tolist(),
-                                        ctx.args.profiler_tolerance_us))
-    result["goals"] = [goal("06 completion lag of overlapped buckets (us, median; reported)",
-                            result["overlapped_lag_us_median"], "reported, not judged", True),
-                       goal("06 last bucket's event spread across steps (us)", result["last_bucket_spread_us"],
-                            f"<= {ctx.args.profiler_tolerance_us:g}",
-                            result["last_bucket_spread_us"] <= ctx.args.profiler_tolerance_us)]
+    result.update(
+        judge_completion_lags(event_offsets_us.tolist(), kernel_offsets_us.tolist(), ctx.args.profiler_tolerance_us)
+    )
+    result["goals"] = [
+        goal(
+            "06 completion lag of overlapped buckets (us, median; reported)",
+            result["overlapped_lag_us_median"],
+            "reported, not judged",
+            True,
+        ),
+        goal(
+            "06 last bucket's event spread across steps (us)",
+            result["last_bucket_spread_us"],
+            f"<= {ctx.args.profiler_tolerance_us:g}",
+            result["last_bucket_spread_us"] <= ctx.args.profiler_tolerance_us,
+        ),
+    ]
     return result
 
 
@@ -577,10 +739,20 @@ def step_sync_audit(ctx: Ctx) -> dict:
     if not torch.cuda.is_available() or ctx.dry_run:
         raise Skip("torch.cuda's sync debug mode needs CUDA" + (" (dry run)" if ctx.dry_run else ""))
     # (a) the lab's loop: fp16 (GradScaler's intended sync) and channels_last, one worker, this process
-    cfg = load_config(QUICKSTART, overrides=[
-        "workers.use_gpu=true", "train.precision=fp16", "train.channels_last=true", "train.max_epochs=2",
-        "train.target_accuracy=1.0", "data.train_samples=2048", "data.val_samples=512",
-        "instrument.telemetry_interval_s=0"], num_workers=1)
+    cfg = load_config(
+        QUICKSTART,
+        overrides=[
+            "workers.use_gpu=true",
+            "train.precision=fp16",
+            "train.channels_last=true",
+            "train.max_epochs=2",
+            "train.target_accuracy=1.0",
+            "data.train_samples=2048",
+            "data.val_samples=512",
+            "instrument.telemetry_interval_s=0",
+        ],
+        num_workers=1,
+    )
     lab = audit_lab_loop(cfg, ctx.device, ctx.out / "runs" / "sync_audit_loop")
     # (b) a DDP step over NCCL through the instrument, every step's buckets timed (the lab runs DDP only at > 1
     # worker)
@@ -590,8 +762,15 @@ def step_sync_audit(ctx: Ctx) -> dict:
     run_dir = ctx.out / "runs" / "sync_audit_ddp"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    meter = attach(ddp, optimizer, run_dir=run_dir, warmup_steps=3, calibration_pairs=0, telemetry_interval_s=0,
-                   collective_timing_every=1)
+    meter = attach(
+        ddp,
+        optimizer,
+        run_dir=run_dir,
+        warmup_steps=3,
+        calibration_pairs=0,
+        telemetry_interval_s=0,
+        collective_timing_every=1,
+    )
     data = _batches(ctx, 16, 64, 32, 10)
 
     def train_epoch():
@@ -608,12 +787,18 @@ def step_sync_audit(ctx: Ctx) -> dict:
     meter.detach()
     ddp_sites = syncs.sites()
     ddp_per_step = [s for s in ddp_sites if s["count"] >= len(data) and not s["intended"]]
-    checks = {"lab loop: no unintended per-step host sync": not lab["unintended_per_step"],
-              "DDP + NCCL + the instrument: no per-step host sync": not ddp_per_step}
-    return {"lab_loop": lab, "ddp_sites": ddp_sites, "ddp_per_step": ddp_per_step, "ddp_steps": len(data),
-            "checks": checks, "passed": all(checks.values())}
-
-
+    checks = {
+        "lab loop: no unintended per-step host sync": not lab["unintended_per_step"],
+        "DDP + NCCL + the instrument: no per-step host sync": not ddp_per_step,
+    }
+    return {
+        "lab_loop": lab,
+        "ddp_sites": ddp_sites,
+        "ddp_per_step": ddp_per_step,
+        "ddp_steps": len(data),
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
 
 
 def step_host_cost(ctx: Ctx) -> dict:
@@ -643,24 +828,46 @@ def step_host_cost(ctx: Ctx) -> dict:
 
     def images(i):
         generator = torch.Generator(device=device).manual_seed(i)
-        return (torch.randn(image_batch, 3, size, size, generator=generator, device=device)
-                .contiguous(memory_format=torch.channels_last),
-                torch.randint(0, classes, (image_batch,), generator=generator, device=device))
+        return (
+            torch.randn(image_batch, 3, size, size, generator=generator, device=device).contiguous(
+                memory_format=torch.channels_last
+            ),
+            torch.randint(0, classes, (image_batch,), generator=generator, device=device),
+        )
 
     jobs = {
         f"gpt2_b{batch}_eager": (lambda: build_model(shapes["model"], vocab), tokens, lm_loss, None, "adamw"),
-        f"gpt2_b{batch}_compiled": (lambda: build_model(shapes["model"], vocab), tokens, lm_loss,
-                                    _compile_backend(ctx), "adamw"),
+        f"gpt2_b{batch}_compiled": (
+            lambda: build_model(shapes["model"], vocab),
+            tokens,
+            lm_loss,
+            _compile_backend(ctx),
+            "adamw",
+        ),
         f"{image_model}_b{image_batch}_eager": (
-            lambda: build_model(image_model, classes).to(memory_format=torch.channels_last), images,
-            lambda logits, item: F.cross_entropy(logits, item[1]), None, "sgd"),
+            lambda: build_model(image_model, classes).to(memory_format=torch.channels_last),
+            images,
+            lambda logits, item: F.cross_entropy(logits, item[1]),
+            None,
+            "sgd",
+        ),
     }
     rows, goals = {}, []
     for name, (build, make_batch, loss_of, backend, optimizer) in jobs.items():
         run_dir = ctx.out / "runs" / f"host_cost-{name}"
-        measure = functools.partial(host_cost_abba, device, build, make_batch, loss_of, run_dir,
-                                    compile_backend=backend, optimizer=optimizer, pairs=pairs,
-                                    steps_per_block=steps, warmup_blocks=warmup_blocks)
+        measure = functools.partial(
+            host_cost_abba,
+            device,
+            build,
+            make_batch,
+            loss_of,
+            run_dir,
+            compile_backend=backend,
+            optimizer=optimizer,
+            pairs=pairs,
+            steps_per_block=steps,
+            warmup_blocks=warmup_blocks,
+        )
         try:
             row = measure(compile_inner=False)
             row["compiled"] = "the DDP wrapper" if backend else None
@@ -675,12 +882,24 @@ def step_host_cost(ctx: Ctx) -> dict:
             row = measure(compile_inner=True)
             row.update(compiled="the module inside an eager DDP", compiling_the_ddp_wrapper_failed=failed)
         rows[name] = row
-        goals.append(goal(f"host cost {name}: attached / bare (pairs {row['ratio_min']:.3f}-{row['ratio_max']:.3f})",
-                          row["ratio_median"], f"<= {HOST_COST_GOAL}", row["ratio_median"] <= HOST_COST_GOAL))
+        goals.append(
+            goal(
+                f"host cost {name}: attached / bare (pairs {row['ratio_min']:.3f}-{row['ratio_max']:.3f})",
+                row["ratio_median"],
+                f"<= {HOST_COST_GOAL}",
+                row["ratio_median"] <= HOST_COST_GOAL,
+            )
+        )
         _free_cuda_memory(ctx)
     checks = {f"{name}: every pair measured": len(row["ratios"]) == pairs for name, row in rows.items()}
-    return {"design": f"{pairs} pairs of blocks of {steps} steps, ABBA, after {warmup_blocks} warm-up blocks per arm",
-            "bf16_autocast": True, "jobs": rows, "checks": checks, "goals": goals, "passed": all(checks.values())}
+    return {
+        "design": f"{pairs} pairs of blocks of {steps} steps, ABBA, after {warmup_blocks} warm-up blocks per arm",
+        "bf16_autocast": True,
+        "jobs": rows,
+        "checks": checks,
+        "goals": goals,
+        "passed": all(checks.values()),
+    }
 
 
 def step_hf_gpt2(ctx: Ctx) -> dict:
@@ -692,20 +911,32 @@ def step_hf_gpt2(ctx: Ctx) -> dict:
     run_dir = ctx.out / "runs" / "hf-gpt2"
     summary = hf_gpt2_job(ctx.device, run_dir, tiny=ctx.dry_run, batch=batch, seq=seq, warmup=warmup, steps=steps)
     figures = {key: summary.get(key) for key in RUN_FIGURES if key in summary}
-    tokens_per_s, mfu, precision = (summary.get("throughput_tokens_per_s"), summary.get("mfu"),
-                                    summary.get("precision"))
-    checks = {"measured to its end": summary.get("status") == "max_epochs",
-              "tokens per sample from input_ids": summary.get("tokens_per_sample") == seq}
-    goals = [goal("HF GPT2LMHeadModel (keywords) via attach: tokens/s", tokens_per_s, "measured",
-                  tokens_per_s is not None),
-             goal("HF GPT2LMHeadModel: precision is bf16", 1.0 if precision == "bf16" else 0.0, "bf16",
-                  precision == "bf16"),
-             goal("HF GPT2LMHeadModel: MFU", mfu, "measured", mfu is not None)]
+    tokens_per_s, mfu, precision = (
+        summary.get("throughput_tokens_per_s"),
+        summary.get("mfu"),
+        summary.get("precision"),
+    )
+    checks = {
+        "measured to its end": summary.get("status") == "max_epochs",
+        "tokens per sample from input_ids": summary.get("tokens_per_sample") == seq,
+    }
+    goals = [
+        goal("HF GPT2LMHeadModel (keywords) via attach: tokens/s", tokens_per_s, "measured", tokens_per_s is not None),
+        goal("HF GPT2LMHeadModel: precision is bf16", 1.0 if precision == "bf16" else 0.0, "bf16", precision == "bf16"),
+        goal("HF GPT2LMHeadModel: MFU", mfu, "measured", mfu is not None),
+    ]
     if not ctx.gpu:  # no datasheet peak for a CPU: MFU is a GPU figure
         goals[-1] = goal("HF GPT2LMHeadModel: MFU", None, "measured (GPU)", None)
-    return {"per_rank_batch": batch, "sequence": seq, "run_dir": str(run_dir.relative_to(ctx.out)),
-            "summary": figures, "not_measured": summary.get("not_measured"), "checks": checks, "goals": goals,
-            "passed": all(checks.values())}
+    return {
+        "per_rank_batch": batch,
+        "sequence": seq,
+        "run_dir": str(run_dir.relative_to(ctx.out)),
+        "summary": figures,
+        "not_measured": summary.get("not_measured"),
+        "checks": checks,
+        "goals": goals,
+        "passed": all(checks.values()),
+    }
 
 
 def step_fsdp2_gloo(ctx: Ctx) -> dict:
@@ -720,21 +951,36 @@ def step_fsdp2_gloo(ctx: Ctx) -> dict:
     run_dir = ctx.out / "runs" / "fsdp2-gloo"
     steps = 8 if ctx.gpu else 4
     # fork: this step's process has not touched CUDA, and a fork skips two interpreters' imports
-    mp.start_processes(fsdp2_gloo_rank, args=(2, free_port(), ctx.gpu, str(run_dir), steps), nprocs=2,
-                       join=True, start_method="fork")
+    mp.start_processes(
+        fsdp2_gloo_rank, args=(2, free_port(), ctx.gpu, str(run_dir), steps), nprocs=2, join=True, start_method="fork"
+    )
     records = RunDir(run_dir)
     train = records.steps()
     train = train[train["kind"] == "train"] if len(train) else train
     collectives = records.collectives()
-    result = {"run_dir": str(run_dir.relative_to(ctx.out)), "steps_recorded": int(len(train)),
-              "collectives_recorded": int(len(collectives)),
-              "collective_kinds": sorted(set(collectives["kind"])) if "kind" in collectives else None,
-              "meaning": "for function, not for timing: two gloo ranks share one GPU"}
-    checks = {"both ranks recorded steps": bool(len(train)) and set(train["rank"]) == {0, 1},
-              "collectives recorded": bool(len(collectives))}
-    result.update(checks=checks, passed=all(checks.values()),
-                  goals=[goal("FSDP2 2 gloo ranks on one GPU via attach: collectives recorded",
-                              float(len(collectives)), "> 0 (for function)", bool(len(collectives)))])
+    result = {
+        "run_dir": str(run_dir.relative_to(ctx.out)),
+        "steps_recorded": int(len(train)),
+        "collectives_recorded": int(len(collectives)),
+        "collective_kinds": sorted(set(collectives["kind"])) if "kind" in collectives else None,
+        "meaning": "for function, not for timing: two gloo ranks share one GPU",
+    }
+    checks = {
+        "both ranks recorded steps": bool(len(train)) and set(train["rank"]) == {0, 1},
+        "collectives recorded": bool(len(collectives)),
+    }
+    result.update(
+        checks=checks,
+        passed=all(checks.values()),
+        goals=[
+            goal(
+                "FSDP2 2 gloo ranks on one GPU via attach: collectives recorded",
+                float(len(collectives)),
+                "> 0 (for function)",
+                bool(len(collectives)),
+            )
+        ],
+    )
     return result
 
 
@@ -810,14 +1056,25 @@ def run_isolated(ctx: Ctx, plan: StepPlan, timeout_s: float) -> dict:
     seconds = time.perf_counter() - started
     record = json.loads(path.read_text()) if path.exists() and not timed_out else None
     if record is None:
-        record = {"step": plan.name, "number": number, "dry_run": ctx.dry_run, "status": "error",
-                  "error": (f"timed out after {timeout_s:.0f} s (budget {plan.budget_s:.0f} s): killed"
-                            if timed_out else f"the step's process ended without a result (wait status {status})")}
+        record = {
+            "step": plan.name,
+            "number": number,
+            "dry_run": ctx.dry_run,
+            "status": "error",
+            "error": (
+                f"timed out after {timeout_s:.0f} s (budget {plan.budget_s:.0f} s): killed"
+                if timed_out
+                else f"the step's process ended without a result (wait status {status})"
+            ),
+        }
     record.update(budget_s=plan.budget_s, timeout_s=timeout_s, wall_s=seconds)
     write_json_atomic(path, record)
     line = record.get("reason") or record.get("error") or ""
-    print(f"{number:02d} {plan.name:<18} {record['status']:<8} {seconds:7.1f} s (budget {plan.budget_s:4.0f})  "
-          f"{line.splitlines()[0] if line else ''}", flush=True)
+    print(
+        f"{number:02d} {plan.name:<18} {record['status']:<8} {seconds:7.1f} s (budget {plan.budget_s:4.0f})  "
+        f"{line.splitlines()[0] if line else ''}",
+        flush=True,
+    )
     return record
 
 
@@ -829,12 +1086,25 @@ def summary_table(records: list[dict], dry_run: bool) -> list[dict]:
         for row in goals:
             rows.append({"step": record["step"], **row, **({"passed": None} if dry_run else {})})
         if not goals:
-            rows.append({"step": record["step"], "goal": f"step {record['step']}: its checks",
-                         "value": None, "target": "passed", "passed": None if dry_run or record["status"] == "skipped"
-                         else record["status"] == "passed"})
+            rows.append(
+                {
+                    "step": record["step"],
+                    "goal": f"step {record['step']}: its checks",
+                    "value": None,
+                    "target": "passed",
+                    "passed": None if dry_run or record["status"] == "skipped" else record["status"] == "passed",
+                }
+            )
         elif record["status"] in ("failed", "error"):
-            rows.append({"step": record["step"], "goal": f"step {record['step']}: its checks", "value": None,
-                         "target": "passed", "passed": False})
+            rows.append(
+                {
+                    "step": record["step"],
+                    "goal": f"step {record['step']}: its checks",
+                    "value": None,
+                    "target": "passed",
+                    "passed": False,
+                }
+            )
     return rows
 
 
@@ -845,37 +1115,60 @@ def _markdown(rows: list[dict], header: str) -> str:
         verdict = {True: "pass", False: "**fail**", None: "–"}[row["passed"]]
         return f"| {row['step']} | {row['goal']} | {shown} | {row['target']} | {verdict} |"
 
-    return "\n".join([header, "", "| step | goal | value | target | verdict |", "|---|---|---:|---|---|",
-                      *map(cell, rows)]) + "\n"
+    return (
+        "\n".join(
+            [header, "", "| step | goal | value | target | verdict |", "|---|---|---:|---|---|", *map(cell, rows)]
+        )
+        + "\n"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(
         prog="gpu_first_contact.py",
         description="Measure every GPU row of the lab's open issues on one GPU; one results file per step "
-                    "(module docstring).")
+        "(module docstring).",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu", help="results folder")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="no GPU: run every step's code on CPU with tiny shapes; CUDA-only steps skipped")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: run every step's code on CPU with tiny shapes; CUDA-only steps skipped",
+    )
     parser.add_argument("--only", help=f"comma-separated steps to run (default all): {','.join(STEPS)}")
     parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     parser.add_argument("--device", default="cuda:0", help="the GPU (default cuda:0)")
-    parser.add_argument("--cpus-per-worker", type=int, default=min(4, os.cpu_count() or 1),
-                        help="CPUs per GPU worker in the lab runs (torch's CPU threads)")
-    parser.add_argument("--deadline-s", type=float, default=TOTAL_BUDGET_S,
-                        help="the whole run's limit: a step's timeout is cut to what is left, and a step with less "
-                             "than 10 s left is not started (default 480)")
-    parser.add_argument("--resnet-batch", type=int, default=256,
-                        help="ResNet-50 per-GPU batch of step 04 (default 256)")
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="CPUs per GPU worker in the lab runs (torch's CPU threads)",
+    )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=TOTAL_BUDGET_S,
+        help="the whole run's limit: a step's timeout is cut to what is left, and a step with less "
+        "than 10 s left is not started (default 480)",
+    )
+    parser.add_argument(
+        "--resnet-batch", type=int, default=256, help="ResNet-50 per-GPU batch of step 04 (default 256)"
+    )
     parser.add_argument("--inject-s", type=float, default=0.05, help="the GPU ground truth's injected delay (s)")
-    parser.add_argument("--tolerance", type=float, default=0.05,
-                        help="the GPU ground truth's bar (share of the injection)")
+    parser.add_argument(
+        "--tolerance", type=float, default=0.05, help="the GPU ground truth's bar (share of the injection)"
+    )
     parser.add_argument("--inject-s-dry", type=float, default=0.2, help="the dry run's injected host sleep (s)")
-    parser.add_argument("--tolerance-dry", type=float, default=0.2,
-                        help="the dry run's bar (a shared CPU is noisier than a GPU)")
+    parser.add_argument(
+        "--tolerance-dry", type=float, default=0.2, help="the dry run's bar (a shared CPU is noisier than a GPU)"
+    )
     parser.add_argument("--profiled-steps", type=int, default=5)
-    parser.add_argument("--profiler-tolerance-us", type=float, default=20.0,
-                        help="step 06: how closely the last bucket's completion events track their kernels (us)")
+    parser.add_argument(
+        "--profiler-tolerance-us",
+        type=float,
+        default=20.0,
+        help="step 06: how closely the last bucket's completion events track their kernels (us)",
+    )
     args = parser.parse_args(argv)
     if args.only:
         chosen = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -917,24 +1210,29 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
     if missing:
-        raise UsageError(f"gpu_first_contact.py: missing modules the lab needs: {', '.join(missing)} (pip install "
-                         "pandas pyarrow pyyaml pillow numpy mlperf-logging, or carry a wheelhouse to a machine "
-                         "without network)")
+        raise UsageError(
+            f"gpu_first_contact.py: missing modules the lab needs: {', '.join(missing)} (pip install "
+            "pandas pyarrow pyyaml pillow numpy mlperf-logging, or carry a wheelhouse to a machine "
+            "without network)"
+        )
     import torch
 
     from scaling.results import write_json_atomic, write_text_atomic
 
     if not args.dry_run and not _cuda_available():
-        raise UsageError(f"gpu_first_contact.py: torch {torch.__version__} sees no CUDA GPU here (CUDA build: "
-                         f"{torch.version.cuda or 'none'}); run on the GPU machine, or with --dry-run for the "
-                         "CPU-checkable parts")
+        raise UsageError(
+            f"gpu_first_contact.py: torch {torch.__version__} sees no CUDA GPU here (CUDA build: "
+            f"{torch.version.cuda or 'none'}); run on the GPU machine, or with --dry-run for the "
+            "CPU-checkable parts"
+        )
     out = args.out.resolve()
     if out.exists() and not out.is_dir():
         raise UsageError(f"gpu_first_contact.py: --out {out} is not a folder")
     if out.exists() and any(out.iterdir()):
         if not args.overwrite:
-            raise UsageError(f"gpu_first_contact.py: --out {out} holds results already; choose another folder or "
-                             "pass --overwrite")
+            raise UsageError(
+                f"gpu_first_contact.py: --out {out} holds results already; choose another folder or pass --overwrite"
+            )
         for old in list(out.glob("[0-9][0-9]-*.json")) + [out / "summary.json", out / "summary.md"]:
             old.unlink(missing_ok=True)
         shutil.rmtree(out / "runs", ignore_errors=True)
@@ -948,24 +1246,39 @@ def _run(args: argparse.Namespace) -> int:
     for plan in (p for p in PLANS if p.name in args.steps):
         left = args.deadline_s - (time.perf_counter() - started)
         if left < 10:
-            records.append({"step": plan.name, "status": "skipped", "budget_s": plan.budget_s,
-                            "reason": f"not started: {left:.0f} s left of --deadline-s {args.deadline_s:g}"})
+            records.append(
+                {
+                    "step": plan.name,
+                    "status": "skipped",
+                    "budget_s": plan.budget_s,
+                    "reason": f"not started: {left:.0f} s left of --deadline-s {args.deadline_s:g}",
+                }
+            )
             write_json_atomic(out / f"{STEPS.index(plan.name) + 1:02d}-{plan.name}.json", records[-1])
             print(f"{STEPS.index(plan.name) + 1:02d} {plan.name:<18} skipped  {records[-1]['reason']}", flush=True)
             continue
         # a dry run's CPU-sized steps take longer than their GPU budgets on a small shared CPU (imports, tracing)
-        records.append(run_isolated(ctx, plan, min(plan.timeout_s * (DRY_RUN_TIMEOUT_SCALE if args.dry_run else 1),
-                                                    left)))
+        records.append(
+            run_isolated(ctx, plan, min(plan.timeout_s * (DRY_RUN_TIMEOUT_SCALE if args.dry_run else 1), left))
+        )
     wall_s = time.perf_counter() - started
     table = summary_table(records, args.dry_run)
-    summary = {"dry_run": args.dry_run, "steps": {r["step"]: r["status"] for r in records},
-               "failed": [r["step"] for r in records if r["status"] in ("failed", "error")],
-               "goals": table, "goals_failed": [row["goal"] for row in table if row["passed"] is False],
-               "wall_s": wall_s, "deadline_s": args.deadline_s, "within_deadline": wall_s <= args.deadline_s,
-               "finished_unix": time.time()}
+    summary = {
+        "dry_run": args.dry_run,
+        "steps": {r["step"]: r["status"] for r in records},
+        "failed": [r["step"] for r in records if r["status"] in ("failed", "error")],
+        "goals": table,
+        "goals_failed": [row["goal"] for row in table if row["passed"] is False],
+        "wall_s": wall_s,
+        "deadline_s": args.deadline_s,
+        "within_deadline": wall_s <= args.deadline_s,
+        "finished_unix": time.time(),
+    }
     write_json_atomic(out / "summary.json", summary)
-    header = (f"{'Dry run on CPU (figures not judged)' if args.dry_run else device}: {len(records)} steps, "
-              f"{wall_s:.0f} s of {args.deadline_s:.0f}")
+    header = (
+        f"{'Dry run on CPU (figures not judged)' if args.dry_run else device}: {len(records)} steps, "
+        f"{wall_s:.0f} s of {args.deadline_s:.0f}"
+    )
     markdown = _markdown(table, header)
     write_text_atomic(out / "summary.md", markdown)
     print(markdown, flush=True)

@@ -45,8 +45,13 @@ def timed_steps(step, batches: list, device: torch.device, warmup: int, steps: i
         step(batches[(warmup + i) % len(batches)])
     _sync(device)
     elapsed = time.perf_counter() - started
-    return {"step_s": elapsed / steps, "steps": steps, "warmup_steps": warmup, "warmup_s": sum(warmup_s),
-            "first_step_s": warmup_s[0] if warmup_s else None}
+    return {
+        "step_s": elapsed / steps,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "warmup_s": sum(warmup_s),
+        "first_step_s": warmup_s[0] if warmup_s else None,
+    }
 
 
 def _fused(device: torch.device) -> dict:
@@ -57,8 +62,16 @@ def _autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def gpt2_bare(device: torch.device, model_name: str, vocab: int, seq: int, batch: int, compile_backend: str | None,
-              warmup: int, steps: int) -> dict:
+def gpt2_bare(
+    device: torch.device,
+    model_name: str,
+    vocab: int,
+    seq: int,
+    batch: int,
+    compile_backend: str | None,
+    warmup: int,
+    steps: int,
+) -> dict:
     """A bare GPT loop over the lab's `model_name` (nanoGPT's shape of loop): bf16 autocast, fused AdamW,
     generated token ids on the device; `compile_backend` None for eager."""
     from scaling.models import build_model
@@ -83,21 +96,36 @@ def gpt2_bare(device: torch.device, model_name: str, vocab: int, seq: int, batch
     return result
 
 
-def resnet_bare(device: torch.device, model_name: str, classes: int, size: int, batch: int,
-                compile_backend: str | None, warmup: int, steps: int) -> dict:
+def resnet_bare(
+    device: torch.device,
+    model_name: str,
+    classes: int,
+    size: int,
+    batch: int,
+    compile_backend: str | None,
+    warmup: int,
+    steps: int,
+) -> dict:
     """A bare image-model loop over the lab's `model_name`: bf16 autocast, channels_last, fused SGD with
     Nesterov momentum, label smoothing 0.1, synthetic images on the device."""
     from scaling.models import build_model
 
     torch.manual_seed(0)
     model = build_model(model_name, classes).to(device).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4,
-                                **_fused(device))
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4, **_fused(device)
+    )
     forward = torch.compile(model, backend=compile_backend) if compile_backend else model
     generator = torch.Generator(device=device).manual_seed(0)
-    data = [(torch.randn(batch, 3, size, size, generator=generator, device=device)
-             .contiguous(memory_format=torch.channels_last),
-             torch.randint(0, classes, (batch,), generator=generator, device=device)) for _ in range(2)]
+    data = [
+        (
+            torch.randn(batch, 3, size, size, generator=generator, device=device).contiguous(
+                memory_format=torch.channels_last
+            ),
+            torch.randint(0, classes, (batch,), generator=generator, device=device),
+        )
+        for _ in range(2)
+    ]
 
     def step(item):
         images, labels = item
@@ -125,14 +153,27 @@ def _ddp_job(device: torch.device, build, compile_backend: str | None, compile_i
     module = build().to(device)
     if compile_backend and compile_inner:
         module = torch.compile(module, backend=compile_backend)
-    model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                    bucket_cap_mb=25)
+    model = DistributedDataParallel(
+        module, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=25
+    )
     forward = torch.compile(model, backend=compile_backend) if compile_backend and not compile_inner else model
     return model, forward
 
 
-def host_cost_abba(device: torch.device, build, make_batch, loss_of, run_dir: Path, *, compile_backend: str | None,
-                   compile_inner: bool, optimizer: str, pairs: int, steps_per_block: int, warmup_blocks: int) -> dict:
+def host_cost_abba(
+    device: torch.device,
+    build,
+    make_batch,
+    loss_of,
+    run_dir: Path,
+    *,
+    compile_backend: str | None,
+    compile_inner: bool,
+    optimizer: str,
+    pairs: int,
+    steps_per_block: int,
+    warmup_blocks: int,
+) -> dict:
     """attached / bare per ABBA pair of blocks (module docstring). `build()` makes the model, `make_batch(i)`
     its i-th batch, `loss_of(output, batch)` the loss. Returns the median ratio, the pairs' range, the
     per-arm mean step times and the buckets per step."""
@@ -148,8 +189,15 @@ def host_cost_abba(device: torch.device, build, make_batch, loss_of, run_dir: Pa
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **_fused(device))
         meter = None
         if arm == "attached":  # at its defaults but the A/B calibration (off, as a user's loop without it)
-            meter = attach(model, opt, run_dir=run_dir, forward_module=forward, name=run_dir.name,
-                           calibration_pairs=0, parts=lab_parts())
+            meter = attach(
+                model,
+                opt,
+                run_dir=run_dir,
+                forward_module=forward,
+                name=run_dir.name,
+                calibration_pairs=0,
+                parts=lab_parts(),
+            )
         arms[arm] = (model, forward, opt, meter)
     batches = [make_batch(i) for i in range(steps_per_block)]
 
@@ -157,7 +205,7 @@ def host_cost_abba(device: torch.device, build, make_batch, loss_of, run_dir: Pa
         model, forward, opt, meter = arms[arm]
         _sync(device)
         started = time.perf_counter()
-        for batch in (meter.batches(batches) if meter is not None else batches):
+        for batch in meter.batches(batches) if meter is not None else batches:
             with _autocast(device):
                 loss = loss_of(forward(batch[0]), batch)
             loss.backward()
@@ -187,17 +235,26 @@ def host_cost_abba(device: torch.device, build, make_batch, loss_of, run_dir: Pa
 
     steps = RunDir(run_dir).steps()
     buckets = float(steps["num_buckets"].median()) if len(steps) and "num_buckets" in steps else None
-    return {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "ratios": ratios, "pairs": pairs, "steps_per_block": steps_per_block, "warmup_blocks": warmup_blocks,
-            "bare_step_s": statistics.mean(times["bare"]), "attached_step_s": statistics.mean(times["attached"]),
-            "buckets_per_step": buckets}
+    return {
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratios": ratios,
+        "pairs": pairs,
+        "steps_per_block": steps_per_block,
+        "warmup_blocks": warmup_blocks,
+        "bare_step_s": statistics.mean(times["bare"]),
+        "attached_step_s": statistics.mean(times["attached"]),
+        "buckets_per_step": buckets,
+    }
 
 
 # --- a Hugging Face model through attach (issue 46) ------------------------------------------
 
 
-def hf_gpt2_job(device: torch.device, run_dir: Path, *, tiny: bool, batch: int, seq: int, warmup: int,
-                steps: int) -> dict:
+def hf_gpt2_job(
+    device: torch.device, run_dir: Path, *, tiny: bool, batch: int, seq: int, warmup: int, steps: int
+) -> dict:
     """GPT2LMHeadModel (GPT-2 small's configuration; `tiny`: 2 layers 64 wide) built from its configuration
     (no download), SDPA attention, bf16 autocast, fused AdamW, called `model(input_ids=..., labels=...).loss`
     as every Hugging Face example calls it, measured by `attach`. Returns the run's summary."""
@@ -207,16 +264,29 @@ def hf_gpt2_job(device: torch.device, run_dir: Path, *, tiny: bool, batch: int, 
     from scaling.launch.instrument_parts import lab_parts
     from scaling.results import RunDir
 
-    config = (GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=seq, bos_token_id=0,
-                         eos_token_id=0) if tiny else GPT2Config(n_positions=max(seq, 1024)))
+    config = (
+        GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=seq, bos_token_id=0, eos_token_id=0)
+        if tiny
+        else GPT2Config(n_positions=max(seq, 1024))
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)  # a GPT2LMHeadModel
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, **_fused(device))
     generator = torch.Generator(device=device).manual_seed(0)
-    data = [torch.randint(0, config.vocab_size, (batch, seq), generator=generator, device=device)
-            for _ in range(warmup + steps)]
-    with attach(model, optimizer, run_dir=run_dir, name="hf-gpt2", warmup_steps=warmup, calibration_pairs=0,
-                telemetry_interval_s=0, parts=lab_parts()) as meter:
+    data = [
+        torch.randint(0, config.vocab_size, (batch, seq), generator=generator, device=device)
+        for _ in range(warmup + steps)
+    ]
+    with attach(
+        model,
+        optimizer,
+        run_dir=run_dir,
+        name="hf-gpt2",
+        warmup_steps=warmup,
+        calibration_pairs=0,
+        telemetry_interval_s=0,
+        parts=lab_parts(),
+    ) as meter:
         for tokens in meter.batches(data):
             with _autocast(device):
                 loss = model(input_ids=tokens, labels=tokens).loss
@@ -260,8 +330,16 @@ def fsdp2_gloo_rank(rank: int, world_size: int, port: int, use_cuda: bool, run_d
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         generator = torch.Generator(device=device).manual_seed(rank)
         data = [torch.randint(0, 256, (8, 65), generator=generator, device=device) for _ in range(steps)]
-        with attach(model, optimizer, run_dir=Path(run_dir), name="fsdp2-gloo", warmup_steps=2, calibration_pairs=0,
-                    telemetry_interval_s=0, parts=lab_parts()) as meter:
+        with attach(
+            model,
+            optimizer,
+            run_dir=Path(run_dir),
+            name="fsdp2-gloo",
+            warmup_steps=2,
+            calibration_pairs=0,
+            telemetry_interval_s=0,
+            parts=lab_parts(),
+        ) as meter:
             for tokens in meter.batches(data):
                 logits = model(tokens[:, :-1])
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
@@ -279,5 +357,6 @@ def fsdp2_gloo_rank(rank: int, world_size: int, port: int, use_cuda: bool, run_d
 if __name__ == "__main__":
     import argparse
 
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                            epilog="a library: scripts/gpu_first_contact.py runs these loops").parse_args()
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="a library: scripts/gpu_first_contact.py runs these loops"
+    ).parse_args()

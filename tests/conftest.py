@@ -7,8 +7,9 @@ attaches to (or is attached by) any other Ray on the machine; it is stopped by i
 never with `ray stop`.
 
 `minicluster`: one 2-node minicluster (network namespaces, one Ray node each) for every test that
-needs one; its tests run last (`pytest_collection_modifyitems`) so that its nodes idle beside no
-other test. A test that preempts a node gives it back (`whole_minicluster`).
+needs one. Run in one process, its tests run last (`pytest_collection_modifyitems`) so that its nodes
+idle beside no other test; in two (`make test`), its tier is one group, handed out first
+(`FileGroupScheduling`). A test that preempts a node gives it back (`whole_minicluster`).
 
 Capabilities (`CAPABILITIES`): where this process cannot build the minicluster's network, or
 Horovod does not import, or no Prometheus server is installed, the tests that need them skip
@@ -58,7 +59,11 @@ def ray_cluster():
     with private_ray_head(num_cpus=2, timeout_s=90, prefix="slray-") as head:
         os.environ["RAY_AUTH_MODE"] = "disabled"
         try:
-            yield {"address": head.address, "dashboard": head.dashboard, "env": {**head.env, "RAY_ADDRESS": head.address}}
+            yield {
+                "address": head.address,
+                "dashboard": head.dashboard,
+                "env": {**head.env, "RAY_ADDRESS": head.address},
+            }
         finally:
             import ray
 
@@ -102,8 +107,25 @@ def netns_capability() -> str | None:
         ["ip", "link", "set", veth, "master", bridge],
         ["ip", "netns", "exec", namespace, "ip", "link", "set", f"{veth}p", "name", "lab0"],
         ["ip", "netns", "exec", namespace, "ip", "link", "set", "lab0", "up"],
-        ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", "lab0", "root", "tbf",
-         "rate", "100mbit", "burst", "65536", "latency", "200ms"],
+        [
+            "ip",
+            "netns",
+            "exec",
+            namespace,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "lab0",
+            "root",
+            "tbf",
+            "rate",
+            "100mbit",
+            "burst",
+            "65536",
+            "latency",
+            "200ms",
+        ],
     ]
     try:
         for step in steps:
@@ -210,7 +232,9 @@ def minicluster(netns_capable):
     result = run_cli("minicluster", "up", "--nodes", "2", "--name", MINICLUSTER_NAME, "--subnet", MINICLUSTER_SUBNET)
     assert result.returncode == 0, result.stderr
     try:
-        assert minicluster_leftovers(MINICLUSTER_NAME), "the minicluster's namespaces and links should exist while it is up"
+        assert minicluster_leftovers(MINICLUSTER_NAME), (
+            "the minicluster's namespaces and links should exist while it is up"
+        )
         yield MINICLUSTER_NAME
     finally:
         down = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
@@ -241,8 +265,12 @@ def whole_minicluster(minicluster):
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / "scaling"), *args], cwd=REPO, env=env or os.environ.copy(),
-        capture_output=True, text=True, timeout=timeout,
+        [str(BIN / "scaling"), *args],
+        cwd=REPO,
+        env=env or os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -277,8 +305,16 @@ def registered_checkpoint_epoch(run_dir) -> int | None:
 # minicluster probe, Horovod's test files, or one of the modules below that launch training runs
 # or worker processes.
 SLOW_MODULES = {
-    "test_ground_truth", "test_precision", "test_attribution", "test_instrument_api", "test_sweep", "test_failures",
-    "test_interrupts", "test_own_job", "test_amoebanet", "test_models",
+    "test_ground_truth",
+    "test_precision",
+    "test_attribution",
+    "test_instrument_api",
+    "test_sweep",
+    "test_failures",
+    "test_interrupts",
+    "test_own_job",
+    "test_amoebanet",
+    "test_models",
 }
 
 
@@ -301,6 +337,7 @@ def pytest_collection_modifyitems(config, items):
         if tiers:  # a unit test is a group of its own (the scheduler's default)
             item.add_marker(pytest.mark.xdist_group("minicluster" if "minicluster" in tiers else module))
     _share_groups(items)
+
     # In one process: the unit tier first, then the others, the minicluster's tests last, together (its
     # Ray nodes then idle beside no other test). Unit tests thus run before any test attaches this process
     # to Ray as a driver: under `make test` as under `make test-fast` (`_unit_guard` checks it).
@@ -396,12 +433,18 @@ def _unit_guard():
             message = f"a unit-tier test may not {what}: {UNIT_RULE}"
             violations.append(message)
             raise TierViolation(message)
+
         return refused
 
-    targets = [(subprocess.Popen, "_execute_child", "start a subprocess"),
-               (multiprocessing.process.BaseProcess, "start", "start a process")]
-    targets += [(os, name, f"start a process (os.{name})")
-                for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system") if hasattr(os, name)]
+    targets = [
+        (subprocess.Popen, "_execute_child", "start a subprocess"),
+        (multiprocessing.process.BaseProcess, "start", "start a process"),
+    ]
+    targets += [
+        (os, name, f"start a process (os.{name})")
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")
+        if hasattr(os, name)
+    ]
     try:
         import torch.distributed as dist
         import torch.distributed.device_mesh as device_mesh
@@ -410,8 +453,11 @@ def _unit_guard():
         pass
     else:
         what = "start a process group (train)"
-        targets += [(module, "init_process_group", what) for module in (dist, distributed_c10d, device_mesh)
-                    if hasattr(module, "init_process_group")]
+        targets += [
+            (module, "init_process_group", what)
+            for module in (dist, distributed_c10d, device_mesh)
+            if hasattr(module, "init_process_group")
+        ]
         targets += [(distributed_c10d, "_new_process_group_helper", what)]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
     for owner, name, what in targets:
@@ -448,8 +494,10 @@ def _guarded_phase(item, phase: str):
     if item.get_closest_marker("unit") is None:
         return (yield)
     if phase == "setup" and _ray_driver():
-        raise TierViolation("a unit-tier test ran in a Ray driver (this process attached to Ray): the unit tier runs "
-                            "first (pytest_collection_modifyitems), as under `make test-fast`")
+        raise TierViolation(
+            "a unit-tier test ran in a Ray driver (this process attached to Ray): the unit tier runs "
+            "first (pytest_collection_modifyitems), as under `make test-fast`"
+        )
     with _unit_guard() as violations:
         try:
             result = yield

@@ -67,9 +67,17 @@ def job_fsdp(run_dir: str, *, delay_s: float = 0.0, into: str = "gradients", ste
     def forward_backward(batch):
         loss_fn(model(batch[0]), batch[1]).backward()
 
-    with instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=WARMUP, calibration_pairs=PAIRS,
-                           forward_backward=forward_backward, calibration_data=data[:PAIRS],
-                           inject_comm_delay_s=delay_s, inject_comm_delay_into=into) as meter:
+    with instrument.attach(
+        model,
+        optimizer,
+        run_dir=run_dir,
+        warmup_steps=WARMUP,
+        calibration_pairs=PAIRS,
+        forward_backward=forward_backward,
+        calibration_data=data[:PAIRS],
+        inject_comm_delay_s=delay_s,
+        inject_comm_delay_into=into,
+    ) as meter:
         for x, y in meter.batches(data):
             loss_fn(model(x), y).backward()
             optimizer.step()
@@ -140,12 +148,22 @@ def job_losses(run_dir: str | None, *, wrapper: str, steps: int = 6, epochs: int
     def forward_backward(batch):
         loss_fn(model(batch[0]), batch[1]).backward()
 
-    meter = (instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=1, calibration_pairs=2,
-                               forward_backward=forward_backward, calibration_data=data[2:4])
-             if wrapper == "fsdp_attached" else None)
+    meter = (
+        instrument.attach(
+            model,
+            optimizer,
+            run_dir=run_dir,
+            warmup_steps=1,
+            calibration_pairs=2,
+            forward_backward=forward_backward,
+            calibration_data=data[2:4],
+        )
+        if wrapper == "fsdp_attached"
+        else None
+    )
     losses = []
     for _ in range(epochs):
-        for x, y in (meter.batches(data) if meter else data):
+        for x, y in meter.batches(data) if meter else data:
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()

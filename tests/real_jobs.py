@@ -58,8 +58,17 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def job_accumulation(run_dir: str, *, accumulate: int = 2, use_no_sync: bool = True, delay_s: float = 0.0,
-                     steps_per_epoch: int = 6, epochs: int = 2, pairs: int = 3, bf16: bool = True) -> dict:
+def job_accumulation(
+    run_dir: str,
+    *,
+    accumulate: int = 2,
+    use_no_sync: bool = True,
+    delay_s: float = 0.0,
+    steps_per_epoch: int = 6,
+    epochs: int = 2,
+    pairs: int = 3,
+    bf16: bool = True,
+) -> dict:
     """Gradient accumulation (DDP's no_sync on all but the last micro-batch, or not), clipping, an LR scheduler,
     bf16 autocast (or not: the ground truth's runs compare communication, which autocast does not change)."""
     from scaling import instrument
@@ -74,9 +83,16 @@ def job_accumulation(run_dir: str, *, accumulate: int = 2, use_no_sync: bool = T
     def forward_backward(batch):
         (loss_fn(model(batch[0]), batch[1]) / accumulate).backward()
 
-    with instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=2, calibration_pairs=pairs,
-                           forward_backward=forward_backward, calibration_data=data[:pairs],
-                           inject_comm_delay_s=delay_s) as meter:
+    with instrument.attach(
+        model,
+        optimizer,
+        run_dir=run_dir,
+        warmup_steps=2,
+        calibration_pairs=pairs,
+        forward_backward=forward_backward,
+        calibration_data=data[:pairs],
+        inject_comm_delay_s=delay_s,
+    ) as meter:
         for _ in range(epochs):
             for i, (x, y) in enumerate(meter.batches(data)):
                 last = (i + 1) % accumulate == 0
@@ -127,8 +143,14 @@ def job_mid_epoch_eval(run_dir: str, *, steps: int = 9, every: int = 3, eval_bat
                 evaluations.append({"step": i, "begin": begin, "end": time.perf_counter(), "correct": correct})
         loop_exit = time.perf_counter()
         row = meter.end_epoch(val_accuracy=0.5)
-    return {"loop_enter": loop_enter, "loop_exit": loop_exit, "evaluations": evaluations,
-            "eval_sleeps": module.eval_sleeps, "train_s": row["train_s"], "eval_s": row["eval_s"]}
+    return {
+        "loop_enter": loop_enter,
+        "loop_exit": loop_exit,
+        "evaluations": evaluations,
+        "eval_sleeps": module.eval_sleeps,
+        "train_s": row["train_s"],
+        "eval_s": row["eval_s"],
+    }
 
 
 def job_odd_steps(run_dir: str, pattern: str, *, count: int = 8) -> dict:
@@ -145,8 +167,9 @@ def job_odd_steps(run_dir: str, pattern: str, *, count: int = 8) -> dict:
         optimizers = [torch.optim.SGD(model.parameters(), lr=0.05)]
     scaler = torch.amp.GradScaler("cpu") if pattern == "grad_scaler_skip" else None
     data = batches(count, seed=_rank())
-    meter = instrument.attach(model, optimizers if len(optimizers) > 1 else optimizers[0], run_dir=run_dir,
-                              warmup_steps=0)
+    meter = instrument.attach(
+        model, optimizers if len(optimizers) > 1 else optimizers[0], run_dir=run_dir, warmup_steps=0
+    )
     for i, (x, y) in enumerate(meter.batches(data)):
         if pattern == "skipped_batch" and i == 3:
             continue  # a batch the job decides not to train on
@@ -186,11 +209,22 @@ def job_losses(run_dir: str | None, *, attached: bool, epochs: int = 2, count: i
     def forward_backward(batch):
         loss_fn(model(batch[0]), batch[1]).backward()
 
-    meter = (instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=1, calibration_pairs=2,
-                               forward_backward=forward_backward, calibration_data=loader) if attached else None)
+    meter = (
+        instrument.attach(
+            model,
+            optimizer,
+            run_dir=run_dir,
+            warmup_steps=1,
+            calibration_pairs=2,
+            forward_backward=forward_backward,
+            calibration_data=loader,
+        )
+        if attached
+        else None
+    )
     losses = []
     for _ in range(epochs):
-        for xb, yb in (meter.batches(loader) if meter else loader):
+        for xb, yb in meter.batches(loader) if meter else loader:
             loss = loss_fn(model(xb), yb)
             loss.backward()
             optimizer.step()
@@ -233,8 +267,10 @@ WORLD_CASES = {
     "accumulation_delay": lambda d: job_accumulation(d, delay_s=DELAY_S, bf16=False),
     "accumulation_sync_every_delay": lambda d: job_accumulation(d, use_no_sync=False, delay_s=DELAY_S, bf16=False),
     "mid_epoch_eval": job_mid_epoch_eval,
-    **{f"odd_{p}": (lambda d, p=p: job_odd_steps(d, p))
-       for p in ("grad_scaler_skip", "skipped_batch", "two_optimizers", "zero_not_none")},
+    **{
+        f"odd_{p}": (lambda d, p=p: job_odd_steps(d, p))
+        for p in ("grad_scaler_skip", "skipped_batch", "two_optimizers", "zero_not_none")
+    },
     "losses_plain": lambda d: job_losses(None, attached=False),
     "losses_attached": lambda d: job_losses(d, attached=True),
     "fails": job_fails,

@@ -62,10 +62,17 @@ MARGIN_S = 0.05  # what load moved the checked figures by: 24 ms at most (module
 STRAGGLER_SHARE = 0.75  # seen: 0.92 (one step of 13 not named for rank 1) to 1.0
 DDP_MARGIN_S, DDP_RATIO_MARGIN = 0.1, 0.15  # seen: DDP's comm -54 ms under D_S + D_C at most; the ratio 0.90-1.03
 BATCH, STEPS_PER_EPOCH, EPOCHS, WARMUP, TRACED = 16, 8, 2, 3, 6
-SMALL = [f"data.train_samples={2 * BATCH * STEPS_PER_EPOCH}", f"data.val_samples={4 * BATCH}",
-         f"train.per_worker_batch={BATCH}", f"train.max_epochs={EPOCHS}", "train.target_accuracy=1.0",
-         "train.eval_every=1.0", "instrument.calibration_pairs=0", f"instrument.warmup_steps={WARMUP}",
-         f"instrument.trace_steps={TRACED}"]
+SMALL = [
+    f"data.train_samples={2 * BATCH * STEPS_PER_EPOCH}",
+    f"data.val_samples={4 * BATCH}",
+    f"train.per_worker_batch={BATCH}",
+    f"train.max_epochs={EPOCHS}",
+    "train.target_accuracy=1.0",
+    "train.eval_every=1.0",
+    "instrument.calibration_pairs=0",
+    f"instrument.warmup_steps={WARMUP}",
+    f"instrument.trace_steps={TRACED}",
+]
 
 
 def _run(root, name: str, extra: list[str]) -> dict:
@@ -77,17 +84,30 @@ def _run(root, name: str, extra: list[str]) -> dict:
     steps = pd.read_parquet(run_dir / "steps.parquet")
     steady = steps[(steps["kind"] == "train") & ~steps["warmup"]]
     assert len(steady) == 2 * (EPOCHS * STEPS_PER_EPOCH - WARMUP)  # ranks x steady steps
-    return {"summary": summary, "steady": steady, "dir": run_dir,
-            "ranks": pd.read_parquet(run_dir / "ranks.parquet").set_index("rank"),
-            "epochs": pd.read_parquet(run_dir / "epochs.parquet")}
+    return {
+        "summary": summary,
+        "steady": steady,
+        "dir": run_dir,
+        "ranks": pd.read_parquet(run_dir / "ranks.parquet").set_index("rank"),
+        "epochs": pd.read_parquet(run_dir / "epochs.parquet"),
+    }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("attribution")
-    return {"base": _run(root, "base", []),
-            "injected": _run(root, "injected", [f"instrument.inject_straggler_s={D_S}", "instrument.straggler_rank=1",
-                                                f"instrument.inject_comm_delay_s={D_C}"])}
+    return {
+        "base": _run(root, "base", []),
+        "injected": _run(
+            root,
+            "injected",
+            [
+                f"instrument.inject_straggler_s={D_S}",
+                "instrument.straggler_rank=1",
+                f"instrument.inject_comm_delay_s={D_C}",
+            ],
+        ),
+    }
 
 
 def _rank(run: dict, rank: int) -> pd.DataFrame:
@@ -99,9 +119,11 @@ def test_a_straggler_shows_as_the_others_waiting_and_is_named(runs):
     waiting = {rank: float(_rank(injected, rank)["waiting_s"].median()) for rank in (0, 1)}
     base = {rank: float(_rank(runs["base"], rank)["waiting_s"].median()) for rank in (0, 1)}
     summary = injected["summary"]
-    print(f"straggler {D_S} s: median waiting rank 0 {waiting[0]:.4f} s, rank 1 {waiting[1]:.4f} s "
-          f"(base run {base[0]:.4f}, {base[1]:.4f}); straggler rank {summary['straggler_rank']}, "
-          f"share {summary['straggler_share']:.3f}")
+    print(
+        f"straggler {D_S} s: median waiting rank 0 {waiting[0]:.4f} s, rank 1 {waiting[1]:.4f} s "
+        f"(base run {base[0]:.4f}, {base[1]:.4f}); straggler rank {summary['straggler_rank']}, "
+        f"share {summary['straggler_share']:.3f}"
+    )
     assert waiting[0] == pytest.approx(D_S, abs=MARGIN_S)  # and so not D_S + D_C: the delay is not waiting
     assert waiting[1] < MARGIN_S  # the straggler waits for nobody
     assert summary["straggler_rank"] == 1 and summary["straggler_share"] > STRAGGLER_SHARE
@@ -118,8 +140,10 @@ def test_an_allreduce_delay_shows_as_transfer_not_waiting(runs):
     # the second opinion: PyTorch DDP's own reducer timers. On rank 0 its communication span,
     # from the first bucket's launch, holds the wait for the straggler and the delay.
     ddp_base, ddp = base["summary"], injected["summary"]
-    print(f"DDP's backward comm time {ddp_base['ddp_comm_s']:.4f} s and {ddp['ddp_comm_s']:.4f} s; "
-          f"lab / DDP {ddp_base['ddp_comm_ratio']:.2f} and {ddp['ddp_comm_ratio']:.2f}")
+    print(
+        f"DDP's backward comm time {ddp_base['ddp_comm_s']:.4f} s and {ddp['ddp_comm_s']:.4f} s; "
+        f"lab / DDP {ddp_base['ddp_comm_ratio']:.2f} and {ddp['ddp_comm_ratio']:.2f}"
+    )
     assert ddp["ddp_comm_s"] > D_S + D_C - DDP_MARGIN_S  # DDP's timer holds the injected time too
     for run in (ddp_base, ddp):  # the two instruments agree, within the noise of their means
         assert run["ddp_disagrees"] is False
@@ -140,10 +164,20 @@ def test_trace_is_trace_event_format_and_its_spans_nest_and_add_up(runs, name):
     assert len(steps) == 2 * TRACED  # trace_steps per rank
     records = run["steady"].set_index(["rank", "step"])
     for step in steps:
-        inside = [e for e in spans if e["pid"] == step["pid"] and e["args"].get("step") == step["args"]["step"]
-                  and e["cat"] in ("phase", "allreduce")]
+        inside = [
+            e
+            for e in spans
+            if e["pid"] == step["pid"]
+            and e["args"].get("step") == step["args"]["step"]
+            and e["cat"] in ("phase", "allreduce")
+        ]
         phases = [e for e in inside if e["cat"] == "phase"]
-        assert [p["name"] for p in sorted(phases, key=lambda p: p["ts"])] == ["data", "forward", "backward", "optimizer"]
+        assert [p["name"] for p in sorted(phases, key=lambda p: p["ts"])] == [
+            "data",
+            "forward",
+            "backward",
+            "optimizer",
+        ]
         assert sum(p["dur"] for p in phases) == pytest.approx(step["dur"], abs=0.01)  # µs, rounding
         for e in inside:  # nest: every phase and bucket inside its step
             assert step["ts"] - 0.01 <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 0.01

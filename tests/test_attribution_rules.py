@@ -18,7 +18,6 @@ tests/test_attribution.py proves the same figures on real runs by injection.
 from __future__ import annotations
 
 import json
-import math
 import threading
 from types import SimpleNamespace
 
@@ -34,6 +33,7 @@ from scaling.instrument.timing import BucketMarks, Clock, StepMarks
 
 
 # --- ranks as threads, with the recorder's two collectives ------------------------------------
+
 
 class ThreadWorld:
     """`size` ranks, each a thread; `member(rank)` is the `group` a rank's recorder is given."""
@@ -72,24 +72,37 @@ def threaded_collectives(monkeypatch):
     monkeypatch.setattr(dist, "all_gather", ThreadWorld.all_gather)
 
 
-def marks(step: int, start: float, handed_over: list[float], completed: list[float], *, warmup: bool = False,
-          kind: str = "train", epoch: int = 1) -> StepMarks:
+def marks(
+    step: int,
+    start: float,
+    handed_over: list[float],
+    completed: list[float],
+    *,
+    warmup: bool = False,
+    kind: str = "train",
+    epoch: int = 1,
+) -> StepMarks:
     """One step on a rank's own clock (seconds): data 10 ms, forward 20 ms, then backward whose
     buckets are handed over and completed at the given moments; backward ends with the last
     all-reduce, the optimizer takes 10 ms."""
     buckets = [BucketMarks(i, h, c) for i, (h, c) in enumerate(zip(handed_over, completed, strict=True))]
     backward_end = max(completed) if completed else start + 0.5
-    return StepMarks.single(epoch, step, kind, warmup, 64, start, start + 0.01, start + 0.03, backward_end,
-                     backward_end + 0.01, buckets)
+    return StepMarks.single(
+        epoch, step, kind, warmup, 64, start, start + 0.01, start + 0.03, backward_end, backward_end + 0.01, buckets
+    )
 
 
-def attribute(steps_per_rank: list[list[StepMarks]], offsets_s: list[float] | None = None) -> tuple[list[list[dict]], dict]:
+def attribute(
+    steps_per_rank: list[list[StepMarks]], offsets_s: list[float] | None = None
+) -> tuple[list[list[dict]], dict]:
     """Every rank's records of one epoch, attributed across ranks (one thread per rank), and rank 0's epoch row."""
     size = len(steps_per_rank)
     offsets_s = offsets_s or [0.0] * size
     world = ThreadWorld(size)
-    recorders = [RunRecorder(Clock(), rank, 0, rank, None, group=world.member(rank), world_size=size,
-                             offset_s=offsets_s[rank]) for rank in range(size)]
+    recorders = [
+        RunRecorder(Clock(), rank, 0, rank, None, group=world.member(rank), world_size=size, offset_s=offsets_s[rank])
+        for rank in range(size)
+    ]
     rows: list[list[dict] | None] = [None] * size
     errors: list[BaseException] = []
 
@@ -118,16 +131,27 @@ def by_step(rows: list[dict]) -> dict[int, dict]:
 
 # --- recorder.attribute ----------------------------------------------------------------------
 
+
 def test_a_straggler_is_the_others_waiting_on_rank_0s_clock(threaded_collectives):
     """Rank 1 hands its last bucket over 0.3 s after rank 0, every step; its clock reads 1000 s
     behind rank 0's (offset +1000 s), so only on rank 0's clock is it the later one.
     Rank 0: last hand-over at 0.5 s into the step, last all-reduce done at 0.9 s: exposed 0.4 s,
     of which waiting = min(0.4, 0.8 - 0.5) = 0.3 s and transfer 0.1 s. Rank 1: last hand-over
     at 0.8 s, done at 0.9 s: exposed 0.1 s, waiting 0 (nobody is later), transfer 0.1 s."""
-    rank0 = [marks(k, 10.0 * k, [10.0 * k + 0.2, 10.0 * k + 0.5], [10.0 * k + 0.4, 10.0 * k + 0.9], warmup=k == 0)
-             for k in range(4)]
-    rank1 = [marks(k, 10.0 * k - 1000.0, [10.0 * k + 0.3 - 1000.0, 10.0 * k + 0.8 - 1000.0],
-                   [10.0 * k + 0.6 - 1000.0, 10.0 * k + 0.9 - 1000.0], warmup=k == 0) for k in range(4)]
+    rank0 = [
+        marks(k, 10.0 * k, [10.0 * k + 0.2, 10.0 * k + 0.5], [10.0 * k + 0.4, 10.0 * k + 0.9], warmup=k == 0)
+        for k in range(4)
+    ]
+    rank1 = [
+        marks(
+            k,
+            10.0 * k - 1000.0,
+            [10.0 * k + 0.3 - 1000.0, 10.0 * k + 0.8 - 1000.0],
+            [10.0 * k + 0.6 - 1000.0, 10.0 * k + 0.9 - 1000.0],
+            warmup=k == 0,
+        )
+        for k in range(4)
+    ]
     (rows0, rows1), epoch_row = attribute([rank0, rank1], offsets_s=[0.0, 1000.0])
     for k in range(4):  # warm-up steps are attributed too; only the straggler tally leaves them out
         r0, r1 = by_step(rows0)[k], by_step(rows1)[k]
@@ -138,8 +162,19 @@ def test_a_straggler_is_the_others_waiting_on_rank_0s_clock(threaded_collectives
     assert epoch_row == {"epoch": 1, "straggler_rank": 1, "straggler_share": 1.0}
 
     # the run's figures from these records: means over steady steps and ranks, rank 1 the straggler of all 3
-    epochs = pd.DataFrame([{"epoch": 1, "train_s": 40.0, "samples": 512, "calibration_s": 0.0, "eval_s": 0.0,
-                            "val_accuracy": 0.5, "elapsed_wall_s": 41.0}])
+    epochs = pd.DataFrame(
+        [
+            {
+                "epoch": 1,
+                "train_s": 40.0,
+                "samples": 512,
+                "calibration_s": 0.0,
+                "eval_s": 0.0,
+                "val_accuracy": 0.5,
+                "elapsed_wall_s": 41.0,
+            }
+        ]
+    )
     out = summarize_run(pd.DataFrame(rows0 + rows1), epochs, target_accuracy=None, num_workers=2)
     assert out["waiting_s"] == pytest.approx(0.15) and out["transfer_s"] == pytest.approx(0.1)
     assert (out["straggler_rank"], out["straggler_share"]) == (1, 1.0)
@@ -167,9 +202,19 @@ def test_waiting_is_capped_at_the_exposed_time_and_the_straggler_share_counts_st
     one clock (as an offset estimated 0.15 s wrong would show it): waiting is then all of the
     exposed time (0.15 s) and transfer 0, never negative. Steady steps: rank 2 last in 2 of 3."""
     gaps = {0: (0.2, 0.0, 0.0), 1: (0.0, 0.2, 0.3), 2: (0.0, 0.2, 0.3), 3: (0.0, 0.2, 0.0)}  # hand-over after 0.5 s
-    steps = [[marks(k, 10.0 * k, [10.0 * k + 0.5 + gaps[k][rank]],
-                    [10.0 * k + 0.5 + gaps[k][rank] + (0.15 if rank == 0 else 0.4)], warmup=k == 0)
-              for k in range(4)] for rank in range(3)]
+    steps = [
+        [
+            marks(
+                k,
+                10.0 * k,
+                [10.0 * k + 0.5 + gaps[k][rank]],
+                [10.0 * k + 0.5 + gaps[k][rank] + (0.15 if rank == 0 else 0.4)],
+                warmup=k == 0,
+            )
+            for k in range(4)
+        ]
+        for rank in range(3)
+    ]
     rows, epoch_row = attribute(steps)
     r0, r1, r2 = (by_step(r) for r in rows)
     assert r0[0]["straggler_rank"] == 0 and r0[0]["waiting_s"] == 0.0
@@ -191,8 +236,13 @@ def test_steps_without_buckets_calibration_and_unmatched_steps(threaded_collecti
     attributed; a step only one rank recorded (rank 1 has one training step fewer; steps are
     matched by position in the epoch) has nobody to wait for. Rank 0's tally: steps 0 and 2
     rank 1, step 3 rank 0."""
-    rank0 = [marks(0, 0.0, [0.5], [0.7]), marks(1, 10.0, [], []), marks(2, 20.0, [20.5], [20.9]),
-             marks(3, 30.0, [30.5], [30.9]), marks(3, 40.0, [40.5], [40.6], kind="calib_sync")]
+    rank0 = [
+        marks(0, 0.0, [0.5], [0.7]),
+        marks(1, 10.0, [], []),
+        marks(2, 20.0, [20.5], [20.9]),
+        marks(3, 30.0, [30.5], [30.9]),
+        marks(3, 40.0, [40.5], [40.6], kind="calib_sync"),
+    ]
     rank1 = [marks(0, 0.0, [0.6], [0.7]), marks(1, 10.0, [10.5], [10.7]), marks(2, 20.0, [20.6], [20.9])]
     (rows0, rows1), epoch_row = attribute([rank0, rank1])
     r0, r1 = by_step(rows0), by_step(rows1)
@@ -224,6 +274,7 @@ def test_one_rank_waits_for_nobody(threaded_collectives):
 
 
 # --- the clock offset -------------------------------------------------------------------------
+
 
 class ScriptedPeer:
     """Rank 1 of 2, on another kernel (another boot id), whose clock reads `behind_s` behind rank
@@ -263,8 +314,12 @@ class ScriptedPeer:
             # rank 0's clock when the message arrived: rank 1's + behind_s, one outward leg later
             tensor[0] = self.now + self.behind_s + self.out_s[self.round]
 
-        for name, fn in (("broadcast_object_list", broadcast_object_list), ("all_gather", all_gather),
-                         ("send", send), ("recv", recv)):
+        for name, fn in (
+            ("broadcast_object_list", broadcast_object_list),
+            ("all_gather", all_gather),
+            ("send", send),
+            ("recv", recv),
+        ):
             monkeypatch.setattr(dist, name, fn)
 
 
@@ -293,12 +348,20 @@ def test_clock_offset_on_one_kernel_is_zero_without_a_round_trip(monkeypatch):
 
 # --- PyTorch DDP's second opinion ---------------------------------------------------------------
 
+
 def ddp_epochs() -> pd.DataFrame:
     """Epoch 1 (left out: the first) is absurd on purpose. Epochs 2 and 3: 4 and 6 iterations of
     100 and 150 ms (std 20 and 10 ms): DDP's mean (0.4 + 0.9) / 10 = 130 ms; pooled variance
     (3 x 0.02^2 + 5 x 0.01^2) / 9 = 0.0017 / 9, so its standard error^2 = 0.0017 / 90."""
-    return pd.DataFrame({"epoch": [1, 2, 3], "ddp_comm_s": [5.0, 0.100, 0.150], "ddp_iterations": [10, 4, 6],
-                         "ddp_comm_std_s": [1.0, 0.020, 0.010], "ddp_exposed_comm_s": [5.0, 0.010, 0.020]})
+    return pd.DataFrame(
+        {
+            "epoch": [1, 2, 3],
+            "ddp_comm_s": [5.0, 0.100, 0.150],
+            "ddp_iterations": [10, 4, 6],
+            "ddp_comm_std_s": [1.0, 0.020, 0.010],
+            "ddp_exposed_comm_s": [5.0, 0.010, 0.020],
+        }
+    )
 
 
 def test_ddp_second_opinion_disagrees_beyond_three_standard_errors_plus_ten_percent():
@@ -330,6 +393,7 @@ def test_ddp_second_opinion_absent_without_ddp_timers():
 
 # --- trace.json against steps.parquet ---------------------------------------------------------
 
+
 def test_trace_spans_are_the_records_durations_on_one_time_base(tmp_path):
     """Two ranks write the records and trace events of the same hand-built steps (rank 1's clock
     2 s behind rank 0's); trace.json (µs, from the earliest event, on rank 0's clock) must hold
@@ -345,8 +409,16 @@ def test_trace_spans_are_the_records_durations_on_one_time_base(tmp_path):
         for epoch, steps in ((1, (0, 1)), (2, (2, 3))):
             for k in steps:
                 start = 10.0 * k - offset + 0.013 * rank
-                recorder.step(marks(k, start, [start + 0.1 + 0.01 * k, start + 0.25],
-                                    [start + 0.2, start + 0.31 + 0.02 * rank], warmup=k == 0, epoch=epoch))
+                recorder.step(
+                    marks(
+                        k,
+                        start,
+                        [start + 0.1 + 0.01 * k, start + 0.25],
+                        [start + 0.2, start + 0.31 + 0.02 * rank],
+                        warmup=k == 0,
+                        epoch=epoch,
+                    )
+                )
             recorder.step(marks(steps[-1], start + 5.0, [start + 5.1], [start + 5.2], kind="calib_sync", epoch=epoch))
             recorder.end_epoch({"epoch": epoch})
     assert merge_trace(tmp_path) == tmp_path / TRACE_JSON
@@ -364,11 +436,15 @@ def test_trace_spans_are_the_records_durations_on_one_time_base(tmp_path):
         phases = {e["name"]: e for e in mine if e["cat"] == "phase"}
         ts = step["ts"]
         for name in ("data", "forward", "backward", "optimizer"):
-            assert phases[name]["ts"] == us(ts, abs=4e-3) and phases[name]["dur"] == us(row[f"{name}_s"] * 1e6, abs=2e-3)
+            assert phases[name]["ts"] == us(ts, abs=4e-3) and phases[name]["dur"] == us(
+                row[f"{name}_s"] * 1e6, abs=2e-3
+            )
             ts += phases[name]["dur"]
         buckets = sorted((e for e in mine if e["cat"] == "allreduce"), key=lambda e: e["ts"])
         assert len(buckets) == row["num_buckets"] == 2
-        union_us = buckets[0]["dur"] + buckets[1]["dur"] - max(0.0, buckets[0]["ts"] + buckets[0]["dur"] - buckets[1]["ts"])
+        union_us = (
+            buckets[0]["dur"] + buckets[1]["dur"] - max(0.0, buckets[0]["ts"] + buckets[0]["dur"] - buckets[1]["ts"])
+        )
         assert union_us == us(row["allreduce_s"] * 1e6, abs=5e-3)
         last_handed_over = max(b["ts"] for b in buckets)
         assert max(b["ts"] + b["dur"] for b in buckets) - last_handed_over == us(row["exposed_comm_s"] * 1e6, abs=5e-3)

@@ -39,9 +39,20 @@ def test_version(capsys):
 
 
 def test_every_command_is_covered():
-    assert {"run", "sweep", "report", "project", "cluster check", "minicluster up", "minicluster exec",
-            "minicluster preempt", "minicluster rejoin", "minicluster status", "minicluster down",
-            "dashboard install"} <= set(IDS)
+    assert {
+        "run",
+        "sweep",
+        "report",
+        "project",
+        "cluster check",
+        "minicluster up",
+        "minicluster exec",
+        "minicluster preempt",
+        "minicluster rejoin",
+        "minicluster status",
+        "minicluster down",
+        "dashboard install",
+    } <= set(IDS)
 
 
 @pytest.mark.parametrize("words, parser", COMMANDS, ids=IDS)
@@ -71,15 +82,18 @@ def test_every_option_has_help_with_its_default(words, parser):
             assert "(required)" in action.help or words == ("project",), f"{' '.join(words)} {name}: say it is required"
 
 
-@pytest.mark.parametrize("option, expected", [
-    (("run", "--launcher"), {"ray", "local"}),
-    (("sweep", "--launcher"), {"ray", "local"}),
-    (("project", "--precision"), {"fp32", "fp16", "bf16", "amp"}),
-    (("project", "--grad-compression"), {"none", "fp16", "bf16"}),
-    (("project", "--backend"), {"ddp", "horovod"}),
-    (("project", "--allreduce"), {"ring", "hierarchical"}),
-    (("project", "--model"), {"resnet50", "small_cnn"}),
-])
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        (("run", "--launcher"), {"ray", "local"}),
+        (("sweep", "--launcher"), {"ray", "local"}),
+        (("project", "--precision"), {"fp32", "fp16", "bf16", "amp"}),
+        (("project", "--grad-compression"), {"none", "fp16", "bf16"}),
+        (("project", "--backend"), {"ddp", "horovod"}),
+        (("project", "--allreduce"), {"ring", "hierarchical"}),
+        (("project", "--model"), {"resnet50", "small_cnn"}),
+    ],
+)
 def test_closed_choices_are_choices(option, expected):
     *words, flag = option
     parser = dict(zip(IDS, (p for _, p in COMMANDS)))[" ".join(words)]
@@ -94,21 +108,24 @@ def test_out_is_a_directory_everywhere():
                 assert action.metavar == "DIR" and "director" in action.help, " ".join(words)
 
 
-@pytest.mark.parametrize("argv, named", [
-    ([], "COMMAND"),
-    (["run"], "CONFIG"),
-    (["sweep"], "CONFIG"),
-    (["report"], "SWEEP_DIR"),
-    (["project"], "--cluster"),
-    (["cluster"], "ACTION"),
-    (["cluster", "check"], "YAML"),
-    (["minicluster"], "ACTION"),
-    (["minicluster", "up"], "--nodes"),
-    (["minicluster", "preempt"], "--node"),
-    (["minicluster", "exec"], "the command is missing"),
-    (["minicluster", "exec", "--"], "the command is missing"),
-    (["dashboard"], "ACTION"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        ([], "COMMAND"),
+        (["run"], "CONFIG"),
+        (["sweep"], "CONFIG"),
+        (["report"], "SWEEP_DIR"),
+        (["project"], "--cluster"),
+        (["cluster"], "ACTION"),
+        (["cluster", "check"], "YAML"),
+        (["minicluster"], "ACTION"),
+        (["minicluster", "up"], "--nodes"),
+        (["minicluster", "preempt"], "--node"),
+        (["minicluster", "exec"], "the command is missing"),
+        (["minicluster", "exec", "--"], "the command is missing"),
+        (["dashboard"], "ACTION"),
+    ],
+)
 def test_a_missing_argument_is_named_as_missing(argv, named, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

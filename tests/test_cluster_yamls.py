@@ -16,19 +16,13 @@ Each project check returns its problems, so the negative tests can show that it 
 
 from __future__ import annotations
 
-import ast
 import copy
 import importlib.util
-import ipaddress
-import itertools
 import re
-import tomllib
-from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
-from ray.autoscaler._private.util import prepare_config, validate_config
 
 from scaling.cluster_check import (  # noqa: E402
     ROOT,
@@ -36,14 +30,10 @@ from scaling.cluster_check import (  # noqa: E402
     INSTANCES,
     WORKER,
     SHARED_MOUNT,
-    MIN_NODES,
-    TORCH_INDEX,
     index_has_sm70,
     yaml_paths,
     load,
     ray_checks,
-    project_pins,
-    ray_default_inbound_rules,
     resource_problems,
     storage_problems,
     ingress_problems,
@@ -53,7 +43,6 @@ from scaling.cluster_check import (  # noqa: E402
     torch_problems,
     spot_problems,
     SPOT_WORKER,
-    check_cluster_yaml,
     _mount_commands,
 )
 
@@ -78,7 +67,13 @@ def test_ray_validator_accepts(cluster_yaml):
     assert prepared["head_node_type"] in prepared["available_node_types"]
     # defaults are merged per top-level key: every command list must be the YAML's own, or Ray's
     # defaults (a ray nightly wheel, a dashboard on 0.0.0.0) would come in
-    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
+    for key in (
+        "setup_commands",
+        "head_setup_commands",
+        "worker_setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    ):
         assert key in raw, key
 
 
@@ -143,8 +138,13 @@ def test_spot_worker_beside_the_on_demand_one(cluster_yaml):
     assert spot_problems(prepared) == []
     spot = prepared["available_node_types"][SPOT_WORKER]
     assert spot["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
-    assert resource_problems({**prepared, "available_node_types": {**prepared["available_node_types"], WORKER: spot}},
-                             spot["node_config"]["InstanceType"]) == []
+    assert (
+        resource_problems(
+            {**prepared, "available_node_types": {**prepared["available_node_types"], WORKER: spot}},
+            spot["node_config"]["InstanceType"],
+        )
+        == []
+    )
 
 
 def test_index_table():
@@ -207,7 +207,9 @@ def test_everything_open_over_ipv6_is_caught(p3_16):
 
 
 def test_dashboard_on_all_interfaces_is_caught(p3_16):
-    p3_16["head_start_ray_commands"] = [c.replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0") for c in p3_16["head_start_ray_commands"]]
+    p3_16["head_start_ray_commands"] = [
+        c.replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0") for c in p3_16["head_start_ray_commands"]
+    ]
     assert control_plane_problems(ray_checks(p3_16)) == ["the head's dashboard does not listen on loopback only"]
 
 

@@ -56,13 +56,21 @@ def _train(rank: int, run_dir: str, every: int, delay_s: float) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(rank)
-    batches = [(torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator)) for _ in range(STEPS)
+    ]
     losses = []
     TimingProcessGroup.allreduce = counted
     try:
-        with instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=WARMUP, collective_timing_every=every,
-                               inject_comm_delay_s=delay_s, telemetry_interval_s=0) as meter:
+        with instrument.attach(
+            model,
+            optimizer,
+            run_dir=run_dir,
+            warmup_steps=WARMUP,
+            collective_timing_every=every,
+            inject_comm_delay_s=delay_s,
+            telemetry_interval_s=0,
+        ) as meter:
             for x, y in meter.batches(batches):
                 loss = loss_fn(model(x), y)
                 loss.backward()
@@ -94,8 +102,9 @@ def _job(rank: int, port: int, tmp: str) -> None:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sampling")
     start_workers(_job, (free_port(), str(tmp)), 2)
-    return {name: ([json.loads((tmp / f"{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
-            for name in RUNS}
+    return {
+        name: ([json.loads((tmp / f"{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name) for name in RUNS
+    }
 
 
 def _steps(run_dir) -> pd.DataFrame:
@@ -135,8 +144,17 @@ def test_only_the_sampled_steps_have_communication_columns_and_none_is_a_zero(ru
         assert list(mine["comm_timed"]) == expected
         timed, untimed = mine[mine["comm_timed"]], mine[~mine["comm_timed"]]
         assert (timed["num_buckets"] >= 1).all() and (timed["allreduce_s"] > 0).all()
-        for column in ("allreduce_s", "exposed_comm_s", "comm_span_s", "num_buckets", "injected_s",
-                       "synced_micro_batches", "compute_s", "waiting_s", "transfer_s"):
+        for column in (
+            "allreduce_s",
+            "exposed_comm_s",
+            "comm_span_s",
+            "num_buckets",
+            "injected_s",
+            "synced_micro_batches",
+            "compute_s",
+            "waiting_s",
+            "transfer_s",
+        ):
             assert untimed[column].isna().all(), column
         assert (untimed["step_s"] > 0).all() and untimed["backward_s"].notna().all()
     every_step = _steps(runs["every1"][1])

@@ -64,7 +64,9 @@ def test_impossible_values_are_refused(override, key):
 
 
 def test_closed_choices_are_types_refused_when_the_tree_is_built():
-    with pytest.raises(ConfigError, match=r"config key 'backend' must be one of auto, gloo, nccl, fsdp, horovod; got 'mpi'"):
+    with pytest.raises(
+        ConfigError, match=r"config key 'backend' must be one of auto, gloo, nccl, fsdp, horovod; got 'mpi'"
+    ):
         from_dict({"backend": "mpi"})
     with pytest.raises(ConfigError, match="train.precision"):
         from_dict({"train": {"precision": True}})
@@ -78,28 +80,35 @@ def test_config_is_data_it_imports_nothing_that_looks_at_the_world():
     import subprocess
     import sys
 
-    code = ("import sys; from scaling.config import load_config, validate; "
-            f"validate(load_config({str(QUICKSTART)!r}, overrides=['workers.cluster=p9.huge', 'data.name=cifar10', "
-            "'data.path=/nonexistent', 'workers.link_bandwidth=fast', 'model.name=no_such.module:net'])); "
-            "print(sorted(m for m in sys.modules if m.startswith(('scaling.launch', 'scaling.train', 'scaling.projection', 'ray'))))")
+    code = (
+        "import sys; from scaling.config import load_config, validate; "
+        f"validate(load_config({str(QUICKSTART)!r}, overrides=['workers.cluster=p9.huge', 'data.name=cifar10', "
+        "'data.path=/nonexistent', 'workers.link_bandwidth=fast', 'model.name=no_such.module:net'])); "
+        "print(sorted(m for m in sys.modules if m.startswith(('scaling.launch', 'scaling.train', 'scaling.projection', 'ray'))))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.train_samples=10", "smaller than the global batch"),
-    ("workers.link_bandwidth=fast", "tc rate"),
-    ("workers.link_bandwidth=1gbit", "needs a minicluster"),
-    ("workers.cluster=p9.huge", "p9.huge"),
-    ("data.path=/nonexistent/cifar", "does not exist"),
-    ("model.name=tests.user_callables:broken_model", "does not build"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.train_samples=10", "smaller than the global batch"),
+        ("workers.link_bandwidth=fast", "tc rate"),
+        ("workers.link_bandwidth=1gbit", "needs a minicluster"),
+        ("workers.cluster=p9.huge", "p9.huge"),
+        ("data.path=/nonexistent/cifar", "does not exist"),
+        ("model.name=tests.user_callables:broken_model", "does not build"),
+    ],
+)
 def test_what_looks_at_the_world_is_the_preflights(override, message):
     from scaling.errors import UsageError
     from scaling.launch.preflight import preflight
 
-    overrides = [override, "data.name=cifar10", "data.image_size=32"] if override.startswith("data.path") else [override]
+    overrides = (
+        [override, "data.name=cifar10", "data.image_size=32"] if override.startswith("data.path") else [override]
+    )
     cfg = load_config(QUICKSTART, overrides=overrides)  # the shape is fine
     with pytest.raises(UsageError, match=message):  # a ConfigError, or the dataset's own error
         preflight(cfg, "local", capacity=False)
@@ -110,7 +119,9 @@ def test_a_sweep_preflights_each_distinct_config_once(monkeypatch):
     from scaling.launch.sweep import plan_sweep
 
     checked = []
-    monkeypatch.setattr(preflight_module, "check_user_code", lambda cfg: checked.append((cfg.workers.num_workers, cfg.train.seed)))
+    monkeypatch.setattr(
+        preflight_module, "check_user_code", lambda cfg: checked.append((cfg.workers.num_workers, cfg.train.seed))
+    )
     monkeypatch.setattr(preflight_module, "check_capacity", lambda cfg, launcher, log_to_driver=True: None)
     _, _, planned = plan_sweep(QUICKSTART, [1, 2], 3)
     assert len(planned) == 6
@@ -233,17 +244,20 @@ def test_pinning_moves_only_the_calling_thread():
     assert os.sched_getaffinity(0) == before  # the test's own thread is untouched
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.name=tests.user_callables:missing", "has no attribute 'missing'"),
-    ("model.name=no_such_package.models:net", "cannot import no_such_package.models"),
-    ("model.name=tests.user_callables:broken_model", "does not build: RuntimeError: boom"),
-    ("model.name=tests.user_callables:not_a_module", "returned int, not a torch.nn.Module"),
-    ("model.name=tests.user_callables:two_args", "must take 1 positional argument"),
-    ("data.name=tests.user_callables:no_args", "must take 1 positional argument"),
-    ("train.function=tests.user_callables:two_args", "must take 1 positional argument"),
-    ("train.function=tests.user_callables", "not an import path of the form package.module:callable"),
-    ("model.name=resnet5O", "or a model of your own as package.module:callable"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.name=tests.user_callables:missing", "has no attribute 'missing'"),
+        ("model.name=no_such_package.models:net", "cannot import no_such_package.models"),
+        ("model.name=tests.user_callables:broken_model", "does not build: RuntimeError: boom"),
+        ("model.name=tests.user_callables:not_a_module", "returned int, not a torch.nn.Module"),
+        ("model.name=tests.user_callables:two_args", "must take 1 positional argument"),
+        ("data.name=tests.user_callables:no_args", "must take 1 positional argument"),
+        ("train.function=tests.user_callables:two_args", "must take 1 positional argument"),
+        ("train.function=tests.user_callables", "not an import path of the form package.module:callable"),
+        ("model.name=resnet5O", "or a model of your own as package.module:callable"),
+    ],
+)
 def test_a_bad_import_path_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, override, message):
     from scaling import cli
 
@@ -261,7 +275,9 @@ def test_a_users_model_by_import_path_builds_and_a_train_function_needs_ray(tmp_
     from scaling.models import build_model
 
     assert isinstance(build_model(cfg.model.name, 10)[1], torch.nn.Linear)
-    code = cli.main(["run", str(REPO / "examples" / "own_job" / "sweep.yaml"), "--launcher", "local", "--out", str(tmp_path / "r")])
+    code = cli.main(
+        ["run", str(REPO / "examples" / "own_job" / "sweep.yaml"), "--launcher", "local", "--out", str(tmp_path / "r")]
+    )
     stderr = capsys.readouterr().err
     assert code == 2 and "Ray launcher" in stderr and len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
@@ -286,14 +302,22 @@ def test_a_dataset_that_cannot_fit_is_refused_in_one_line_before_the_run_directo
     from scaling import cli
 
     out = tmp_path / "run"
-    code = cli.main(["run", str(QUICKSTART), "--launcher", "local", "--workers", "1", "--set", TOO_BIG, "--out", str(out)])
+    code = cli.main(
+        ["run", str(QUICKSTART), "--launcher", "local", "--workers", "1", "--set", TOO_BIG, "--out", str(out)]
+    )
     stderr = capsys.readouterr().err
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     # the keys and the numbers: 1e9 x (3x32x32x4 + 8) + 2048 x 12,296 bytes held = 12,296 GB
-    for needle in ("data.train_samples=1,000,000,000", "data.val_samples=2,048", "model.name=small_cnn",
-                   "GB per worker", "datasets 12,296 GB held", "of memory available"):
+    for needle in (
+        "data.train_samples=1,000,000,000",
+        "data.val_samples=2,048",
+        "model.name=small_cnn",
+        "GB per worker",
+        "datasets 12,296 GB held",
+        "of memory available",
+    ):
         assert needle in lines[0], stderr
     assert not out.exists()
 
@@ -335,7 +359,9 @@ def test_the_shipped_configs_fit_a_24_gib_machine():
         for workers in (yaml.safe_load(path.read_text()).get("sweep") or {}).get("workers", [None]):
             cfg = load_config(path, num_workers=workers)
             # the counts check_data reads from a path dataset: ILSVRC-2012's (CIFAR-10's are the default)
-            estimate = estimate_worker_memory(cfg, {"train": 1_281_167, "val": 50_000} if cfg.data.name == "imagenet" else None)
+            estimate = estimate_worker_memory(
+                cfg, {"train": 1_281_167, "val": 50_000} if cfg.data.name == "imagenet" else None
+            )
             if estimate is None:
                 assert cfg.train.function  # a user's function makes its own model and data
                 continue
@@ -356,8 +382,11 @@ def test_memory_refusals_on_a_ray_cluster_a_gpu_and_a_sweep(monkeypatch):
 
     cfg = load_config(QUICKSTART, num_workers=4)  # 0.60 GB per worker at the embedded generator's peak
     small_nodes = [{"CPU": 2.0, "memory": 1.0e9}, {"CPU": 2.0, "memory": 1.0e9}]  # one such worker each
-    with pytest.raises(UsageError, match=r"need 0.604 GB per worker .* the Ray cluster's nodes can hold 2 of the 4 "
-                                         r"workers \(memory per node as Ray reports it: 1.00 GB, 1.00 GB\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"need 0.604 GB per worker .* the Ray cluster's nodes can hold 2 of the 4 "
+        r"workers \(memory per node as Ray reports it: 1.00 GB, 1.00 GB\)",
+    ):
         check_memory(cfg, "ray", nodes=small_nodes)
     check_memory(cfg, "ray", nodes=[{"CPU": 2.0, "memory": 2.0e9}] * 2)  # two each: fits
     check_memory(cfg, "ray", nodes=[{"CPU": 1.0, "memory": 1.0e12}])  # too few CPUs: check_capacity's refusal
@@ -369,7 +398,9 @@ def test_memory_refusals_on_a_ray_cluster_a_gpu_and_a_sweep(monkeypatch):
     # 0.131 GB on the GPU: the dataset held and the model state
     estimate = estimate_worker_memory(load_config(QUICKSTART, overrides=["workers.use_gpu=true"], num_workers=4))
     check_gpu_memory(estimate, 4, gpu_bytes=[0.2e9] * 4)
-    with pytest.raises(UsageError, match=r"need 0.131 GB of GPU memory per worker .* a GPU here has 0.500 GB shared by 4 workers"):
+    with pytest.raises(
+        UsageError, match=r"need 0.131 GB of GPU memory per worker .* a GPU here has 0.500 GB shared by 4 workers"
+    ):
         check_gpu_memory(estimate, 4, gpu_bytes=[0.5e9])
     # a sweep: each distinct config, named by its run
     monkeypatch.setattr(preflight_module, "check_capacity", lambda cfg, launcher, log_to_driver=True: None)
@@ -394,4 +425,7 @@ def test_the_ray_launcher_checks_memory_against_the_nodes_ray_reports(ray_connec
         check_memory(load_config(QUICKSTART, overrides=[TOO_BIG], num_workers=1), "ray")
     message = str(refused.value)
     assert "\n" not in message and "data.train_samples=1,000,000,000" in message
-    assert f"the Ray cluster's nodes can hold 0 of the 1 workers (memory per node as Ray reports it: {_gb(reported[0])}" in message
+    assert (
+        f"the Ray cluster's nodes can hold 0 of the 1 workers (memory per node as Ray reports it: {_gb(reported[0])}"
+        in message
+    )

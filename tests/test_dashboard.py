@@ -66,28 +66,34 @@ DEADLINE_S = 240.0
 
 # --- the shipped JSON and the install, in process ------------------------------------------------------------
 
+
 def test_the_shipped_dashboard_has_its_variables_and_queries_only_of_exported_metrics():
     board = dashboard.load()
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert {"run", "rank", "run_id", "datasource"} <= set(variables)
     assert variables["rank"]["multi"] and variables["rank"]["includeAll"]
-    exported = {f"ray_{name}" for name in GAUGES} | {f"ray_{name}_{part}" for name in HISTOGRAMS
-                                                      for part in ("bucket", "sum", "count")}
+    exported = {f"ray_{name}" for name in GAUGES} | {
+        f"ray_{name}_{part}" for name in HISTOGRAMS for part in ("bucket", "sum", "count")
+    }
     queries = dashboard.panel_queries(board)
     assert len(queries) >= 20
     for title, ref, expr in queries:
         names = set(re.findall(r"\b(ray_[a-z_]+)\s*\{", expr))
         assert names and names <= exported | RAY_METRICS, (title, ref, names - exported - RAY_METRICS)
         if names & exported:
-            assert '$run' in expr and '$rank' in expr, (title, ref)
-    used = {name for _, _, expr in queries for name in re.findall(r"\b(ray_scaling_[a-z_]+?)(?:_bucket|_sum)?\s*\{", expr)}
+            assert "$run" in expr and "$rank" in expr, (title, ref)
+    used = {
+        name for _, _, expr in queries for name in re.findall(r"\b(ray_scaling_[a-z_]+?)(?:_bucket|_sum)?\s*\{", expr)
+    }
     assert {f"ray_{name}" for name in (*GAUGES, *HISTOGRAMS)} <= used, "every exported figure has a panel"
 
 
 def test_the_docs_show_every_panels_query():
     page = (REPO / "docs" / "dashboard.md").read_text()
     board = dashboard.load()
-    missing = [(title, ref) for title, ref, expr in dashboard.panel_queries(board) if expr not in page or title not in page]
+    missing = [
+        (title, ref) for title, ref, expr in dashboard.panel_queries(board) if expr not in page or title not in page
+    ]
     assert not missing, f"docs/dashboard.md lacks these panels' queries: {missing}"
     assert all(definition in page for definition in dashboard.variable_queries(board).values())
 
@@ -108,7 +114,9 @@ def test_install_copies_it_where_rays_grafana_provisioning_reads(tmp_path, monke
 
 
 def test_substitute_and_bucket_quantile():
-    assert dashboard.substitute('x{run=~"$run", r=~"${rank}"}', {"run": "a", "rank": "(0|1)"}) == 'x{run=~"a", r=~"(0|1)"}'
+    assert (
+        dashboard.substitute('x{run=~"$run", r=~"${rank}"}', {"run": "a", "rank": "(0|1)"}) == 'x{run=~"a", r=~"(0|1)"}'
+    )
     # histogram_quantile's rule: linear inside the bucket holding rank q x count
     assert bucket_quantile([0.5, 1.5, 1.5, 3.0], 0.5, bounds=(1.0, 2.0, 4.0)) == pytest.approx(1.5)
     assert bucket_quantile([9.0], 0.5, bounds=(1.0, 2.0)) == 2.0  # in +Inf: the highest finite bound
@@ -116,12 +124,31 @@ def test_substitute_and_bucket_quantile():
 
 
 def test_epoch_figures_of_a_sharded_job_take_its_collective_columns():
-    rows = [{"kind": "train", "warmup": False, "step_s": 1.0, "data_s": 0.1, "forward_s": 0.3, "backward_s": 0.5,
-             "optimizer_s": 0.1, "comm_s": 0.4, "allgather_s": 0.3, "reducescatter_s": 0.2, "allgathers": 6,
-             "reducescatters": 3, "allreduce_s": math.nan, "exposed_comm_s": 0.25, "straggler_rank": 1.0}]
-    figures = {(name, tuple(tags.values())): value for name, tags, value in
-               epoch_figures(rows, {"epoch": 1, "train_s": 2.0, "throughput_samples_per_s": 64.0, "tokens": 4096.0},
-                             rank=1)}
+    rows = [
+        {
+            "kind": "train",
+            "warmup": False,
+            "step_s": 1.0,
+            "data_s": 0.1,
+            "forward_s": 0.3,
+            "backward_s": 0.5,
+            "optimizer_s": 0.1,
+            "comm_s": 0.4,
+            "allgather_s": 0.3,
+            "reducescatter_s": 0.2,
+            "allgathers": 6,
+            "reducescatters": 3,
+            "allreduce_s": math.nan,
+            "exposed_comm_s": 0.25,
+            "straggler_rank": 1.0,
+        }
+    ]
+    figures = {
+        (name, tuple(tags.values())): value
+        for name, tags, value in epoch_figures(
+            rows, {"epoch": 1, "train_s": 2.0, "throughput_samples_per_s": 64.0, "tokens": 4096.0}, rank=1
+        )
+    }
     assert figures[("scaling_communicating_seconds", ())] == 0.4
     assert figures[("scaling_collective_seconds", ("allgather",))] == 0.3
     assert figures[("scaling_collectives_per_step", ("reducescatter",))] == 3
@@ -129,13 +156,20 @@ def test_epoch_figures_of_a_sharded_job_take_its_collective_columns():
     assert figures[("scaling_throughput_tokens_per_second", ())] == 2048.0
     assert figures[("scaling_straggler_share", ())] == 1.0
     # a sequence of token ids without a `tokens` column: samples/s x tokens per sample, as the summary counts
-    tokens = {name: value for name, tags, value in epoch_figures(
-        [], {"epoch": 1, "train_s": 2.0, "throughput_samples_per_s": 10.0, "num_workers": 2},
-        rank=0, profile={"input_shape": [128], "input_dtype": "int64"})}
+    tokens = {
+        name: value
+        for name, tags, value in epoch_figures(
+            [],
+            {"epoch": 1, "train_s": 2.0, "throughput_samples_per_s": 10.0, "num_workers": 2},
+            rank=0,
+            profile={"input_shape": [128], "input_dtype": "int64"},
+        )
+    }
     assert tokens["scaling_throughput_tokens_per_second"] == 1280.0
 
 
 # --- against Prometheus ----------------------------------------------------------------------------------------
+
 
 class Prometheus:
     """Debian's prometheus on 127.0.0.1, a private data dir, scraping Ray's service-discovery file."""
@@ -149,13 +183,22 @@ class Prometheus:
         config.write_text(
             f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n  evaluation_interval: {SCRAPE_INTERVAL_S}s\n"
             "scrape_configs:\n- job_name: ray\n  file_sd_configs:\n  - files:\n"
-            f"    - '{session_dir / 'prom_metrics_service_discovery.json'}'\n    refresh_interval: {SCRAPE_INTERVAL_S}s\n")
+            f"    - '{session_dir / 'prom_metrics_service_discovery.json'}'\n    refresh_interval: {SCRAPE_INTERVAL_S}s\n"
+        )
         self.log = work / "prometheus.log"
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={work / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1h",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -240,8 +283,11 @@ class Records:
 
     def quantile(self, column: str, q: float, phases: bool = False) -> dict:
         if phases:
-            return {(str(r), p): bucket_quantile(self.steady[self.steady["rank"] == r][f"{p}_s"], q)
-                    for r in self.ranks for p in ("data", "forward", "backward", "optimizer")}
+            return {
+                (str(r), p): bucket_quantile(self.steady[self.steady["rank"] == r][f"{p}_s"], q)
+                for r in self.ranks
+                for p in ("data", "forward", "backward", "optimizer")
+            }
         return self.per_rank(self.steady, lambda f: bucket_quantile(f[column], q))
 
     def ab_share(self) -> dict:
@@ -254,6 +300,7 @@ class Records:
             steady = self.last[self.last["rank"] == rank]
             delta = (sync - nosync.reindex(sync.index)).dropna().median() * steady["synced_micro_batches"].mean()
             return 100 * delta / steady["step_s"].mean()
+
         return {(str(rank),): one(rank) for rank in self.ranks}
 
     def epoch_row(self) -> dict:
@@ -272,8 +319,12 @@ EXACT, QUANTILE, SHARE, PRESENT, RANK0 = "exact", "quantile", "share", "present"
 def _expected(records: Records) -> dict:
     """(panel title, refId) -> (how to compare, {series key: value}); {} where no series is expected."""
     r = records
-    phases = {(str(rank), p): v for rank in r.ranks for p in ("data", "forward", "backward", "optimizer")
-              for v in [r.last[r.last["rank"] == rank][f"{p}_s"].mean()]}
+    phases = {
+        (str(rank), p): v
+        for rank in r.ranks
+        for p in ("data", "forward", "backward", "optimizer")
+        for v in [r.last[r.last["rank"] == rank][f"{p}_s"].mean()]
+    }
     # every rank records each step's straggler (the same all-gathered answer): the share of steps that name it
     straggler = r.per_rank(r.last, lambda f: float((f["straggler_rank"] == f["rank"]).mean()))
     kinds = [m.group(1) for c in r.last.columns if (m := COLLECTIVE_COLUMN.match(c)) and r.last[c].notna().any()]
@@ -293,9 +344,14 @@ def _expected(records: Records) -> dict:
         ("Communication, % of the step (epoch)", "B"): (SHARE, r.share("exposed_comm_s")),
         ("Communication, % of the step (epoch)", "C"): (EXACT, r.ab_share()),
         ("Exposed communication, % of the step (run so far)", "A"): (
-            SHARE, r.per_rank(r.steady, lambda f: 100 * f["exposed_comm_s"].sum() / f["step_s"].sum())),
+            SHARE,
+            r.per_rank(r.steady, lambda f: 100 * f["exposed_comm_s"].sum() / f["step_s"].sum()),
+        ),
         ("Exposed communication p50 and p99 per rank (run so far)", "A"): (QUANTILE, r.quantile("exposed_comm_s", 0.5)),
-        ("Exposed communication p50 and p99 per rank (run so far)", "B"): (QUANTILE, r.quantile("exposed_comm_s", 0.99)),
+        ("Exposed communication p50 and p99 per rank (run so far)", "B"): (
+            QUANTILE,
+            r.quantile("exposed_comm_s", 0.99),
+        ),
         ("Collectives per kind: time in flight per step (epoch mean)", "A"): (EXACT, kind),
         ("Collectives per kind: count per step (epoch mean)", "A"): (EXACT, buckets),
         ("Waiting for the slowest rank, and transfer, per rank (epoch mean)", "A"): (EXACT, r.mean("waiting_s")),
@@ -305,10 +361,15 @@ def _expected(records: Records) -> dict:
         ("The straggler: share of steps each rank arrived last (epoch)", "A"): (EXACT, straggler),
         ("Throughput, samples/s (epoch)", "A"): (RANK0, r.rank0_figure("scaling_throughput_samples_per_second")),
         ("Throughput, tokens/s (epoch; models whose samples are token sequences)", "A"): (
-            RANK0, r.rank0_figure("scaling_throughput_tokens_per_second")),
+            RANK0,
+            r.rank0_figure("scaling_throughput_tokens_per_second"),
+        ),
         ("MFU (epoch)", "A"): (RANK0, r.rank0_figure("scaling_mfu")),
         ("Achieved model FLOP/s per worker (epoch)", "A"): (RANK0, r.rank0_figure("scaling_achieved_flops_per_second")),
-        ("Ray Train: report blocked time per rank (cumulative)", "A"): (PRESENT, {(str(rank),): None for rank in r.ranks}),
+        ("Ray Train: report blocked time per rank (cumulative)", "A"): (
+            PRESENT,
+            {(str(rank),): None for rank in r.ranks},
+        ),
     }
 
 
@@ -320,8 +381,11 @@ def _compare(title: str, ref: str, how: str, expected: dict, got: dict) -> list[
             return [] if not got else [f"{where}: series {sorted(got)} where the records have no such figure"]
         if ("0",) not in got:
             return [f"{where}: no series of rank 0 in {sorted(got)} (records: {expected[('0',)]})"]
-        problems = [] if math.isclose(got[("0",)], expected[("0",)], rel_tol=1e-6) else [
-            f"{where}: rank 0 {got[('0',)]} != records {expected[('0',)]}"]
+        problems = (
+            []
+            if math.isclose(got[("0",)], expected[("0",)], rel_tol=1e-6)
+            else [f"{where}: rank 0 {got[('0',)]} != records {expected[('0',)]}"]
+        )
         return problems + [f"{where}: rank {k[0]}: {v}" for k, v in got.items() if not v > 0]
     if set(got) != set(expected):
         return [f"{where}: series {sorted(got)} != expected {sorted(expected)}"]
@@ -355,8 +419,13 @@ def test_install_puts_it_beside_rays_train_dashboard_in_a_heads_session(ray_conn
 
 PROMETHEUS_MISSING = prometheus_capability()
 EXPORTED = 2  # epochs every rank has exported while the run is held (in epoch EXPORTED + 1's evaluation)
-LIVE = ("ray_scaling_epoch", "ray_scaling_step_seconds", "ray_scaling_exposed_comm_seconds", "ray_scaling_waiting_seconds",
-        "ray_scaling_throughput_samples_per_second")
+LIVE = (
+    "ray_scaling_epoch",
+    "ray_scaling_step_seconds",
+    "ray_scaling_exposed_comm_seconds",
+    "ray_scaling_waiting_seconds",
+    "ray_scaling_throughput_samples_per_second",
+)
 RANKS = ("0", "1")
 
 
@@ -390,10 +459,21 @@ def held_run(ray_connected, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("dashboard")
     run_dir = tmp_path / "run"
     # 32 steps per rank and epoch (27 after the 5 warm-up steps); 3 epochs, held in the third's evaluation
-    cfg = load_config(REPO / "experiments" / "quickstart.yaml", num_workers=2, overrides=[
-        f"name={name}", "model.name=tests.held_model:held_small_cnn", "data.train_samples=2048",
-        "data.val_samples=256", "train.per_worker_batch=32", "train.max_epochs=3", "train.target_accuracy=1.0",
-        "instrument.calibration_pairs=4", "train.eval_every=1"])
+    cfg = load_config(
+        REPO / "experiments" / "quickstart.yaml",
+        num_workers=2,
+        overrides=[
+            f"name={name}",
+            "model.name=tests.held_model:held_small_cnn",
+            "data.train_samples=2048",
+            "data.val_samples=256",
+            "train.per_worker_batch=32",
+            "train.max_epochs=3",
+            "train.target_accuracy=1.0",
+            "instrument.calibration_pairs=4",
+            "train.eval_every=1",
+        ],
+    )
     gate = hold(run_dir, after_evaluations=EXPORTED + 1)
     head = [n for n in ray.nodes() if n["Alive"]][0]
     url = f"http://127.0.0.1:{int(head['MetricsExportPort'])}/metrics"
@@ -426,7 +506,9 @@ def held_run(ray_connected, tmp_path_factory):
                 result = prometheus.query(selector)
                 epochs = _by_series(result)
                 run_id = result[0]["metric"].get("ray_train_run_id", "") if result else ""
-                blocked = run_id and prometheus.query(f'ray_train_report_total_blocked_time_s{{ray_train_run_id="{run_id}"}}')
+                blocked = run_id and prometheus.query(
+                    f'ray_train_report_total_blocked_time_s{{ray_train_run_id="{run_id}"}}'
+                )
                 if len(epochs) == 2 and all(v >= EXPORTED for v in epochs.values()) and len(blocked or []) == 2:
                     break
                 stop.wait(0.5)
@@ -455,10 +537,18 @@ def held_run(ray_connected, tmp_path_factory):
         release(gate)
         if prometheus is not None:
             prometheus.stop()
-    print(f"Ray's endpoint had epoch {EXPORTED} of both ranks {when.get('scraped_after_s', math.nan):.1f} s after the "
-          f"run started; Prometheus {when.get('after_s', math.nan):.1f} s after it was ready")
-    return {"name": name, "run_dir": run_dir, "summary": summary, "scraped": scraped, "answers": answers,
-            "failure": failure}
+    print(
+        f"Ray's endpoint had epoch {EXPORTED} of both ranks {when.get('scraped_after_s', math.nan):.1f} s after the "
+        f"run started; Prometheus {when.get('after_s', math.nan):.1f} s after it was ready"
+    )
+    return {
+        "name": name,
+        "run_dir": run_dir,
+        "summary": summary,
+        "scraped": scraped,
+        "answers": answers,
+        "failure": failure,
+    }
 
 
 @pytest.mark.slow
@@ -472,10 +562,18 @@ def test_each_worker_exports_its_figures_to_rays_prometheus_endpoint(held_run):
     scraped = held_run["scraped"]
     assert {(metric, rank) for metric in LIVE for rank in RANKS} <= set(scraped), sorted(scraped)
     records = Records(held_run["run_dir"], EXPORTED)
-    for metric, column in (("ray_scaling_step_seconds", "step_s"), ("ray_scaling_exposed_comm_seconds", "exposed_comm_s"),
-                           ("ray_scaling_waiting_seconds", "waiting_s")):
+    for metric, column in (
+        ("ray_scaling_step_seconds", "step_s"),
+        ("ray_scaling_exposed_comm_seconds", "exposed_comm_s"),
+        ("ray_scaling_waiting_seconds", "waiting_s"),
+    ):
         for (rank,), want in records.mean(column).items():
-            assert math.isclose(scraped[(metric, rank)], want, rel_tol=1e-6, abs_tol=1e-9), (metric, rank, scraped[(metric, rank)], want)
+            assert math.isclose(scraped[(metric, rank)], want, rel_tol=1e-6, abs_tol=1e-9), (
+                metric,
+                rank,
+                scraped[(metric, rank)],
+                want,
+            )
     throughput = records.rank0_figure("scaling_throughput_samples_per_second")[("0",)]
     assert math.isclose(scraped[("ray_scaling_throughput_samples_per_second", "0")], throughput, rel_tol=1e-6)
     assert scraped[("ray_scaling_throughput_samples_per_second", "1")] > 0
@@ -484,7 +582,12 @@ def test_each_worker_exports_its_figures_to_rays_prometheus_endpoint(held_run):
 @pytest.mark.slow
 @pytest.mark.skipif(PROMETHEUS_MISSING is not None, reason=str(PROMETHEUS_MISSING))
 def test_every_panel_answers_with_the_runs_records(held_run):
-    run_dir, summary, answers, failure = held_run["run_dir"], held_run["summary"], dict(held_run["answers"]), held_run["failure"]
+    run_dir, summary, answers, failure = (
+        held_run["run_dir"],
+        held_run["summary"],
+        dict(held_run["answers"]),
+        held_run["failure"],
+    )
     name, exported = held_run["name"], EXPORTED
     assert summary["status"] == "max_epochs", summary["error"]
     assert not failure, failure
@@ -493,20 +596,26 @@ def test_every_panel_answers_with_the_runs_records(held_run):
 
     records = Records(run_dir, exported)
     expected = _expected(records)
-    assert set(expected) == set(answers), ("a panel without a check, or a check without a panel",
-                                           set(expected) ^ set(answers))
+    assert set(expected) == set(answers), (
+        "a panel without a check, or a check without a panel",
+        set(expected) ^ set(answers),
+    )
     problems = []
     for key, (expr, result) in answers.items():
         how, want = expected[key]
         problems += _compare(*key, how, want, _by_series(result))
     assert not problems, "\n".join(problems)
     absent = [f"{title} [{ref}]" for (title, ref), (_, want) in expected.items() if not want]
-    print(f"{len(answers)} panel queries agree with the records; without series, as the records have no such "
-          f"figure: {', '.join(absent) or 'none'}")
+    print(
+        f"{len(answers)} panel queries agree with the records; without series, as the records have no such "
+        f"figure: {', '.join(absent) or 'none'}"
+    )
     # the histogram's p50 is interpolated inside buckets 2^(1/4) apart: within one bucket of the exact median
     exact = records.per_rank(records.steady, lambda f: float(f["step_s"].median()))
     got = _by_series(answers[("Step time p50 and p99 per rank (run so far)", "A")][1])
     for key, value in exact.items():
-        assert abs(got[key] / value - 1) <= 2 ** 0.25 - 1, (key, got[key], value)
-    print("step time p50 per rank, Prometheus vs the records' exact median: " + ", ".join(
-        f"rank {k[0]} {got[k] * 1e3:.2f} ms vs {v * 1e3:.2f} ms" for k, v in exact.items()))
+        assert abs(got[key] / value - 1) <= 2**0.25 - 1, (key, got[key], value)
+    print(
+        "step time p50 per rank, Prometheus vs the records' exact median: "
+        + ", ".join(f"rank {k[0]} {got[k] * 1e3:.2f} ms vs {v * 1e3:.2f} ms" for k, v in exact.items())
+    )

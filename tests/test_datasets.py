@@ -48,6 +48,7 @@ def imagenet_cfg(path, num_classes=6, **kw):
 
 # ---------------------------------------------------------------------------- datasets that name their images
 
+
 def _red_levels(x: torch.Tensor, mean: tuple, std: tuple) -> torch.Tensor:
     """The 0..255 red level of every pixel of a normalised NCHW batch (normalisation undone)."""
     return ((x[:, 0] * std[0] + mean[0]) * 255).round()
@@ -126,8 +127,12 @@ def test_cifar10_shards_are_disjoint_and_labels_stay_with_their_images(tmp_path)
         orders.append(shards[0])
     assert orders[0] != orders[1]  # a new permutation each epoch
     # validation: each of the 40 images exactly once across the ranks, with its label
-    val = [(i, int(label)) for rank in range(2) for x, y in data.val_batches(rank, 2, 16)
-           for i, label in zip(_cifar_ids(x), y)]
+    val = [
+        (i, int(label))
+        for rank in range(2)
+        for x, y in data.val_batches(rank, 2, 16)
+        for i, label in zip(_cifar_ids(x), y)
+    ]
     assert sorted(val) == [(200 + j, j % 10) for j in range(40)]
 
 
@@ -189,8 +194,12 @@ def test_imagenet_folder_shards_and_labels(tmp_path):
     assert len(shards[0]) == len(shards[1]) == 6
     assert sorted(shards[0] + shards[1]) == list(range(12))
     # validation (images 12..17): each exactly once across the ranks, with its label
-    val = [(k, int(label)) for rank in range(2) for x, y in data.val_batches(rank, 2, 4)
-           for k, label in zip(_folder_ids(x), y)]
+    val = [
+        (k, int(label))
+        for rank in range(2)
+        for x, y in data.val_batches(rank, 2, 4)
+        for k, label in zip(_folder_ids(x), y)
+    ]
     assert sorted(val) == [(12 + j, j // 2) for j in range(6)]
 
 
@@ -243,11 +252,14 @@ def test_random_resized_crop_scale_and_ratio():
     assert random_resized_crop_box(10, 1000, rng) == (0, 493, 10, 506)
 
 
-@pytest.mark.parametrize("make_bad, message", [
-    (lambda root: root / "absent", "does not exist"),
-    (lambda root: (root / "empty").mkdir() or root / "empty", "has no 'train' folder"),
-    (lambda root: (root / "noclass" / "train").mkdir(parents=True) or root / "noclass", "holds no class folders"),
-])
+@pytest.mark.parametrize(
+    "make_bad, message",
+    [
+        (lambda root: root / "absent", "does not exist"),
+        (lambda root: (root / "empty").mkdir() or root / "empty", "has no 'train' folder"),
+        (lambda root: (root / "noclass" / "train").mkdir(parents=True) or root / "noclass", "holds no class folders"),
+    ],
+)
 def test_imagenet_missing_or_empty_refused(tmp_path, make_bad, message):
     with pytest.raises(DatasetError, match=message):
         check_dataset(imagenet_cfg(make_bad(tmp_path)))
@@ -291,16 +303,23 @@ def test_dataset_problems_surface_at_preflight_before_any_worker(tmp_path):
     from scaling.launch.preflight import preflight
 
     with pytest.raises(DatasetError, match="does not exist"):
-        preflight(load_config(QUICKSTART, overrides=["data.name=cifar10", f"data.path={tmp_path / 'nope'}"]), "local", capacity=False)
+        preflight(
+            load_config(QUICKSTART, overrides=["data.name=cifar10", f"data.path={tmp_path / 'nope'}"]),
+            "local",
+            capacity=False,
+        )
     with pytest.raises(UsageError, match="needs data.path"):
         preflight(load_config(QUICKSTART, overrides=["data.name=cifar10"]), "local", capacity=False)
 
 
-@pytest.mark.parametrize("config, fake", [
-    ("experiments/resnet50-imagenet-p3.yaml", "imagenet"),
-    ("experiments/amoebanet-d-imagenet-p3.yaml", "imagenet"),
-    ("experiments/resnet56-cifar10.yaml", "cifar10"),
-])
+@pytest.mark.parametrize(
+    "config, fake",
+    [
+        ("experiments/resnet50-imagenet-p3.yaml", "imagenet"),
+        ("experiments/amoebanet-d-imagenet-p3.yaml", "imagenet"),
+        ("experiments/resnet56-cifar10.yaml", "cifar10"),
+    ],
+)
 def test_experiment_configs_load_against_a_dataset_in_their_format(config, fake, cifar_dir, imagenet_dir):
     # The real datasets are not here; the same keys must validate against a tiny one.
     overrides = [f"data.path={cifar_dir}"] if fake == "cifar10" else [f"data.path={imagenet_dir}", "data.num_classes=6"]

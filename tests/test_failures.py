@@ -47,23 +47,36 @@ def restarted_run(ray_connected, tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("failures") / "killed"
     gate = hold(run_dir, after_evaluations=2)  # one evaluation per epoch (eval_every=1): the second is epoch 2's
-    cfg = load_config(REPO / "experiments" / "quickstart.yaml", num_workers=2, overrides=[
-        "model.name=tests.held_model:held_small_cnn",
-        # 16 steps per rank and epoch, enough that validation accuracy rises epoch by epoch (0.25,
-        # 0.29, 0.49 here): the TTA test's target, epoch 3's accuracy, is reached after the restart
-        "data.train_samples=2048", "data.val_samples=256", "train.max_epochs=3", "train.target_accuracy=1.0",
-        "instrument.calibration_pairs=2",
-        # one evaluation per epoch, at its end: TTA is then sum(train_s) + time lost under either
-        # TTA rule (first evaluation at target, or DAWNBench's epoch end)
-        "train.eval_every=1", "failure.max_failures=1"])
+    cfg = load_config(
+        REPO / "experiments" / "quickstart.yaml",
+        num_workers=2,
+        overrides=[
+            "model.name=tests.held_model:held_small_cnn",
+            # 16 steps per rank and epoch, enough that validation accuracy rises epoch by epoch (0.25,
+            # 0.29, 0.49 here): the TTA test's target, epoch 3's accuracy, is reached after the restart
+            "data.train_samples=2048",
+            "data.val_samples=256",
+            "train.max_epochs=3",
+            "train.target_accuracy=1.0",
+            "instrument.calibration_pairs=2",
+            # one evaluation per epoch, at its end: TTA is then sum(train_s) + time lost under either
+            # TTA rule (first evaluation at target, or DAWNBench's epoch end)
+            "train.eval_every=1",
+            "failure.max_failures=1",
+        ],
+    )
     run, seen, failure = _RunInThisProcess(), {}, []
 
     def kill_rank_1_in_epoch_2():
         try:
             # Rank 1 held in epoch 2 and epoch 1's checkpoint registered (a kill before registration
             # would restart from scratch); epoch 2 cannot end, so no later checkpoint can exist.
-            wait_for(lambda: held(gate, rank=1) and registered_checkpoint_epoch(run_dir), 300,
-                     "rank 1 held in epoch 2 with epoch 1's checkpoint registered", run)
+            wait_for(
+                lambda: held(gate, rank=1) and registered_checkpoint_epoch(run_dir),
+                300,
+                "rank 1 held in epoch 2 with epoch 1's checkpoint registered",
+                run,
+            )
             seen["registered_unix"] = time.time()  # the checkpoint the restart resumes from was taken before this
             seen["epoch"] = registered_checkpoint_epoch(run_dir)
             seen["victim"] = json.loads((run_dir / "workers" / "rank1.json").read_text())
@@ -103,8 +116,10 @@ def test_killed_worker_is_restarted_from_checkpoint(restarted_run):
     attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
     assert [a["resumed_from_epoch"] for a in attempts] == [None, 1], attempts
     assert attempts[1]["resume_point_unix"] < kill_unix < attempts[1]["first_step_unix"], (kill_unix, attempts)
-    print(f"killed {kill_unix - attempts[1]['resume_point_unix']:.2f} s after epoch 1's checkpoint was taken; "
-          f"restarted {attempts[1]['first_step_unix'] - kill_unix:.2f} s after the kill")
+    print(
+        f"killed {kill_unix - attempts[1]['resume_point_unix']:.2f} s after epoch 1's checkpoint was taken; "
+        f"restarted {attempts[1]['first_step_unix'] - kill_unix:.2f} s after the kill"
+    )
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     assert list(epochs["epoch"]) == [1, 2, 3]  # no gap, no duplicate
     steps = pd.read_parquet(run_dir / "steps.parquet")
@@ -147,7 +162,9 @@ def test_tta_of_the_restarted_run_counts_the_time_lost(restarted_run):
     # is out of reach so that it runs all three epochs): what summary.json would say.
     target = float(epochs.loc[3, "val_accuracy"])
     reached = int(epochs.index[epochs["val_accuracy"] >= target][0])
-    assert reached == 3, f"the target was reached in epoch {reached}, before the restart: the time lost is no part of it"
+    assert reached == 3, (
+        f"the target was reached in epoch {reached}, before the restart: the time lost is no part of it"
+    )
     profile = json.loads((run_dir / "compute_profile.json").read_text())
     evals = pd.read_parquet(run_dir / "evals.parquet") if (run_dir / "evals.parquet").exists() else None
     figures = summarize_run(steps, epochs.reset_index(), target, summary["num_workers"], profile, attempts, evals=evals)
@@ -165,8 +182,17 @@ def test_time_lost_to_restarts_counts_in_tta():
         {"first_step_unix": 130.0, "resume_point_unix": 110.0},  # checkpoint at 110, back at 130: 20 s lost
     ]
     assert restarts_and_time_lost(attempts) == (1, 20.0)
-    epochs = pd.DataFrame({"epoch": [1, 2], "train_s": [5.0, 5.0], "val_accuracy": [0.5, 0.9], "samples": [10, 10],
-                           "calibration_s": [0, 0], "eval_s": [0, 0], "elapsed_wall_s": [6.0, 40.0]})
+    epochs = pd.DataFrame(
+        {
+            "epoch": [1, 2],
+            "train_s": [5.0, 5.0],
+            "val_accuracy": [0.5, 0.9],
+            "samples": [10, 10],
+            "calibration_s": [0, 0],
+            "eval_s": [0, 0],
+            "elapsed_wall_s": [6.0, 40.0],
+        }
+    )
     summary = summarize_run(pd.DataFrame(), epochs, 0.8, 2, attempts=attempts)
     assert summary["tta_s"] == 30.0 and summary["restarts"] == 1 and summary["tta_includes_restarts"]
     assert restarts_and_time_lost([{"first_step_unix": 1.0, "resume_point_unix": None}]) == (0, 0.0)
@@ -175,11 +201,21 @@ def test_time_lost_to_restarts_counts_in_tta():
 def test_a_restart_after_the_target_was_reached_is_no_part_of_tta():
     """Reached in epoch 2; the restart resumed from epoch 2's checkpoint (lost in epoch 3): the
     run lost 20 s, the time to accuracy did not. Resumed from epoch 1, it redid epoch 2: counted."""
-    epochs = pd.DataFrame({"epoch": [1, 2, 3], "train_s": [5.0, 5.0, 5.0], "val_accuracy": [0.5, 0.9, 0.95],
-                           "samples": [10, 10, 10], "calibration_s": [0, 0, 0], "eval_s": [0, 0, 0],
-                           "elapsed_wall_s": [6.0, 12.0, 40.0]})
-    after = [{"first_step_unix": 100.0, "resume_point_unix": None, "resumed_from_epoch": None},
-             {"first_step_unix": 130.0, "resume_point_unix": 110.0, "resumed_from_epoch": 2}]
+    epochs = pd.DataFrame(
+        {
+            "epoch": [1, 2, 3],
+            "train_s": [5.0, 5.0, 5.0],
+            "val_accuracy": [0.5, 0.9, 0.95],
+            "samples": [10, 10, 10],
+            "calibration_s": [0, 0, 0],
+            "eval_s": [0, 0, 0],
+            "elapsed_wall_s": [6.0, 12.0, 40.0],
+        }
+    )
+    after = [
+        {"first_step_unix": 100.0, "resume_point_unix": None, "resumed_from_epoch": None},
+        {"first_step_unix": 130.0, "resume_point_unix": 110.0, "resumed_from_epoch": 2},
+    ]
     summary = summarize_run(pd.DataFrame(), epochs, 0.8, 2, attempts=after)
     assert summary["time_lost_s"] == 20.0 and summary["tta_s"] == 10.0 and not summary["tta_includes_restarts"]
     before = [after[0], {**after[1], "resumed_from_epoch": 1}]

@@ -288,8 +288,13 @@ class _FakeReader:
             time.sleep(self.stall_on[self.calls])
         if self.calls in self.fail_on:
             raise RuntimeError("transient")
-        return {"gpu_util_pct": self.calls, "mem_used_bytes": 1 << 30, "power_w": 300.0,
-                "sm_clock_mhz": 1980, "temperature_c": 50}
+        return {
+            "gpu_util_pct": self.calls,
+            "mem_used_bytes": 1 << 30,
+            "power_w": 300.0,
+            "sm_clock_mhz": 1980,
+            "temperature_c": 50,
+        }
 
     def close(self):
         self.closed = True
@@ -377,8 +382,12 @@ def test_sampler_rejects_non_positive_interval_and_double_start():
 # readings, so that opening the wrong device reads visibly wrong numbers; the device -> handle
 # lookup (by UUID or NVML index) and the field mapping are the lab's own code, run as they are.
 # NVML device 1 is a MIG instance ("MIG-" UUID); the others are whole GPUs ("GPU-").
-NVML_UUIDS = ("GPU-0a0a0a0a-0000-4000-8000-000000000000", "MIG-1b1b1b1b-1111-4111-8111-111111111111",
-              "GPU-2c2c2c2c-2222-4222-8222-222222222222", "GPU-3d3d3d3d-3333-4333-8333-333333333333")
+NVML_UUIDS = (
+    "GPU-0a0a0a0a-0000-4000-8000-000000000000",
+    "MIG-1b1b1b1b-1111-4111-8111-111111111111",
+    "GPU-2c2c2c2c-2222-4222-8222-222222222222",
+    "GPU-3d3d3d3d-3333-4333-8333-333333333333",
+)
 
 
 def _fake_pynvml(unsupported_power: bool = False):
@@ -447,8 +456,13 @@ def _fake_pynvml(unsupported_power: bool = False):
 
 def _readings(i: int) -> dict:
     """What the fake NVML device i reads, in the sampler's fields."""
-    return {"gpu_util_pct": 10 + i, "mem_used_bytes": (i + 1) << 30, "power_w": 100.0 + i,
-            "sm_clock_mhz": 1000 + i, "temperature_c": 40 + i}
+    return {
+        "gpu_util_pct": 10 + i,
+        "mem_used_bytes": (i + 1) << 30,
+        "power_w": 100.0 + i,
+        "sm_clock_mhz": 1000 + i,
+        "temperature_c": 40 + i,
+    }
 
 
 @pytest.fixture
@@ -513,8 +527,11 @@ def test_start_telemetry_samples_the_torch_device_s_own_gpu(fake_nvml, monkeypat
     # Under CUDA_VISIBLE_DEVICES=3,2 torch's cuda:0 is NVML's device 3 and cuda:1 is device 2.
     # Only what the CUDA runtime would answer (each torch device's properties) is stubbed here.
     visible = {0: 3, 1: 2}
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: types.SimpleNamespace(uuid=_CudaUuid(NVML_UUIDS[visible[device.index]])))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: types.SimpleNamespace(uuid=_CudaUuid(NVML_UUIDS[visible[device.index]])),
+    )
     for torch_index, nvml_index in visible.items():
         sampler, reason = start_telemetry(torch.device("cuda", torch_index), 0.01)
         assert sampler is not None and reason == f"GPU telemetry on: cuda:{torch_index} every 0.01 s through NVML"

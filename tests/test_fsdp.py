@@ -54,8 +54,10 @@ def world(tmp_path_factory):
     """case -> (each rank's result, run directory), from one pair of gloo processes."""
     tmp = tmp_path_factory.mktemp("fsdp")
     start_workers(fsdp_jobs.world_job, (free_port(), str(tmp)), 2)
-    return {name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
-            for name in fsdp_jobs.WORLD_CASES}
+    return {
+        name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
+        for name in fsdp_jobs.WORLD_CASES
+    }
 
 
 def _steps(run_dir) -> pd.DataFrame:
@@ -68,11 +70,13 @@ def _fastest(run_dir) -> dict:
     steps = _steps(run_dir)
     train = steps[(steps["kind"] == "train") & ~steps["warmup"]]
     calib = steps[steps["kind"] != "train"]
-    return {"exposed_comm_s": train["exposed_comm_s"].min(),
-            "exposed_reducescatter_s": train["exposed_reducescatter_s"].min(),
-            "exposed_allgather_s": train["exposed_allgather_s"].min(),
-            "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min()
-            - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min()}
+    return {
+        "exposed_comm_s": train["exposed_comm_s"].min(),
+        "exposed_reducescatter_s": train["exposed_reducescatter_s"].min(),
+        "exposed_allgather_s": train["exposed_allgather_s"].min(),
+        "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min()
+        - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min(),
+    }
 
 
 def _parameter_bytes() -> tuple[int, int]:
@@ -97,7 +101,9 @@ def test_every_collective_is_recorded_per_module_and_pass(world):
     assert train["allreduce_s"].isna().all() and (train["synced_micro_batches"] == 1).all()
     # on CPU every call holds the training thread: all of it is exposed, and it lies inside the step
     assert (train["exposed_comm_s"] - train["comm_s"]).abs().max() < 1e-9
-    assert (train["exposed_allgather_s"] + train["exposed_reducescatter_s"] - train["exposed_comm_s"]).abs().max() < 1e-9
+    assert (
+        train["exposed_allgather_s"] + train["exposed_reducescatter_s"] - train["exposed_comm_s"]
+    ).abs().max() < 1e-9
     assert (train["exposed_comm_s"] <= train["forward_s"] + train["backward_s"] + 1e-9).all()
     assert (train["allgather_busbw_bytes_per_s"] > 0).all() and (train["reducescatter_busbw_bytes_per_s"] > 0).all()
     # the A/B's no_sync half all-gathers as a synchronised one and reduce-scatters nothing. The
@@ -116,8 +122,11 @@ def test_every_collective_is_recorded_per_module_and_pass(world):
     assert len(mine) == fsdp_jobs.STEPS * (FORWARD_ALLGATHERS + REGATHERS + REDUCESCATTERS)
     per_pass = mine[mine["step"] == fsdp_jobs.WARMUP].groupby(["collective", "pass"])["module"].apply(sorted).to_dict()
     blocks = [f"blocks.{i}" for i in range(BLOCKS)]
-    assert per_pass == {("all_gather", "forward"): sorted([*blocks, "root"]), ("all_gather", "backward"): blocks,
-                        ("reduce_scatter", "backward"): sorted([*blocks, "root"])}
+    assert per_pass == {
+        ("all_gather", "forward"): sorted([*blocks, "root"]),
+        ("all_gather", "backward"): blocks,
+        ("reduce_scatter", "backward"): sorted([*blocks, "root"]),
+    }
     assert ((mine["waited_s"] - mine["duration_s"]).abs() < 1e-9).all()  # CPU: blocking, all exposed
     by_step = mine.groupby("step")["duration_s"].sum()
     rank0 = train[train["rank"] == 0].set_index("step")
@@ -140,8 +149,9 @@ def test_every_collective_is_recorded_per_module_and_pass(world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("into, part, ab_growth", [("gradients", "exposed_reducescatter_s", 1.0),
-                                                    ("parameters", "exposed_allgather_s", 0.0)])
+@pytest.mark.parametrize(
+    "into, part, ab_growth", [("gradients", "exposed_reducescatter_s", 1.0), ("parameters", "exposed_allgather_s", 0.0)]
+)
 def test_injected_delay_moves_the_exposed_time_and_the_ab_as_defined(world, into, part, ab_growth):
     base, injected = _fastest(world["base"][1]), _fastest(world[f"{into}_delay"][1])
     delay = fsdp_jobs.DELAY_S
@@ -187,21 +197,33 @@ def test_ddp_and_fsdp_train_alike_and_the_instrument_changes_nothing(world):
 
 # --- the rule, in process ----------------------------------------------------------------------
 
+
 def _collective(kind, issued, done, waited_from=None, *, nbytes=1000, module="m", backward=False, index=0):
-    return BucketMarks(index=index, handed_over=issued, completed=done, kind=kind, nbytes=nbytes, module=module,
-                       backward=backward, waited_from=waited_from)
+    return BucketMarks(
+        index=index,
+        handed_over=issued,
+        completed=done,
+        kind=kind,
+        nbytes=nbytes,
+        module=module,
+        backward=backward,
+        waited_from=waited_from,
+    )
 
 
 def _step(buckets, rule, start=0.0, end=3.0, step=0) -> StepMarks:
-    return StepMarks.single(1, step, "train", False, 16, start, start, start + 1.0, start + 2.5, end, buckets,
-                            comm_rule=rule)
+    return StepMarks.single(
+        1, step, "train", False, 16, start, start, start + 1.0, start + 2.5, end, buckets, comm_rule=rule
+    )
 
 
 def test_on_cpu_every_blocking_collective_is_exposed_in_full():
     rule = ShardedCommRule(ranks=2)
-    buckets = [_collective("all_gather", 0.1, 0.3, 0.1, nbytes=4000),
-               _collective("all_gather", 1.1, 1.2, 1.1, backward=True, nbytes=4000),
-               _collective("reduce_scatter", 1.4, 1.8, 1.4, backward=True, nbytes=8000)]
+    buckets = [
+        _collective("all_gather", 0.1, 0.3, 0.1, nbytes=4000),
+        _collective("all_gather", 1.1, 1.2, 1.1, backward=True, nbytes=4000),
+        _collective("reduce_scatter", 1.4, 1.8, 1.4, backward=True, nbytes=8000),
+    ]
     row = _step(buckets, rule).resolve(Clock())
     assert row["exposed_comm_s"] == pytest.approx(0.7) and row["comm_s"] == pytest.approx(0.7)
     assert row["exposed_allgather_s"] == pytest.approx(0.3) and row["exposed_reducescatter_s"] == pytest.approx(0.4)
@@ -221,10 +243,12 @@ def test_beside_compute_only_the_wait_is_exposed():
     not prefetched in time exposes from compute's wait to its end; a reduce-scatter from the next
     module's post-backward (or, the last, from its own gradients' readiness) to its end."""
     rule = ShardedCommRule(ranks=4)
-    buckets = [_collective("all_gather", 0.0, 0.3, 0.2),  # compute waited 0.1
-               _collective("all_gather", 0.3, 0.5, 0.6),  # prefetched: done before it was needed
-               _collective("reduce_scatter", 1.0, 1.4, 1.2, backward=True),  # the next post-backward waits 0.2
-               _collective("reduce_scatter", 1.5, 1.9, 1.6, backward=True)]  # the end of backward waits 0.3
+    buckets = [
+        _collective("all_gather", 0.0, 0.3, 0.2),  # compute waited 0.1
+        _collective("all_gather", 0.3, 0.5, 0.6),  # prefetched: done before it was needed
+        _collective("reduce_scatter", 1.0, 1.4, 1.2, backward=True),  # the next post-backward waits 0.2
+        _collective("reduce_scatter", 1.5, 1.9, 1.6, backward=True),
+    ]  # the end of backward waits 0.3
     row = _step(buckets, rule).resolve(Clock())
     assert row["exposed_allgather_s"] == pytest.approx(0.1)
     assert row["exposed_reducescatter_s"] == pytest.approx(0.5)
@@ -236,12 +260,28 @@ def test_beside_compute_only_the_wait_is_exposed():
 
 def test_a_micro_batch_without_reduce_scatter_did_not_synchronise():
     rule = ShardedCommRule(ranks=2)
-    step = StepMarks(1, 0, "train", False, 32, 0.0, [("data", 0.0), ("forward", 0.5), ("backward", 1.0),
-                                                     ("data", 1.0), ("forward", 1.5), ("backward", 2.0),
-                                                     ("optimizer", 2.2)],
-                     [[_collective("all_gather", 0.1, 0.2, 0.1)],
-                      [_collective("all_gather", 1.1, 1.2, 1.1), _collective("reduce_scatter", 1.8, 1.9, 1.8,
-                                                                              backward=True)]], comm_rule=rule)
+    step = StepMarks(
+        1,
+        0,
+        "train",
+        False,
+        32,
+        0.0,
+        [
+            ("data", 0.0),
+            ("forward", 0.5),
+            ("backward", 1.0),
+            ("data", 1.0),
+            ("forward", 1.5),
+            ("backward", 2.0),
+            ("optimizer", 2.2),
+        ],
+        [
+            [_collective("all_gather", 0.1, 0.2, 0.1)],
+            [_collective("all_gather", 1.1, 1.2, 1.1), _collective("reduce_scatter", 1.8, 1.9, 1.8, backward=True)],
+        ],
+        comm_rule=rule,
+    )
     row = step.resolve(Clock())
     assert row["micro_batches"] == 2 and row["synced_micro_batches"] == 1
     assert row["exposed_comm_s"] == pytest.approx(0.3)
@@ -258,10 +298,20 @@ def test_waiting_is_summed_over_every_collective(threaded_collectives):
     both; rank 0 waits 0.1 s at each: waiting 0.2 s of its 0.5 s exposed, and rank 1 is the
     straggler. DDP's single point would see only the last collective."""
     rule = ShardedCommRule(ranks=2)
-    steps = {0: [_step([_collective("all_gather", 0.1, 0.4, 0.1), _collective("reduce_scatter", 1.5, 1.7, 1.5)],
-                       rule, step=k) for k in range(3)],
-             1: [_step([_collective("all_gather", 0.2, 0.4, 0.2), _collective("reduce_scatter", 1.6, 1.7, 1.6)],
-                       rule, step=k) for k in range(3)]}
+    steps = {
+        0: [
+            _step(
+                [_collective("all_gather", 0.1, 0.4, 0.1), _collective("reduce_scatter", 1.5, 1.7, 1.5)], rule, step=k
+            )
+            for k in range(3)
+        ],
+        1: [
+            _step(
+                [_collective("all_gather", 0.2, 0.4, 0.2), _collective("reduce_scatter", 1.6, 1.7, 1.6)], rule, step=k
+            )
+            for k in range(3)
+        ],
+    }
     import threading
 
     world = ThreadWorld(2)
@@ -294,7 +344,13 @@ def test_an_adapter_refuses_a_delay_where_it_cannot_put_it():
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="inject_comm_delay_into='parameters' is not offered"):
-        instrument.attach(model, optimizer, parts=Parts(), telemetry_interval_s=0, inject_comm_delay_s=0.1,
-                          inject_comm_delay_into="parameters")
+        instrument.attach(
+            model,
+            optimizer,
+            parts=Parts(),
+            telemetry_interval_s=0,
+            inject_comm_delay_s=0.1,
+            inject_comm_delay_into="parameters",
+        )
     with pytest.raises(ValueError, match="inject_comm_delay_into must be gradients or parameters"):
         instrument.attach(model, optimizer, parts=Parts(), inject_comm_delay_into="weights")

@@ -34,9 +34,18 @@ from tests.conftest import REPO
 
 FSDP_YAML = REPO / "experiments" / "gpt2-tiny-fsdp.yaml"
 # gpt2-tiny on a 64-token vocabulary, sequences of 32: 4 steps per rank and epoch at 2 workers
-SMALL = ["data.num_classes=64", "data.seq_len=32", "data.train_samples=128", "data.val_samples=32",
-         "train.per_worker_batch=16", "optim.lr=0.3", "optim.reference_batch=32", "train.eval_every=1",
-         "instrument.calibration_pairs=2", "instrument.warmup_steps=1"]
+SMALL = [
+    "data.num_classes=64",
+    "data.seq_len=32",
+    "data.train_samples=128",
+    "data.val_samples=32",
+    "train.per_worker_batch=16",
+    "optim.lr=0.3",
+    "optim.reference_batch=32",
+    "train.eval_every=1",
+    "instrument.calibration_pairs=2",
+    "instrument.warmup_steps=1",
+]
 BLOCKS = 2  # gpt2-tiny's layers: the units fsdp.shard: blocks gives fully_shard before the root
 
 
@@ -67,8 +76,17 @@ def world_job(rank: int, port: int, tmp: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     # 33 validation samples: rank 0's shard takes two batches of 16, rank 1's one (validation in lockstep)
-    cfg = load_config(FSDP_YAML, overrides=[*SMALL, "data.val_samples=33", "train.max_epochs=2", "train.target_loss=0.01",
-                                            "failure.checkpoint_every_epochs=1"], num_workers=2)
+    cfg = load_config(
+        FSDP_YAML,
+        overrides=[
+            *SMALL,
+            "data.val_samples=33",
+            "train.max_epochs=2",
+            "train.target_loss=0.01",
+            "failure.checkpoint_every_epochs=1",
+        ],
+        num_workers=2,
+    )
     ctx = WorkerContext(rank=rank, world_size=2, local_rank=rank, node_rank=0, device=torch.device("cpu"))
     set_up_worker(cfg, ctx)
     rows = {}
@@ -97,10 +115,17 @@ def test_the_lab_loop_trains_fsdp_and_records_every_collective_per_kind(world):
     per_step = train.groupby(["rank", "step"])
     # every step: a forward all-gather of each unit, a backward re-gather of each block (fsdp
     # reshard_after_forward: true; the root stays gathered), and a reduce-scatter of each unit's gradients
-    counts = per_step.apply(lambda s: tuple(sorted(s.groupby(["collective", "pass"]).size().items())), include_groups=False)
+    counts = per_step.apply(
+        lambda s: tuple(sorted(s.groupby(["collective", "pass"]).size().items())), include_groups=False
+    )
     units = BLOCKS + 1
-    assert set(counts) == {((("all_gather", "backward"), BLOCKS), (("all_gather", "forward"), units),
-                            (("reduce_scatter", "backward"), units))}, counts.value_counts()
+    assert set(counts) == {
+        (
+            (("all_gather", "backward"), BLOCKS),
+            (("all_gather", "forward"), units),
+            (("reduce_scatter", "backward"), units),
+        )
+    }, counts.value_counts()
     assert set(train["module"]) == {"blocks.0", "blocks.1", "root"}
     assert sorted(train["rank"].unique()) == [0, 1]
     assert (train["bytes"] > 0).all() and (train["duration_s"] >= 0).all()
@@ -111,8 +136,9 @@ def test_the_lab_loop_trains_fsdp_and_records_every_collective_per_kind(world):
     assert steady["allreduce_s"].isna().all()  # FSDP all-reduces nothing
     # the forward all-gathers' waits are the exposed time inside forward (the step breakdown's split)
     forward_exposed = steady["exposed_forward_comm_s"]
-    assert ((forward_exposed > 0) & (forward_exposed < steady["exposed_comm_s"])
-            & (forward_exposed <= steady["forward_s"])).all()
+    assert (
+        (forward_exposed > 0) & (forward_exposed < steady["exposed_comm_s"]) & (forward_exposed <= steady["forward_s"])
+    ).all()
     # the A/B window ran on the sharded model (its no_sync half without reduce-scatters)
     calibration = collectives[collectives["step_kind"] == "calib_nosync"]
     assert not calibration.empty and set(calibration["collective"]) == {"all_gather"}
@@ -161,8 +187,21 @@ def sweep(ray_connected, tmp_path_factory):
     # one epoch each, to a loss below a uniform guess's (ln 64 = 4.16). `scaling sweep` in this process,
     # attached to the session's head: the console script's own start (its imports and ray.init, tens of
     # seconds here) proves nothing about FSDP beside DDP
-    code = main(["sweep", str(FSDP_YAML), "--workers", "2", "--out", str(out),
-                 *[arg for override in [*SMALL, "train.max_epochs=1", "train.target_loss=4.1"] for arg in ("--set", override)]])
+    code = main(
+        [
+            "sweep",
+            str(FSDP_YAML),
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            *[
+                arg
+                for override in [*SMALL, "train.max_epochs=1", "train.target_loss=4.1"]
+                for arg in ("--set", override)
+            ],
+        ]
+    )
     assert code == 0
     write_report(out, console=Console(file=io.StringIO(), width=200))  # what `scaling report` runs
     return out
@@ -186,13 +225,24 @@ def test_the_report_names_each_collective_kind_and_draws_peak_memory_per_rank(sw
     report = (sweep / "report" / "report.md").read_text()
     section = report.split("### Communication and step time")[1].split("###")[0]
     header = section.strip().splitlines()[0]
-    for kind in ("all-reduce in flight", "all-gather in flight", "backward re-gathers", "reduce-scatter in flight",
-                 "exposed all-gather", "exposed reduce-scatter", "peak memory, largest rank"):
+    for kind in (
+        "all-reduce in flight",
+        "all-gather in flight",
+        "backward re-gathers",
+        "reduce-scatter in flight",
+        "exposed all-gather",
+        "exposed reduce-scatter",
+        "peak memory, largest rank",
+    ):
         assert kind in header, kind
     rows = {line.split("|")[2].strip(): line for line in section.strip().splitlines()[2:]}
     assert set(rows) == {"fsdp", "gloo"}
     assert "### Peak memory per rank" in report and (sweep / "report" / "memory.png").stat().st_size > 0
-    assert report.index("### Speedup") < report.index("### Peak memory per rank") < report.index("### Communication overhead")
+    assert (
+        report.index("### Speedup")
+        < report.index("### Peak memory per rank")
+        < report.index("### Communication overhead")
+    )
 
 
 # --- refusals, in one line ---------------------------------------------------------------------------------
@@ -215,8 +265,13 @@ def test_a_model_with_nothing_to_shard_per_block_is_refused_and_runs_as_one_unit
 
     message = _refusal("model.name=small_cnn", "data.name=embedded", "train.target_metric=top1")
     assert "model small_cnn has none with parameters: use fsdp.shard: root" in message
-    check_backend(load_config(FSDP_YAML, overrides=["model.name=small_cnn", "data.name=embedded", "fsdp.shard=root",
-                                                    "train.target_metric=top1"], num_workers=2))
+    check_backend(
+        load_config(
+            FSDP_YAML,
+            overrides=["model.name=small_cnn", "data.name=embedded", "fsdp.shard=root", "train.target_metric=top1"],
+            num_workers=2,
+        )
+    )
     with torch.device("meta"):
         assert [name for name, _ in shard_units(build_model("gpt2-tiny", 64), "blocks")] == ["blocks.0", "blocks.1"]
         assert shard_units(build_model("gpt2-tiny", 64), "root") == []
@@ -227,20 +282,32 @@ def test_a_delay_fsdp_cannot_honour_is_refused(monkeypatch):
 
     monkeypatch.setattr(fsdp, "GPU_INJECTION_CHECKED", False)  # as it stands: docs/gpu.md
     assert "inject_comm_delay_s on GPU runs is refused" in _refusal(
-        "instrument.inject_comm_delay_s=0.1", "workers.use_gpu=true")
+        "instrument.inject_comm_delay_s=0.1", "workers.use_gpu=true"
+    )
     # a backend that has no such collective to delay: DDP's all-reduce carries gradients, no parameters
     with pytest.raises(ConfigError, match="inject_comm_delay_into=parameters is not offered by backend gloo"):
-        load_config(FSDP_YAML, overrides=["backend=gloo", "instrument.inject_comm_delay_s=0.1",
-                                          "instrument.inject_comm_delay_into=parameters"])
-    load_config(FSDP_YAML, overrides=["instrument.inject_comm_delay_s=0.1", "instrument.inject_comm_delay_into=parameters"])
+        load_config(
+            FSDP_YAML,
+            overrides=[
+                "backend=gloo",
+                "instrument.inject_comm_delay_s=0.1",
+                "instrument.inject_comm_delay_into=parameters",
+            ],
+        )
+    load_config(
+        FSDP_YAML, overrides=["instrument.inject_comm_delay_s=0.1", "instrument.inject_comm_delay_into=parameters"]
+    )
 
 
-@pytest.mark.parametrize("override, words", [
-    ("train.precision=fp16", "ShardedGradScaler"),
-    ("fsdp.shard=layers", "config key 'fsdp.shard' must be one of blocks, root"),
-    ("fsdp.param_dtype=float16", "config key 'fsdp.param_dtype' must be one of float32, bfloat16"),
-    ("data.val_samples=1", "data.val_samples (1) must be at least the workers (2)"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("train.precision=fp16", "ShardedGradScaler"),
+        ("fsdp.shard=layers", "config key 'fsdp.shard' must be one of blocks, root"),
+        ("fsdp.param_dtype=float16", "config key 'fsdp.param_dtype' must be one of float32, bfloat16"),
+        ("data.val_samples=1", "data.val_samples (1) must be at least the workers (2)"),
+    ],
+)
 def test_fsdp_settings_that_cannot_run_are_one_line(override, words):
     with pytest.raises(ConfigError, match=None) as refused:
         load_config(FSDP_YAML, overrides=[override], num_workers=2)

@@ -142,10 +142,13 @@ def test_the_optimizer_is_fused_on_cuda_and_not_on_cpu(name, kind, monkeypatch):
     assert not use_fused("cuda")
 
 
-@pytest.mark.parametrize("data", [
-    {"name": "tokens", "num_classes": 64, "seq_len": 16, "train_samples": 64, "val_samples": 8},
-    {"name": "synthetic", "num_classes": 10, "image_size": 8, "train_samples": 64},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"name": "tokens", "num_classes": 64, "seq_len": 16, "train_samples": 64, "val_samples": 8},
+        {"name": "synthetic", "num_classes": 10, "image_size": 8, "train_samples": 64},
+    ],
+)
 def test_the_gpu_configs_datasets_are_held_on_the_device_and_a_batch_copies_nothing_to_it(data, monkeypatch):
     """The data of experiments/gpu-*.yaml: made on the device once; a training batch is an index into it,
     no host-to-device copy per step (planted: a `.to(device)` per batch fails here)."""

@@ -107,8 +107,20 @@ def test_cli_refuses_two_nccl_ranks_on_one_gpu_before_writing(tmp_path, monkeypa
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the host's CPU check is not what this tests
     out = tmp_path / "run"
-    code = cli.main(["run", str(QUICKSTART), "--launcher", "local", "--workers", "2", "--set", "workers.use_gpu=true",
-                     "--out", str(out)])
+    code = cli.main(
+        [
+            "run",
+            str(QUICKSTART),
+            "--launcher",
+            "local",
+            "--workers",
+            "2",
+            "--set",
+            "workers.use_gpu=true",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 2
     message = _one_line(capsys.readouterr().err)
     assert "NCCL refuses two ranks on one GPU" in message and "backend=gloo" in message
@@ -123,8 +135,12 @@ def test_bf16_on_a_gpu_without_native_bf16_refused():
     assert problem and "emulated" in problem and "fp16" in problem and "\n" not in problem
     assert bf16_problem("NVIDIA A100-SXM4-40GB", (8, 0)) is None and bf16_problem("NVIDIA H100", (9, 0)) is None
     with pytest.raises(UsageError, match="V100.*emulated"):
-        check_local_gpus(_gpu_cfg(1, "train.precision=bf16"), device_count=1, devices=[("Tesla V100-SXM2-16GB", (7, 0))])
-    assert check_local_gpus(_gpu_cfg(1, "train.precision=bf16"), device_count=1, devices=[("NVIDIA H100", (9, 0))]) is None
+        check_local_gpus(
+            _gpu_cfg(1, "train.precision=bf16"), device_count=1, devices=[("Tesla V100-SXM2-16GB", (7, 0))]
+        )
+    assert (
+        check_local_gpus(_gpu_cfg(1, "train.precision=bf16"), device_count=1, devices=[("NVIDIA H100", (9, 0))]) is None
+    )
 
 
 # --- 2. the ground truth on GPU: refused at preflight until checked; the device-side injection ----
@@ -155,8 +171,20 @@ def test_cli_refuses_injection_on_gpu_before_the_run_directory_exists(tmp_path, 
     monkeypatch.setattr(timing, "GPU_INJECTION_CHECKED", False)
 
     out = tmp_path / "run"
-    code = cli.main(["run", str(QUICKSTART), "--launcher", "local", "--set", "workers.use_gpu=true",
-                     "--set", "instrument.inject_comm_delay_s=0.05", "--out", str(out)])
+    code = cli.main(
+        [
+            "run",
+            str(QUICKSTART),
+            "--launcher",
+            "local",
+            "--set",
+            "workers.use_gpu=true",
+            "--set",
+            "instrument.inject_comm_delay_s=0.05",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 2
     assert "inject_comm_delay_s on GPU runs is refused" in _one_line(capsys.readouterr().err)
     assert not out.exists()
@@ -241,8 +269,9 @@ def test_gpu_injection_is_a_spin_on_the_callback_stream_measured_around(monkeypa
     marks = hook.take()
     assert [cycles for cycles, _, _ in spins] == [hook.spin_cycles]  # once per step, in the last bucket's callback only
     assert [m.injected is not None for m in marks] == [False, False, True]
-    step = timing.StepMarks.single(1, 0, "train", False, 4, start, start, start, marks[-1].handed_over,
-                            time.perf_counter(), marks)
+    step = timing.StepMarks.single(
+        1, 0, "train", False, 4, start, start, start, marks[-1].handed_over, time.perf_counter(), marks
+    )
     row = step.resolve(_HostCudaClock())
     # Measured around the spin, and only around it: the marks (host clock here) enclose the spin's
     # own interval and exclude the last bucket's all-reduce, which ran before. Comparisons of
@@ -322,8 +351,12 @@ def test_channels_last_batches_need_no_copy_in_the_loop(name, tmp_path):
     from scaling.train.precision import Precision
 
     if name == "cifar10":
-        cfg = DataConfig(name="cifar10", path=str(make_cifar10(tmp_path / "cifar-10-batches-py", per_batch=20)),
-                         num_classes=10, image_size=32)
+        cfg = DataConfig(
+            name="cifar10",
+            path=str(make_cifar10(tmp_path / "cifar-10-batches-py", per_batch=20)),
+            num_classes=10,
+            image_size=32,
+        )
     else:
         cfg = DataConfig(name=name, train_samples=64, val_samples=32, image_size=16)
     precision = Precision("fp32", channels_last=True, device=torch.device("cpu"))
@@ -347,8 +380,12 @@ def fake_horovod(monkeypatch):
 
     def install(nccl: bool, gloo: bool = True):
         polls = []
-        hvd = types.SimpleNamespace(gloo_built=lambda: gloo, nccl_built=lambda: nccl,
-                                    poll=lambda handle: polls.append(handle) or True, polls=polls)
+        hvd = types.SimpleNamespace(
+            gloo_built=lambda: gloo,
+            nccl_built=lambda: nccl,
+            poll=lambda handle: polls.append(handle) or True,
+            polls=polls,
+        )
         package = types.ModuleType("horovod")
         package.torch = hvd
         monkeypatch.setitem(sys.modules, "horovod", package)
@@ -380,7 +417,9 @@ def _horovod_step(clock, hvd):
         optimizer._allreduce_grad_async(p)
     timer.synchronize()
     marks = timer.take()
-    row = StepMarks.single(1, 0, "train", False, 4, start, start, start, clock.mark(), clock.mark(), marks).resolve(clock)
+    row = StepMarks.single(1, 0, "train", False, 4, start, start, start, clock.mark(), clock.mark(), marks).resolve(
+        clock
+    )
     return marks, row
 
 
@@ -468,8 +507,10 @@ def test_fp16_compression_with_fp16_loss_scaling_refused():
     with pytest.raises(ConfigError) as refused:
         load_config(QUICKSTART, overrides=["train.precision=fp16", "instrument.grad_compression=fp16"], num_workers=2)
     assert "overflow" in _one_line(str(refused.value))
-    for ok in (["train.precision=fp16", "instrument.grad_compression=bf16"],
-               ["train.precision=bf16", "instrument.grad_compression=fp16"]):
+    for ok in (
+        ["train.precision=fp16", "instrument.grad_compression=bf16"],
+        ["train.precision=bf16", "instrument.grad_compression=fp16"],
+    ):
         load_config(QUICKSTART, overrides=ok, num_workers=2)
 
 
@@ -489,7 +530,9 @@ def restore_torch_settings():
     torch.backends.cudnn.benchmark = benchmark
 
 
-def test_gpu_workers_set_cpu_threads_and_cudnn_autotuning_and_pin_after_the_backend(monkeypatch, restore_torch_settings):
+def test_gpu_workers_set_cpu_threads_and_cudnn_autotuning_and_pin_after_the_backend(
+    monkeypatch, restore_torch_settings
+):
     from scaling.train import loop
 
     pinned = []
@@ -504,8 +547,9 @@ def test_gpu_workers_set_cpu_threads_and_cudnn_autotuning_and_pin_after_the_back
     assert torch.backends.cudnn.benchmark  # fixed shapes: autotune once, reuse
     assert pinned == []  # not yet: after DDP creates its NCCL communicator (train_worker)
     assert loop.pins_after_backend(cfg, gpu) and not loop.pins_after_backend(cfg, cpu)
-    user = _gpu_cfg(1, "train.function=tests.user_callables:linear_model", "workers.pin_cpus=0-1",
-                    "workers.cpus_per_worker=2")
+    user = _gpu_cfg(
+        1, "train.function=tests.user_callables:linear_model", "workers.pin_cpus=0-1", "workers.cpus_per_worker=2"
+    )
     assert not loop.pins_after_backend(user, gpu)  # a user's function: pinned at the start (>= 2 CPUs)
     torch.backends.cudnn.benchmark = False
     loop.set_up_worker(load_config(QUICKSTART, overrides=["workers.pin_cpus=0"], num_workers=1), cpu)
@@ -540,7 +584,9 @@ def test_checkpoint_keeps_the_cuda_rng_state(monkeypatch):
     cuda_state = torch.arange(16, dtype=torch.uint8)
     asked, restored = [], []
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": asked.append(device) or cuda_state)
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda new_state, device="cuda": restored.append((new_state, device)))
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda new_state, device="cuda": restored.append((new_state, device))
+    )
     gpu = torch.device("cuda", 1)
     state = loop._checkpoint_state(*_checkpoint_parts(), gpu)
     assert asked == [gpu] and torch.equal(state["cuda_rng"], cuda_state)
@@ -568,8 +614,9 @@ def test_mig_uuids_are_found_in_nvml(monkeypatch):
     assert reader() == _readings(2) and reader.uuid == NVML_UUIDS[2]
     reader.close()
     # through start_telemetry, as a worker on a MIG instance (torch's cuda:0) opens it
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: types.SimpleNamespace(uuid=_CudaUuid(NVML_UUIDS[1])))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid=_CudaUuid(NVML_UUIDS[1]))
+    )
     sampler, reason = telemetry.start_telemetry(torch.device("cuda", 0), 0.01)
     assert sampler is not None, reason
     sampler.stop()
@@ -597,13 +644,20 @@ def test_sync_audit_sites_phases_and_intended_syncs():
     model_to = frame(lab / "train" / "loop.py", 285, "train_worker", "build_model(...).to(ctx.device)")
     convert = frame("/x/site-packages/torch/nn/modules/module.py", 1370, "convert", "return t.to(")
     epochs, steps, tensors = 2, 16, 22
-    syncs = sync_audit.Syncs(stacks=[[model_to, convert]] * tensors + [[loop_step, scaler]] * steps
-                             + [[loop_step, data, nonzero]] * steps + [[loop_step, evaluate]] * epochs,
-                             setup_syncs=tensors)
+    syncs = sync_audit.Syncs(
+        stacks=[[model_to, convert]] * tensors
+        + [[loop_step, scaler]] * steps
+        + [[loop_step, data, nonzero]] * steps
+        + [[loop_step, evaluate]] * epochs,
+        setup_syncs=tensors,
+    )
     sites = syncs.sites()
     by_site = {s["site"].split(" ")[0]: s for s in sites}
     assert by_site["torch/nn/modules/module.py:1370"]["phase"] == "setup"
-    assert by_site["torch/amp/grad_scaler.py:380"]["intended"] and by_site["torch/amp/grad_scaler.py:380"]["count"] == steps
+    assert (
+        by_site["torch/amp/grad_scaler.py:380"]["intended"]
+        and by_site["torch/amp/grad_scaler.py:380"]["count"] == steps
+    )
     assert by_site["scaling/train/loop.py:120"]["phase"] == "evaluation"
     per_step = sync_audit.per_step_syncs(sites, epochs)
     assert {s["site"].split(" ")[0] for s in per_step} == {"torch/amp/grad_scaler.py:380", "torch/_tensor.py:10"}
@@ -626,8 +680,9 @@ def test_sync_capture_says_why_it_cannot_run_without_cuda():
 
 def _script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _script_main(capsys, *args: str) -> tuple[int, str]:
@@ -712,14 +767,14 @@ def test_first_contact_script_dry_run_writes_one_file_per_step(tmp_path):
     the CUDA-only steps written as skipped with why; the summary's goal table."""
     out = tmp_path / "results"
     # the deadline is the GPU run's; a CPU shared with other work may take longer for the same code
-    result = _script("--dry-run", "--out", str(out), "--inject-s-dry", str(DRY_RUN_INJECT_S), "--deadline-s", "1200",
-                     timeout=1300)
+    result = _script(
+        "--dry-run", "--out", str(out), "--inject-s-dry", str(DRY_RUN_INJECT_S), "--deadline-s", "1200", timeout=1300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     module = _first_contact_module()
     files = sorted(p.name for p in out.glob("*.json"))
     assert files == sorted([f"{i + 1:02d}-{name}.json" for i, name in enumerate(module.STEPS)] + ["summary.json"])
-    records = {name: json.loads((out / f"{i + 1:02d}-{name}.json").read_text())
-               for i, name in enumerate(module.STEPS)}
+    records = {name: json.loads((out / f"{i + 1:02d}-{name}.json").read_text()) for i, name in enumerate(module.STEPS)}
     for name, record in records.items():
         expected = "skipped" if name in ("profiler", "sync_audit") else "passed"
         assert record["status"] == expected, (name, record.get("error") or record.get("reason"), record.get("checks"))
@@ -770,10 +825,20 @@ def test_first_contact_script_dry_run_writes_one_file_per_step(tmp_path):
 def test_lab_loop_makes_no_unintended_host_sync_per_step(tmp_path):
     from scaling.train.sync_audit import audit_lab_loop
 
-    cfg = load_config(QUICKSTART, overrides=[
-        "workers.use_gpu=true", "train.precision=fp16", "train.channels_last=true", "train.max_epochs=2",
-        "train.target_accuracy=1.0", "data.train_samples=2048", "data.val_samples=512",
-        "instrument.telemetry_interval_s=0"], num_workers=1)
+    cfg = load_config(
+        QUICKSTART,
+        overrides=[
+            "workers.use_gpu=true",
+            "train.precision=fp16",
+            "train.channels_last=true",
+            "train.max_epochs=2",
+            "train.target_accuracy=1.0",
+            "data.train_samples=2048",
+            "data.val_samples=512",
+            "instrument.telemetry_interval_s=0",
+        ],
+        num_workers=1,
+    )
     report = audit_lab_loop(cfg, torch.device("cuda", 0), tmp_path / "run")
     assert report["available"]
     assert report["unintended_per_step"] == [], json.dumps(report["unintended_per_step"], indent=1)

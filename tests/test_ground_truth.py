@@ -47,8 +47,12 @@ def _run(tmp_path, delay_s: float) -> dict:
     cfg = load_config(
         REPO / "experiments" / "quickstart.yaml",
         overrides=[
-            f"data.train_samples={2 * 64 * STEPS_PER_EPOCH}", "data.val_samples=256", f"train.max_epochs={EPOCHS}",
-            "train.target_accuracy=1.0", f"instrument.calibration_pairs={PAIRS}", f"instrument.warmup_steps={WARMUP}",
+            f"data.train_samples={2 * 64 * STEPS_PER_EPOCH}",
+            "data.val_samples=256",
+            f"train.max_epochs={EPOCHS}",
+            "train.target_accuracy=1.0",
+            f"instrument.calibration_pairs={PAIRS}",
+            f"instrument.warmup_steps={WARMUP}",
             f"instrument.inject_comm_delay_s={delay_s}",
         ],
         num_workers=2,
@@ -76,10 +80,15 @@ def test_injected_delay_is_measured_by_exposed_comm_and_ab(tmp_path):
     base = _run(tmp_path, 0.0)
     injected = _run(tmp_path, INJECTED_S)
     growth = {name: injected[name] - base[name] for name in ("exposed_comm_s", "ab_s", "backward_s", "step_s")}
-    means = {name: injected["summary"][name] - base["summary"][name] for name in ("step_s", "exposed_comm_s", "comm_delta_s")}
-    print(f"injected {INJECTED_S:.3f} s; growth of the fastest: "
-          + ", ".join(f"{k} {v:.4f} s" for k, v in growth.items())
-          + "; of the summary's figures: " + ", ".join(f"{k} {v:.4f} s" for k, v in means.items()))
+    means = {
+        name: injected["summary"][name] - base["summary"][name] for name in ("step_s", "exposed_comm_s", "comm_delta_s")
+    }
+    print(
+        f"injected {INJECTED_S:.3f} s; growth of the fastest: "
+        + ", ".join(f"{k} {v:.4f} s" for k, v in growth.items())
+        + "; of the summary's figures: "
+        + ", ".join(f"{k} {v:.4f} s" for k, v in means.items())
+    )
     assert growth["exposed_comm_s"] == pytest.approx(INJECTED_S, rel=0.15)
     assert growth["ab_s"] == pytest.approx(INJECTED_S, rel=0.15)
     # the loop's own clock carries the delay too: the instrument is not measuring itself

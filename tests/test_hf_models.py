@@ -42,14 +42,23 @@ PADDED_FROM = 24  # the mask leaves tokens [0, 24) of every other sample, all 32
 
 
 def gpt2_tiny():
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB,
-                                                                n_positions=64))
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=64)
+    )
 
 
 def llama_tiny():
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=64))
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+        )
+    )
 
 
 def _batches(mask: bool):
@@ -57,8 +66,10 @@ def _batches(mask: bool):
     ids = torch.randint(0, VOCAB, (3 * BATCH, SEQ))
     attention = torch.ones_like(ids)
     attention[::2, PADDED_FROM:] = 0
-    return [{"input_ids": ids[i:i + BATCH], **({"attention_mask": attention[i:i + BATCH]} if mask else {})}
-            for i in range(0, len(ids), BATCH)]
+    return [
+        {"input_ids": ids[i : i + BATCH], **({"attention_mask": attention[i : i + BATCH]} if mask else {})}
+        for i in range(0, len(ids), BATCH)
+    ]
 
 
 def _train(run_dir, model, batches, autocast: bool = False, call=None, **settings) -> tuple[dict, dict]:
@@ -74,8 +85,10 @@ def _train(run_dir, model, batches, autocast: bool = False, call=None, **setting
                 optimizer.step()
                 optimizer.zero_grad()
             meter.end_epoch()
-    return (json.loads((run_dir / "compute_profile.json").read_text()),
-            json.loads((run_dir / "summary.json").read_text()))
+    return (
+        json.loads((run_dir / "compute_profile.json").read_text()),
+        json.loads((run_dir / "summary.json").read_text()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -173,8 +186,9 @@ def test_gpt2_small_configuration_flops_per_token_within_one_percent_of_palm():
     with torch.device("meta"):  # shapes only: no weights
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
     seq = 256
-    counts = training_flops_per_sample(model, (seq,), model.config.vocab_size, input_dtype=torch.int64,
-                                       input_keyword="input_ids")
+    counts = training_flops_per_sample(
+        model, (seq,), model.config.vocab_size, input_dtype=torch.int64, input_keyword="input_ids"
+    )
     formula, matmuls_only = _palm(model, model.config, seq)
     assert counts["train_flops_per_token"] == pytest.approx(formula, rel=0.01)  # measured: 0.99905 of it
     assert counts["train_flops_per_token"] == pytest.approx(matmuls_only, rel=1e-9)
@@ -194,8 +208,12 @@ class KeywordOnly(nn.Module):
 def test_a_model_taking_input_ids_by_keyword_only_is_counted(tmp_path):
     torch.manual_seed(0)
     model = KeywordOnly()
-    profile, summary = _train(tmp_path, model, _batches(mask=False)[:2],
-                              call=lambda batch: model(input_ids=batch["input_ids"])["logits"].float().mean())
+    profile, summary = _train(
+        tmp_path,
+        model,
+        _batches(mask=False)[:2],
+        call=lambda batch: model(input_ids=batch["input_ids"])["logits"].float().mean(),
+    )
     assert "error" not in profile, profile.get("error")
     assert summary["train_flops_per_sample"] == pytest.approx(SEQ * 6 * 16 * VOCAB)  # the output layer's matmul
     assert summary["tokens_per_sample"] == SEQ
@@ -216,8 +234,13 @@ def test_inputs_not_understood_give_a_reason_and_the_true_precision(tmp_path):
     torch.manual_seed(0)
     model = TwoInputs()
     batches = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(3)]
-    profile, summary = _train(tmp_path, model, batches, autocast=True,
-                              call=lambda batch: model(left=batch[0], right=batch[1]).float().pow(2).mean())
+    profile, summary = _train(
+        tmp_path,
+        model,
+        batches,
+        autocast=True,
+        call=lambda batch: model(left=batch[0], right=batch[1]).float().pow(2).mean(),
+    )
     reason = "input not understood: the model's first training forward got no positional tensor and no input_ids, only left=, right="
     assert profile["error"].startswith(reason) and profile["precision"] == "bf16"
     assert summary["precision"] == "bf16"  # autocast's, though the input is not known

@@ -37,7 +37,10 @@ def _model(seed: int):
 
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(IN_FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
         torch.nn.Linear(HIDDEN, CLASSES),
     )
 
@@ -47,8 +50,10 @@ def _batches(rank: int, count: int):
     import torch
 
     gen = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(BATCH, IN_FEATURES, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
-            for _ in range(count)]
+    return [
+        (torch.randn(BATCH, IN_FEATURES, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
+        for _ in range(count)
+    ]
 
 
 def _sgd(model):
@@ -96,7 +101,12 @@ def _job(config: dict):
 
     # Horovod, rendezvous through this torch.distributed group.
     ranks = hb.setup_horovod_env_and_init(
-        rank, world, ctx.get_local_rank(), ctx.get_local_world_size(), ctx.get_node_rank(), None,
+        rank,
+        world,
+        ctx.get_local_rank(),
+        ctx.get_local_world_size(),
+        ctx.get_node_rank(),
+        None,
         tuning=hb.HorovodTuning(FUSION_BYTES, CYCLE_MS, config["timeline"]),
     )
     import horovod.torch as hvd
@@ -132,8 +142,11 @@ def _job(config: dict):
         with hopt.skip_synchronize():
             hopt.step()
         hopt.zero_grad()
-        records.append(StepMarks.single(1, step, "train", False, len(y), start, start, after_forward, after_backward,
-                                 clock.mark(), timer.take()).resolve(clock))
+        records.append(
+            StepMarks.single(
+                1, step, "train", False, len(y), start, start, after_forward, after_backward, clock.mark(), timer.take()
+            ).resolve(clock)
+        )
         hvd_losses.append(loss.item())
     out["hvd_losses"] = hvd_losses
     out["hvd_final"] = _flat(model.parameters())
@@ -279,8 +292,17 @@ def test_two_nodes_of_the_minicluster(whole_minicluster, tmp_path):
     from tests.conftest import MINICLUSTER_SUBNET, REPO, run_cli
 
     out = tmp_path / "outs.json"
-    run = run_cli("minicluster", "exec", "--name", whole_minicluster, "--", sys.executable,
-                  str(REPO / "tests" / "test_horovod.py"), str(out), str(tmp_path))
+    run = run_cli(
+        "minicluster",
+        "exec",
+        "--name",
+        whole_minicluster,
+        "--",
+        sys.executable,
+        str(REPO / "tests" / "test_horovod.py"),
+        str(out),
+        str(tmp_path),
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     outs = json.loads(out.read_text())
     assert sorted(o["node_rank"] for o in outs) == [0, 1]
@@ -301,7 +323,11 @@ def test_compute_ranks_matches_horovods_coordinator():
     # two nodes with two processes each, ranks interleaved across nodes
     ranks = hb.compute_ranks([(0, 0), (1, 0), (0, 1), (1, 1)])
     assert [(r.rank, r.local_rank, r.local_size, r.cross_rank, r.cross_size) for r in ranks] == [
-        (0, 0, 2, 0, 2), (1, 0, 2, 1, 2), (2, 1, 2, 0, 2), (3, 1, 2, 1, 2)]
+        (0, 0, 2, 0, 2),
+        (1, 0, 2, 1, 2),
+        (2, 1, 2, 0, 2),
+        (3, 1, 2, 1, 2),
+    ]
     # uneven nodes: local rank 1 exists on node 0 only
     ranks = hb.compute_ranks([(0, 0), (0, 1), (1, 0)])
     assert [(r.local_size, r.cross_rank, r.cross_size) for r in ranks] == [(2, 0, 2), (2, 0, 1), (1, 1, 2)]
@@ -309,8 +335,11 @@ def test_compute_ranks_matches_horovods_coordinator():
 
 def test_tuning_env_and_validation(tmp_path):
     tuning = hb.HorovodTuning.from_mb(4, 3.5, str(tmp_path / "t.json"))
-    assert tuning.env() == {"HOROVOD_FUSION_THRESHOLD": str(4 << 20), "HOROVOD_CYCLE_TIME": "3.5",
-                            "HOROVOD_TIMELINE": str(tmp_path / "t.json")}
+    assert tuning.env() == {
+        "HOROVOD_FUSION_THRESHOLD": str(4 << 20),
+        "HOROVOD_CYCLE_TIME": "3.5",
+        "HOROVOD_TIMELINE": str(tmp_path / "t.json"),
+    }
     assert hb.HorovodTuning().env() == {}
     assert hb.HorovodTuning().effective()["fusion_threshold_bytes"] == 128 << 20
     with pytest.raises(ValueError, match="absolute"):
@@ -337,8 +366,11 @@ def test_parse_timeline_reads_a_trace_cut_mid_event(tmp_path):
     text = "[\n" + "".join(json.dumps(e) + ",\n" for e in head) + ",".join(json.dumps(e) for e in events)
     path.write_text(text + "]")
     complete = hb.parse_timeline(path)
-    assert complete.to_dict("records") == [pytest.approx(
-        {"tensor": "fc.weight", "phase": "ALLREDUCE", "start_s": 0.0015, "end_s": 0.003, "duration_s": 0.0015})]
+    assert complete.to_dict("records") == [
+        pytest.approx(
+            {"tensor": "fc.weight", "phase": "ALLREDUCE", "start_s": 0.0015, "end_s": 0.003, "duration_s": 0.0015}
+        )
+    ]
     assert complete.attrs["start_unix_s"] == 1700000000.0
     path.write_text(text + ',{"ph": "B", "ts": 40')
     assert hb.parse_timeline(path).to_dict("records") == complete.to_dict("records")
@@ -354,6 +386,8 @@ if __name__ == "__main__":
 
     connect(log_to_driver=False)
     results = _fit(os.path.join(sys.argv[2], "timeline.json"), os.path.join(sys.argv[2], "ray"))
-    plain = [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in o.items() if k != "records"} for o in results]
+    plain = [
+        {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in o.items() if k != "records"} for o in results
+    ]
     with open(sys.argv[1], "w") as f:
         json.dump(plain, f)

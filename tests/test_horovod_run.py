@@ -21,14 +21,22 @@ pytestmark = pytest.mark.skipif(not HOROVOD_OK, reason=HOROVOD_WHY or "horovod u
 
 # 8 steps per rank and epoch (3 after the warm-up in epoch 1); two epochs: the same math across an
 # epoch boundary (the LR warm-up ends there)
-BASE = ["data.train_samples=1024", "data.val_samples=256", "train.max_epochs=2", "train.target_accuracy=1.0",
-        "train.eval_every=1", "instrument.calibration_pairs=2"]
+BASE = [
+    "data.train_samples=1024",
+    "data.val_samples=256",
+    "train.max_epochs=2",
+    "train.target_accuracy=1.0",
+    "train.eval_every=1",
+    "instrument.calibration_pairs=2",
+]
 
 
 def test_horovod_run_trains_like_ddp_and_is_timed(ray_connected, tmp_path):
     quickstart = REPO / "experiments" / "quickstart.yaml"
     ddp = execute_run(load_config(quickstart, overrides=BASE, num_workers=2), tmp_path / "ddp", launcher="local")
-    cfg = load_config(quickstart, overrides=BASE + ["backend=horovod", "instrument.horovod_timeline=true"], num_workers=2)
+    cfg = load_config(
+        quickstart, overrides=BASE + ["backend=horovod", "instrument.horovod_timeline=true"], num_workers=2
+    )
     hvd = execute_run(cfg, tmp_path / "hvd", launcher="ray")
     assert ddp["status"] == hvd["status"] == "max_epochs", (ddp["error"], hvd["error"])
     assert hvd["backend"] == "horovod" and ddp["backend"] == "gloo"
@@ -50,8 +58,12 @@ def test_horovod_run_trains_like_ddp_and_is_timed(ray_connected, tmp_path):
     assert (steps.loc[steps["kind"] == "calib_sync", "num_buckets"] == params.iloc[0]).all()
     # measured: a real number (None is what the summary holds when the A/B window found nothing, NaN
     # what an empty mean gives); its sign is the noise's to choose on 2 cores
-    assert isinstance(hvd["exposed_comm_s"], float) and math.isfinite(hvd["exposed_comm_s"]) and hvd["exposed_comm_s"] > 0
-    assert isinstance(hvd["comm_overhead_pct"], float) and math.isfinite(hvd["comm_overhead_pct"]), hvd["comm_overhead_pct"]
+    assert (
+        isinstance(hvd["exposed_comm_s"], float) and math.isfinite(hvd["exposed_comm_s"]) and hvd["exposed_comm_s"] > 0
+    )
+    assert isinstance(hvd["comm_overhead_pct"], float) and math.isfinite(hvd["comm_overhead_pct"]), hvd[
+        "comm_overhead_pct"
+    ]
 
     timeline = hb.parse_timeline(tmp_path / "hvd" / "horovod_timeline.json")
     assert timeline["tensor"].str.startswith("allreduce.").all()

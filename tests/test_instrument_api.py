@@ -101,9 +101,15 @@ def _case(rank: int, run_dir: str, mode: str) -> dict:
         loss_fn(model(batch[0]), batch[1]).backward()
 
     with_ab = mode == "with_ab"
-    meter = instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=1, calibration_pairs=2,
-                              forward_backward=forward_backward if with_ab else None,
-                              calibration_data=list(itertools.islice(slow_batches(rank), 2)) if with_ab else None)
+    meter = instrument.attach(
+        model,
+        optimizer,
+        run_dir=run_dir,
+        warmup_steps=1,
+        calibration_pairs=2,
+        forward_backward=forward_backward if with_ab else None,
+        calibration_data=list(itertools.islice(slow_batches(rank), 2)) if with_ab else None,
+    )
     model.register_comm_hook(None, counting_hook)  # after attaching: kept and timed
     data_sleeps, pauses = [], []
     module.sleeps.clear()
@@ -117,9 +123,16 @@ def _case(rank: int, run_dir: str, mode: str) -> dict:
     loop_exit = time.perf_counter()
     forward_sleeps = list(module.sleeps)  # the training loop's forwards only (calibration's come after)
     meter.end_epoch(val_accuracy=0.5)
-    result.update(hook_calls=calls["hook"], summary=meter.finish(), clock_offset_s=meter.clock_offset_s,
-                  loop_enter=loop_enter, loop_exit=loop_exit, data_sleeps=data_sleeps,
-                  forward_sleeps=forward_sleeps, pauses=pauses)
+    result.update(
+        hook_calls=calls["hook"],
+        summary=meter.finish(),
+        clock_offset_s=meter.clock_offset_s,
+        loop_enter=loop_enter,
+        loop_exit=loop_exit,
+        data_sleeps=data_sleeps,
+        forward_sleeps=forward_sleeps,
+        pauses=pauses,
+    )
     return result
 
 
@@ -142,8 +155,10 @@ def runs(tmp_path_factory) -> dict[str, tuple[list[dict], str]]:
     """mode -> (each rank's result, run directory), from one pair of processes."""
     tmp = tmp_path_factory.mktemp("own_loop")
     start_workers(_job, (free_port(), str(tmp)), 2)
-    return {mode: ([json.loads((tmp / f"result-{mode}.rank{r}.json").read_text()) for r in range(2)], str(tmp / mode))
-            for mode in MODES}
+    return {
+        mode: ([json.loads((tmp / f"result-{mode}.rank{r}.json").read_text()) for r in range(2)], str(tmp / mode))
+        for mode in MODES
+    }
 
 
 def _inside(interval, begin: float, end: float) -> bool:
@@ -184,8 +199,11 @@ def test_phases_hooks_and_records_of_a_users_ddp_loop(runs):
             outside_steps_s = (start[0] - result["loop_enter"]) + (result["loop_exit"] - end[-1])
             assert mine["step_s"].sum() - EPS_S <= train_s <= mine["step_s"].sum() + outside_steps_s + EPS_S
     # the user's hook ran once per bucket, and those calls are the timed buckets
-    assert results[0]["hook_calls"] == train.loc[train["rank"] == 0, "num_buckets"].sum() + \
-        steps.loc[(steps["rank"] == 0) & (steps["kind"] == "calib_sync"), "num_buckets"].sum()
+    assert (
+        results[0]["hook_calls"]
+        == train.loc[train["rank"] == 0, "num_buckets"].sum()
+        + steps.loc[(steps["rank"] == 0) & (steps["kind"] == "calib_sync"), "num_buckets"].sum()
+    )
     assert (train["num_buckets"] == 1).all() and (train["allreduce_s"] > 0).all()
     # A/B: pairs recorded; the summary is the lab's, written by rank 0 at finish()
     assert set(steps["kind"]) == {"train", "calib_sync", "calib_nosync"}

@@ -38,13 +38,17 @@ def test_keywords_override_the_launched_runs_settings_which_override_the_default
     assert alone.settings == instrument.InstrumentSettings(telemetry_interval_s=0) and alone.run_dir is None
     assert alone.finisher is not None  # on its own: the lab's finisher, through the installed entry point
     alone.detach()
-    launched = LaunchedRun(str(tmp_path / "run"), "handed", instrument.InstrumentSettings(warmup_steps=2, trace_steps=0,
-                                                                                         telemetry_interval_s=0))
+    launched = LaunchedRun(
+        str(tmp_path / "run"),
+        "handed",
+        instrument.InstrumentSettings(warmup_steps=2, trace_steps=0, telemetry_interval_s=0),
+    )
     with launched.in_environment():
         meter = _attach(calibration_pairs=3)
         assert meter.run_dir == tmp_path / "run" and meter.name == "handed"
-        assert meter.settings == instrument.InstrumentSettings(warmup_steps=2, trace_steps=0, telemetry_interval_s=0,
-                                                               calibration_pairs=3)
+        assert meter.settings == instrument.InstrumentSettings(
+            warmup_steps=2, trace_steps=0, telemetry_interval_s=0, calibration_pairs=3
+        )
         assert meter.finisher is None and meter.finish() is None  # the launcher writes this run's summary
         own = _attach(settings=instrument.InstrumentSettings(telemetry_interval_s=0), run_dir=tmp_path / "own")
         assert own.settings == instrument.InstrumentSettings(telemetry_interval_s=0)  # passed: the launcher's not read
@@ -91,8 +95,12 @@ def test_parts_passed_are_the_parts_used(tmp_path):
     # a job on its own with no finisher is told, at attach, that it will get no summary (the lab
     # run from a checkout on PYTHONPATH, not installed, registers none: as on the GPU machine)
     with pytest.warns(UserWarning, match="no finisher, so .* will hold the records but no summary.json"):
-        meter = _attach(name="given", parts=Parts(identity=given, live_metrics=Live), telemetry_interval_s=0,
-                        run_dir=tmp_path / "run")
+        meter = _attach(
+            name="given",
+            parts=Parts(identity=given, live_metrics=Live),
+            telemetry_interval_s=0,
+            run_dir=tmp_path / "run",
+        )
     for _ in meter.batches([torch.zeros(2, 4)] * 2):
         pass
     meter.end_epoch()
@@ -105,16 +113,28 @@ def test_the_instrument_imports_no_ray():
     found = []
     for path in sorted((REPO / "scaling" / "instrument").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            found += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n == "ray" or n.startswith("ray.")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n == "ray" or n.startswith("ray.")
+            ]
     assert found == []
 
 
 @pytest.mark.slow  # torchrun starts two worker processes
 def test_a_torchrun_job_with_ray_hidden_is_measured(tmp_path):
-    result = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "tests.without_ray_job",
-                             str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "tests.without_ray_job", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     for rank, view in enumerate(seen):

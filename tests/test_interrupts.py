@@ -20,17 +20,41 @@ import pandas as pd
 from tests.conftest import BIN, REPO, wait_for
 from tests.held_model import held, hold
 
-ARGS = ["sweep", "experiments/quickstart.yaml", "--workers", "1", "--repeats", "2",
-        "--set", "model.name=tests.held_model:held_small_cnn",
-        "--set", "data.train_samples=512", "--set", "data.val_samples=256", "--set", "train.max_epochs=1",
-        "--set", "train.eval_every=1", "--set", "train.target_accuracy=1.0", "--set", "instrument.calibration_pairs=0"]
+ARGS = [
+    "sweep",
+    "experiments/quickstart.yaml",
+    "--workers",
+    "1",
+    "--repeats",
+    "2",
+    "--set",
+    "model.name=tests.held_model:held_small_cnn",
+    "--set",
+    "data.train_samples=512",
+    "--set",
+    "data.val_samples=256",
+    "--set",
+    "train.max_epochs=1",
+    "--set",
+    "train.eval_every=1",
+    "--set",
+    "train.target_accuracy=1.0",
+    "--set",
+    "instrument.calibration_pairs=0",
+]
 
 
 def _sweep(out, env, log):
     # a file, not a pipe: a full pipe would stall the sweep while the test waits on it
     with open(log, "w") as sink:
-        return subprocess.Popen([str(BIN / "scaling"), *ARGS, "--out", str(out)], cwd=REPO, env=env,
-                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [str(BIN / "scaling"), *ARGS, "--out", str(out)],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 def test_ctrl_c_and_killed_driver_keep_finished_runs_and_resume(ray_connected, tmp_path):

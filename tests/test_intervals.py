@@ -15,11 +15,21 @@ from scaling.analysis.run_metrics import summarize_run
 
 def _runs(rows: list[tuple[int, float, float | None, float]]) -> pd.DataFrame:
     """(num_workers, throughput, tta_s, comm_overhead_pct) per run; time per epoch = 1000 / throughput."""
-    return pd.DataFrame([{
-        "num_workers": n, "status": "reached_target" if tta is not None else "max_epochs", "run_key": f"w{n}-r{i}",
-        "throughput_samples_per_s": thr, "time_per_epoch_s": 1000.0 / thr, "tta_s": tta,
-        "comm_overhead_pct": comm, "exposed_comm_pct": comm / 2,
-    } for i, (n, thr, tta, comm) in enumerate(rows)])
+    return pd.DataFrame(
+        [
+            {
+                "num_workers": n,
+                "status": "reached_target" if tta is not None else "max_epochs",
+                "run_key": f"w{n}-r{i}",
+                "throughput_samples_per_s": thr,
+                "time_per_epoch_s": 1000.0 / thr,
+                "tta_s": tta,
+                "comm_overhead_pct": comm,
+                "exposed_comm_pct": comm / 2,
+            }
+            for i, (n, thr, tta, comm) in enumerate(rows)
+        ]
+    )
 
 
 def _intervals(runs: pd.DataFrame) -> pd.DataFrame:
@@ -99,8 +109,16 @@ def test_report_says_within_noise_instead_of_a_conclusion(tmp_path):
     runs = []
     for n, values in ((1, [(100.0, 40.0), (100.0, 80.0)]), (2, [(150.0, 30.0), (150.0, 70.0)])):
         for repeat, (throughput, tta) in enumerate(values):
-            runs.append({"num_workers": n, "repeat": repeat, "throughput_samples_per_s": throughput,
-                         "time_per_epoch_s": 1000 / throughput, "tta_s": tta, "status": "reached_target"})
+            runs.append(
+                {
+                    "num_workers": n,
+                    "repeat": repeat,
+                    "throughput_samples_per_s": throughput,
+                    "time_per_epoch_s": 1000 / throughput,
+                    "tta_s": tta,
+                    "status": "reached_target",
+                }
+            )
     sweep = make_known_sweep(tmp_path, runs)
     text = write_report(sweep).read_text()
     assert "1→2 workers" in text
@@ -110,16 +128,29 @@ def test_report_says_within_noise_instead_of_a_conclusion(tmp_path):
 
 # --- TTA at quarter-epoch evaluations ----------------------------------------------------------
 
+
 def test_tta_at_a_quarter_epoch_evaluation_by_hand():
     # two epochs of 4 s training each; evaluations every quarter epoch after 1, 2, ..., 8 s of training.
-    epochs = pd.DataFrame({"epoch": [1, 2], "train_s": [4.0, 4.0], "val_accuracy": [0.70, 0.92],
-                           "samples": [100, 100], "calibration_s": [0.0, 0.0], "eval_s": [0.5, 0.5],
-                           "elapsed_wall_s": [5.0, 10.0]})
-    evals = pd.DataFrame({"epoch": [1, 1, 1, 1, 2, 2, 2, 2],
-                          "epoch_progress": [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0],
-                          "elapsed_train_s": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
-                          "elapsed_wall_s": [1.2, 2.4, 3.6, 5.0, 6.2, 7.4, 8.6, 10.0],
-                          "val_accuracy": [0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.91, 0.92]})
+    epochs = pd.DataFrame(
+        {
+            "epoch": [1, 2],
+            "train_s": [4.0, 4.0],
+            "val_accuracy": [0.70, 0.92],
+            "samples": [100, 100],
+            "calibration_s": [0.0, 0.0],
+            "eval_s": [0.5, 0.5],
+            "elapsed_wall_s": [5.0, 10.0],
+        }
+    )
+    evals = pd.DataFrame(
+        {
+            "epoch": [1, 1, 1, 1, 2, 2, 2, 2],
+            "epoch_progress": [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0],
+            "elapsed_train_s": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+            "elapsed_wall_s": [1.2, 2.4, 3.6, 5.0, 6.2, 7.4, 8.6, 10.0],
+            "val_accuracy": [0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.91, 0.92],
+        }
+    )
     first = summarize_run(pd.DataFrame(), epochs, 0.9, 2, evals=evals)
     # first evaluation at >= 0.9: 1.75 epochs, after 7.0 s of training (not the epoch's end, 8.0 s)
     assert first["tta_rule"] == "first_eval"
@@ -128,6 +159,9 @@ def test_tta_at_a_quarter_epoch_evaluation_by_hand():
     dawnbench = summarize_run(pd.DataFrame(), epochs, 0.9, 2, evals=evals, tta_rule="epoch_end")
     assert dawnbench["tta_rule"] == "epoch_end" and dawnbench["tta_s"] == 8.0 and dawnbench["tta_wall_s"] == 10.0
     # a restart's lost time counts in both rules: 3 s lost
-    attempts = [{"first_step_unix": 0.0, "resume_point_unix": None}, {"first_step_unix": 13.0, "resume_point_unix": 10.0}]
+    attempts = [
+        {"first_step_unix": 0.0, "resume_point_unix": None},
+        {"first_step_unix": 13.0, "resume_point_unix": 10.0},
+    ]
     restarted = summarize_run(pd.DataFrame(), epochs, 0.9, 2, attempts=attempts, evals=evals)
     assert restarted["tta_s"] == 10.0 and restarted["tta_epoch_end_s"] == 11.0

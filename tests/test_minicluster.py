@@ -41,9 +41,30 @@ def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
     assert [n["egress_cap"] for n in status["nodes"]] == ["200Mbit", "200Mbit"]
 
     out = tmp_path / "sweep"
-    result = run_cli("minicluster", "exec", "--name", name, "--", "scaling", "sweep", "experiments/quickstart.yaml",
-                     "--workers", "2", "--repeats", "1", "--out", str(out), "--set", "data.train_samples=1024",
-                     "--set", "data.val_samples=256", "--set", "train.max_epochs=2", "--set", "instrument.calibration_pairs=4")
+    result = run_cli(
+        "minicluster",
+        "exec",
+        "--name",
+        name,
+        "--",
+        "scaling",
+        "sweep",
+        "experiments/quickstart.yaml",
+        "--workers",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        "--set",
+        "data.train_samples=1024",
+        "--set",
+        "data.val_samples=256",
+        "--set",
+        "train.max_epochs=2",
+        "--set",
+        "instrument.calibration_pairs=4",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     runs = pd.read_parquet(out / "runs.parquet")
     assert list(runs["status"]) == ["max_epochs"] and int(runs["num_nodes"].iloc[0]) == 2
@@ -73,8 +94,10 @@ def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
     transfer = float(steady["transfer_s"].median())
     fastest = float(steady["transfer_s"].min())
     floor = (gradient_bytes - mc.tbf_burst_bytes(CAP)) * 8 / CAP_BITS_PER_S  # one burst leaves at line speed
-    print(f"transfer per step {transfer * 1e3:.1f} ms (fastest {fastest * 1e3:.1f} ms) for a {bound * 1e3:.1f} ms bound, "
-          f"{floor * 1e3:.1f} ms floor ({gradient_bytes:,} bytes)")
+    print(
+        f"transfer per step {transfer * 1e3:.1f} ms (fastest {fastest * 1e3:.1f} ms) for a {bound * 1e3:.1f} ms bound, "
+        f"{floor * 1e3:.1f} ms floor ({gradient_bytes:,} bytes)"
+    )
     # an order: no step moved its gradients faster than the cap allows (a transfer that missed part of the
     # all-reduce, or a cap not in force, falls under it; load only adds time)
     assert fastest >= floor, (fastest, floor)

@@ -92,9 +92,7 @@ def test_every_registered_image_model_has_an_input_size():
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(name, marks=pytest.mark.skip(reason="too slow on a CPU"))
-        if name in _TOO_SLOW_ON_CPU
-        else name
+        pytest.param(name, marks=pytest.mark.skip(reason="too slow on a CPU")) if name in _TOO_SLOW_ON_CPU else name
         for name in IMAGE_MODELS
     ],
 )

@@ -38,10 +38,23 @@ from tests.held_model import held, hold, release
 RUN_TIMEOUT_S = 480
 
 
-RUN_SETTINGS = ["--set", "data.train_samples=1024", "--set", "data.val_samples=256", "--set", "train.max_epochs=2",
-                # out of reach, so that a run trains both epochs; TTA is checked for a reached target below
-                "--set", "train.target_accuracy=1.0", "--set", "train.eval_every=1",
-                "--set", "instrument.calibration_pairs=2", "--set", "failure.max_failures=1"]
+RUN_SETTINGS = [
+    "--set",
+    "data.train_samples=1024",
+    "--set",
+    "data.val_samples=256",
+    "--set",
+    "train.max_epochs=2",
+    # out of reach, so that a run trains both epochs; TTA is checked for a reached target below
+    "--set",
+    "train.target_accuracy=1.0",
+    "--set",
+    "train.eval_every=1",
+    "--set",
+    "instrument.calibration_pairs=2",
+    "--set",
+    "failure.max_failures=1",
+]
 
 
 def _in_cluster(name: str, *command: str) -> list[str]:
@@ -50,9 +63,23 @@ def _in_cluster(name: str, *command: str) -> list[str]:
 
 def _start_run(name: str, run_dir, capacity_wait_s: float, log) -> subprocess.Popen:
     return subprocess.Popen(
-        _in_cluster(name, "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
-                    *HELD, "--set", f"failure.capacity_wait_s={capacity_wait_s}"),
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+        _in_cluster(
+            name,
+            "run",
+            "experiments/quickstart.yaml",
+            "--workers",
+            "2",
+            "--out",
+            str(run_dir),
+            *RUN_SETTINGS,
+            *HELD,
+            "--set",
+            f"failure.capacity_wait_s={capacity_wait_s}",
+        ),
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -88,8 +115,12 @@ def _preempt_in_epoch_2(name: str, run_dir, process, gate) -> float:
     from scaling.testbed import minicluster as mc
 
     try:
-        wait_for(lambda: registered_checkpoint_epoch(run_dir) and held(gate, rank=1), 300,
-                 "rank 1 held in epoch 2 with epoch 1's checkpoint registered", process)
+        wait_for(
+            lambda: registered_checkpoint_epoch(run_dir) and held(gate, rank=1),
+            300,
+            "rank 1 held in epoch 2 with epoch 1's checkpoint registered",
+            process,
+        )
         epoch = registered_checkpoint_epoch(run_dir)
         lost_unix = mc.preempt(name, 1)
     finally:
@@ -127,20 +158,44 @@ def node_back_in_time(minicluster, tmp_path_factory):
             process.wait()
     output = log_path.read_text()
     assert process.returncode == 0, output[-3000:]
-    print(f"node 1 lost; head saw it gone after {seen_gone_unix - lost_unix:.1f} s; the restart waited for room "
-          f"after {waiting_unix - lost_unix:.1f} s; back after {back_unix - lost_unix:.1f} s")
+    print(
+        f"node 1 lost; head saw it gone after {seen_gone_unix - lost_unix:.1f} s; the restart waited for room "
+        f"after {waiting_unix - lost_unix:.1f} s; back after {back_unix - lost_unix:.1f} s"
+    )
     return {"run_dir": run_dir, "lost_unix": lost_unix, "back_unix": back_unix, "output": output}
 
 
 def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
-    run_dir, lost_unix, back_unix = node_back_in_time["run_dir"], node_back_in_time["lost_unix"], node_back_in_time["back_unix"]
+    run_dir, lost_unix, back_unix = (
+        node_back_in_time["run_dir"],
+        node_back_in_time["lost_unix"],
+        node_back_in_time["back_unix"],
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
-    print({k: summary[k] for k in ("status", "epochs_run", "restarts", "time_lost_s", "workers_first_attempt",
-                                   "workers_last_attempt", "worker_count_changed", "num_nodes", "time_per_epoch_s",
-                                   "run_wall_s")})
+    print(
+        {
+            k: summary[k]
+            for k in (
+                "status",
+                "epochs_run",
+                "restarts",
+                "time_lost_s",
+                "workers_first_attempt",
+                "workers_last_attempt",
+                "worker_count_changed",
+                "num_nodes",
+                "time_per_epoch_s",
+                "run_wall_s",
+            )
+        }
+    )
     assert summary["status"] == "max_epochs" and summary["epochs_run"] == 2 and summary["error"] is None
     assert summary["restarts"] == 1 and summary["tta_includes_restarts"]
-    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 2, False)
+    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (
+        2,
+        2,
+        False,
+    )
     # The time lost runs from epoch 1's checkpoint (taken before the preemption) to the restarted
     # group's first step (after the node was back): it holds the whole outage.
     assert summary["time_lost_s"] >= back_unix - lost_unix
@@ -162,14 +217,22 @@ def test_run_survives_a_lost_node_that_comes_back(node_back_in_time):
     # own accuracies may reach any target in epoch 1, which left only the case without the restart.
     evals = pd.read_parquet(run_dir / "evals.parquet")
     for reached in (1, 2):
-        figures = summarize_run(steps, epochs.assign(val_accuracy=(epochs["epoch"] >= reached).astype(float)), 0.5, 2,
-                                attempts=attempts, evals=evals.assign(val_accuracy=(evals["epoch"] >= reached).astype(float)))
+        figures = summarize_run(
+            steps,
+            epochs.assign(val_accuracy=(epochs["epoch"] >= reached).astype(float)),
+            0.5,
+            2,
+            attempts=attempts,
+            evals=evals.assign(val_accuracy=(evals["epoch"] >= reached).astype(float)),
+        )
         training = float(epochs.loc[epochs["epoch"] <= reached, "train_s"].sum())
         lost = summary["time_lost_s"] if reached == 2 else 0.0
         assert summary["time_lost_s"] > 0 and figures["epochs_to_target"] == reached
         assert figures["tta_s"] == pytest.approx(training + lost) and figures["tta_includes_restarts"] == (reached == 2)
-        print(f"TTA reached in epoch {reached}: {figures['tta_s']:.1f} s = {training:.1f} s training "
-              f"+ {lost:.1f} s lost; wall {figures['tta_wall_s']:.1f} s")
+        print(
+            f"TTA reached in epoch {reached}: {figures['tta_s']:.1f} s = {training:.1f} s training "
+            f"+ {lost:.1f} s lost; wall {figures['tta_wall_s']:.1f} s"
+        )
 
 
 def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_minicluster, tmp_path):
@@ -181,8 +244,20 @@ def test_a_sweep_run_that_lost_its_node_fails_in_one_line_then_resumes(whole_min
     name = whole_minicluster
     capacity_wait_s = 10
     sweep_dir = tmp_path / "sweep"
-    sweep = ("sweep", "experiments/quickstart.yaml", "--workers", "2", "--repeats", "1", "--out", str(sweep_dir),
-             *RUN_SETTINGS, *HELD, "--set", f"failure.capacity_wait_s={capacity_wait_s}")
+    sweep = (
+        "sweep",
+        "experiments/quickstart.yaml",
+        "--workers",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        str(sweep_dir),
+        *RUN_SETTINGS,
+        *HELD,
+        "--set",
+        f"failure.capacity_wait_s={capacity_wait_s}",
+    )
     log_path = tmp_path / "output.log"
     # the gate lies outside the sweep directory (a sweep refuses a directory that holds anything else)
     gate = _hold_in_epoch_2(sweep_dir / "runs" / "w2-r0", at=tmp_path)
@@ -237,9 +312,26 @@ def test_an_elastic_run_goes_on_with_the_workers_left(whole_minicluster, tmp_pat
     gate = _hold_in_epoch_2(run_dir)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            _in_cluster(name, "run", "experiments/quickstart.yaml", "--workers", "2", "--out", str(run_dir), *RUN_SETTINGS,
-                        *HELD, "--set", "workers.min_workers=1", "--set", "failure.capacity_wait_s=300"),
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+            _in_cluster(
+                name,
+                "run",
+                "experiments/quickstart.yaml",
+                "--workers",
+                "2",
+                "--out",
+                str(run_dir),
+                *RUN_SETTINGS,
+                *HELD,
+                "--set",
+                "workers.min_workers=1",
+                "--set",
+                "failure.capacity_wait_s=300",
+            ),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     try:
         _preempt_in_epoch_2(name, run_dir, process, gate)
         process.wait(timeout=RUN_TIMEOUT_S)
@@ -249,10 +341,26 @@ def test_an_elastic_run_goes_on_with_the_workers_left(whole_minicluster, tmp_pat
             process.wait()
     assert process.returncode == 0, log_path.read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    print({k: summary[k] for k in ("status", "restarts", "time_lost_s", "workers_first_attempt", "workers_last_attempt",
-                                   "worker_count_changed", "global_batch")})
+    print(
+        {
+            k: summary[k]
+            for k in (
+                "status",
+                "restarts",
+                "time_lost_s",
+                "workers_first_attempt",
+                "workers_last_attempt",
+                "worker_count_changed",
+                "global_batch",
+            )
+        }
+    )
     assert summary["status"] == "max_epochs" and summary["restarts"] == 1
-    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (2, 1, True)
+    assert (summary["workers_first_attempt"], summary["workers_last_attempt"], summary["worker_count_changed"]) == (
+        2,
+        1,
+        True,
+    )
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     assert list(epochs["epoch"]) == [1, 2] and list(epochs["num_workers"]) == [2, 1]
     # the same global batch throughout: the same samples and steps per epoch at either count
@@ -288,9 +396,15 @@ def test_the_head_cannot_be_preempted(monkeypatch, tmp_path):
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(mc, "STATE_ROOT", tmp_path)
-    cluster = mc.MiniCluster(name="n24x", subnet="10.216.0.0/24", bridge="smn24xbr", bridge_ip="10.216.0.1", bandwidth=None,
-                             cpus_per_node=1, nodes=[mc.Node(i, f"scaling-n24x-n{i}", f"10.216.0.{10 + i}", f"smn24xh{i}")
-                                                     for i in range(2)])
+    cluster = mc.MiniCluster(
+        name="n24x",
+        subnet="10.216.0.0/24",
+        bridge="smn24xbr",
+        bridge_ip="10.216.0.1",
+        bandwidth=None,
+        cpus_per_node=1,
+        nodes=[mc.Node(i, f"scaling-n24x-n{i}", f"10.216.0.{10 + i}", f"smn24xh{i}") for i in range(2)],
+    )
     mc._save(cluster)
     for action in (mc.preempt, mc.rejoin):
         with pytest.raises(UsageError, match="node 0 is the head"):

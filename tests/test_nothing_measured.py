@@ -31,9 +31,26 @@ MEASURED_FIGURES = STEP_FIGURES + AB_FIGURES + EPOCH_FIGURES
 
 def _train_steps(n: int = 4) -> pd.DataFrame:
     """Training-step records of one rank (no epoch finished), as the recorder writes them."""
-    return pd.DataFrame([dict(kind="train", warmup=False, epoch=1, rank=0, node_rank=0, step_s=0.1, data_s=0.01,
-                              forward_s=0.03, backward_s=0.05, optimizer_s=0.01, compute_s=0.1, allreduce_s=0.0,
-                              exposed_comm_s=0.0) for _ in range(n)])
+    return pd.DataFrame(
+        [
+            dict(
+                kind="train",
+                warmup=False,
+                epoch=1,
+                rank=0,
+                node_rank=0,
+                step_s=0.1,
+                data_s=0.01,
+                forward_s=0.03,
+                backward_s=0.05,
+                optimizer_s=0.01,
+                compute_s=0.1,
+                allreduce_s=0.0,
+                exposed_comm_s=0.0,
+            )
+            for _ in range(n)
+        ]
+    )
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
@@ -57,14 +74,21 @@ def test_the_definitional_zero_at_one_worker_needs_recorded_steps():
     assert out["comm_overhead_note"] is None
     # at two workers the same steps without calibration pairs measure no A/B
     two = summarize_run(_train_steps(), pd.DataFrame(), target_accuracy=0.8, num_workers=2)
-    assert two["comm_overhead_pct"] is None and two["not_measured"]["comm_overhead_pct"] == "no calibration steps recorded"
+    assert (
+        two["comm_overhead_pct"] is None and two["not_measured"]["comm_overhead_pct"] == "no calibration steps recorded"
+    )
 
 
 def _failed_summary(run_dir, overrides=(), **description) -> dict:
     cfg = load_config(QUICKSTART, overrides=list(overrides), num_workers=1)
-    return write_summary(run_dir, {**run_description(cfg, "local"), **description}, status="failed",
-                         error="RuntimeError: the worker died making its dataset",
-                         started_at=dt.datetime.now(dt.timezone.utc), wall_s=3.0)
+    return write_summary(
+        run_dir,
+        {**run_description(cfg, "local"), **description},
+        status="failed",
+        error="RuntimeError: the worker died making its dataset",
+        started_at=dt.datetime.now(dt.timezone.utc),
+        wall_s=3.0,
+    )
 
 
 def test_the_summary_of_a_run_that_finished_no_epoch_says_null_and_why(tmp_path):
@@ -81,9 +105,18 @@ def test_the_summary_of_a_run_that_finished_no_epoch_says_null_and_why(tmp_path)
 
 def test_step_timing_off_names_itself_as_the_reason(tmp_path):
     run = RunDir(tmp_path)
-    epochs = pd.DataFrame(dict(epoch=[1, 2], train_s=[2.0, 1.5], samples=[1024, 1024], calibration_s=[0.0, 0.0],
-                               eval_s=[0.2, 0.2], val_accuracy=[0.5, 0.7], elapsed_train_s=[2.0, 3.5],
-                               elapsed_wall_s=[2.5, 4.5]))
+    epochs = pd.DataFrame(
+        dict(
+            epoch=[1, 2],
+            train_s=[2.0, 1.5],
+            samples=[1024, 1024],
+            calibration_s=[0.0, 0.0],
+            eval_s=[0.2, 0.2],
+            val_accuracy=[0.5, 0.7],
+            elapsed_train_s=[2.0, 3.5],
+            elapsed_wall_s=[2.5, 4.5],
+        )
+    )
     epochs.to_parquet(run.epochs_path, index=False)
     summary = _failed_summary(tmp_path, ["instrument.step_timing=false"])
     assert summary["time_per_epoch_s"] == pytest.approx(1.5)  # the epochs were measured
@@ -109,7 +142,13 @@ def test_the_screen_keeps_the_definitional_zero_and_reads_older_summaries(tmp_pa
     from scaling.cli import print_summary
 
     summary = _failed_summary(tmp_path)
-    measured = {**summary, "not_measured": {}, "comm_overhead_pct": 0.0, "comm_delta_s": 0.0, "comm_overhead_note": None}
+    measured = {
+        **summary,
+        "not_measured": {},
+        "comm_overhead_pct": 0.0,
+        "comm_delta_s": 0.0,
+        "comm_overhead_note": None,
+    }
     print_summary(measured, tmp_path)
     assert "comm overhead (A/B)  0.0 %" in capsys.readouterr().out
     # a schema-3 summary: no `not_measured`, the A/B reason in comm_overhead_note
@@ -129,18 +168,61 @@ def test_sweep_tables_and_the_report_take_runs_with_absent_figures(tmp_path):
 
     nothing = {f: None for f in MEASURED_FIGURES}
     runs = [
-        dict(num_workers=1, repeat=0, time_per_epoch_s=10.0, throughput_samples_per_s=100.0, tta_s=30.0,
-             epochs_to_target=3, step_s=0.1, comm_overhead_pct=0.0, exposed_comm_pct=0.0),
-        dict(num_workers=1, repeat=1, time_per_epoch_s=11.0, throughput_samples_per_s=95.0, tta_s=33.0,
-             epochs_to_target=3, step_s=0.1, comm_overhead_pct=0.0, exposed_comm_pct=0.0),
-        dict(num_workers=1, repeat=2, status="failed", error="RuntimeError: died", epochs_run=0, **nothing,
-             not_measured=dict.fromkeys(MEASURED_FIGURES, NO_EPOCH)),
-        dict(num_workers=2, repeat=0, time_per_epoch_s=6.0, throughput_samples_per_s=170.0, tta_s=24.0,
-             epochs_to_target=4, step_s=0.12, comm_overhead_pct=None, exposed_comm_pct=5.0,
-             not_measured={"comm_overhead_pct": "no calibration steps recorded"}),
-        dict(num_workers=2, repeat=1, time_per_epoch_s=6.5, throughput_samples_per_s=160.0, tta_s=26.0,
-             epochs_to_target=4, step_s=0.12, comm_overhead_pct=None, exposed_comm_pct=6.0,
-             not_measured={"comm_overhead_pct": "no calibration steps recorded"}),
+        dict(
+            num_workers=1,
+            repeat=0,
+            time_per_epoch_s=10.0,
+            throughput_samples_per_s=100.0,
+            tta_s=30.0,
+            epochs_to_target=3,
+            step_s=0.1,
+            comm_overhead_pct=0.0,
+            exposed_comm_pct=0.0,
+        ),
+        dict(
+            num_workers=1,
+            repeat=1,
+            time_per_epoch_s=11.0,
+            throughput_samples_per_s=95.0,
+            tta_s=33.0,
+            epochs_to_target=3,
+            step_s=0.1,
+            comm_overhead_pct=0.0,
+            exposed_comm_pct=0.0,
+        ),
+        dict(
+            num_workers=1,
+            repeat=2,
+            status="failed",
+            error="RuntimeError: died",
+            epochs_run=0,
+            **nothing,
+            not_measured=dict.fromkeys(MEASURED_FIGURES, NO_EPOCH),
+        ),
+        dict(
+            num_workers=2,
+            repeat=0,
+            time_per_epoch_s=6.0,
+            throughput_samples_per_s=170.0,
+            tta_s=24.0,
+            epochs_to_target=4,
+            step_s=0.12,
+            comm_overhead_pct=None,
+            exposed_comm_pct=5.0,
+            not_measured={"comm_overhead_pct": "no calibration steps recorded"},
+        ),
+        dict(
+            num_workers=2,
+            repeat=1,
+            time_per_epoch_s=6.5,
+            throughput_samples_per_s=160.0,
+            tta_s=26.0,
+            epochs_to_target=4,
+            step_s=0.12,
+            comm_overhead_pct=None,
+            exposed_comm_pct=6.0,
+            not_measured={"comm_overhead_pct": "no calibration steps recorded"},
+        ),
     ]
     sweep_path = make_known_sweep(tmp_path, runs)
     sweep = SweepDir(sweep_path)
@@ -170,9 +252,26 @@ def test_a_real_run_that_dies_at_its_first_step_reports_no_figure_it_did_not_mea
     from scaling import cli
 
     out = tmp_path / "run"
-    code = cli.main(["run", str(QUICKSTART), "--launcher", "local", "--workers", "1", "--out", str(out),
-                     "--set", "instrument.fail_at_step=0", "--set", "data.train_samples=256", "--set", "data.val_samples=64",
-                     "--set", "instrument.telemetry_interval_s=0"])
+    code = cli.main(
+        [
+            "run",
+            str(QUICKSTART),
+            "--launcher",
+            "local",
+            "--workers",
+            "1",
+            "--out",
+            str(out),
+            "--set",
+            "instrument.fail_at_step=0",
+            "--set",
+            "data.train_samples=256",
+            "--set",
+            "data.val_samples=64",
+            "--set",
+            "instrument.telemetry_interval_s=0",
+        ]
+    )
     screen = capsys.readouterr().out
     assert code == 1, screen
     summary = RunDir(out).summary()

@@ -52,8 +52,14 @@ from tests.conftest import BIN, REPO
 
 OWN_JOB = REPO / "examples" / "own_job" / "sweep.yaml"
 EPOCHS, SAMPLES, PAIRS = 2, 512, 4
-SMALL = ["--set", f"train.function_config.num_train={SAMPLES}", "--set", f"train.max_epochs={EPOCHS}",
-         "--set", f"instrument.calibration_pairs={PAIRS}"]
+SMALL = [
+    "--set",
+    f"train.function_config.num_train={SAMPLES}",
+    "--set",
+    f"train.max_epochs={EPOCHS}",
+    "--set",
+    f"instrument.calibration_pairs={PAIRS}",
+]
 INJECTED_S = 0.2
 
 
@@ -63,17 +69,41 @@ def own_sweep(ray_cluster, tmp_path_factory):
     env = {**ray_cluster["env"], "RAY_ADDRESS": ray_cluster["dashboard"]}
     runtime_env = json.dumps({"env_vars": {"SCALING_RESULTS_DIR": str(tmp), "RAY_AUTH_MODE": "disabled"}})
     submit = subprocess.run(
-        [str(BIN / "ray"), "job", "submit", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
-         "scaling", "sweep", "examples/own_job/sweep.yaml", "--workers", "1,2", "--out", "results/own", *SMALL],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--working-dir",
+            ".",
+            "--runtime-env-json",
+            runtime_env,
+            "--",
+            "scaling",
+            "sweep",
+            "examples/own_job/sweep.yaml",
+            "--workers",
+            "1,2",
+            "--out",
+            "results/own",
+            *SMALL,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
     job_id = re.search(r"Job '([^']+)' submitted successfully", submit.stdout + submit.stderr).group(1)
-    status = subprocess.run([str(BIN / "ray"), "job", "status", job_id], env=env, capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [str(BIN / "ray"), "job", "status", job_id], env=env, capture_output=True, text=True, timeout=60
+    )
     assert "succeeded" in (status.stdout + status.stderr).lower()
     # the job's log names where the results landed: under SCALING_RESULTS_DIR, not the job's
     # temporary working directory (docs/running.md, "ray job submit")
-    logs = subprocess.run([str(BIN / "ray"), "job", "logs", job_id], env=env, capture_output=True, text=True, timeout=60)
+    logs = subprocess.run(
+        [str(BIN / "ray"), "job", "logs", job_id], env=env, capture_output=True, text=True, timeout=60
+    )
     assert f"sweep directory: {tmp / 'results' / 'own'}" in logs.stdout, logs.stdout[-2000:]
     return tmp / "results" / "own"
 
@@ -105,23 +135,33 @@ def _least_disturbed(run_dir) -> dict:
     assert len(calib) == 2 * EPOCHS * 2 * PAIRS  # ranks x epochs x halves x pairs
     return {
         "exposed_comm_s": train["exposed_comm_s"].min(),
-        "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min() - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min(),
+        "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min()
+        - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min(),
         "backward_s": train["backward_s"].min(),
     }
 
 
 def test_injected_delay_is_measured_on_the_users_job(own_sweep, ray_connected, tmp_path):
-    base_dir = next(p for p in (own_sweep / "runs").iterdir() if json.loads((p / "summary.json").read_text())["num_workers"] == 2)
+    base_dir = next(
+        p for p in (own_sweep / "runs").iterdir() if json.loads((p / "summary.json").read_text())["num_workers"] == 2
+    )
     base_summary = json.loads((base_dir / "summary.json").read_text())
-    cfg = load_config(OWN_JOB, num_workers=2,
-                      overrides=[s for s in SMALL if s != "--set"] + [f"instrument.inject_comm_delay_s={INJECTED_S}"])
+    cfg = load_config(
+        OWN_JOB,
+        num_workers=2,
+        overrides=[s for s in SMALL if s != "--set"] + [f"instrument.inject_comm_delay_s={INJECTED_S}"],
+    )
     injected_summary = execute_run(cfg, tmp_path / "injected", launcher="ray")
     assert injected_summary["status"] in ("max_epochs", "reached_target"), injected_summary["error"]
     base, injected = _least_disturbed(base_dir), _least_disturbed(tmp_path / "injected")
     growth = {name: injected[name] - base[name] for name in base}
     means = {name: injected_summary[name] - base_summary[name] for name in ("step_s", "exposed_comm_s", "comm_delta_s")}
-    print(f"injected {INJECTED_S:.3f} s; growth of the fastest: " + ", ".join(f"{k} {v:.4f} s" for k, v in growth.items())
-          + "; of the summary's means: " + ", ".join(f"{k} {v:.4f} s" for k, v in means.items()))
+    print(
+        f"injected {INJECTED_S:.3f} s; growth of the fastest: "
+        + ", ".join(f"{k} {v:.4f} s" for k, v in growth.items())
+        + "; of the summary's means: "
+        + ", ".join(f"{k} {v:.4f} s" for k, v in means.items())
+    )
     assert growth["exposed_comm_s"] == pytest.approx(INJECTED_S, rel=0.15)
     assert growth["ab_s"] == pytest.approx(INJECTED_S, rel=0.15)
     # the loop's own phase marks carry the delay too: the instrument is not measuring itself

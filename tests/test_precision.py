@@ -64,7 +64,9 @@ def test_bf16_run_with_grad_compression_is_timed_and_reports_mfu_or_why_not(tmp_
     """The run's all-reduce is timed with the compression hook inside the timing hook, and its
     summary gives FLOPs and MFU (or the one reason MFU is absent). That the gradients went through
     bf16 the records cannot show: test_bf16_compression_puts_the_averaged_gradients_through_bf16."""
-    summary, run_dir = _run(tmp_path, "bf16", ["train.precision=bf16", "train.channels_last=true", "instrument.grad_compression=bf16"])
+    summary, run_dir = _run(
+        tmp_path, "bf16", ["train.precision=bf16", "train.channels_last=true", "instrument.grad_compression=bf16"]
+    )
     assert summary["precision"] == "bf16" and summary["grad_compression"] == "bf16"
     steps = pd.read_parquet(run_dir / "steps.parquet")
     train = steps[steps["kind"] == "train"]
@@ -112,17 +114,30 @@ def test_step_timing_off_keeps_epoch_figures(tmp_path):
     assert read_table(run_dir / "steps.parquet").empty and not (run_dir / "steps.parquet").exists()
 
 
-@pytest.mark.parametrize("model, flops_per_sample", [
-    ("resnet50", 3 * 8.18e9 * (64 / 224) ** 2),  # ~3x forward; forward scales with the pixel count
-    ("amoebanet_d_6_64", None),
-])
+@pytest.mark.parametrize(
+    "model, flops_per_sample",
+    [
+        ("resnet50", 3 * 8.18e9 * (64 / 224) ** 2),  # ~3x forward; forward scales with the pixel count
+        ("amoebanet_d_6_64", None),
+    ],
+)
 def test_full_scale_models_run_on_synthetic_data_and_report_mfu(tmp_path, model, flops_per_sample):
     # The full-scale networks through the whole run path with 2 CPU workers; small images keep it quick.
-    summary, run_dir = _run(tmp_path, model, [
-        f"model.name={model}", "data.name=synthetic", "data.image_size=64", "data.num_classes=1000",
-        "data.train_samples=16", "train.per_worker_batch=2", "train.max_epochs=1",
-        "instrument.warmup_steps=1", "instrument.calibration_pairs=1",
-    ])
+    summary, run_dir = _run(
+        tmp_path,
+        model,
+        [
+            f"model.name={model}",
+            "data.name=synthetic",
+            "data.image_size=64",
+            "data.num_classes=1000",
+            "data.train_samples=16",
+            "train.per_worker_batch=2",
+            "train.max_epochs=1",
+            "instrument.warmup_steps=1",
+            "instrument.calibration_pairs=1",
+        ],
+    )
     assert summary["epochs_run"] == 1 and summary["best_accuracy"] is None  # synthetic: no validation
     _check_mfu(summary)
     if flops_per_sample:

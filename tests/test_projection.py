@@ -19,12 +19,28 @@ import pytest
 from scaling.cli import main
 from scaling.errors import UsageError
 from scaling.projection import (
-    Cluster, cluster_from_alpha_beta, Link, allreduce_s, fit_alpha_beta, load_cluster, preset_names, project_cluster_from_alpha_beta,
-    ring_allreduce_s, run_projection, schedule_buckets,
+    Cluster,
+    cluster_from_alpha_beta,
+    Link,
+    allreduce_s,
+    fit_alpha_beta,
+    load_cluster,
+    preset_names,
+    project_cluster_from_alpha_beta,
+    ring_allreduce_s,
+    run_projection,
+    schedule_buckets,
 )
 from scaling.projection.cluster import device_throughput, parse_cluster
 from scaling.projection.cost import reduce_scatter_s
-from scaling.projection.layers import MIB, assign_buckets, available_models, load_layer_table, model_buckets, tensor_schedule
+from scaling.projection.layers import (
+    MIB,
+    assign_buckets,
+    available_models,
+    load_layer_table,
+    model_buckets,
+    tensor_schedule,
+)
 from scaling.projection.project import COLUMNS, TTA_CAVEAT, epochs_at, parse_int_list
 from scaling.results import RunDir
 
@@ -97,8 +113,9 @@ def test_resnet50_table():
     assert table["forward_flops_per_sample"] == pytest.approx(8.18e9, rel=1e-3)  # README: 8.18 GFLOP
     assert table["layers"][0]["name"] == "fc" and table["layers"][-1]["name"] == "conv1"  # backward order
     # backward ~ 2x forward per layer, 1x for the stem (its input needs no gradient)
-    assert table["backward_flops_per_sample"] == pytest.approx(2 * table["forward_flops_per_sample"]
-                                                               - table["layers"][-1]["forward_flops"])
+    assert table["backward_flops_per_sample"] == pytest.approx(
+        2 * table["forward_flops_per_sample"] - table["layers"][-1]["forward_flops"]
+    )
 
 
 @pytest.mark.parametrize("model", [m for m in available_models() if "ddp_bucket_bytes" in load_layer_table(m)])
@@ -139,22 +156,28 @@ def test_presets_load_and_validate():
     assert device_throughput("H100 SXM", "resnet50", "fp16") is None  # not published: unknown, not guessed
 
 
-GOOD = {"gpus_per_node": 2, "device": None,
-        "intra_node": {"bandwidth_GBps": 10, "latency_us": 1},
-        "inter_node": {"bandwidth_Gbps": 8, "efficiency": 0.5, "latency_us": 10}}
+GOOD = {
+    "gpus_per_node": 2,
+    "device": None,
+    "intra_node": {"bandwidth_GBps": 10, "latency_us": 1},
+    "inter_node": {"bandwidth_Gbps": 8, "efficiency": 0.5, "latency_us": 10},
+}
 
 
-@pytest.mark.parametrize("change, says", [
-    ({"gpus_per_nod": 2}, "unknown key 'gpus_per_nod'"),
-    ({"inter_node": {"bandwidth_Gbps": 8, "latency_us": 10, "jitter_us": 1}}, "unknown key 'jitter_us'"),
-    ({"inter_node": {"bandwidth_Gbps": 8, "bandwidth_GBps": 1, "latency_us": 10}}, "exactly one of"),
-    ({"inter_node": {"bandwidth_Gbps": -8, "latency_us": 10}}, "bandwidth_Gbps must be a positive number"),
-    ({"inter_node": {"bandwidth_Gbps": 8, "efficiency": 1.5, "latency_us": 10}}, "efficiency must be in (0, 1]"),
-    ({"intra_node": None}, "intra_node is required"),
-    ({"allreduce": "tree"}, "allreduce must be one of ring, hierarchical"),
-    ({"device": "TPU v9"}, "unknown device 'TPU v9'"),
-    ({"gpus_per_node": 0}, "gpus_per_node must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"gpus_per_nod": 2}, "unknown key 'gpus_per_nod'"),
+        ({"inter_node": {"bandwidth_Gbps": 8, "latency_us": 10, "jitter_us": 1}}, "unknown key 'jitter_us'"),
+        ({"inter_node": {"bandwidth_Gbps": 8, "bandwidth_GBps": 1, "latency_us": 10}}, "exactly one of"),
+        ({"inter_node": {"bandwidth_Gbps": -8, "latency_us": 10}}, "bandwidth_Gbps must be a positive number"),
+        ({"inter_node": {"bandwidth_Gbps": 8, "efficiency": 1.5, "latency_us": 10}}, "efficiency must be in (0, 1]"),
+        ({"intra_node": None}, "intra_node is required"),
+        ({"allreduce": "tree"}, "allreduce must be one of ring, hierarchical"),
+        ({"device": "TPU v9"}, "unknown device 'TPU v9'"),
+        ({"gpus_per_node": 0}, "gpus_per_node must be a positive integer"),
+    ],
+)
 def test_a_bad_preset_is_refused_in_one_line(change, says):
     data = {**GOOD, **change}
     if "gpus_per_nod" in change:
@@ -166,13 +189,15 @@ def test_a_bad_preset_is_refused_in_one_line(change, says):
 
 def test_a_cluster_file_by_path(tmp_path):
     path = tmp_path / "my.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         gpus_per_node: 4
         device: V100 SXM2 16GB
         allreduce: hierarchical
         intra_node: {bandwidth_GBps: 100, latency_us: 2}
         inter_node: {bandwidth_Gbps: 100, latency_us: 5}
-        """))
+        """)
+    )
     cluster = load_cluster(str(path))
     assert cluster.name == "my" and cluster.allreduce == "hierarchical"
     assert cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(12.5e9)
@@ -191,7 +216,7 @@ def test_a_cluster_file_by_path(tmp_path):
 
 def test_fit_alpha_beta_recovers_alpha_and_beta():
     alpha, bandwidth, n = 25e-6, 2.5e9, 8
-    sizes = [2 ** k for k in range(10, 29)]  # 1 KiB .. 256 MiB
+    sizes = [2**k for k in range(10, 29)]  # 1 KiB .. 256 MiB
     wobble = [1 + 0.01 * math.sin(3 * k) for k in range(len(sizes))]  # +-1%, deterministic
     times = [ring_allreduce_s(s, n, alpha, bandwidth) * w for s, w in zip(sizes, wobble)]
     fit = fit_alpha_beta(sizes, times, n)
@@ -199,7 +224,9 @@ def test_fit_alpha_beta_recovers_alpha_and_beta():
     assert fit.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=0.03)
     assert fit.rms_relative_error < 0.02
     exact = fit_alpha_beta(sizes, [ring_allreduce_s(s, n, alpha, bandwidth) for s in sizes], n)
-    assert exact.alpha_s == pytest.approx(alpha, rel=1e-6) and exact.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=1e-6)
+    assert exact.alpha_s == pytest.approx(alpha, rel=1e-6) and exact.bandwidth_bytes_per_s == pytest.approx(
+        bandwidth, rel=1e-6
+    )
     with pytest.raises(UsageError):
         fit_alpha_beta([1e6, 2e6], [1e-3, 1e-3], 1)
     with pytest.raises(UsageError, match="do not grow"):
@@ -208,8 +235,9 @@ def test_fit_alpha_beta_recovers_alpha_and_beta():
 
 def test_projection_from_fitted_alpha_beta():
     alpha, beta = 20e-6, 3e9
-    df = project_cluster_from_alpha_beta(alpha, beta, nodes=[1, 2, 4], gpus_per_node=1, model="resnet50",
-                                         per_gpu_batch=64, samples_per_s=400.0)
+    df = project_cluster_from_alpha_beta(
+        alpha, beta, nodes=[1, 2, 4], gpus_per_node=1, model="resnet50", per_gpu_batch=64, samples_per_s=400.0
+    )
     assert list(df["num_workers"]) == [1, 2, 4]
     assert df["comm_overhead_pct"].iloc[0] == 0 and (df["comm_overhead_pct"].iloc[1:] > 0).all()
     # by hand: the step at 1 worker is the given rate's (64 samples at 400/s); at n workers each of the
@@ -239,9 +267,12 @@ def test_run_projection_table():
     assert base["throughput_samples_per_s"] == pytest.approx(367.0)  # the published V100 fp32 number
     assert df["step_s"].iloc[0] == pytest.approx(64 / 367)
     # the phases add up, as in the lab's records
-    assert (df["data_s"] + df["forward_s"] + df["backward_s"] + df["optimizer_s"]).to_numpy() == pytest.approx(df["step_s"].to_numpy())
+    assert (df["data_s"] + df["forward_s"] + df["backward_s"] + df["optimizer_s"]).to_numpy() == pytest.approx(
+        df["step_s"].to_numpy()
+    )
     assert (df["backward_s"] - df["backward_compute_s"]).to_numpy() == pytest.approx(
-        (df["exposed_comm_s"] + df["interference_s"]).to_numpy())
+        (df["exposed_comm_s"] + df["interference_s"]).to_numpy()
+    )
     # sanity: credible efficiency at 16 nodes, overhead rising with the nodes
     assert 0.5 < df["efficiency_throughput"].iloc[-1] < 1.0
     assert df["comm_overhead_pct"].iloc[1:].is_monotonic_increasing
@@ -300,15 +331,18 @@ def test_tta_projection_and_its_caveat():
     assert TTA_CAVEAT in df.attrs["caveats"]
 
 
-@pytest.mark.parametrize("kwargs, says", [
-    (dict(model="vgg19", cluster="p3.16xlarge", nodes=[1]), "no layer table for model 'vgg19'"),
-    (dict(model="resnet50", cluster="p9.big", nodes=[1]), "unknown cluster 'p9.big'"),
-    (dict(model="resnet50", cluster="p3.16xlarge", nodes="1,two"), "comma-separated positive integers"),
-    (dict(model="resnet50", cluster="p3.16xlarge", nodes=[0, 1]), "positive integers"),
-    (dict(model="resnet50", cluster="p3.16xlarge", nodes=[2, 2]), "repeats"),
-    (dict(model="resnet50", cluster="h100x8", nodes=[1]), "no published resnet50"),
-    (dict(model="resnet50", cluster="p3.16xlarge", nodes=[1], precision="int4"), "unknown precision"),
-])
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        (dict(model="vgg19", cluster="p3.16xlarge", nodes=[1]), "no layer table for model 'vgg19'"),
+        (dict(model="resnet50", cluster="p9.big", nodes=[1]), "unknown cluster 'p9.big'"),
+        (dict(model="resnet50", cluster="p3.16xlarge", nodes="1,two"), "comma-separated positive integers"),
+        (dict(model="resnet50", cluster="p3.16xlarge", nodes=[0, 1]), "positive integers"),
+        (dict(model="resnet50", cluster="p3.16xlarge", nodes=[2, 2]), "repeats"),
+        (dict(model="resnet50", cluster="h100x8", nodes=[1]), "no published resnet50"),
+        (dict(model="resnet50", cluster="p3.16xlarge", nodes=[1], precision="int4"), "unknown precision"),
+    ],
+)
 def test_errors_are_one_line(kwargs, says):
     with pytest.raises(UsageError) as info:
         run_projection(**kwargs)
@@ -324,12 +358,24 @@ def test_parse_int_list():
 
 def _fake_run(path, workers=1, buckets=None):
     path.mkdir()
-    summary = {"model": "resnet50", "num_workers": workers, "per_worker_batch": 32, "global_batch": 32 * workers,
-               "precision": "fp16", "data_s": 0.002, "forward_s": 0.010, "backward_s": 0.020 + (0.004 if workers > 1 else 0),
-               "optimizer_s": 0.001, "exposed_comm_s": 0.004 if workers > 1 else 0.0, "epochs_to_target": 5,
-               "hardware": {"gpu_name": "NVIDIA H100 80GB HBM3"}}
+    summary = {
+        "model": "resnet50",
+        "num_workers": workers,
+        "per_worker_batch": 32,
+        "global_batch": 32 * workers,
+        "precision": "fp16",
+        "data_s": 0.002,
+        "forward_s": 0.010,
+        "backward_s": 0.020 + (0.004 if workers > 1 else 0),
+        "optimizer_s": 0.001,
+        "exposed_comm_s": 0.004 if workers > 1 else 0.0,
+        "epochs_to_target": 5,
+        "hardware": {"gpu_name": "NVIDIA H100 80GB HBM3"},
+    }
     (path / "summary.json").write_text(json.dumps(summary))
-    pd.DataFrame({"epoch": [1, 2], "samples": [12_800, 12_800], "train_s": [1.0, 1.0]}).to_parquet(path / "epochs.parquet")
+    pd.DataFrame({"epoch": [1, 2], "samples": [12_800, 12_800], "train_s": [1.0, 1.0]}).to_parquet(
+        path / "epochs.parquet"
+    )
     (path / "config.yaml").write_text("instrument:\n  ddp_bucket_cap_mb: 25.0\n  grad_compression: none\n")
     if buckets is not None:
         buckets.to_parquet(path / "buckets.parquet")
@@ -356,9 +402,15 @@ def test_from_run(tmp_path):
 
 
 def test_from_a_multi_worker_run_and_a_measured_schedule(tmp_path):
-    buckets = pd.DataFrame({"rank": [0] * 4, "step": [5] * 4, "bucket": [0, 1, 2, 3],
-                            "bytes": [30_257_056, 27_291_648, 27_330_560, 17_348_864],
-                            "ready_s": [0.0, 0.005, 0.010, 0.020]})
+    buckets = pd.DataFrame(
+        {
+            "rank": [0] * 4,
+            "step": [5] * 4,
+            "bucket": [0, 1, 2, 3],
+            "bytes": [30_257_056, 27_291_648, 27_330_560, 17_348_864],
+            "ready_s": [0.0, 0.005, 0.010, 0.020],
+        }
+    )
     run = _fake_run(tmp_path / "r50-w2", workers=2, buckets=buckets)
     df = run_projection("resnet50", "h100x8", [1, 2], from_run=run)
     assert df["backward_compute_s"].iloc[0] == pytest.approx(0.020)  # backward_s - exposed_comm_s
@@ -380,20 +432,47 @@ def test_straggler_wait_by_hand():
 def _fake_concurrent_run(path, compute_s, start_unix, epochs=3, steps=10):
     """A 1-worker small_cnn run whose steady-state steps take `compute_s` (data + forward + backward) + 5 ms optimizer."""
     path.mkdir()
-    summary = {"model": "small_cnn", "num_workers": 1, "per_worker_batch": 64, "global_batch": 64, "precision": "fp32",
-               "data_s": 0.001, "forward_s": compute_s / 2, "backward_s": compute_s / 2 - 0.001, "optimizer_s": 0.005,
-               "hardware": {"cpu_model": "test CPU"}}
+    summary = {
+        "model": "small_cnn",
+        "num_workers": 1,
+        "per_worker_batch": 64,
+        "global_batch": 64,
+        "precision": "fp32",
+        "data_s": 0.001,
+        "forward_s": compute_s / 2,
+        "backward_s": compute_s / 2 - 0.001,
+        "optimizer_s": 0.005,
+        "hardware": {"cpu_model": "test CPU"},
+    }
     (path / "summary.json").write_text(json.dumps(summary))
     (path / "config.yaml").write_text("instrument:\n  ddp_bucket_cap_mb: 25.0\n  grad_compression: none\n")
-    rows = [{"epoch": e, "step": (e - 1) * steps + i, "kind": "train", "warmup": e == 1 and i < 2, "data_s": 0.001,
-             "forward_s": compute_s / 2, "backward_s": compute_s / 2 - 0.001, "optimizer_s": 0.005}
-            for e in range(1, epochs + 1) for i in range(steps)]
+    rows = [
+        {
+            "epoch": e,
+            "step": (e - 1) * steps + i,
+            "kind": "train",
+            "warmup": e == 1 and i < 2,
+            "data_s": 0.001,
+            "forward_s": compute_s / 2,
+            "backward_s": compute_s / 2 - 0.001,
+            "optimizer_s": 0.005,
+        }
+        for e in range(1, epochs + 1)
+        for i in range(steps)
+    ]
     pd.DataFrame(rows).to_parquet(path / "steps.parquet")
     train_s = steps * (compute_s + 0.005)
-    pd.DataFrame({"epoch": list(range(1, epochs + 1)), "samples": [640] * epochs, "train_s": [train_s] * epochs,
-                  "eval_s": [0.0] * epochs, "calibration_s": [0.0] * epochs,
-                  "elapsed_wall_s": [train_s * e for e in range(1, epochs + 1)],
-                  "first_step_unix": [start_unix] * epochs}).to_parquet(path / "epochs.parquet")
+    pd.DataFrame(
+        {
+            "epoch": list(range(1, epochs + 1)),
+            "samples": [640] * epochs,
+            "train_s": [train_s] * epochs,
+            "eval_s": [0.0] * epochs,
+            "calibration_s": [0.0] * epochs,
+            "elapsed_wall_s": [train_s * e for e in range(1, epochs + 1)],
+            "first_step_unix": [start_unix] * epochs,
+        }
+    ).to_parquet(path / "epochs.parquet")
     return RunDir(path)
 
 
@@ -441,8 +520,24 @@ def test_main_prints_json_rows(capsys):
 
 def test_main_table_and_figure(tmp_path, capsys):
     out = tmp_path / "fig"  # a directory, as --out is for every command
-    assert main(["project", "--cluster", "p3.16xlarge", "--nodes", "1,2", "--precision", "amp", "--out", str(out),
-                 "--epochs-to-target", "256:30"]) == 0
+    assert (
+        main(
+            [
+                "project",
+                "--cluster",
+                "p3.16xlarge",
+                "--nodes",
+                "1,2",
+                "--precision",
+                "amp",
+                "--out",
+                str(out),
+                "--epochs-to-target",
+                "256:30",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "p3.16xlarge" in text and "caveat" in text
     # each table says which communication figure it shows
@@ -453,22 +548,42 @@ def test_main_table_and_figure(tmp_path, capsys):
 
 
 def test_main_horovod_backend(capsys):
-    assert main(["project", "--cluster", "p3.16xlarge", "--nodes", "1,2", "--backend", "horovod", "--horovod-cycle-time-ms", "5",
-                 "--horovod-fusion-threshold-mb", "64", "--json"]) == 0
+    assert (
+        main(
+            [
+                "project",
+                "--cluster",
+                "p3.16xlarge",
+                "--nodes",
+                "1,2",
+                "--backend",
+                "horovod",
+                "--horovod-cycle-time-ms",
+                "5",
+                "--horovod-fusion-threshold-mb",
+                "64",
+                "--json",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     rows = json.loads(captured.out)
     assert {r["backend"] for r in rows} == {"horovod"}
     assert "cycle 5 ms, fusion buffer 64 MiB" in captured.err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--cluster", "nope"], "unknown cluster 'nope'"),
-    (["--cluster", "p3.16xlarge", "--nodes", "1,,2"], "comma-separated positive integers"),
-    (["--cluster", "p3.16xlarge", "--model", "vgg"], "invalid choice: 'vgg'"),
-    (["--cluster", "p3.16xlarge", "--precision", "fp8"], "invalid choice: 'fp8'"),
-    (["--cluster", "p3.16xlarge", "--out", "proj.png"], "--out is a directory"),
-    (["--nodes", "1"], "--cluster"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--cluster", "nope"], "unknown cluster 'nope'"),
+        (["--cluster", "p3.16xlarge", "--nodes", "1,,2"], "comma-separated positive integers"),
+        (["--cluster", "p3.16xlarge", "--model", "vgg"], "invalid choice: 'vgg'"),
+        (["--cluster", "p3.16xlarge", "--precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--cluster", "p3.16xlarge", "--out", "proj.png"], "--out is a directory"),
+        (["--nodes", "1"], "--cluster"),
+    ],
+)
 def test_main_usage_errors(argv, says, capsys):
     assert main(["project", *argv]) == 2
     err = capsys.readouterr().err
@@ -477,9 +592,11 @@ def test_main_usage_errors(argv, says, capsys):
 
 @pytest.mark.slow  # a fresh interpreter (a subprocess): this process has imported torch already
 def test_no_torch_or_ray_on_import():
-    code = ("import sys, scaling.projection, scaling.projection.compute, scaling.projection.overlay; "
-            "import scaling.projection.project; "
-            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, scaling.projection, scaling.projection.compute, scaling.projection.overlay; "
+        "import scaling.projection.project; "
+        "bad = [m for m in ('torch', 'ray') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -510,8 +627,15 @@ def test_speedup_and_efficiency_at_n_workers_by_hand():
     # bucket), ready when backward ends, so every all-reduce is exposed whole. One GPU per host,
     # links of 50 us and 1e8 B/s; 1000 samples/s at 50 a step: 50 ms of compute; 10,000-sample epochs.
     cluster = Cluster(name="hosts", gpus_per_node=1, intra_node=None, inter_node=Link(1e8, 50e-6))
-    df = run_projection("small_cnn", cluster, workers=[1, 2, 4], per_gpu_batch=50, samples_per_s=1000.0,
-                        bucket_cap_mb=25, dataset_size=10_000).set_index("num_workers")
+    df = run_projection(
+        "small_cnn",
+        cluster,
+        workers=[1, 2, 4],
+        per_gpu_batch=50,
+        samples_per_s=1000.0,
+        bucket_cap_mb=25,
+        dataset_size=10_000,
+    ).set_index("num_workers")
     assert df.loc[4, "num_buckets"] == 1 and df.loc[4, "grad_bytes"] == 1_154_664
     # ring over n: 2(n-1) alpha + 2(n-1)/n S / B
     #   n = 2: 2 x 50 us + 1 x 1,154,664 / 1e8 = 0.1 + 11.54664 = 11.64664 ms
@@ -579,8 +703,16 @@ def test_horovod_cycles_and_fusion_by_hand():
     # at 20, the cycle at 24 again 4 ms into it: the phase repeats. Exposed = 16 - 10 = 6 ms;
     # time communicating counts each cycle from its start: 4..7 and 14..16 = 5 ms; the step
     # (backward start to the next) is 16 + 4 = 20 ms, 4 whole cycles.
-    sched = horovod_schedule([0.2, 0.4, 1.0], [100, 100, 100], 0.010, lambda b: b / 100 * 1e-3,
-                             cycle_time_s=0.005, fusion_bytes=1000, negotiation_s=0.001, rest_of_step_s=0.004)
+    sched = horovod_schedule(
+        [0.2, 0.4, 1.0],
+        [100, 100, 100],
+        0.010,
+        lambda b: b / 100 * 1e-3,
+        cycle_time_s=0.005,
+        fusion_bytes=1000,
+        negotiation_s=0.001,
+        rest_of_step_s=0.004,
+    )
     assert sched.ready_s == pytest.approx((0.004, 0.014))
     assert sched.start_s == pytest.approx((0.005, 0.015))
     assert sched.finish_s == pytest.approx((0.007, 0.016))
@@ -599,8 +731,9 @@ def test_horovod_step_locks_onto_the_cycle():
     exposed 32 ms and a step of 82 ms, which the 2-worker runs contradict (they step every 100 ms)."""
     from scaling.projection.cost import horovod_schedule
 
-    sched = horovod_schedule([1.0], [1.0], 0.020, lambda b: 0.002, cycle_time_s=0.050, fusion_bytes=1e9,
-                             rest_of_step_s=0.030)
+    sched = horovod_schedule(
+        [1.0], [1.0], 0.020, lambda b: 0.002, cycle_time_s=0.050, fusion_bytes=1e9, rest_of_step_s=0.030
+    )
     assert sched.start_s == pytest.approx((0.068,))
     assert sched.exposed_s == pytest.approx(0.050)
     assert sched.finish_s[-1] + 0.030 == pytest.approx(0.100)
@@ -635,14 +768,30 @@ def test_horovod_backend_in_the_projection():
     - DDP: 5 buckets (25 MiB, the first 1 MiB, as DDP made them:
       test_bucketing_matches_what_ddp_reported)."""
     ddp = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32")
-    hvd = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", backend="horovod",
-                         horovod_cycle_time_ms=5, horovod_fusion_threshold_mb=0)
+    hvd = run_projection(
+        "resnet50",
+        "p3.16xlarge",
+        [1, 2],
+        64,
+        "fp32",
+        backend="horovod",
+        horovod_cycle_time_ms=5,
+        horovod_fusion_threshold_mb=0,
+    )
     assert (hvd["backend"] == "horovod").all() and hvd.attrs["backend"] == "horovod"
     assert ddp["num_buckets"].iloc[-1] == 5 and hvd["num_buckets"].iloc[-1] == 161
     assert (hvd["grad_bytes"].iloc[1:] == 102_228_128).all()
     for fusion_mb, buffers in ((128, 1), (64, 2)):
-        fused = run_projection("resnet50", "p3.16xlarge", [1, 2], 64, "fp32", backend="horovod",
-                               horovod_cycle_time_ms=10_000, horovod_fusion_threshold_mb=fusion_mb)
+        fused = run_projection(
+            "resnet50",
+            "p3.16xlarge",
+            [1, 2],
+            64,
+            "fp32",
+            backend="horovod",
+            horovod_cycle_time_ms=10_000,
+            horovod_fusion_threshold_mb=fusion_mb,
+        )
         assert (fused["num_buckets"].iloc[1:] == buffers).all(), fusion_mb
     assert hvd["step_s"].iloc[0] == ddp["step_s"].iloc[0]
     with pytest.raises(UsageError, match="backend must be one of"):
@@ -656,8 +805,9 @@ def test_fitted_cluster_has_no_extra_terms():
     interference or jitter beyond what the fit and the concurrent runs measured."""
     cluster = cluster_from_alpha_beta(1e-4, 1e7, gpus_per_node=1)
     assert (cluster.collective_latency_s, cluster.overlap_slowdown, cluster.step_jitter_cv) == (0.0, 0.0, 0.0)
-    df = project_cluster_from_alpha_beta(1e-4, 1e7, [1, 2], 1, model="small_cnn", samples_per_s=1000.0,
-                                         per_gpu_batch=64)
+    df = project_cluster_from_alpha_beta(
+        1e-4, 1e7, [1, 2], 1, model="small_cnn", samples_per_s=1000.0, per_gpu_batch=64
+    )
     assert df["straggler_s"].iloc[-1] == 0.0 and df["interference_s"].iloc[-1] == 0.0
 
 
@@ -693,9 +843,11 @@ def test_anchor_count_excludes_calibration_anchors():
     """An anchor that sets a parameter meets its goal by construction: the count of anchors that
     meet the goal is over the checks only, in the results, the printed count and the table."""
     anchors = _projection_anchors_module()
-    made_up = [{"name": "sets a parameter", "role": "calibration", "meets_goal": True},
-               {"name": "a check that meets", "role": "check", "meets_goal": True},
-               {"name": "a check that misses", "role": "check", "meets_goal": False}]
+    made_up = [
+        {"name": "sets a parameter", "role": "calibration", "meets_goal": True},
+        {"name": "a check that meets", "role": "check", "meets_goal": True},
+        {"name": "a check that misses", "role": "check", "meets_goal": False},
+    ]
     assert anchors.tally(made_up) == {"met": 1, "of": 2, "calibration": ["sets a parameter"]}
     assert anchors.count_line(made_up).startswith("1 of 2 checks meet the goal; 1 calibration anchor ")
     committed = json.loads((Path(anchors.__file__).parent / "results" / "projection_anchors.json").read_text())
@@ -703,11 +855,11 @@ def test_anchor_count_excludes_calibration_anchors():
     # the DGX-1 fp32 speedup sets the V100 presets' step jitter (p3.16xlarge.yaml): the one calibration anchor
     assert [p["name"] for p in points if p["role"] == "calibration"] == ["NVIDIA DGX-1, ResNet-50 fp32, 8 GPUs"]
     checks = [p for p in points if p["role"] == "check"]
-    assert points[1:len(checks) + 1] == checks and all(p["sets"] is None for p in checks)
+    assert points[1 : len(checks) + 1] == checks and all(p["sets"] is None for p in checks)
     # every anchor says whether it is independent: only the calibration anchor is not
-    assert [p["independent"].startswith("yes") for p in points[:len(checks) + 1]] == [False] + [True] * len(checks)
+    assert [p["independent"].startswith("yes") for p in points[: len(checks) + 1]] == [False] + [True] * len(checks)
     # the default commands are shown beside the anchors and never counted
-    assert [p["role"] for p in points[len(checks) + 1:]] == ["default", "default"]
+    assert [p["role"] for p in points[len(checks) + 1 :]] == ["default", "default"]
     assert (committed["met"], committed["of"]) == (5, 7) == (sum(p["meets_goal"] for p in checks), len(checks))
     assert committed["calibration"] == [points[0]["name"]]
     table = anchors.markdown(points)
@@ -748,6 +900,7 @@ def test_default_dawnbench_command_names_what_to_change(capsys):
 def test_half_precision_caveats_only_where_the_default_decides():
     """The two caveats appear only where the projection rests on the default: not for fp32, not when the
     gradients' dtype or the wait is given, not inside one node for the gradients' line."""
+
     def caveats(**kwargs):
         kwargs = {"nodes": "1,2", "precision": "fp16", **kwargs}
         return run_projection("resnet50", "p3.16xlarge", **kwargs).attrs["caveats"]
@@ -757,8 +910,12 @@ def test_half_precision_caveats_only_where_the_default_decides():
     assert [c[:9] for c in caveats(grad_compression="fp16")] == ["the wait "]
     assert [c[:9] for c in caveats(straggler_s=0.005)] == ["gradients"]
     # the efficiency the line quotes is that of the same projection with the gradients in fp16, the wait included
-    given = run_projection("resnet50", "p3.16xlarge", "1,2", precision="fp16", straggler_s=0.005, grad_compression="fp16")
-    assert f"at 16 GPUs {100 * given['efficiency_throughput'].iloc[-1]:.1f}% efficiency" in caveats(straggler_s=0.005)[0]
+    given = run_projection(
+        "resnet50", "p3.16xlarge", "1,2", precision="fp16", straggler_s=0.005, grad_compression="fp16"
+    )
+    assert (
+        f"at 16 GPUs {100 * given['efficiency_throughput'].iloc[-1]:.1f}% efficiency" in caveats(straggler_s=0.005)[0]
+    )
     assert [c[:9] for c in caveats(nodes=None, workers="1,8")] == ["the wait "]
     assert caveats(grad_compression="fp16", straggler_s=0.005) == []
 
@@ -775,8 +932,15 @@ def test_the_minicluster_predictions_are_unchanged():
     for cap, fit in record["fits"].items():
         predicted = record["predictions"][cap]["concurrent+straggler"]
         cluster = cluster_from_alpha_beta(fit["alpha_s"], fit["bandwidth_bytes_per_s"], gpus_per_node=1)
-        cost = allreduce_s(predicted["grad_bytes"], 2, 1, cluster.intra_node, cluster.inter_node, cluster.allreduce,
-                           cluster.collective_latency_s)
+        cost = allreduce_s(
+            predicted["grad_bytes"],
+            2,
+            1,
+            cluster.intra_node,
+            cluster.inter_node,
+            cluster.allreduce,
+            cluster.collective_latency_s,
+        )
         sched = overlap_schedule([1.0], [cost], compute["backward_s"], cluster.overlap_slowdown)
         exposed = sched.exposed_s + compute["straggler_s"]
         step = compute["data_s"] + compute["forward_s"] + compute["backward_s"] + compute["optimizer_s"] + exposed
@@ -825,8 +989,10 @@ def test_transformer_tables_hold_torchtitans_flops_formula(model):
     gpt2-tiny, whose biases and norms weigh more beside 64-wide matrices."""
     table = load_layer_table(model)
     shape, seq = table["shape"], table["seq_len"]
-    formula = 6 * (table["parameters"] - shape["lookup_embedding_params"]) + \
-        12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq
+    formula = (
+        6 * (table["parameters"] - shape["lookup_embedding_params"])
+        + 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq
+    )
     assert table["formula_flops_per_token"] == formula
     counted = table["train_flops_per_token"]
     assert formula * (1 - TRANSFORMERS[model]) <= counted <= formula
@@ -882,12 +1048,17 @@ def test_fsdp_schedule_by_hand():
 
     sched = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], [False, True, False])
     kinds = [(c.kind, c.unit, c.issue_s, c.start_s, c.finish_s) for c in sched.collectives]
-    assert kinds == [("all_gather", 0, 0, 0, 1), ("all_gather", 1, 0, 1, 2), ("all_gather", 2, 2, 2, 3),
-                     ("re_gather", 1, 9, 9, 10), ("reduce_scatter", 2, 13, 13, 15), ("reduce_scatter", 1, 17, 17, 19),
-                     ("reduce_scatter", 0, 17, 19, 21)]
+    assert kinds == [
+        ("all_gather", 0, 0, 0, 1),
+        ("all_gather", 1, 0, 1, 2),
+        ("all_gather", 2, 2, 2, 3),
+        ("re_gather", 1, 9, 9, 10),
+        ("reduce_scatter", 2, 13, 13, 15),
+        ("reduce_scatter", 1, 17, 17, 19),
+        ("reduce_scatter", 0, 17, 19, 21),
+    ]
     assert (sched.end_s, sched.exposed_s, sched.forward_waited_s, sched.busy_s, sched.compute_s) == (21, 6, 2, 10, 15)
     assert (sched.seconds("all_gather"), sched.seconds("re_gather"), sched.seconds("reduce_scatter")) == (3, 1, 6)
-
 
 
 def test_fsdp_schedule_with_the_root_resharded_and_synchronous_collectives_by_hand():
@@ -906,14 +1077,24 @@ def test_fsdp_schedule_with_the_root_resharded_and_synchronous_collectives_by_ha
     flags = [True, True, False]
     beside = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], flags)
     assert [(c.kind, c.unit, c.start_s, c.finish_s) for c in beside.collectives][3:] == [
-        ("re_gather", 0, 7, 8), ("re_gather", 1, 10, 11), ("reduce_scatter", 2, 14, 16),
-        ("reduce_scatter", 1, 18, 20), ("reduce_scatter", 0, 20, 22)]
+        ("re_gather", 0, 7, 8),
+        ("re_gather", 1, 10, 11),
+        ("reduce_scatter", 2, 14, 16),
+        ("reduce_scatter", 1, 18, 20),
+        ("reduce_scatter", 0, 20, 22),
+    ]
     assert (beside.end_s, beside.exposed_s, beside.forward_waited_s) == (22, 7, 2)
     held = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], flags, synchronous=True)
     assert [(c.kind, c.unit, c.issue_s, c.finish_s) for c in held.collectives] == [
-        ("all_gather", 0, 0, 1), ("all_gather", 1, 1, 2), ("all_gather", 2, 4, 5), ("re_gather", 0, 8, 9),
-        ("reduce_scatter", 2, 15, 17), ("re_gather", 1, 17, 18), ("reduce_scatter", 1, 22, 24),
-        ("reduce_scatter", 0, 24, 26)]
+        ("all_gather", 0, 0, 1),
+        ("all_gather", 1, 1, 2),
+        ("all_gather", 2, 4, 5),
+        ("re_gather", 0, 8, 9),
+        ("reduce_scatter", 2, 15, 17),
+        ("re_gather", 1, 17, 18),
+        ("reduce_scatter", 1, 22, 24),
+        ("reduce_scatter", 0, 24, 26),
+    ]
     assert (held.end_s, held.exposed_s, held.forward_waited_s, held.busy_s, held.compute_s) == (26, 11, 3, 11, 15)
     assert (held.seconds("all_gather"), held.seconds("re_gather"), held.seconds("reduce_scatter")) == (3, 2, 6)
 
@@ -926,11 +1107,18 @@ def test_fsdp_on_gloo_adds_every_collective_to_the_step():
     from scaling.projection import project_cluster_from_alpha_beta
 
     alpha, bandwidth = 0.5e-3, 12.5e6
-    kwargs = dict(model="gpt2-tiny", per_gpu_batch=32, precision="fp32", samples_per_s=320.0, backend="fsdp",
-                  activation_checkpointing="none", reshard_after_forward="all-and-root", fsdp_param_dtype="fp32",
-                  fsdp_reduce_dtype="fp32")
-    df = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="gloo",
-                                         **kwargs)
+    kwargs = dict(
+        model="gpt2-tiny",
+        per_gpu_batch=32,
+        precision="fp32",
+        samples_per_s=320.0,
+        backend="fsdp",
+        activation_checkpointing="none",
+        reshard_after_forward="all-and-root",
+        fsdp_param_dtype="fp32",
+        fsdp_reduce_dtype="fp32",
+    )
+    df = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="gloo", **kwargs)
     one, two = df.iloc[0], df.iloc[1]
     units = [u["params"] * 4 for u in load_layer_table("gpt2-tiny")["units"]]  # root, two blocks
     gathers = sum(alpha + b / 2 / bandwidth for b in units)
@@ -943,8 +1131,9 @@ def test_fsdp_on_gloo_adds_every_collective_to_the_step():
     assert two["step_s"] == pytest.approx(compute + 2 * gathers + scatters)
     assert two["comm_overhead_pct"] == pytest.approx(100 * scatters / two["step_s"])
     # a wait for the slower rank is exposed, and not in the A/B: the no-sync half waits at its all-gathers too
-    waited = project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="gloo",
-                                             straggler_s=0.01, **kwargs).iloc[1]
+    waited = project_cluster_from_alpha_beta(
+        alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="gloo", straggler_s=0.01, **kwargs
+    ).iloc[1]
     assert waited["exposed_comm_s"] == pytest.approx(2 * gathers + scatters + 0.01)
     assert waited["comm_overhead_pct"] == pytest.approx(100 * scatters / (compute + 2 * gathers + scatters + 0.01))
     # beside compute (NCCL's way) the same link hides part of it, and a reduce-scatter is half an all-reduce
@@ -953,6 +1142,7 @@ def test_fsdp_on_gloo_adds_every_collective_to_the_step():
     assert nccl["step_s"] < two["step_s"]
     with pytest.raises(UsageError, match="fsdp_process_group must be one of"):
         project_cluster_from_alpha_beta(alpha, bandwidth, [1, 2], gpus_per_node=1, fsdp_process_group="mpi", **kwargs)
+
 
 def test_fsdp_projection_of_llama3_8b():
     df = run_projection("llama3-8b", "h100x8_400g_per_gpu", [1, 16], backend="fsdp")
@@ -966,11 +1156,12 @@ def test_fsdp_projection_of_llama3_8b():
     assert r8["memory_states_bytes"] == pytest.approx(16 * 8_030_261_248 / 8)
     assert r128["memory_states_bytes"] == pytest.approx(16 * 8_030_261_248 / 128)
     assert r8["memory_allocated_bytes"] - r128["memory_allocated_bytes"] == pytest.approx(
-        16 * 8_030_261_248 * (1 / 8 - 1 / 128))
+        16 * 8_030_261_248 * (1 / 8 - 1 / 128)
+    )
     # on the GPU: the allocator's reserve (GMLake's 15% of reserved memory), the CUDA context and NCCL's buffers
     for r in (r8, r128):
-        assert r["memory_reserved_gib"] * 2 ** 30 == pytest.approx(r["memory_allocated_bytes"] / 0.85)
-        assert r["memory_gib"] * 2 ** 30 == pytest.approx(r["memory_reserved_gib"] * 2 ** 30 + 666_632_192 + 2 ** 28)
+        assert r["memory_reserved_gib"] * 2**30 == pytest.approx(r["memory_allocated_bytes"] / 0.85)
+        assert r["memory_gib"] * 2**30 == pytest.approx(r["memory_reserved_gib"] * 2**30 + 666_632_192 + 2**28)
     # within 10% of torchtitan's logged max_reserved: 82.4 GiB at 8 GPUs, 67.0 at 128 (bench/projection_torchtitan.py)
     assert r8["memory_reserved_gib"] == pytest.approx(82.4, rel=0.10)
     assert r128["memory_reserved_gib"] == pytest.approx(67.0, rel=0.10)
@@ -993,13 +1184,16 @@ def test_fsdp_projection_of_llama3_8b():
     assert full["memory_gib"].iloc[1] < r8["memory_gib"] and full["backward_s"].iloc[1] > r8["backward_s"]
 
 
-@pytest.mark.parametrize("kwargs, says", [
-    (dict(model="resnet50", backend="fsdp"), "needs a transformer"),
-    (dict(model="llama3-8b", backend="fsdp", mfu=1.5), "--mfu must be in"),
-    (dict(model="llama3-8b", backend="fsdp", activation_checkpointing="some"), "activation checkpointing"),
-    (dict(model="llama3-8b", backend="fsdp", cluster="p4d.24xlarge"), "no published bf16 MFU"),
-    (dict(model="llama3-8b", backend="fsdp", reshard_after_forward="some"), "reshard_after_forward must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        (dict(model="resnet50", backend="fsdp"), "needs a transformer"),
+        (dict(model="llama3-8b", backend="fsdp", mfu=1.5), "--mfu must be in"),
+        (dict(model="llama3-8b", backend="fsdp", activation_checkpointing="some"), "activation checkpointing"),
+        (dict(model="llama3-8b", backend="fsdp", cluster="p4d.24xlarge"), "no published bf16 MFU"),
+        (dict(model="llama3-8b", backend="fsdp", reshard_after_forward="some"), "reshard_after_forward must be"),
+    ],
+)
 def test_fsdp_errors_are_one_line(kwargs, says):
     kwargs = {"cluster": "h100x8_400g_per_gpu", **kwargs}
     with pytest.raises(UsageError, match=says) as info:
@@ -1013,19 +1207,45 @@ def test_new_presets_and_their_figures():
     assert p4d.inter_node.bandwidth_bytes_per_s == pytest.approx(400e9 / 8 * 0.8)
     assert p5.inter_node.bandwidth_bytes_per_s == tt.inter_node.bandwidth_bytes_per_s == pytest.approx(3200e9 / 8 * 0.8)
     for name in ("p4d.24xlarge", "p5.48xlarge", "h100x8_400g_per_gpu"):
-        text = (Path(__file__).resolve().parent.parent / "scaling" / "projection" / "presets" / f"{name}.yaml").read_text()
+        text = (
+            Path(__file__).resolve().parent.parent / "scaling" / "projection" / "presets" / f"{name}.yaml"
+        ).read_text()
         assert "https://" in text  # every preset names its source
 
 
 def test_main_projects_llama_with_fsdp(capsys):
     """The issue's command: step time, tokens/s per GPU, memory per GPU, the three communication
     figures, and where every parameter comes from."""
-    assert main(["project", "--model", "llama3-8b", "--cluster", "h100x8_400g_per_gpu", "--backend", "fsdp",
-                 "--nodes", "1,16"]) == 0
+    assert (
+        main(
+            [
+                "project",
+                "--model",
+                "llama3-8b",
+                "--cluster",
+                "h100x8_400g_per_gpu",
+                "--backend",
+                "fsdp",
+                "--nodes",
+                "1,16",
+            ]
+        )
+        == 0
+    )
     out = " ".join(capsys.readouterr().out.split())
-    for words in ("step ms", "tokens/s/GPU", "memory GiB/GPU", "communicating %", "exposed %", "A/B overhead %",
-                  "MFU 33% (torchtitan", "each value's source beside it in h100x8_400g_per_gpu",
-                  "all-gather in bf16", "reduce-scatter in fp32", "16 bytes per parameter"):
+    for words in (
+        "step ms",
+        "tokens/s/GPU",
+        "memory GiB/GPU",
+        "communicating %",
+        "exposed %",
+        "A/B overhead %",
+        "MFU 33% (torchtitan",
+        "each value's source beside it in h100x8_400g_per_gpu",
+        "all-gather in bf16",
+        "reduce-scatter in fp32",
+        "16 bytes per parameter",
+    ):
         assert words in out, words
 
 
@@ -1038,31 +1258,45 @@ def test_the_overlay_projects_fsdp_sweeps(tmp_path):
     from tests.fake_sweep import make_fake_sweep
 
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text("name: two-hosts-1gbit\ngpus_per_node: 1\n"
-                       "inter_node: {name: 1 Gbit/s, bandwidth_Gbps: 1, efficiency: 1.0, latency_us: 100}\n")
+    cluster.write_text(
+        "name: two-hosts-1gbit\ngpus_per_node: 1\n"
+        "inter_node: {name: 1 Gbit/s, bandwidth_Gbps: 1, efficiency: 1.0, latency_us: 100}\n"
+    )
     sweep = make_fake_sweep(tmp_path, backend="fsdp", cluster=str(cluster))
     for config_path in Path(sweep).glob("runs/*/config.yaml"):  # the lab's FSDP settings (its defaults)
-        config_path.write_text(config_path.read_text() + "fsdp: {reshard_after_forward: true, param_dtype: float32, "
-                               "reduce_dtype: bfloat16}\n")
+        config_path.write_text(
+            config_path.read_text() + "fsdp: {reshard_after_forward: true, param_dtype: float32, "
+            "reduce_dtype: bfloat16}\n"
+        )
     for summary_path in Path(sweep).glob("runs/*/summary.json"):
         summary = json.loads(summary_path.read_text())
         summary_path.write_text(json.dumps({**summary, "model": "gpt2-small"}))
     runs = SweepDir(sweep).runs.assign(model="gpt2-small")
     assert set(runs["backend"]) == {"fsdp"}
-    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",),
-                                               lambda run: SweepDir(sweep).run(run["run_key"]))
+    projected, notes, warnings = project_sweep(
+        prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"])
+    )
     assert not warnings and "backend fsdp" in notes[0]
     assert "reduce-scatter in bf16" in notes[0] and "32 blocks" not in notes[0] and "12 blocks resharded" in notes[0]
-    direct = run_projection("gpt2-small", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
-                            backend="fsdp", reshard_after_forward="all", fsdp_reduce_dtype="bf16",
-                            fsdp_param_dtype="fp32", activation_checkpointing="none")
+    direct = run_projection(
+        "gpt2-small",
+        str(cluster),
+        workers=[1, 2, 4],
+        from_run=SweepDir(sweep).run("w1-r2"),
+        backend="fsdp",
+        reshard_after_forward="all",
+        fsdp_reduce_dtype="bf16",
+        fsdp_param_dtype="fp32",
+        activation_checkpointing="none",
+    )
     by_n = projected.set_index("num_workers")
     assert by_n["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
     assert by_n["projected_exposed_comm_pct"].tolist() == pytest.approx(direct["exposed_comm_pct"].tolist())
     assert (by_n.loc[[2, 4], "projected_comm_overhead_pct"] > 0).all()
     # a DDP model on the same sweep is refused in a warning, not an exception
-    projected, _, warnings = project_sweep(prepare_runs(runs.assign(model="small_cnn")), ("num_workers",),
-                                           lambda run: SweepDir(sweep).run(run["run_key"]))
+    projected, _, warnings = project_sweep(
+        prepare_runs(runs.assign(model="small_cnn")), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"])
+    )
     assert projected.empty and "needs a transformer" in warnings[0]
 
 
@@ -1082,5 +1316,8 @@ def test_committed_torchtitan_results_are_what_the_model_gives():
         assert row["projected"] == pytest.approx(before["projected"], rel=1e-9)
         assert (row["role"], row["meets_goal"]) == (before["role"], before["meets_goal"])
     assert [r["role"] for r in now["rows"]] == ["calibration", "check", "check", "check", "check"]
-    assert bench.tally(now["rows"]) == {"met": committed["met"], "of": committed["of"],
-                                        "calibration": ["tokens/s per GPU at 8 GPUs"]} and committed["of"] == 3
+    assert (
+        bench.tally(now["rows"])
+        == {"met": committed["met"], "of": committed["of"], "calibration": ["tokens/s per GPU at 8 GPUs"]}
+        and committed["of"] == 3
+    )

@@ -16,8 +16,16 @@ from scaling import cli
 from scaling.errors import UsageError
 from scaling.projection.from_run import project_run, run_layer_table
 from scaling.results import (
-    COLLECTIVES_PARQUET, COMPUTE_PROFILE_JSON, EPOCHS_PARQUET, STEPS_PARQUET, SUMMARY_JSON, RunDir, rank_part_path,
-    write_json_atomic, write_parquet_atomic, write_text_atomic,
+    COLLECTIVES_PARQUET,
+    COMPUTE_PROFILE_JSON,
+    EPOCHS_PARQUET,
+    STEPS_PARQUET,
+    SUMMARY_JSON,
+    RunDir,
+    rank_part_path,
+    write_json_atomic,
+    write_parquet_atomic,
+    write_text_atomic,
 )
 
 PARAMETERS = 4 * 3_000_000 + 2_000_000  # 4 blocks and a root (embeddings, head)
@@ -28,32 +36,79 @@ BATCH = 8
 def _job_run(path, gpu_name=None, backend="ddp", steps=40, seed=0):
     """A finished run of a user's job with `steps` steady-state steps of spread compute."""
     rng = np.random.default_rng(seed)
-    summary = {"model": "MyTransformer", "num_workers": 1, "per_worker_batch": BATCH, "global_batch": BATCH,
-               "precision": "bf16", "backend": "fsdp" if backend == "fsdp" else "gloo", "data_s": 0.001,
-               "forward_s": 0.1, "backward_s": 0.2, "optimizer_s": 0.01, "exposed_comm_s": 0.0,
-               "mfu": 0.4 if gpu_name else None, "fsdp_reshard_after_forward": True if backend == "fsdp" else None,
-               "fsdp_reduce_dtype": "fp32" if backend == "fsdp" else None,
-               "hardware": {"gpu_name": gpu_name, "cpu_model": "a test CPU"}}
+    summary = {
+        "model": "MyTransformer",
+        "num_workers": 1,
+        "per_worker_batch": BATCH,
+        "global_batch": BATCH,
+        "precision": "bf16",
+        "backend": "fsdp" if backend == "fsdp" else "gloo",
+        "data_s": 0.001,
+        "forward_s": 0.1,
+        "backward_s": 0.2,
+        "optimizer_s": 0.01,
+        "exposed_comm_s": 0.0,
+        "mfu": 0.4 if gpu_name else None,
+        "fsdp_reshard_after_forward": True if backend == "fsdp" else None,
+        "fsdp_reduce_dtype": "fp32" if backend == "fsdp" else None,
+        "hardware": {"gpu_name": gpu_name, "cpu_model": "a test CPU"},
+    }
     write_json_atomic(path / SUMMARY_JSON, summary)
     flops_per_token = 6 * PARAMETERS
-    write_json_atomic(path / COMPUTE_PROFILE_JSON, {
-        "precision": "bf16", "per_worker_batch": BATCH, "parameters": PARAMETERS, "tokens_per_sample": TOKENS,
-        "forward_flops": flops_per_token / 3 * TOKENS, "backward_flops": 2 * flops_per_token / 3 * TOKENS,
-        "train_flops": flops_per_token * TOKENS, "activation_elements": 40_000.0 * TOKENS})
+    write_json_atomic(
+        path / COMPUTE_PROFILE_JSON,
+        {
+            "precision": "bf16",
+            "per_worker_batch": BATCH,
+            "parameters": PARAMETERS,
+            "tokens_per_sample": TOKENS,
+            "forward_flops": flops_per_token / 3 * TOKENS,
+            "backward_flops": 2 * flops_per_token / 3 * TOKENS,
+            "train_flops": flops_per_token * TOKENS,
+            "activation_elements": 40_000.0 * TOKENS,
+        },
+    )
     write_text_atomic(path / "config.yaml", "instrument:\n  ddp_bucket_cap_mb: 25.0\n")
-    write_parquet_atomic(path / EPOCHS_PARQUET, pd.DataFrame({"epoch": [1], "samples": [BATCH * steps],
-                                                             "train_s": [0.31 * steps]}))
+    write_parquet_atomic(
+        path / EPOCHS_PARQUET, pd.DataFrame({"epoch": [1], "samples": [BATCH * steps], "train_s": [0.31 * steps]})
+    )
     scale = rng.normal(1.0, 0.05, size=steps + 2)
-    write_parquet_atomic(rank_part_path(path / STEPS_PARQUET, 0, 1), pd.DataFrame({
-        "epoch": 1, "step": np.arange(steps + 2), "rank": 0, "kind": "train", "warmup": [True] * 2 + [False] * steps,
-        "data_s": 0.001, "forward_s": 0.1 * scale, "backward_s": 0.2 * scale, "optimizer_s": 0.01,
-        "exposed_comm_s": 0.0}))
+    write_parquet_atomic(
+        rank_part_path(path / STEPS_PARQUET, 0, 1),
+        pd.DataFrame(
+            {
+                "epoch": 1,
+                "step": np.arange(steps + 2),
+                "rank": 0,
+                "kind": "train",
+                "warmup": [True] * 2 + [False] * steps,
+                "data_s": 0.001,
+                "forward_s": 0.1 * scale,
+                "backward_s": 0.2 * scale,
+                "optimizer_s": 0.01,
+                "exposed_comm_s": 0.0,
+            }
+        ),
+    )
     if backend == "fsdp":  # one step's reduce-scatters, in backward order: blocks 3..0, then the root
         modules = ["layers.3", "layers.2", "layers.1", "layers.0", "root"]
-        write_parquet_atomic(rank_part_path(path / COLLECTIVES_PARQUET, 0, 1), pd.DataFrame({
-            "epoch": 1, "step": steps + 1, "step_kind": "train", "warmup": False, "rank": 0, "index": range(5),
-            "collective": "reduce_scatter", "module": modules, "pass": "backward",
-            "bytes": [4 * 3_000_000] * 4 + [4 * 2_000_000]}))
+        write_parquet_atomic(
+            rank_part_path(path / COLLECTIVES_PARQUET, 0, 1),
+            pd.DataFrame(
+                {
+                    "epoch": 1,
+                    "step": steps + 1,
+                    "step_kind": "train",
+                    "warmup": False,
+                    "rank": 0,
+                    "index": range(5),
+                    "collective": "reduce_scatter",
+                    "module": modules,
+                    "pass": "backward",
+                    "bytes": [4 * 3_000_000] * 4 + [4 * 2_000_000],
+                }
+            ),
+        )
     return RunDir(path)
 
 

@@ -22,8 +22,10 @@ SOURCE = summarize.quoted(RESULTS, "instrumentation_overhead @source")
 
 def _page(tmp_path: Path, figure: str) -> Path:
     page = tmp_path / "page.md"
-    page.write_text(f"The instrumented step took {MARK}{figure}<!-- /quote --> ms "
-                    f"(<!-- quote instrumentation_overhead @source -->{SOURCE}<!-- /quote -->).\n")
+    page.write_text(
+        f"The instrumented step took {MARK}{figure}<!-- /quote --> ms "
+        f"(<!-- quote instrumentation_overhead @source -->{SOURCE}<!-- /quote -->).\n"
+    )
     return page
 
 
@@ -48,7 +50,7 @@ def test_the_readme_and_docs_quotes_match_their_results():
         text = page.read_text()
         match = summarize.QUOTE.search(text)
         assert summarize.render_quotes(text, RESULTS, page) == text, f"{page.name}: a quote differs from its result"
-        wrong = text[:match.start("text")] + "-1" + text[match.end("text"):]
+        wrong = text[: match.start("text")] + "-1" + text[match.end("text") :]
         assert summarize.render_quotes(wrong, RESULTS, page) == text, page.name
 
 

@@ -66,8 +66,16 @@ def run(ray_connected, tmp_path_factory) -> RunDir:
 
     ray.cloudpickle.register_pickle_by_value(ray_data_job)  # the workers need not import examples/
     run_dir = tmp_path_factory.mktemp("ray_data") / "run"
-    ray_data_job.trainer_for(str(run_dir), workers=2, epochs=len(STALLS), batch_size=BATCH, stall_s=STALLS,
-                             num_train=SAMPLES, warmup_steps=STEPS_PER_EPOCH, calibration_pairs=2).fit()
+    ray_data_job.trainer_for(
+        str(run_dir),
+        workers=2,
+        epochs=len(STALLS),
+        batch_size=BATCH,
+        stall_s=STALLS,
+        num_train=SAMPLES,
+        warmup_steps=STEPS_PER_EPOCH,
+        calibration_pairs=2,
+    ).fit()
     return RunDir(run_dir)
 
 
@@ -105,14 +113,18 @@ def test_data_s_is_the_wait_for_ray_datas_next_batch(run):
     stalled, free = train[train["stall_s"] > 0], train[train["stall_s"] == 0]
     residual = stalled["residual_s"]
     # per step, the slowest rank: the one whose batch came last
-    slowest = {name: part.groupby("step")["data_s"].max().mean() for name, part in (("stalled", stalled), ("free", free))}
+    slowest = {
+        name: part.groupby("step")["data_s"].max().mean() for name, part in (("stalled", stalled), ("free", free))
+    }
     growth = stalled["data_s"].mean() - free["data_s"].mean()
-    figures = (f"stall {STALL_S:.3f} s per batch; residual data_s - imposed wait over {len(residual)} stalled steps: "
-               f"10th percentile {residual.quantile(0.1):.4f}, median {residual.median():.4f}, max {residual.max():.4f} s; "
-               f"busy(k-1) median {stalled['previous_busy_s'].median():.4f} s; mean data_s stalled "
-               f"{stalled['data_s'].mean():.4f}, free {free['data_s'].mean():.4f} s (growth {growth:.4f}, imposed "
-               f"{stalled['imposed_s'].mean():.4f}); slowest rank's data_s growth {slowest['stalled'] - slowest['free']:.4f} s "
-               f"= {(slowest['stalled'] - slowest['free']) / STALL_S:.2f} x stall")
+    figures = (
+        f"stall {STALL_S:.3f} s per batch; residual data_s - imposed wait over {len(residual)} stalled steps: "
+        f"10th percentile {residual.quantile(0.1):.4f}, median {residual.median():.4f}, max {residual.max():.4f} s; "
+        f"busy(k-1) median {stalled['previous_busy_s'].median():.4f} s; mean data_s stalled "
+        f"{stalled['data_s'].mean():.4f}, free {free['data_s'].mean():.4f} s (growth {growth:.4f}, imposed "
+        f"{stalled['imposed_s'].mean():.4f}); slowest rank's data_s growth {slowest['stalled'] - slowest['free']:.4f} s "
+        f"= {(slowest['stalled'] - slowest['free']) / STALL_S:.2f} x stall"
+    )
     print(figures)
     # no step had its batch sooner than the stall allows (a data phase cut short would be far below)
     assert residual.quantile(0.1) >= -BEFORE_FORWARD_S, figures

@@ -18,15 +18,56 @@ QUICKSTART = REPO / "experiments" / "quickstart.yaml"
 SMALL = ["data.train_samples=2048", "data.val_samples=512", "train.max_epochs=3", "instrument.calibration_pairs=4"]
 
 SUMMARY_KEYS = {
-    "run_id", "model", "dataset", "backend", "num_workers", "num_nodes", "per_worker_batch", "global_batch",
-    "status", "target_accuracy", "best_accuracy", "epochs_run", "epochs_to_target", "tta_s", "tta_wall_s",
-    "time_per_epoch_s", "throughput_samples_per_s", "step_s", "compute_s", "allreduce_s", "exposed_comm_s",
-    "comm_overhead_pct", "versions", "hardware",
+    "run_id",
+    "model",
+    "dataset",
+    "backend",
+    "num_workers",
+    "num_nodes",
+    "per_worker_batch",
+    "global_batch",
+    "status",
+    "target_accuracy",
+    "best_accuracy",
+    "epochs_run",
+    "epochs_to_target",
+    "tta_s",
+    "tta_wall_s",
+    "time_per_epoch_s",
+    "throughput_samples_per_s",
+    "step_s",
+    "compute_s",
+    "allreduce_s",
+    "exposed_comm_s",
+    "comm_overhead_pct",
+    "versions",
+    "hardware",
 }
-EPOCH_COLUMNS = {"epoch", "train_s", "eval_s", "calibration_s", "train_loss", "val_accuracy", "samples",
-                 "throughput_samples_per_s", "elapsed_train_s"}
-STEP_COLUMNS = {"data_s", "forward_s", "backward_s", "optimizer_s", "step_s", "allreduce_s", "exposed_comm_s",
-                "samples", "epoch", "step", "rank", "warmup"}
+EPOCH_COLUMNS = {
+    "epoch",
+    "train_s",
+    "eval_s",
+    "calibration_s",
+    "train_loss",
+    "val_accuracy",
+    "samples",
+    "throughput_samples_per_s",
+    "elapsed_train_s",
+}
+STEP_COLUMNS = {
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "step_s",
+    "allreduce_s",
+    "exposed_comm_s",
+    "samples",
+    "epoch",
+    "step",
+    "rank",
+    "warmup",
+}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +156,10 @@ def test_records_are_complete_and_consistent(ray_run):
     first = evals[evals["val_accuracy"] >= summary["target_accuracy"]].sort_values("elapsed_train_s").iloc[0]
     assert summary["tta_s"] == pytest.approx(first["elapsed_train_s"])
     before = train[(train["rank"] == 0) & (train["step"] < first["step"])]["step_s"].sum()
-    assert 0 <= first["elapsed_train_s"] - before <= tolerance * summary["epochs_run"] + PREEMPTION_S, (first.to_dict(), before)
+    assert 0 <= first["elapsed_train_s"] - before <= tolerance * summary["epochs_run"] + PREEMPTION_S, (
+        first.to_dict(),
+        before,
+    )
     assert summary["tta_s"] <= summary["tta_epoch_end_s"]
 
     # communication: every bucket's all-reduce starts and ends inside backward (DDP returns from
@@ -145,7 +189,9 @@ def test_records_are_complete_and_consistent(ray_run):
     # The training thread's CPU time: some, and never more than the epoch's wall time. (Its
     # preemption and page-fault counts have nothing here to be checked against: left out.)
     assert (epochs["train_thread_cpu_s"] > 0).all()
-    assert (epochs["train_thread_cpu_s"] <= epochs["train_s"] + 0.01).all(), epochs[["train_thread_cpu_s", "train_s"]].to_dict()
+    assert (epochs["train_thread_cpu_s"] <= epochs["train_s"] + 0.01).all(), epochs[
+        ["train_thread_cpu_s", "train_s"]
+    ].to_dict()
 
 
 def test_exports_dawnbench_and_mlperf(ray_run):
@@ -154,8 +200,11 @@ def test_exports_dawnbench_and_mlperf(ray_run):
     assert list(tsv.columns) == ["epoch", "hours", "top1Accuracy", "top5Accuracy"] and len(tsv) == summary["epochs_run"]
     assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_epoch_end_s"], rel=1e-3)  # DAWNBench's rule
     assert json.loads((run_dir / "dawnbench.json").read_text())["model"] == "small_cnn"
-    events = [json.loads(line.split(":::MLLOG", 1)[1]) for line in (run_dir / "mlperf.log").read_text().splitlines()
-              if ":::MLLOG" in line]  # mllog's line format: `:::MLLOG {json}`
+    events = [
+        json.loads(line.split(":::MLLOG", 1)[1])
+        for line in (run_dir / "mlperf.log").read_text().splitlines()
+        if ":::MLLOG" in line
+    ]  # mllog's line format: `:::MLLOG {json}`
     keys = [e["key"] for e in events]
     assert keys[0] == "submission_division" and events[0]["value"] == "open"
     assert keys.count("eval_accuracy") == summary["epochs_run"] and keys[-1] == "run_stop"
@@ -183,7 +232,9 @@ def test_too_many_workers_refused_at_once(ray_connected, tmp_path, capsys):
 
 def test_gpus_the_cluster_lacks_refused_at_once(ray_connected, tmp_path, capsys):
     out = tmp_path / "run"
-    code, err = _cli(capsys, "run", str(QUICKSTART), "--workers", "1", "--set", "workers.use_gpu=true", "--out", str(out))
+    code, err = _cli(
+        capsys, "run", str(QUICKSTART), "--workers", "1", "--set", "workers.use_gpu=true", "--out", str(out)
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "GPUs" in err and "has 0" in err
     assert not out.exists()
@@ -231,9 +282,19 @@ def test_failed_run_leaves_failed_summary(ray_connected, tmp_path):
     # worker: a worker's exception takes the same path out of Ray Train at any group size.
     # No restart (failure.max_failures=0): a restart would resume from epoch 1 and fail at step 10
     # again, one more worker group's start for the same summary (restarts: tests/test_failures.py).
-    cfg = load_config(QUICKSTART, overrides=["data.train_samples=512", "data.val_samples=256", "train.max_epochs=2",
-                                             "train.eval_every=1", "instrument.calibration_pairs=0",
-                                             "instrument.fail_at_step=10", "failure.max_failures=0"], num_workers=1)
+    cfg = load_config(
+        QUICKSTART,
+        overrides=[
+            "data.train_samples=512",
+            "data.val_samples=256",
+            "train.max_epochs=2",
+            "train.eval_every=1",
+            "instrument.calibration_pairs=0",
+            "instrument.fail_at_step=10",
+            "failure.max_failures=0",
+        ],
+        num_workers=1,
+    )
     summary = execute_run(cfg, tmp_path / "run", launcher="ray")
     assert summary["status"] == "failed"
     assert "injected failure at step 10" in summary["error"]

@@ -52,8 +52,10 @@ def world(tmp_path_factory):
     """case -> (each rank's result, run directory), from one pair of gloo processes."""
     tmp = tmp_path_factory.mktemp("real_jobs")
     start_workers(real_jobs.world_job, (free_port(), str(tmp)), 2)
-    return {name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
-            for name in real_jobs.WORLD_CASES}
+    return {
+        name: ([json.loads((tmp / f"result-{name}.rank{r}.json").read_text()) for r in range(2)], tmp / name)
+        for name in real_jobs.WORLD_CASES
+    }
 
 
 def _train(run_dir) -> pd.DataFrame:
@@ -71,9 +73,11 @@ def _fastest(run_dir) -> dict:
     steps = pd.read_parquet(run_dir / "steps.parquet")
     train = steps[(steps["kind"] == "train") & ~steps["warmup"]]
     calib = steps[steps["kind"] != "train"]
-    return {"exposed_comm_s": train["exposed_comm_s"].min(),
-            "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min()
-            - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min()}
+    return {
+        "exposed_comm_s": train["exposed_comm_s"].min(),
+        "ab_s": calib.loc[calib["kind"] == "calib_sync", "step_s"].min()
+        - calib.loc[calib["kind"] == "calib_nosync", "step_s"].min(),
+    }
 
 
 def _phases_defined(train: pd.DataFrame) -> None:
@@ -145,12 +149,15 @@ def test_an_evaluation_inside_the_epoch_is_not_training(world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pattern, rows, optimizer_steps", [
-    ("grad_scaler_skip", 8, [1, 1, 0, 1, 1, 1, 1, 1]),
-    ("skipped_batch", 7, [1] * 7),
-    ("two_optimizers", 8, [2] * 8),
-    ("zero_not_none", 8, [1] * 8),
-])
+@pytest.mark.parametrize(
+    "pattern, rows, optimizer_steps",
+    [
+        ("grad_scaler_skip", 8, [1, 1, 0, 1, 1, 1, 1, 1]),
+        ("skipped_batch", 7, [1] * 7),
+        ("two_optimizers", 8, [2] * 8),
+        ("zero_not_none", 8, [1] * 8),
+    ],
+)
 def test_odd_steps_keep_defined_phases(world, pattern, rows, optimizer_steps):
     train = _train(world[f"odd_{pattern}"][1])
     _phases_defined(train)
@@ -183,12 +190,16 @@ def test_a_run_that_raises_is_recorded_as_failed(world):
 
 # --- world size 1, in this process (the unit tier) -----------------------------------------------------------
 
-@pytest.mark.parametrize("pattern, rows, optimizer_steps", [
-    ("grad_scaler_skip", 8, [1, 1, 0, 1, 1, 1, 1, 1]),  # told by the gradients cleared after the skipped step
-    ("siamese", 8, [1] * 8),
-    ("skipped_batch", 7, [1] * 7),
-    ("two_optimizers", 8, [2] * 8),
-])
+
+@pytest.mark.parametrize(
+    "pattern, rows, optimizer_steps",
+    [
+        ("grad_scaler_skip", 8, [1, 1, 0, 1, 1, 1, 1, 1]),  # told by the gradients cleared after the skipped step
+        ("siamese", 8, [1] * 8),
+        ("skipped_batch", 7, [1] * 7),
+        ("two_optimizers", 8, [2] * 8),
+    ],
+)
 def test_odd_steps_at_one_worker(tmp_path, pattern, rows, optimizer_steps):
     real_jobs.job_odd_steps(str(tmp_path), pattern)
     train = _train(tmp_path)

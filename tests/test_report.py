@@ -22,11 +22,26 @@ from scaling.report import write_report
 from scaling.results import SweepDir, read_sweeps, resolve_sweep_dir
 from scaling.cli import main
 from tests.fake_sweep import (
-    FAILED, FAILED_PARTIAL, INCOMPLETE, NOT_REACHED, REPEATS, WORKERS, make_fake_sweep, make_known_sweep,
+    FAILED,
+    FAILED_PARTIAL,
+    INCOMPLETE,
+    NOT_REACHED,
+    REPEATS,
+    WORKERS,
+    make_fake_sweep,
+    make_known_sweep,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = ("speedup", "comm_overhead", "step_breakdown", "accuracy_curves", "throughput_vs_tta", "tta_spread", "roofline")
+FIGURES = (
+    "speedup",
+    "comm_overhead",
+    "step_breakdown",
+    "accuracy_curves",
+    "throughput_vs_tta",
+    "tta_spread",
+    "roofline",
+)
 NOTEBOOKS = ("scaling_figures.ipynb", "tta_stability.ipynb")
 
 
@@ -162,8 +177,14 @@ def test_errors_are_one_line(tmp_path, case):
         write_report(target, _console())
     message = str(info.value)
     assert "\n" not in message and str(target) in message
-    expected = {"missing": "not found", "file": "not a directory", "empty": "empty", "not_a_sweep": "not a sweep",
-                "run_dir": "run directory", "nothing_finished": "finished"}[case]
+    expected = {
+        "missing": "not found",
+        "file": "not a directory",
+        "empty": "empty",
+        "not_a_sweep": "not a sweep",
+        "run_dir": "run directory",
+        "nothing_finished": "finished",
+    }[case]
     assert expected in message
     assert not (target / "report").exists() if target.is_dir() else True
 
@@ -202,6 +223,7 @@ def test_resolve_sweep_dir(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- notebooks
 
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_is_committed_thin_and_without_outputs(name):
     import nbformat
@@ -223,7 +245,9 @@ def test_notebook_runs_against_a_sweep(sweep, name):
     first = next(cell for cell in nb.cells if cell.cell_type == "code")
     first.source = f"SWEEP_DIR = {str(sweep)!r}"
     # as Jupyter runs it: from the notebook's folder
-    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}}
+    ).execute()
     outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
     assert not [out for out in outputs if out.output_type == "error"]
     images = [out for out in outputs if "image/png" in out.get("data", {})]
@@ -280,6 +304,7 @@ def test_results_files_carry_the_schema_version(tmp_path):
 
 
 # ---------------------------------------------------------------------------- several sweeps, one report
+
 
 def _table_rows(report_md: str, title: str) -> list[str]:
     section = report_md.split(f"### {title}", 1)[1].split("###", 1)[0]
@@ -338,19 +363,76 @@ def test_several_sweeps_need_out_and_distinct_dirs(tmp_path, capsys):
 
 # Four runs with round figures (steps in seconds, as summary.json holds them).
 KNOWN_RUNS = [
-    dict(num_workers=1, repeat=0, time_per_epoch_s=12.0, throughput_samples_per_s=100.0, tta_s=60.0, tta_wall_s=63.0,
-         epochs_to_target=5, comm_overhead_pct=0.0, exposed_comm_pct=0.0, step_s=0.120, data_s=0.010,
-         forward_s=0.040, backward_s=0.060, optimizer_s=0.010, exposed_comm_s=0.0),
-    dict(num_workers=1, repeat=1, time_per_epoch_s=10.0, throughput_samples_per_s=120.0, tta_s=40.0, tta_wall_s=43.0,
-         epochs_to_target=4, comm_overhead_pct=0.0, exposed_comm_pct=0.0, step_s=0.100, data_s=0.010,
-         forward_s=0.030, backward_s=0.050, optimizer_s=0.010, exposed_comm_s=0.0),
-    dict(num_workers=2, repeat=0, time_per_epoch_s=6.0, throughput_samples_per_s=190.0, tta_s=36.0, tta_wall_s=40.0,
-         epochs_to_target=6, comm_overhead_pct=10.0, exposed_comm_pct=8.0, step_s=0.130, data_s=0.010,
-         forward_s=0.040, backward_s=0.070, optimizer_s=0.010, exposed_comm_s=0.010, allreduce_pct=20.0),
-    dict(num_workers=2, repeat=1, time_per_epoch_s=7.0, throughput_samples_per_s=170.0, tta_s=42.0, tta_wall_s=46.0,
-         epochs_to_target=6, comm_overhead_pct=14.0, exposed_comm_pct=12.0, step_s=0.140, data_s=0.010,
-         forward_s=0.040, backward_s=0.080, optimizer_s=0.010, exposed_comm_s=0.020,
-         allreduce_s=0.042),  # a summary from before allreduce_pct: 42 of 140 ms, 30%
+    dict(
+        num_workers=1,
+        repeat=0,
+        time_per_epoch_s=12.0,
+        throughput_samples_per_s=100.0,
+        tta_s=60.0,
+        tta_wall_s=63.0,
+        epochs_to_target=5,
+        comm_overhead_pct=0.0,
+        exposed_comm_pct=0.0,
+        step_s=0.120,
+        data_s=0.010,
+        forward_s=0.040,
+        backward_s=0.060,
+        optimizer_s=0.010,
+        exposed_comm_s=0.0,
+    ),
+    dict(
+        num_workers=1,
+        repeat=1,
+        time_per_epoch_s=10.0,
+        throughput_samples_per_s=120.0,
+        tta_s=40.0,
+        tta_wall_s=43.0,
+        epochs_to_target=4,
+        comm_overhead_pct=0.0,
+        exposed_comm_pct=0.0,
+        step_s=0.100,
+        data_s=0.010,
+        forward_s=0.030,
+        backward_s=0.050,
+        optimizer_s=0.010,
+        exposed_comm_s=0.0,
+    ),
+    dict(
+        num_workers=2,
+        repeat=0,
+        time_per_epoch_s=6.0,
+        throughput_samples_per_s=190.0,
+        tta_s=36.0,
+        tta_wall_s=40.0,
+        epochs_to_target=6,
+        comm_overhead_pct=10.0,
+        exposed_comm_pct=8.0,
+        step_s=0.130,
+        data_s=0.010,
+        forward_s=0.040,
+        backward_s=0.070,
+        optimizer_s=0.010,
+        exposed_comm_s=0.010,
+        allreduce_pct=20.0,
+    ),
+    dict(
+        num_workers=2,
+        repeat=1,
+        time_per_epoch_s=7.0,
+        throughput_samples_per_s=170.0,
+        tta_s=42.0,
+        tta_wall_s=46.0,
+        epochs_to_target=6,
+        comm_overhead_pct=14.0,
+        exposed_comm_pct=12.0,
+        step_s=0.140,
+        data_s=0.010,
+        forward_s=0.040,
+        backward_s=0.080,
+        optimizer_s=0.010,
+        exposed_comm_s=0.020,
+        allreduce_s=0.042,
+    ),  # a summary from before allreduce_pct: 42 of 140 ms, 30%
 ]
 
 
@@ -367,8 +449,19 @@ def test_report_md_cells_by_hand(tmp_path):
 
     headers, rows = _parsed_table(text, "Scaling: time per epoch")
     # the header pins each column's place: a swapped column fails here or in the cells below
-    assert headers == ["workers", "runs ok", "time/epoch (s)", "speedup", "eff.", "throughput (samples/s)", "speedup",
-                       "eff.", "TTA mean (s)", "speedup", "eff."]
+    assert headers == [
+        "workers",
+        "runs ok",
+        "time/epoch (s)",
+        "speedup",
+        "eff.",
+        "throughput (samples/s)",
+        "speedup",
+        "eff.",
+        "TTA mean (s)",
+        "speedup",
+        "eff.",
+    ]
     # 1 worker: median(12, 10) = 11 s; median(100, 120) = 110/s; mean TTA (60 + 40) / 2 = 50 s
     assert rows["1"] == ["1", "2/2", "11.00", "1.00×", "100%", "110", "1.00×", "100%", "50.0", "1.00×", "100%"]
     # 2 workers: median(6, 7) = 6.5 s: speedup 11 / 6.5 = 1.692, eff. 1.692 / 2 = 84.6%;
@@ -376,8 +469,14 @@ def test_report_md_cells_by_hand(tmp_path):
     assert rows["2"] == ["2", "2/2", "6.50", "1.69×", "85%", "180", "1.64×", "82%", "39.0", "1.28×", "64%"]
 
     headers, rows = _parsed_table(text, "Time to accuracy over repeats")
-    assert headers[:6] == ["workers", "reached target", "TTA mean (s)", "TTA std (s)", "TTA CV",
-                           "epochs to target (median)"]
+    assert headers[:6] == [
+        "workers",
+        "reached target",
+        "TTA mean (s)",
+        "TTA std (s)",
+        "TTA CV",
+        "epochs to target (median)",
+    ]
     # std (ddof=1): sqrt((10² + 10²) / 1) = 14.14 s, CV 14.14 / 50 = 0.283; epochs median(5, 4) = 4.5
     assert rows["1"][:6] == ["1", "2/2", "50.0", "14.1", "0.283", "4.5"]
     # sqrt((3² + 3²) / 1) = 4.24 s, CV 4.24 / 39 = 0.109; epochs median(6, 6) = 6
@@ -386,9 +485,18 @@ def test_report_md_cells_by_hand(tmp_path):
     assert headers[-2] == "TTA wall mean (s)" and rows["1"][-2] == "53.0" and rows["2"][-2] == "43.0"
 
     headers, rows = _parsed_table(text, "Communication and step time")
-    assert headers == ["workers", "communicating: all-reduce in flight (% of step)", "exposed comm (% of step)",
-                       "comm overhead A/B (% of step)", "step (ms)", "data (ms)", "forward (ms)",
-                       "backward compute (ms)", "exposed comm (ms)", "optimizer (ms)"]
+    assert headers == [
+        "workers",
+        "communicating: all-reduce in flight (% of step)",
+        "exposed comm (% of step)",
+        "comm overhead A/B (% of step)",
+        "step (ms)",
+        "data (ms)",
+        "forward (ms)",
+        "backward compute (ms)",
+        "exposed comm (ms)",
+        "optimizer (ms)",
+    ]
     # 1 worker: steps (120 + 100) / 2 = 110 ms; forward (40 + 30) / 2 = 35; backward (60 + 50) / 2 = 55, none exposed
     assert rows["1"] == ["1", "0.0", "0.0", "0.0", "110.00", "10.00", "35.00", "55.00", "0.00", "10.00"]
     # 2 workers: overhead median(10, 14) = 12%, exposed median(8, 12) = 10%; step (130 + 140) / 2 = 135 ms;
@@ -398,7 +506,12 @@ def test_report_md_cells_by_hand(tmp_path):
 
     headers, rows = _parsed_table(text, "Runs")
     assert headers[:3] == ["run", "workers", "seed"] and headers[-5:] == [
-        "best acc.", "TTA (s)", "time/epoch (s)", "throughput (samples/s)", "comm overhead (%)"]
+        "best acc.",
+        "TTA (s)",
+        "time/epoch (s)",
+        "throughput (samples/s)",
+        "comm overhead (%)",
+    ]
     assert rows["w2-r1"][-5:] == ["95.00%", "42.0", "7.00", "170", "14.0"]
 
 
@@ -423,10 +536,12 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
     path = write_report(sweep, console)
     text = path.read_text()
     rows = _table_rows(text, "Measured against projected")
-    assert rows[0] == ("| workers | step measured (ms) | step projected (ms) | communicating measured (%) "
-                       "| communicating projected (%) | exposed measured (%) | exposed projected (%) "
-                       "| comm overhead A/B measured (%) | comm overhead A/B projected (%) "
-                       "| speedup measured | speedup projected |")
+    assert rows[0] == (
+        "| workers | step measured (ms) | step projected (ms) | communicating measured (%) "
+        "| communicating projected (%) | exposed measured (%) | exposed projected (%) "
+        "| comm overhead A/B measured (%) | comm overhead A/B projected (%) "
+        "| speedup measured | speedup projected |"
+    )
     assert len(rows) - 1 == len(WORKERS)
     assert "Dotted lines with crosses are projections" in text and "two-hosts-100mbit" in text
 
@@ -456,11 +571,20 @@ def test_report_overlays_the_projection_when_runs_name_a_cluster(tmp_path):
     #   73.30% of the step; n = 4, 2.7911 .. 142.5508 ms = 139.7597 ms, 80.53%. No interference
     #   in this cluster, so the A/B overhead is the exposed share.
     cells = {int(r.split("|")[1]): [c.strip() for c in r.split("|")[2:-1]] for r in rows[1:]}
-    assert cells[1][:2] + cells[1][3:4] + cells[1][5:6] + cells[1][7:] == ["61.7", "61.0", "0.0", "0.0", "0.0",
-                                                                            "1.00×", "1.00×"]
+    assert cells[1][:2] + cells[1][3:4] + cells[1][5:6] + cells[1][7:] == [
+        "61.7",
+        "61.0",
+        "0.0",
+        "0.0",
+        "0.0",
+        "1.00×",
+        "1.00×",
+    ]
     assert [cells[2][i] for i in (1, 3, 5, 7, 9)] == ["126.6", "73.3", "51.8", "51.8", "0.96×"]
     assert [cells[4][i] for i in (1, 3, 5, 7, 9)] == ["173.6", "80.5", "64.9", "64.9", "1.41×"]
-    projected, notes, _ = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"]))
+    projected, notes, _ = project_sweep(
+        prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"])
+    )
     projected = projected.set_index("num_workers")
     assert projected["projected_step_s"].tolist() == pytest.approx([0.061, 0.1265642, 0.1735508], rel=1e-6)
     assert projected["projected_comm_overhead_pct"].tolist() == pytest.approx([0.0, 51.8031, 64.8518], rel=1e-5)
@@ -482,10 +606,19 @@ def test_the_overlay_projects_horovod_runs_with_their_settings(tmp_path):
     sweep = make_fake_sweep(tmp_path, backend="horovod", cluster=str(cluster))
     runs = SweepDir(sweep).runs
     runs = runs.assign(horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
-    projected, notes, warnings = project_sweep(prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"]))
+    projected, notes, warnings = project_sweep(
+        prepare_runs(runs), ("num_workers",), lambda run: SweepDir(sweep).run(run["run_key"])
+    )
     assert not warnings and "backend horovod" in notes[0] and "cycle 3 ms, fusion buffer 8 MiB" in notes[0]
-    direct = run_projection("small_cnn", str(cluster), workers=[1, 2, 4], from_run=SweepDir(sweep).run("w1-r2"),
-                            backend="horovod", horovod_cycle_time_ms=3.0, horovod_fusion_threshold_mb=8.0)
+    direct = run_projection(
+        "small_cnn",
+        str(cluster),
+        workers=[1, 2, 4],
+        from_run=SweepDir(sweep).run("w1-r2"),
+        backend="horovod",
+        horovod_cycle_time_ms=3.0,
+        horovod_fusion_threshold_mb=8.0,
+    )
     assert projected.set_index("num_workers")["projected_step_s"].tolist() == pytest.approx(direct["step_s"].tolist())
 
 
@@ -498,11 +631,31 @@ def test_a_sweep_without_a_cluster_has_no_projection(sweep, reported):
 def test_terminal_tables_fit_the_width_and_never_split_a_word(width):
     from scaling.report import _rich_tables
 
-    headers = ["workers", "repeats", "speedup time/epoch", "speedup throughput", "speedup TTA",
-               "TTA / throughput speedup", "comm overhead A/B", "exposed comm", "repeats for ±5%"]
-    rows = [["1", "3", "base", "base", "base", "base", "0 (1 worker)", "0 (1 worker)", "-"],
-            ["2", "3", "1.85× [1.83, 1.93]", "1.85× [1.83, 1.93]", "1.65× [1.54, 1.82]", "0.89× [0.82, 0.99]",
-             "17.4 % [16.4, 17.9]", "11.6 % [11.0, 11.9]", "9"]]
+    headers = [
+        "workers",
+        "repeats",
+        "speedup time/epoch",
+        "speedup throughput",
+        "speedup TTA",
+        "TTA / throughput speedup",
+        "comm overhead A/B",
+        "exposed comm",
+        "repeats for ±5%",
+    ]
+    rows = [
+        ["1", "3", "base", "base", "base", "base", "0 (1 worker)", "0 (1 worker)", "-"],
+        [
+            "2",
+            "3",
+            "1.85× [1.83, 1.93]",
+            "1.85× [1.83, 1.93]",
+            "1.65× [1.54, 1.82]",
+            "0.89× [0.82, 0.99]",
+            "17.4 % [16.4, 17.9]",
+            "11.6 % [11.0, 11.9]",
+            "9",
+        ],
+    ]
     console = Console(file=io.StringIO(), width=width, color_system=None)
     parts = _rich_tables("Uncertainty", headers, rows, width)
     for part in parts:
@@ -521,8 +674,14 @@ def test_coinciding_communication_figures_stay_visible():
     # series would hide the earlier one. Its marker moves aside and the plot says which figures coincide.
     from scaling.plots.figures import comm_overhead_figure
 
-    table = pd.DataFrame({"num_workers": [1, 2], "allreduce_pct": [0.0, 10.7], "exposed_comm_pct": [0.0, 10.7],
-                          "comm_overhead_pct": [0.0, 14.4]})
+    table = pd.DataFrame(
+        {
+            "num_workers": [1, 2],
+            "allreduce_pct": [0.0, 10.7],
+            "exposed_comm_pct": [0.0, 10.7],
+            "comm_overhead_pct": [0.0, 14.4],
+        }
+    )
     fig = comm_overhead_figure(table)
     ax = fig.axes[0]
     at_two = {line.get_label(): line.get_xdata()[-1] for line in ax.get_lines() if len(line.get_xdata()) == 2}

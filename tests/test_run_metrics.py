@@ -33,18 +33,47 @@ def test_step_marks_resolve_phases_and_exposed_comm():
 
 
 def _step(epoch, step, rank, kind="train", warmup=False, step_s=1.0, exposed=0.1, allreduce=0.2, pair=-1):
-    return dict(epoch=epoch, step=step, rank=rank, node_rank=0, local_rank=rank, kind=kind, warmup=warmup, pair=pair,
-                samples=32, data_s=0.1, forward_s=0.3, backward_s=0.5, optimizer_s=0.1, step_s=step_s,
-                allreduce_s=allreduce, exposed_comm_s=exposed, compute_s=step_s - 0.1 - exposed, num_buckets=1)
+    return dict(
+        epoch=epoch,
+        step=step,
+        rank=rank,
+        node_rank=0,
+        local_rank=rank,
+        kind=kind,
+        warmup=warmup,
+        pair=pair,
+        samples=32,
+        data_s=0.1,
+        forward_s=0.3,
+        backward_s=0.5,
+        optimizer_s=0.1,
+        step_s=step_s,
+        allreduce_s=allreduce,
+        exposed_comm_s=exposed,
+        compute_s=step_s - 0.1 - exposed,
+        num_buckets=1,
+    )
 
 
 def _epochs(train_s, acc):
     rows, elapsed = [], 0.0
     for i, (t, a) in enumerate(zip(train_s, acc), start=1):
         elapsed += t + 0.5
-        rows.append(dict(epoch=i, train_s=t, eval_s=0.3, calibration_s=0.2, train_loss=1.0, val_accuracy=a,
-                         samples=1000, throughput_samples_per_s=1000 / t, elapsed_train_s=sum(train_s[:i]),
-                         elapsed_wall_s=elapsed, lr=0.1))
+        rows.append(
+            dict(
+                epoch=i,
+                train_s=t,
+                eval_s=0.3,
+                calibration_s=0.2,
+                train_loss=1.0,
+                val_accuracy=a,
+                samples=1000,
+                throughput_samples_per_s=1000 / t,
+                elapsed_train_s=sum(train_s[:i]),
+                elapsed_wall_s=elapsed,
+                lr=0.1,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -75,8 +104,12 @@ def test_three_communication_figures_side_by_side():
     assert out["exposed_comm_pct"] == pytest.approx(10.0)  # what backward did not hide
     assert out["comm_overhead_pct"] == pytest.approx(25.0)  # A/B: what communication costs the step
     assert out["interference_pct"] == pytest.approx(15.0)
-    one = summarize_run(steps[steps["rank"] == 0].assign(allreduce_s=0.0, exposed_comm_s=0.0),
-                        _epochs([10.0], [0.5]), target_accuracy=0.9, num_workers=1)
+    one = summarize_run(
+        steps[steps["rank"] == 0].assign(allreduce_s=0.0, exposed_comm_s=0.0),
+        _epochs([10.0], [0.5]),
+        target_accuracy=0.9,
+        num_workers=1,
+    )
     assert (one["allreduce_pct"], one["exposed_comm_pct"], one["comm_overhead_pct"]) == (0.0, 0.0, 0.0)
 
 
@@ -108,8 +141,10 @@ def test_comm_delta_pairs_sync_with_its_own_no_sync():
     # a slow drift across pairs: unpaired medians would mix it in; paired differences do not
     rows = []
     for pair, base in enumerate([0.5, 0.9, 1.3, 1.7, 2.1]):
-        rows += [_step(1, 0, 0, kind="calib_nosync", step_s=base, pair=pair),
-                 _step(1, 0, 0, kind="calib_sync", step_s=base + 0.1 + 0.01 * pair, pair=pair)]
+        rows += [
+            _step(1, 0, 0, kind="calib_nosync", step_s=base, pair=pair),
+            _step(1, 0, 0, kind="calib_sync", step_s=base + 0.1 + 0.01 * pair, pair=pair),
+        ]
     assert comm_delta_s(pd.DataFrame(rows)) == pytest.approx(0.12)
 
 
@@ -140,12 +175,17 @@ def test_empty_records_give_none_not_nan():
 def test_worker_counts_before_and_after_restarts():
     from scaling.analysis.run_metrics import worker_counts
 
-    kept = [{"num_workers": 2, "first_step_unix": 0.0, "resume_point_unix": None},
-            {"num_workers": 2, "first_step_unix": 50.0, "resume_point_unix": 20.0}]
+    kept = [
+        {"num_workers": 2, "first_step_unix": 0.0, "resume_point_unix": None},
+        {"num_workers": 2, "first_step_unix": 50.0, "resume_point_unix": 20.0},
+    ]
     assert worker_counts(kept) == {"workers_first_attempt": 2, "workers_last_attempt": 2, "worker_count_changed": False}
     shrunk_and_back = [{"num_workers": 4}, {"num_workers": 2}, {"num_workers": 4}]
-    assert worker_counts(shrunk_and_back) == {"workers_first_attempt": 4, "workers_last_attempt": 4,
-                                              "worker_count_changed": True}
+    assert worker_counts(shrunk_and_back) == {
+        "workers_first_attempt": 4,
+        "workers_last_attempt": 4,
+        "worker_count_changed": True,
+    }
     # records from before attempts kept their size: unknown, not guessed
     assert worker_counts([{"first_step_unix": 0.0}])["worker_count_changed"] is None
     assert worker_counts(None)["workers_first_attempt"] is None

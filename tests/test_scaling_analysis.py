@@ -16,15 +16,49 @@ from scaling.analysis.scaling_tables import (
 )
 
 
-def _run(num_workers, repeat, status="reached_target", tpe=10.0, thr=100.0, tta=None, epochs=None, price=3.0,
-         nodes=1, comm=0.0, exposed_pct=0.0, exposed_s=0.0, **extra):
-    return dict(run_key=f"w{num_workers}-r{repeat}", run_dir=f"runs/w{num_workers}-r{repeat}", repeat=repeat,
-                seed=repeat, num_workers=num_workers, num_nodes=nodes, backend="gloo", per_worker_batch=32,
-                global_batch=32 * num_workers, status=status, target_accuracy=0.84,
-                time_per_epoch_s=tpe, throughput_samples_per_s=thr, tta_s=tta, tta_wall_s=None if tta is None else tta + 5,
-                epochs_to_target=epochs, comm_overhead_pct=comm, exposed_comm_pct=exposed_pct,
-                step_s=0.1, data_s=0.01, forward_s=0.03, backward_s=0.05, optimizer_s=0.01, exposed_comm_s=exposed_s,
-                node_price_per_hour=price, **extra)
+def _run(
+    num_workers,
+    repeat,
+    status="reached_target",
+    tpe=10.0,
+    thr=100.0,
+    tta=None,
+    epochs=None,
+    price=3.0,
+    nodes=1,
+    comm=0.0,
+    exposed_pct=0.0,
+    exposed_s=0.0,
+    **extra,
+):
+    return dict(
+        run_key=f"w{num_workers}-r{repeat}",
+        run_dir=f"runs/w{num_workers}-r{repeat}",
+        repeat=repeat,
+        seed=repeat,
+        num_workers=num_workers,
+        num_nodes=nodes,
+        backend="gloo",
+        per_worker_batch=32,
+        global_batch=32 * num_workers,
+        status=status,
+        target_accuracy=0.84,
+        time_per_epoch_s=tpe,
+        throughput_samples_per_s=thr,
+        tta_s=tta,
+        tta_wall_s=None if tta is None else tta + 5,
+        epochs_to_target=epochs,
+        comm_overhead_pct=comm,
+        exposed_comm_pct=exposed_pct,
+        step_s=0.1,
+        data_s=0.01,
+        forward_s=0.03,
+        backward_s=0.05,
+        optimizer_s=0.01,
+        exposed_comm_s=exposed_s,
+        node_price_per_hour=price,
+        **extra,
+    )
 
 
 def _failed(num_workers, repeat, **extra):
@@ -41,14 +75,16 @@ def _failed(num_workers, repeat, **extra):
 
 @pytest.fixture
 def runs():
-    return pd.DataFrame([
-        _run(1, 0, tpe=9.0, tta=40.0, epochs=4),
-        _run(1, 1, tpe=11.0, tta=60.0, epochs=6),
-        _run(2, 0, tpe=5.0, thr=180.0, tta=30.0, epochs=6, price=0.0, comm=12.0, exposed_pct=20.0, exposed_s=0.02),
-        _run(2, 1, tpe=5.0, thr=180.0, tta=50.0, epochs=10, price=0.0, comm=14.0, exposed_pct=20.0, exposed_s=0.02),
-        _run(2, 2, status="max_epochs", tpe=6.0, thr=200.0, price=0.0, comm=16.0, exposed_pct=30.0, exposed_s=0.02),
-        _failed(2, 3),  # partial figures (see _failed): each would move its median or mean if counted
-    ])
+    return pd.DataFrame(
+        [
+            _run(1, 0, tpe=9.0, tta=40.0, epochs=4),
+            _run(1, 1, tpe=11.0, tta=60.0, epochs=6),
+            _run(2, 0, tpe=5.0, thr=180.0, tta=30.0, epochs=6, price=0.0, comm=12.0, exposed_pct=20.0, exposed_s=0.02),
+            _run(2, 1, tpe=5.0, thr=180.0, tta=50.0, epochs=10, price=0.0, comm=14.0, exposed_pct=20.0, exposed_s=0.02),
+            _run(2, 2, status="max_epochs", tpe=6.0, thr=200.0, price=0.0, comm=16.0, exposed_pct=30.0, exposed_s=0.02),
+            _failed(2, 3),  # partial figures (see _failed): each would move its median or mean if counted
+        ]
+    )
 
 
 def test_counts_and_repeats(runs):
@@ -155,7 +191,9 @@ def test_exposed_comm_is_zero_at_one_worker_when_missing():
 
 
 def test_baseline_is_smallest_count_with_a_finished_run():
-    runs = pd.DataFrame([_failed(1, 0), _run(2, 0, tpe=8.0, tta=80.0, epochs=8), _run(4, 0, tpe=4.0, tta=48.0, epochs=10)])
+    runs = pd.DataFrame(
+        [_failed(1, 0), _run(2, 0, tpe=8.0, tta=80.0, epochs=8), _run(4, 0, tpe=4.0, tta=48.0, epochs=10)]
+    )
     table = per_worker_count(runs).set_index("num_workers")
     assert table.loc[1, "n_failed"] == 1 and math.isnan(table.loc[1, "speedup_time_per_epoch"])
     assert table.loc[4, "base_workers"] == 2
@@ -167,16 +205,26 @@ def test_sweep_axis_groups_have_their_own_baseline():
     rows = []
     for batch, slow in ((32, 1.0), (64, 2.0)):
         for n, tpe in ((1, 10.0), (2, 4.0)):
-            rows.append(_run(n, 0, tpe=tpe * slow, tta=tpe * slow * 4, epochs=4, **{"sweep.train.per_worker_batch": batch,
-                                                                                 "sweep.data.seed": 0}))
+            rows.append(
+                _run(
+                    n,
+                    0,
+                    tpe=tpe * slow,
+                    tta=tpe * slow * 4,
+                    epochs=4,
+                    **{"sweep.train.per_worker_batch": batch, "sweep.data.seed": 0},
+                )
+            )
     runs = pd.DataFrame(rows)
     keys = default_group_by(runs)
     assert keys == ("num_workers", "sweep.train.per_worker_batch")  # sweep.data.seed has a single value
     table = per_worker_count(runs, keys)
     assert len(table) == 4
     assert table["base_workers"].tolist() == [1, 1, 1, 1]
-    np.testing.assert_allclose(table.sort_values(["sweep.train.per_worker_batch", "num_workers"])["speedup_time_per_epoch"],
-                               [1.0, 2.5, 1.0, 2.5])
+    np.testing.assert_allclose(
+        table.sort_values(["sweep.train.per_worker_batch", "num_workers"])["speedup_time_per_epoch"],
+        [1.0, 2.5, 1.0, 2.5],
+    )
     with pytest.raises(ValueError, match="num_workers"):
         per_worker_count(runs, ("backend",))
 
@@ -191,17 +239,21 @@ def test_batch_tradeoff(runs):
 
 
 def test_accuracy_curves_leave_out_failed_runs():
-    epochs = pd.DataFrame([
-        dict(run_id="a", num_workers=1, seed=0, status="reached_target", epoch=1, val_accuracy=0.5),
-        dict(run_id="a", num_workers=1, seed=0, status="reached_target", epoch=2, val_accuracy=0.8),
-        dict(run_id="b", num_workers=1, seed=1, status="reached_target", epoch=1, val_accuracy=0.7),
-        dict(run_id="c", num_workers=1, seed=2, status="failed", epoch=1, val_accuracy=0.1),
-        dict(run_id="d", num_workers=2, seed=0, status="max_epochs", epoch=1, val_accuracy=0.4),
-    ])
+    epochs = pd.DataFrame(
+        [
+            dict(run_id="a", num_workers=1, seed=0, status="reached_target", epoch=1, val_accuracy=0.5),
+            dict(run_id="a", num_workers=1, seed=0, status="reached_target", epoch=2, val_accuracy=0.8),
+            dict(run_id="b", num_workers=1, seed=1, status="reached_target", epoch=1, val_accuracy=0.7),
+            dict(run_id="c", num_workers=1, seed=2, status="failed", epoch=1, val_accuracy=0.1),
+            dict(run_id="d", num_workers=2, seed=0, status="max_epochs", epoch=1, val_accuracy=0.4),
+        ]
+    )
     curves = accuracy_curves(epochs).set_index(["num_workers", "epoch"])
     assert curves.loc[(1, 1), "val_accuracy_mean"] == pytest.approx(0.6)
     assert curves.loc[(1, 1), "val_accuracy_std"] == pytest.approx(math.sqrt(0.02))
-    assert curves.loc[(1, 1), ["val_accuracy_min", "val_accuracy_max", "n_runs"]].tolist() == pytest.approx([0.5, 0.7, 2])
+    assert curves.loc[(1, 1), ["val_accuracy_min", "val_accuracy_max", "n_runs"]].tolist() == pytest.approx(
+        [0.5, 0.7, 2]
+    )
     assert curves.loc[(1, 2), "n_runs"] == 1 and math.isnan(curves.loc[(1, 2), "val_accuracy_std"])
     assert curves.loc[(2, 1), "val_accuracy_mean"] == pytest.approx(0.4)
     assert accuracy_curves(pd.DataFrame()).empty
@@ -217,8 +269,12 @@ def test_tta_spread_and_target(runs):
 def test_json_nulls_from_parquet_are_handled(runs):
     # A sweep where no run reached the target: the TTA columns are all None (object dtype).
     # (the failed run stays failed: it is not a run that missed the target)
-    runs = runs.assign(tta_s=None, tta_wall_s=None, epochs_to_target=None,
-                       status=runs["status"].where(runs["status"] == "failed", "max_epochs"))
+    runs = runs.assign(
+        tta_s=None,
+        tta_wall_s=None,
+        epochs_to_target=None,
+        status=runs["status"].where(runs["status"] == "failed", "max_epochs"),
+    )
     table = per_worker_count(runs)
     assert table["n_reached"].tolist() == [0, 0]
     assert table["tta_mean_s"].isna().all() and table["speedup_tta"].isna().all()
@@ -229,8 +285,17 @@ def test_a_run_whose_worker_count_changed_is_no_fixed_count_point(runs):
     """An elastic run that lost a node (2 workers, then 1) finished, but it belongs to no worker count:
     counted (n_resized), left out of every figure, and the fixed-count runs' figures unchanged."""
     before = per_worker_count(runs).set_index("num_workers")
-    elastic = _run(2, 4, tpe=40.0, thr=50.0, tta=500.0, epochs=8, worker_count_changed=True,
-                   workers_first_attempt=2, workers_last_attempt=1)
+    elastic = _run(
+        2,
+        4,
+        tpe=40.0,
+        thr=50.0,
+        tta=500.0,
+        epochs=8,
+        worker_count_changed=True,
+        workers_first_attempt=2,
+        workers_last_attempt=1,
+    )
     with_elastic = pd.concat([runs.assign(worker_count_changed=False), pd.DataFrame([elastic])], ignore_index=True)
     table = per_worker_count(with_elastic).set_index("num_workers")
     assert table.loc[2, ["n_runs", "n_failed", "n_resized", "n_ok", "n_reached"]].tolist() == [5, 1, 1, 3, 2]

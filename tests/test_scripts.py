@@ -57,8 +57,11 @@ def _namespaces() -> set[str]:
     except OSError:  # no iproute2: nothing can make a namespace either
         return set()
     # Another test session's probe or minicluster (tests/conftest.py) may come and go meanwhile.
-    return {line.split()[0] for line in listing.splitlines()
-            if line.strip() and not line.startswith(("scaling-probe-", "scaling-tests-"))}
+    return {
+        line.split()[0]
+        for line in listing.splitlines()
+        if line.strip() and not line.startswith(("scaling-probe-", "scaling-tests-"))
+    }
 
 
 def _files(*roots: Path) -> dict[str, int]:
@@ -73,8 +76,12 @@ def _files(*roots: Path) -> dict[str, int]:
 
 def test_every_script_is_checked():
     names = {p.relative_to(REPO).as_posix() for p in SCRIPTS}
-    assert {"bench/minicluster_bandwidth.py", "bench/projection_vs_minicluster.py", "scripts/gpu_first_contact.py",
-            "scripts/build_horovod.sh"} <= names
+    assert {
+        "bench/minicluster_bandwidth.py",
+        "bench/projection_vs_minicluster.py",
+        "scripts/gpu_first_contact.py",
+        "scripts/build_horovod.sh",
+    } <= names
 
 
 @pytest.mark.slow
@@ -88,7 +95,9 @@ def test_help_starts_nothing_and_does_nothing_else(script, tmp_path):
     # Ray's session folder, a relative output) or in the repository, or make a namespace.
     env = {**os.environ, "TMPDIR": str(tmp), "SCALING_MINICLUSTER_STATE": str(state), "PYTHONDONTWRITEBYTECODE": "1"}
     repo_before, namespaces_before = _files(REPO / "bench", REPO / "scripts"), _namespaces()
-    result = subprocess.run([*command, "--help"], cwd=cwd, env=env, capture_output=True, text=True, timeout=HELP_TIMEOUT_S)
+    result = subprocess.run(
+        [*command, "--help"], cwd=cwd, env=env, capture_output=True, text=True, timeout=HELP_TIMEOUT_S
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage:"), result.stdout[:300]
     assert script.name in result.stdout.splitlines()[0]
@@ -146,8 +155,9 @@ def test_running_takes_the_cluster_down_on_a_normal_exit(stand_in_cluster):
     assert _handlers() == before
 
 
-@pytest.mark.parametrize("signum, raised, status", [(signal.SIGTERM, SystemExit, 143),
-                                                     (signal.SIGINT, KeyboardInterrupt, None)])
+@pytest.mark.parametrize(
+    "signum, raised, status", [(signal.SIGTERM, SystemExit, 143), (signal.SIGINT, KeyboardInterrupt, None)]
+)
 def test_running_takes_the_cluster_down_when_signalled(stand_in_cluster, signum, raised, status):
     before = _handlers()
     with pytest.raises(raised) as ended:

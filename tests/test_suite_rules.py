@@ -29,8 +29,11 @@ def test_the_unit_tier_starts_no_process(request):
     assert request.node.get_closest_marker("unit") is not None  # this test is in the unit tier
     with tier_violation_expected("subprocess"):
         subprocess.run([sys.executable, "-c", "pass"])
-    for start in (os.fork, lambda: os.posix_spawn(sys.executable, [sys.executable, "-c", "pass"], os.environ),
-                  lambda: os.system("true")):
+    for start in (
+        os.fork,
+        lambda: os.posix_spawn(sys.executable, [sys.executable, "-c", "pass"], os.environ),
+        lambda: os.system("true"),
+    ):
         with tier_violation_expected("start a process"):
             start()
     import torch.distributed as dist
@@ -83,10 +86,19 @@ def test_the_rule_holds_where_a_fixture_or_a_handler_would_slip_it(tmp_path):
     test that swallows even a BaseException both fail, under this suite's own hooks; an in-process test passes."""
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403  (the suite's hooks)\n")
     (tmp_path / "test_inner.py").write_text(INNER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "SCALING_TEST_REQUIRE": ""}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", str(tmp_path)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "SCALING_TEST_REQUIRE": "",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 1, out[-3000:]
     assert "ERROR test_inner.py::test_module_fixture - tests.conftest.TierViolation" in out, out[-3000:]

@@ -23,12 +23,24 @@ def cli(capsys):
         code = main(list(args))
         out, err = capsys.readouterr()
         return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
     return run
+
 
 # One epoch, one evaluation: 16 steps at 1 worker, 8 per rank at 2 (3 after the warm-up); what the
 # sweep tests check is the sweep's bookkeeping, which one epoch per run exercises whole.
-TINY = ["--set", "data.train_samples=1024", "--set", "data.val_samples=256", "--set", "train.max_epochs=1",
-        "--set", "train.eval_every=1", "--set", "instrument.calibration_pairs=3"]
+TINY = [
+    "--set",
+    "data.train_samples=1024",
+    "--set",
+    "data.val_samples=256",
+    "--set",
+    "train.max_epochs=1",
+    "--set",
+    "train.eval_every=1",
+    "--set",
+    "instrument.calibration_pairs=3",
+]
 
 
 def _write_sweep_config(tmp_path):
@@ -77,7 +89,9 @@ def test_sweep_refuses_a_different_sweep_in_the_same_dir(cli, tmp_path):
 
 
 def test_sweep_bad_workers_list(cli, tmp_path):
-    result = cli("sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1,x", "--out", str(tmp_path / "s"))
+    result = cli(
+        "sweep", str(REPO / "experiments" / "quickstart.yaml"), "--workers", "1,x", "--out", str(tmp_path / "s")
+    )
     assert result.returncode == 2 and "--workers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
@@ -85,15 +99,43 @@ def test_repeats_auto_adds_repeats_until_the_interval_is_narrow_or_the_cap(cli, 
     out = tmp_path / "auto"
     quickstart = str(REPO / "experiments" / "quickstart.yaml")
     # a width any two runs meet: the 2 first repeats are enough
-    wide = cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--interval-width", "0.9",
-                   "--out", str(out), "--launcher", "local", *TINY)
+    wide = cli(
+        "sweep",
+        quickstart,
+        "--workers",
+        "1",
+        "--repeats",
+        "auto",
+        "--interval-width",
+        "0.9",
+        "--out",
+        str(out),
+        "--launcher",
+        "local",
+        *TINY,
+    )
     assert wide.returncode == 0 and "w1: 2 repeats, throughput ±" in wide.stdout and "within ±90%" in wide.stdout
     assert len(pd.read_parquet(out / "runs.parquet")) == 2
     # The same sweep again (it resumes: its 2 runs are kept) with a width no CPU timing can reach:
     # repeats are added up to the cap, which the log names. One sweep directory for both keeps
     # this at 3 runs.
-    narrow = cli("sweep", quickstart, "--workers", "1", "--repeats", "auto", "--max-repeats", "3",
-                     "--interval-width", "0.0001", "--out", str(out), "--launcher", "local", *TINY)
+    narrow = cli(
+        "sweep",
+        quickstart,
+        "--workers",
+        "1",
+        "--repeats",
+        "auto",
+        "--max-repeats",
+        "3",
+        "--interval-width",
+        "0.0001",
+        "--out",
+        str(out),
+        "--launcher",
+        "local",
+        *TINY,
+    )
     assert narrow.returncode == 0, narrow.stderr[-2000:]
     assert "resuming: 2 of 2 runs already finished" in narrow.stdout, narrow.stdout
     index = pd.read_parquet(out / "runs.parquet")

@@ -85,8 +85,10 @@ def test_compile_clock_synchronizes_the_warm_up_steps_only(monkeypatch):
         assert len(syncs) == expected and all(d == device for d in syncs)
 
 
-@pytest.mark.parametrize("name, model, batch, optimizer", [("gpu-gpt2-small.yaml", "gpt2-small", 32, "adamw"),
-                                                          ("gpu-resnet50.yaml", "resnet50", 256, "sgd")])
+@pytest.mark.parametrize(
+    "name, model, batch, optimizer",
+    [("gpu-gpt2-small.yaml", "gpt2-small", 32, "adamw"), ("gpu-resnet50.yaml", "resnet50", 256, "sgd")],
+)
 def test_the_gpu_configs_load_as_a_user_would_run_them(name, model, batch, optimizer):
     cfg = load_config(REPO / "experiments" / name)
     assert (cfg.model.name, cfg.train.per_worker_batch, cfg.optim.name) == (model, batch, optimizer)

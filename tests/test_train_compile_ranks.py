@@ -16,10 +16,21 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # two worker processes training, compiled
 
-SMALL = ["data.num_classes=64", "data.seq_len=32", "data.train_samples=192", "data.val_samples=32",
-         "train.per_worker_batch=16", "train.max_epochs=1", "train.eval_every=1", "train.compile=true",
-         "train.compile_backend=aot_eager", "optim.name=adamw", "optim.lr=0.01", "instrument.warmup_steps=2",
-         "instrument.calibration_pairs=1"]
+SMALL = [
+    "data.num_classes=64",
+    "data.seq_len=32",
+    "data.train_samples=192",
+    "data.val_samples=32",
+    "train.per_worker_batch=16",
+    "train.max_epochs=1",
+    "train.eval_every=1",
+    "train.compile=true",
+    "train.compile_backend=aot_eager",
+    "optim.name=adamw",
+    "optim.lr=0.01",
+    "instrument.warmup_steps=2",
+    "instrument.calibration_pairs=1",
+]
 
 
 @pytest.mark.parametrize("config", ["gpt2-tiny.yaml", "gpt2-tiny-fsdp.yaml"])
@@ -28,8 +39,19 @@ def test_a_compiled_run_keeps_compilation_in_its_warm_up_steps_and_reports_it(co
 
     out = tmp_path / "run"
     capsys.readouterr()
-    code = main(["run", str(REPO / "experiments" / config), "--workers", "2", "--launcher", "local", "--out", str(out),
-                 *[arg for override in SMALL for arg in ("--set", override)]])
+    code = main(
+        [
+            "run",
+            str(REPO / "experiments" / config),
+            "--workers",
+            "2",
+            "--launcher",
+            "local",
+            "--out",
+            str(out),
+            *[arg for override in SMALL for arg in ("--set", override)],
+        ]
+    )
     stdout, stderr = capsys.readouterr()
     assert code == 0, stdout[-3000:] + stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["status"] == "max_epochs"

@@ -42,8 +42,13 @@ def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trainers")
     cases = list(trainer_jobs.CASES)
     start_workers(trainer_jobs.world_job, (free_port(), str(tmp), cases), 2)
-    return {name: (json.loads((tmp / f"result-{name}.rank0.json").read_text()),
-                   tmp / name if (tmp / name).exists() else None) for name in cases}
+    return {
+        name: (
+            json.loads((tmp / f"result-{name}.rank0.json").read_text()),
+            tmp / name if (tmp / name).exists() else None,
+        )
+        for name in cases
+    }
 
 
 def _train(run_dir) -> pd.DataFrame:
@@ -99,7 +104,9 @@ def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):
     assert summary["train_flops_per_sample"] > 0 and summary["mfu"] > 0
     assert summary["target_metric"] == "val_loss" and summary["comm_overhead_pct"] is not None  # the A/B ran
     epochs = pd.read_parquet(world["hf"][1] / "epochs.parquet")
-    assert (epochs["token_allgathers"] == trainer_jobs.OPTIMIZER_STEPS).all() and (epochs["token_allgather_s"] > 0).all()
+    assert (epochs["token_allgathers"] == trainer_jobs.OPTIMIZER_STEPS).all() and (
+        epochs["token_allgather_s"] > 0
+    ).all()
     assert epochs["val_loss"].notna().all()
 
 

@@ -115,7 +115,7 @@ def test_a_users_language_model_is_measured_in_tokens_per_second_to_a_loss(tmp_p
     model = UsersLanguageModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     ids = torch.randint(0, 32, (24, 9))
-    batches = [(ids[i:i + 4, :-1], ids[i:i + 4, 1:]) for i in range(0, 24, 4)]
+    batches = [(ids[i : i + 4, :-1], ids[i : i + 4, 1:]) for i in range(0, 24, 4)]
     losses = iter([3.0, 2.0, 1.0])
     with instrument.attach(model, optimizer, run_dir=str(tmp_path), warmup_steps=0, target_loss=1.5) as meter:
         for _ in range(3):
@@ -128,7 +128,9 @@ def test_a_users_language_model_is_measured_in_tokens_per_second_to_a_loss(tmp_p
     assert "error" not in profile and profile["input_dtype"] == "int64" and profile["input_shape"] == [8]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["target_metric"] == "val_loss" and summary["target_loss"] == 1.5
-    assert summary["epochs_to_target"] == 3 and summary["best_val_loss"] == 1.0 and summary["status"] == "reached_target"
+    assert (
+        summary["epochs_to_target"] == 3 and summary["best_val_loss"] == 1.0 and summary["status"] == "reached_target"
+    )
     assert summary["tokens_per_sample"] == 8
     assert summary["throughput_tokens_per_s"] == pytest.approx(8 * summary["throughput_samples_per_s"])
     assert summary["train_flops_per_sample"] == pytest.approx(8 * 3 * 2 * (16 * 16 + 16 * 32))
@@ -138,7 +140,9 @@ def test_a_users_language_model_is_measured_in_tokens_per_second_to_a_loss(tmp_p
 
 
 def test_token_rule_follows_its_rule_up_to_the_noise_and_is_reproducible():
-    train_x, train_y, val_x, val_y = make_token_rule(seed=3, vocab=64, seq_len=16, train_samples=512, val_samples=64, noise=0.1)
+    train_x, train_y, val_x, val_y = make_token_rule(
+        seed=3, vocab=64, seq_len=16, train_samples=512, val_samples=64, noise=0.1
+    )
     assert train_x.shape == train_y.shape == (512, 16) and val_x.shape == (64, 16) and train_x.dtype == torch.int64
     assert torch.equal(train_x[:, 1:], train_y[:, :-1])  # targets are the inputs shifted by one token
     assert torch.equal(make_token_rule(3, 64, 16, 512, 64, 0.1)[0], train_x)
@@ -168,7 +172,9 @@ def test_tokens_file_reads_nanogpt_windows_sharded_across_ranks(tmp_path):
             assert x.dtype == torch.int64 and x.shape == y.shape == (7, 10)
             assert torch.equal(x[:, 1:], y[:, :-1])
             for row in x:  # each row is a window of the file, at a multiple of seq_len
-                start = int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(ids, 10) == row.numpy(), axis=1))[0])
+                start = int(
+                    np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(ids, 10) == row.numpy(), axis=1))[0]
+                )
                 seen.append(start // 10)
                 assert start % 10 == 0
     assert len(seen) == len(set(seen)) == 2 * 7 * 7  # disjoint across ranks; 49 per rank (drop_last)
@@ -189,8 +195,10 @@ def test_tokens_file_reads_llmc_files_and_holds_out_a_files_tail(tmp_path):
 
 def test_tokens_file_refusals_are_one_line(tmp_path):
     folder, _ = _folder(tmp_path, vocab=500)
-    cfg = load_config(GPT2_TINY_YAML, overrides=["data.name=tokens_file", f"data.path={folder}", "data.seq_len=10",
-                                                 "data.val_samples=5"])
+    cfg = load_config(
+        GPT2_TINY_YAML,
+        overrides=["data.name=tokens_file", f"data.path={folder}", "data.seq_len=10", "data.val_samples=5"],
+    )
     with pytest.raises(DatasetError, match=r"token id \d+; set data.num_classes"):
         check_dataset(cfg.data)
     cfg.data.num_classes = 500
@@ -199,8 +207,11 @@ def test_tokens_file_refusals_are_one_line(tmp_path):
     (folder / "val.bin").unlink()
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\x01\x00\x02")
-    for path, message in ((folder, "has no val.bin"), (odd, "not a whole number of uint16"),
-                          (tmp_path / "none", "does not exist")):
+    for path, message in (
+        (folder, "has no val.bin"),
+        (odd, "not a whole number of uint16"),
+        (tmp_path / "none", "does not exist"),
+    ):
         cfg.data.path = str(path)
         with pytest.raises(DatasetError, match=message) as refused:
             check_dataset(cfg.data)
@@ -223,12 +234,30 @@ def test_config_pairs_token_data_with_language_models_and_needs_a_loss_target():
 
 
 def test_a_loss_target_is_reached_at_or_below_it_and_its_best_is_the_lowest():
-    epochs = pd.DataFrame({"epoch": [1, 2, 3], "train_s": [2.0, 1.0, 1.0], "eval_s": 0.1, "calibration_s": 0.0,
-                           "samples": 64, "steps": 2, "elapsed_wall_s": [3.0, 5.0, 7.0],
-                           "val_accuracy": [0.2, 0.6, 0.7], "val_loss": [4.0, 3.28, 3.5]})
-    evals = pd.DataFrame({"epoch": [1, 2, 2, 3], "epoch_progress": [1.0, 1.5, 2.0, 3.0], "step": [2, 3, 4, 6],
-                          "elapsed_train_s": [2.0, 2.5, 3.0, 4.0], "elapsed_wall_s": [3.0, 4.0, 5.0, 7.0],
-                          "val_accuracy": [0.2, 0.5, 0.6, 0.7], "val_loss": [4.0, 3.3, 3.28, 3.5]})
+    epochs = pd.DataFrame(
+        {
+            "epoch": [1, 2, 3],
+            "train_s": [2.0, 1.0, 1.0],
+            "eval_s": 0.1,
+            "calibration_s": 0.0,
+            "samples": 64,
+            "steps": 2,
+            "elapsed_wall_s": [3.0, 5.0, 7.0],
+            "val_accuracy": [0.2, 0.6, 0.7],
+            "val_loss": [4.0, 3.28, 3.5],
+        }
+    )
+    evals = pd.DataFrame(
+        {
+            "epoch": [1, 2, 2, 3],
+            "epoch_progress": [1.0, 1.5, 2.0, 3.0],
+            "step": [2, 3, 4, 6],
+            "elapsed_train_s": [2.0, 2.5, 3.0, 4.0],
+            "elapsed_wall_s": [3.0, 4.0, 5.0, 7.0],
+            "val_accuracy": [0.2, 0.5, 0.6, 0.7],
+            "val_loss": [4.0, 3.3, 3.28, 3.5],
+        }
+    )
     profile = {"input_shape": [32], "input_dtype": "int64", "train_flops": 3.2e6}
     out = summarize_run(pd.DataFrame(), epochs, 0.8, 1, profile, evals=evals, target_loss=3.28)
     assert out["epochs_to_target"] == 2 and out["tta_epoch_end_s"] == 3.0  # 3.28 <= 3.28: reached
@@ -249,13 +278,23 @@ def test_a_loss_target_is_reached_at_or_below_it_and_its_best_is_the_lowest():
 def test_the_reports_runs_table_reads_runs_of_sequences_in_tokens_per_second():
     from scaling.report import _cells, _run_columns
 
-    images = pd.DataFrame({"run_key": ["w1-r0"], "num_workers": [1], "throughput_samples_per_s": [100.0],
-                           "throughput_tokens_per_s": [None], "target_loss": [None]})
+    images = pd.DataFrame(
+        {
+            "run_key": ["w1-r0"],
+            "num_workers": [1],
+            "throughput_samples_per_s": [100.0],
+            "throughput_tokens_per_s": [None],
+            "target_loss": [None],
+        }
+    )
     headers, _ = _cells(images, _run_columns(images))
     assert "throughput (tokens/s)" not in headers and "best val loss" not in headers
     tokens = images.assign(throughput_tokens_per_s=[6400.0], target_loss=[1.3], best_val_loss=[1.25])
     headers, rows = _cells(tokens, _run_columns(tokens))
-    assert rows[0][headers.index("throughput (tokens/s)")] == "6,400" and rows[0][headers.index("best val loss")] == "1.250"
+    assert (
+        rows[0][headers.index("throughput (tokens/s)")] == "6,400"
+        and rows[0][headers.index("best val loss")] == "1.250"
+    )
 
 
 # --- the lab's run -------------------------------------------------------------------------------------
@@ -264,9 +303,20 @@ def test_the_reports_runs_table_reads_runs_of_sequences_in_tokens_per_second():
 # nats, ln 64 = 4.16 for a uniform guess): at a learning rate of 0.3, gpt2-tiny reached 2.5 within
 # 24 to 32 steps of a global batch of 32 at four seeds (0.5 took 16 to 64; 0.7 diverged at three of
 # four), two epochs of 16 steps per worker; up to 8 epochs are allowed.
-SMALL_RUN = ["data.num_classes=64", "data.seq_len=32", "data.train_samples=512", "data.val_samples=128",
-             "train.per_worker_batch=16", "optim.lr=0.3", "optim.reference_batch=32", "train.target_loss=2.5",
-             "train.max_epochs=8", "train.eval_every=0.5", "instrument.calibration_pairs=3", "instrument.warmup_steps=2"]
+SMALL_RUN = [
+    "data.num_classes=64",
+    "data.seq_len=32",
+    "data.train_samples=512",
+    "data.val_samples=128",
+    "train.per_worker_batch=16",
+    "optim.lr=0.3",
+    "optim.reference_batch=32",
+    "train.target_loss=2.5",
+    "train.max_epochs=8",
+    "train.eval_every=0.5",
+    "instrument.calibration_pairs=3",
+    "instrument.warmup_steps=2",
+]
 
 
 @pytest.mark.slow  # two worker processes training
@@ -276,8 +326,19 @@ def test_gpt2_tiny_run_reaches_its_loss_target_in_tokens_per_second(tmp_path, ca
     out = tmp_path / "run"
     # `scaling run` in this process: the console script's own start is tests/test_cli_conventions.py's
     capsys.readouterr()
-    code = main(["run", str(GPT2_TINY_YAML), "--workers", "2", "--launcher", "local", "--out", str(out),
-                 *[arg for override in SMALL_RUN for arg in ("--set", override)]])
+    code = main(
+        [
+            "run",
+            str(GPT2_TINY_YAML),
+            "--workers",
+            "2",
+            "--launcher",
+            "local",
+            "--out",
+            str(out),
+            *[arg for override in SMALL_RUN for arg in ("--set", override)],
+        ]
+    )
     stdout, stderr = capsys.readouterr()
     assert code == 0, stdout[-3000:] + stderr[-3000:]
     assert "tokens/s" in stdout

@@ -36,6 +36,7 @@ def _parameters_hash(model: torch.nn.Module) -> str:
 
 # --- Hugging Face Trainer -----------------------------------------------------------------------
 
+
 class TokenDataset(torch.utils.data.Dataset):
     def __init__(self, n: int, seed: int):
         self.ids = torch.randint(0, 64, (n, SEQ), generator=torch.Generator().manual_seed(seed))
@@ -55,20 +56,37 @@ def hf_job(run_dir: str | None, **callback_settings) -> dict:
 
     set_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2))
-    args = TrainingArguments(output_dir=os.path.join(os.path.dirname(run_dir or "/tmp/x"), "hf-out"),
-                             per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH,
-                             gradient_accumulation_steps=ACCUMULATE, num_train_epochs=1, learning_rate=1e-3,
-                             eval_strategy="epoch", logging_strategy="no", save_strategy="no", report_to=[],
-                             use_cpu=True, bf16=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
-    callbacks = [] if run_dir is None else [ScalingCallback(run_dir, target_loss=10.0, **SETTINGS,
-                                                            **callback_settings)]
-    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(SAMPLES, 1),
-                      eval_dataset=TokenDataset(2 * BATCH, 2), callbacks=callbacks)
+    args = TrainingArguments(
+        output_dir=os.path.join(os.path.dirname(run_dir or "/tmp/x"), "hf-out"),
+        per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUMULATE,
+        num_train_epochs=1,
+        learning_rate=1e-3,
+        eval_strategy="epoch",
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    callbacks = [] if run_dir is None else [ScalingCallback(run_dir, target_loss=10.0, **SETTINGS, **callback_settings)]
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=TokenDataset(SAMPLES, 1),
+        eval_dataset=TokenDataset(2 * BATCH, 2),
+        callbacks=callbacks,
+    )
     trainer.train()
     return {"parameters": _parameters_hash(model), "eval_loss": trainer.evaluate()["eval_loss"]}
 
 
 # --- Lightning -----------------------------------------------------------------------------------
+
 
 def lightning_job(run_dir: str | None, **callback_settings) -> dict:
     """A tiny classifier through lightning.Trainer (DDP strategy on the spawned group); the callback when `run_dir`."""
@@ -80,8 +98,9 @@ def lightning_job(run_dir: str | None, **callback_settings) -> dict:
     class Classifier(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                           torch.nn.Linear(64, 4))
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
+            )
 
         def forward(self, x):
             return self.net(x)
@@ -103,12 +122,21 @@ def lightning_job(run_dir: str | None, **callback_settings) -> dict:
     train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=True)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:8], y[:8]), batch_size=BATCH)
     model = Classifier()
-    callbacks = [] if run_dir is None else [ScalingCallback(run_dir, target_loss=10.0, **SETTINGS,
-                                                            **callback_settings)]
-    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy=DDPStrategy(), max_epochs=1,
-                        accumulate_grad_batches=ACCUMULATE, callbacks=callbacks, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0)
+    callbacks = [] if run_dir is None else [ScalingCallback(run_dir, target_loss=10.0, **SETTINGS, **callback_settings)]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        num_nodes=1,
+        strategy=DDPStrategy(),
+        max_epochs=1,
+        accumulate_grad_batches=ACCUMULATE,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, train, val)
     return {"parameters": _parameters_hash(model)}
 
@@ -128,8 +156,15 @@ def world_job(rank: int, port: int, tmp: str, cases: list[str]) -> None:
     from scaling.launch.local import exit_without_finalization, release_process_group
 
     # what torchrun sets: the Trainer (Accelerate) and Lightning both join the group already made
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        NODE_RANK="0",
+    )
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     for name in cases:

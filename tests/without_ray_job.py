@@ -43,15 +43,25 @@ def main(out: str) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(dist.get_rank())
-    batches = [(torch.randn(BATCH, 16, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randn(BATCH, 16, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator))
+        for _ in range(STEPS)
+    ]
 
     def forward_backward(batch):
         loss_fn(model(batch[0]), batch[1]).backward()
 
-    meter = instrument.attach(model, optimizer, run_dir=os.path.join(out, "run"), target_accuracy=0.99,
-                              forward_backward=forward_backward, calibration_data=batches[:2],
-                              warmup_steps=1, calibration_pairs=2, telemetry_interval_s=0)
+    meter = instrument.attach(
+        model,
+        optimizer,
+        run_dir=os.path.join(out, "run"),
+        target_accuracy=0.99,
+        forward_backward=forward_backward,
+        calibration_data=batches[:2],
+        warmup_steps=1,
+        calibration_pairs=2,
+        telemetry_interval_s=0,
+    )
     for _ in range(EPOCHS):
         for inputs, targets in meter.batches(batches):
             loss_fn(model(inputs), targets).backward()
@@ -65,10 +75,17 @@ def main(out: str) -> None:
         ray_importable = True
     except ImportError:
         ray_importable = False
-    seen = {"rank": meter.rank, "world_size": meter.world_size, "local_rank": meter.local_rank,
-            "node_rank": meter.node_rank, "epochs": EPOCHS, "steps_per_epoch": STEPS,
-            "summary_returned": summary is not None, "ray_importable": ray_importable,
-            "ray_modules": sorted(m for m in sys.modules if m == "ray" or m.startswith("ray."))}
+    seen = {
+        "rank": meter.rank,
+        "world_size": meter.world_size,
+        "local_rank": meter.local_rank,
+        "node_rank": meter.node_rank,
+        "epochs": EPOCHS,
+        "steps_per_epoch": STEPS,
+        "summary_returned": summary is not None,
+        "ray_importable": ray_importable,
+        "ray_modules": sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")),
+    }
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(seen, f)
     # gloo's threads may still hold the comm hook's futures: let them go while Python is fully

@@ -8,8 +8,14 @@ import torch
 from torch.utils.data import TensorDataset
 
 
-def make_datasets(num_train: int = 2048, num_val: int = 512, num_classes: int = 10, image_size: int = 16,
-                  noise: float = 2.0, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+def make_datasets(
+    num_train: int = 2048,
+    num_val: int = 512,
+    num_classes: int = 10,
+    image_size: int = 16,
+    noise: float = 2.0,
+    seed: int = 0,
+) -> tuple[TensorDataset, TensorDataset]:
     generator = torch.Generator().manual_seed(seed)
     templates = torch.randn(num_classes, 3, image_size, image_size, generator=generator)
 

@@ -49,8 +49,13 @@ def train_func(config: dict):
         images, labels = batch  # scaling
         criterion(model(images), labels).backward()  # scaling
 
-    with instrument.attach(model, optimizer, run_dir=config.get("run_dir"),  # scaling
-                           forward_backward=forward_backward, calibration_data=train_loader) as meter:  # scaling
+    with instrument.attach(
+        model,
+        optimizer,
+        run_dir=config.get("run_dir"),  # scaling
+        forward_backward=forward_backward,
+        calibration_data=train_loader,
+    ) as meter:  # scaling
         for epoch in range(config["epochs"]):
             if ray.train.get_context().get_world_size() > 1:
                 train_loader.sampler.set_epoch(epoch)

@@ -10,15 +10,17 @@ from torch import nn
 
 
 class TinyViT(nn.Module):
-    def __init__(self, num_classes: int = 10, image_size: int = 16, patch: int = 4, dim: int = 64,
-                 depth: int = 2, heads: int = 4):
+    def __init__(
+        self, num_classes: int = 10, image_size: int = 16, patch: int = 4, dim: int = 64, depth: int = 2, heads: int = 4
+    ):
         super().__init__()
         self.embed = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
         tokens = (image_size // patch) ** 2
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.position = nn.Parameter(torch.randn(1, tokens + 1, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=2 * dim, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim_feedforward=2 * dim, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)

@@ -40,15 +40,32 @@ def train_func(config: dict):
     from scaling.integrations.hf import ScalingCallback  # scaling
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=SEQ, n_embd=64, n_layer=2, n_head=4))
-    args = TrainingArguments(output_dir=os.path.abspath("hf-output"), per_device_train_batch_size=config["batch_size"],
-                             gradient_accumulation_steps=config.get("accumulate", 2),
-                             num_train_epochs=config["epochs"], learning_rate=config.get("lr", 1e-3),
-                             eval_strategy="epoch", save_strategy="no", logging_strategy="epoch", report_to=[],
-                             use_cpu=True, seed=config.get("seed", 0), disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=TokenIds(config.get("num_train", 512), 1),
-                      eval_dataset=TokenIds(64, 2),
-                      callbacks=[ScalingCallback(config.get("run_dir"),  # scaling: None under `scaling run`
-                                                 target_loss=config.get("target_loss"))])
+    args = TrainingArguments(
+        output_dir=os.path.abspath("hf-output"),
+        per_device_train_batch_size=config["batch_size"],
+        gradient_accumulation_steps=config.get("accumulate", 2),
+        num_train_epochs=config["epochs"],
+        learning_rate=config.get("lr", 1e-3),
+        eval_strategy="epoch",
+        save_strategy="no",
+        logging_strategy="epoch",
+        report_to=[],
+        use_cpu=True,
+        seed=config.get("seed", 0),
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=TokenIds(config.get("num_train", 512), 1),
+        eval_dataset=TokenIds(64, 2),
+        callbacks=[
+            ScalingCallback(
+                config.get("run_dir"),  # scaling: None under `scaling run`
+                target_loss=config.get("target_loss"),
+            )
+        ],
+    )
     trainer.add_callback(ray.train.huggingface.transformers.RayTrainReportCallback())
     trainer = ray.train.huggingface.transformers.prepare_trainer(trainer)
     trainer.train()
@@ -64,10 +81,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="the run directory the instrument writes")
     args = parser.parse_args()
     run_dir = os.path.abspath(args.out)
-    TorchTrainer(train_func,
-                 train_loop_config={"batch_size": 8, "epochs": args.epochs, "run_dir": run_dir, "target_loss": 5.5},
-                 scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
-                 run_config=RunConfig(storage_path=os.path.join(run_dir, "ray_train"))).fit()
+    TorchTrainer(
+        train_func,
+        train_loop_config={"batch_size": 8, "epochs": args.epochs, "run_dir": run_dir, "target_loss": 5.5},
+        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
+        run_config=RunConfig(storage_path=os.path.join(run_dir, "ray_train")),
+    ).fit()
     print(f"records and summary in {run_dir}")
 
 

@@ -42,17 +42,27 @@ def train_func(config: dict):
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(config.get("num_train", 2048), 64, generator=generator)
-    y = (x[:, :10].argmax(dim=1))  # a learnable rule
+    y = x[:, :10].argmax(dim=1)  # a learnable rule
     data = torch.utils.data.TensorDataset(x, y)
     train = torch.utils.data.DataLoader(data, batch_size=config["batch_size"], shuffle=True)
     val = torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(256)), batch_size=config["batch_size"])
-    trainer = L.Trainer(max_epochs=config["epochs"], accelerator="cpu", devices="auto",
-                        strategy=ray.train.lightning.RayDDPStrategy(),
-                        plugins=[ray.train.lightning.RayLightningEnvironment()],
-                        callbacks=[ScalingCallback(config.get("run_dir"),  # scaling: None under `scaling run`
-                                                   target_loss=config.get("target_loss"))],
-                        accumulate_grad_batches=config.get("accumulate", 1), enable_progress_bar=False,
-                        enable_checkpointing=False, logger=False)
+    trainer = L.Trainer(
+        max_epochs=config["epochs"],
+        accelerator="cpu",
+        devices="auto",
+        strategy=ray.train.lightning.RayDDPStrategy(),
+        plugins=[ray.train.lightning.RayLightningEnvironment()],
+        callbacks=[
+            ScalingCallback(
+                config.get("run_dir"),  # scaling: None under `scaling run`
+                target_loss=config.get("target_loss"),
+            )
+        ],
+        accumulate_grad_batches=config.get("accumulate", 1),
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        logger=False,
+    )
     trainer = ray.train.lightning.prepare_trainer(trainer)
     trainer.fit(Classifier(), train, val)
 
@@ -67,10 +77,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="the run directory the instrument writes")
     args = parser.parse_args()
     run_dir = os.path.abspath(args.out)
-    TorchTrainer(train_func,
-                 train_loop_config={"batch_size": 32, "epochs": args.epochs, "run_dir": run_dir, "target_loss": 1.5},
-                 scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
-                 run_config=RunConfig(storage_path=os.path.join(run_dir, "ray_train"))).fit()
+    TorchTrainer(
+        train_func,
+        train_loop_config={"batch_size": 32, "epochs": args.epochs, "run_dir": run_dir, "target_loss": 1.5},
+        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
+        run_config=RunConfig(storage_path=os.path.join(run_dir, "ray_train")),
+    ).fit()
     print(f"records and summary in {run_dir}")
 
 

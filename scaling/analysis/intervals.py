@@ -151,7 +151,9 @@ def scaling_intervals(runs: pd.DataFrame, table: pd.DataFrame, width: float = DE
         for key in others:
             base_match &= (ok[key] == row[key]).to_numpy() if pd.notna(row[key]) else ok[key].isna().to_numpy()
         base_workers = row.get("base_workers")
-        base = ok[base_match & (ok["num_workers"] == base_workers).to_numpy()] if pd.notna(base_workers) else ok.iloc[0:0]
+        base = (
+            ok[base_match & (ok["num_workers"] == base_workers).to_numpy()] if pd.notna(base_workers) else ok.iloc[0:0]
+        )
         out = {k: row[k] for k in keys}
         out["n_ok"] = len(group)
         out["base_workers"] = base_workers
@@ -177,8 +179,11 @@ def scaling_intervals(runs: pd.DataFrame, table: pd.DataFrame, width: float = DE
             resampled["exposed_comm_pct"] = g["exposed_comm_pct"]
         estimates = {
             **{f"speedup_{m}": row.get(f"speedup_{m}", math.nan) for m in SPEEDUPS},
-            "gap_tta_vs_throughput": (row.get("speedup_tta", math.nan) / row.get("speedup_throughput", math.nan)
-                                      if row.get("speedup_throughput") else math.nan),
+            "gap_tta_vs_throughput": (
+                row.get("speedup_tta", math.nan) / row.get("speedup_throughput", math.nan)
+                if row.get("speedup_throughput")
+                else math.nan
+            ),
             "comm_overhead_pct": row.get("comm_overhead_pct", math.nan),
             "exposed_comm_pct": row.get("exposed_comm_pct", math.nan),
         }

@@ -147,10 +147,27 @@ import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
 # Per collective kind, where the backend has more than one (FSDP: scaling/instrument/backends/fsdp.py)
-KIND_FIELDS = ("comm_s", "allgather_s", "regather_s", "reducescatter_s", "exposed_allgather_s", "exposed_reducescatter_s",
-               "exposed_forward_comm_s")
-STEP_FIELDS = PHASES + ("step_s", "compute_s", "allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s",
-                        "micro_batches", "synced_micro_batches", "instrument_host_s", *KIND_FIELDS)
+KIND_FIELDS = (
+    "comm_s",
+    "allgather_s",
+    "regather_s",
+    "reducescatter_s",
+    "exposed_allgather_s",
+    "exposed_reducescatter_s",
+    "exposed_forward_comm_s",
+)
+STEP_FIELDS = PHASES + (
+    "step_s",
+    "compute_s",
+    "allreduce_s",
+    "exposed_comm_s",
+    "waiting_s",
+    "transfer_s",
+    "micro_batches",
+    "synced_micro_batches",
+    "instrument_host_s",
+    *KIND_FIELDS,
+)
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
 STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
@@ -159,10 +176,25 @@ RANK_FIELDS = ("step_s", "backward_s", "exposed_comm_s", "waiting_s", "transfer_
 # None and `not_measured` says why (module docstring).
 STEP_FIGURES = (*PHASES, "step_s", "compute_s", "allreduce_s", "exposed_comm_s", "allreduce_pct", "exposed_comm_pct")
 AB_FIGURES = ("comm_delta_s", "comm_overhead_pct", "interference_s")
-EPOCH_FIGURES = ("time_per_epoch_s", "throughput_samples_per_s", "best_accuracy", "epochs_to_target", "tta_s",
-                 "calibration_s", "eval_s", "achieved_flops_per_s", "mfu")
+EPOCH_FIGURES = (
+    "time_per_epoch_s",
+    "throughput_samples_per_s",
+    "best_accuracy",
+    "epochs_to_target",
+    "tta_s",
+    "calibration_s",
+    "eval_s",
+    "achieved_flops_per_s",
+    "mfu",
+)
 # Figures of the compute profile (compute_profile.json): None with its `error` where it has one
-PROFILE_FIGURES = ("train_flops_per_sample", "achieved_flops_per_s", "mfu", "tokens_per_sample", "throughput_tokens_per_s")
+PROFILE_FIGURES = (
+    "train_flops_per_sample",
+    "achieved_flops_per_s",
+    "mfu",
+    "tokens_per_sample",
+    "throughput_tokens_per_s",
+)
 NO_EPOCH = "no epoch finished"
 NO_STEP = "no training step recorded"
 
@@ -200,8 +232,9 @@ class StepAccumulator:
             present = [f for f in RANK_FIELDS if f in steady.columns]
             squares = (steady[present] ** 2).assign(rank=steady["rank"]).groupby("rank").sum().add_suffix("_sq")
             grouped = steady.groupby("rank")[present]
-            self.per_rank.append(pd.concat([grouped.sum().add_suffix("_sum"), grouped.count().add_suffix("_n"), squares],
-                                           axis=1))
+            self.per_rank.append(
+                pd.concat([grouped.sum().add_suffix("_sum"), grouped.count().add_suffix("_n"), squares], axis=1)
+            )
             if len(self.per_rank) > 64:  # keep it small whatever the number of batches: one frame of sums per rank
                 self.per_rank = [pd.concat(self.per_rank).groupby(level=0).sum()]
             if "straggler_rank" in steady.columns:
@@ -212,15 +245,18 @@ class StepAccumulator:
         calib = batch[batch["kind"].isin(["calib_sync", "calib_nosync"])]
         if not calib.empty:
             # only what the A/B pairing reads (a few rows per rank and epoch)
-            self.calibration.append(calib[[c for c in ("epoch", "rank", "pair", "kind", "step_s", "exposed_comm_s")
-                                           if c in calib.columns]])
+            self.calibration.append(
+                calib[[c for c in ("epoch", "rank", "pair", "kind", "step_s", "exposed_comm_s") if c in calib.columns]]
+            )
         if "node_rank" in batch.columns:
             self.node_ranks.update(batch["node_rank"].dropna().unique().tolist())
 
     def means(self) -> dict:
         part = "steady" if any(self.counts["steady"].values()) else "train"
-        return {name: (self.sums[part][name] / self.counts[part][name] if self.counts[part][name] else None)
-                for name in STEP_FIELDS}
+        return {
+            name: (self.sums[part][name] / self.counts[part][name] if self.counts[part][name] else None)
+            for name in STEP_FIELDS
+        }
 
     def rank_mean_and_se(self, rank: int, field: str) -> tuple[float | None, float | None]:
         """One rank's mean of `field` over its steady-state steps, and the mean's standard error."""
@@ -298,8 +334,14 @@ def interference_s(steps: pd.DataFrame) -> float | None:
     if per_pair is None or "exposed_comm_s" not in steps.columns:
         return None
     keys = ["epoch", "rank", "pair"]
-    exposed = {kind: steps[steps["kind"] == kind].drop_duplicates(keys).set_index(keys)["exposed_comm_s"]
-               .reindex(per_pair.index).fillna(0.0) for kind in ("calib_sync", "calib_nosync")}
+    exposed = {
+        kind: steps[steps["kind"] == kind]
+        .drop_duplicates(keys)
+        .set_index(keys)["exposed_comm_s"]
+        .reindex(per_pair.index)
+        .fillna(0.0)
+        for kind in ("calib_sync", "calib_nosync")
+    }
     added = exposed["calib_sync"] - exposed["calib_nosync"]
     return _pooled(per_pair["calib_sync"] - per_pair["calib_nosync"] - added)
 
@@ -323,8 +365,10 @@ def mfu(achieved_flops_per_s: float | None, peak_flops_per_s: float | None) -> t
         return None, "no achieved rate or no peak for this device and precision"
     ratio = achieved_flops_per_s / peak_flops_per_s
     if ratio > 1.0:
-        return None, (f"achieved {achieved_flops_per_s / 1e9:.3g} GFLOP/s exceeds the peak taken "
-                      f"({peak_flops_per_s / 1e9:.3g} GFLOP/s): that peak is no upper bound, MFU not given")
+        return None, (
+            f"achieved {achieved_flops_per_s / 1e9:.3g} GFLOP/s exceeds the peak taken "
+            f"({peak_flops_per_s / 1e9:.3g} GFLOP/s): that peak is no upper bound, MFU not given"
+        )
     return ratio, None
 
 
@@ -350,10 +394,14 @@ def real_tokens_per_sample(profile: dict | None) -> float | None:
 def tokens_figures(throughput_samples_per_s: float | None, profile: dict | None) -> dict:
     """Tokens per sample and tokens/s, and the real ones beside them where padding made them differ."""
     tokens, real = tokens_per_sample(profile), real_tokens_per_sample(profile)
-    return {"tokens_per_sample": tokens,
-            "throughput_tokens_per_s": throughput_samples_per_s * tokens if (tokens and throughput_samples_per_s) else None,
-            "real_tokens_per_sample": real,
-            "throughput_real_tokens_per_s": throughput_samples_per_s * real if (real and throughput_samples_per_s) else None}
+    return {
+        "tokens_per_sample": tokens,
+        "throughput_tokens_per_s": throughput_samples_per_s * tokens if (tokens and throughput_samples_per_s) else None,
+        "real_tokens_per_sample": real,
+        "throughput_real_tokens_per_s": throughput_samples_per_s * real
+        if (real and throughput_samples_per_s)
+        else None,
+    }
 
 
 def target_reached(values: pd.Series, target_accuracy: float | None, target_loss: float | None) -> pd.Series:
@@ -444,8 +492,10 @@ def _restarts_lost(attempts: list[dict] | None) -> list[tuple[int, float]]:
     if len(attempts) < 2:
         return []
     first = attempts[0]["first_step_unix"]
-    return [(a.get("resumed_from_epoch") or 0, a["first_step_unix"] - (a["resume_point_unix"] or first))
-            for a in attempts[1:]]
+    return [
+        (a.get("resumed_from_epoch") or 0, a["first_step_unix"] - (a["resume_point_unix"] or first))
+        for a in attempts[1:]
+    ]
 
 
 def restarts_and_time_lost(attempts: list[dict] | None) -> tuple[int, float]:
@@ -472,12 +522,16 @@ def node_cost_usd(seconds, num_nodes, price_per_node_hour):
     return seconds / 3600.0 * num_nodes * price
 
 
-def run_costs(tta_s: float | None, time_lost_s: float, num_nodes: int | None, price_per_node_hour: float | None) -> dict:
+def run_costs(
+    tta_s: float | None, time_lost_s: float, num_nodes: int | None, price_per_node_hour: float | None
+) -> dict:
     """`cost_to_accuracy_usd` and `time_lost_cost_usd` of one run (see the module docstring)."""
     if tta_s is None:
         return {"cost_to_accuracy_usd": None, "time_lost_cost_usd": None}
-    return {"cost_to_accuracy_usd": _finite_or_none(node_cost_usd(tta_s, num_nodes, price_per_node_hour)),
-            "time_lost_cost_usd": _finite_or_none(node_cost_usd(time_lost_s, num_nodes, price_per_node_hour))}
+    return {
+        "cost_to_accuracy_usd": _finite_or_none(node_cost_usd(tta_s, num_nodes, price_per_node_hour)),
+        "time_lost_cost_usd": _finite_or_none(node_cost_usd(time_lost_s, num_nodes, price_per_node_hour)),
+    }
 
 
 def steady_step_s(epochs: pd.DataFrame, global_batch: int) -> tuple[float, list[dict]]:
@@ -491,8 +545,14 @@ def steady_step_s(epochs: pd.DataFrame, global_batch: int) -> tuple[float, list[
     rows = []
     for row in epochs.itertuples():
         steps = row.samples / global_batch
-        rows.append({"epoch": int(row.epoch), "train_s": float(row.train_s), "steps": int(steps),
-                     "step_s": float(row.train_s) / steps})
+        rows.append(
+            {
+                "epoch": int(row.epoch),
+                "train_s": float(row.train_s),
+                "steps": int(steps),
+                "step_s": float(row.train_s) / steps,
+            }
+        )
     steady = [r["step_s"] for r in rows if r["epoch"] > 1]
     if not steady:
         raise ValueError("no epoch after the first; run 2 epochs or more")
@@ -504,14 +564,24 @@ def worker_counts(attempts: list[dict] | None) -> dict:
     counts = [a.get("num_workers") for a in attempts or []]
     if not counts or any(c is None for c in counts):
         return {"workers_first_attempt": None, "workers_last_attempt": None, "worker_count_changed": None}
-    return {"workers_first_attempt": int(counts[0]), "workers_last_attempt": int(counts[-1]),
-            "worker_count_changed": any(c != counts[0] for c in counts)}
+    return {
+        "workers_first_attempt": int(counts[0]),
+        "workers_last_attempt": int(counts[-1]),
+        "worker_count_changed": any(c != counts[0] for c in counts),
+    }
 
 
 def summarize_run(
-    steps: pd.DataFrame, epochs: pd.DataFrame, target_accuracy: float, num_workers: int,
-    compute_profile: dict | None = None, attempts: list[dict] | None = None, ab_calibration: bool = True,
-    evals: pd.DataFrame | None = None, tta_rule: str = "first_eval", target_loss: float | None = None,
+    steps: pd.DataFrame,
+    epochs: pd.DataFrame,
+    target_accuracy: float,
+    num_workers: int,
+    compute_profile: dict | None = None,
+    attempts: list[dict] | None = None,
+    ab_calibration: bool = True,
+    evals: pd.DataFrame | None = None,
+    tta_rule: str = "first_eval",
+    target_loss: float | None = None,
 ) -> dict:
     """The run's figures; fields absent from the records come back as None.
 
@@ -552,13 +622,20 @@ def summarize_run(
     # DDP's timers describe one synchronised iteration; the lab's span is summed over a step's synchronised micro-batches
     span, span_se = accumulator.rank_mean_and_se(0, "comm_span_s")
     per_sync = _synced_per_step(out) or 1.0
-    out.update(ddp_second_opinion(epochs, span / per_sync if span is not None else None,
-                                  span_se / per_sync if span_se is not None else None))
+    out.update(
+        ddp_second_opinion(
+            epochs, span / per_sync if span is not None else None, span_se / per_sync if span_se is not None else None
+        )
+    )
     step_s = out["step_s"]
-    out["exposed_comm_pct"] = 100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
+    out["exposed_comm_pct"] = (
+        100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
+    )
     out["allreduce_pct"] = 100.0 * out["allreduce_s"] / step_s if (step_s and out["allreduce_s"] is not None) else None
     for kind in KIND_FIELDS:  # None where the backend has no such collective (DDP: no all-gather)
-        out[kind.removesuffix("_s") + "_pct"] = 100.0 * out[kind] / step_s if (step_s and out[kind] is not None) else None
+        out[kind.removesuffix("_s") + "_pct"] = (
+            100.0 * out[kind] / step_s if (step_s and out[kind] is not None) else None
+        )
     out.update(peak_memory(epochs))
 
     out["comm_overhead_note"] = None
@@ -579,11 +656,17 @@ def summarize_run(
         interference = interference_s(calibration) if not calibration.empty else None
         out["interference_s"] = interference * synced if interference is not None else None
         if delta is None:
-            ab_reason = ("the job gave the instrument no forward_backward function" if not ab_calibration
-                         else nothing if not steps_recorded else "no calibration steps recorded")
+            ab_reason = (
+                "the job gave the instrument no forward_backward function"
+                if not ab_calibration
+                else nothing
+                if not steps_recorded
+                else "no calibration steps recorded"
+            )
 
-    out["instrument_host_pct"] = (100.0 * out["instrument_host_s"] / step_s
-                                  if (step_s and out["instrument_host_s"] is not None) else None)
+    out["instrument_host_pct"] = (
+        100.0 * out["instrument_host_s"] / step_s if (step_s and out["instrument_host_s"] is not None) else None
+    )
     for part in ("waiting", "transfer", "interference"):
         value = out[f"{part}_s"]
         out[f"{part}_pct"] = 100.0 * value / step_s if (value is not None and step_s) else None
@@ -591,18 +674,31 @@ def summarize_run(
     out["epochs_run"] = int(len(epochs))
     out.update(tta_rule="epoch_end", epochs_to_target_progress=None, tta_epoch_end_s=None)
     if epochs.empty:
-        out.update(best_accuracy=None, best_val_loss=None, epochs_to_target=None, tta_s=None, tta_wall_s=None,
-                   time_per_epoch_s=None, throughput_samples_per_s=None, throughput_steps_per_s=None,
-                   calibration_s=None, eval_s=None)
+        out.update(
+            best_accuracy=None,
+            best_val_loss=None,
+            epochs_to_target=None,
+            tta_s=None,
+            tta_wall_s=None,
+            time_per_epoch_s=None,
+            throughput_samples_per_s=None,
+            throughput_steps_per_s=None,
+            calibration_s=None,
+            eval_s=None,
+        )
         out.update(tokens_figures(None, compute_profile))
         out.update(utilisation(None, num_workers, compute_profile))
-        return _with_not_measured(out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason,
-                                  profile=compute_profile)
+        return _with_not_measured(
+            out, epochs_recorded=False, steps_recorded=steps_recorded, ab_reason=ab_reason, profile=compute_profile
+        )
     steady_epochs = epochs.iloc[1:] if len(epochs) > 1 else epochs
     out["time_per_epoch_s"] = float(steady_epochs["train_s"].median())
     out["throughput_samples_per_s"] = float((steady_epochs["samples"] / steady_epochs["train_s"]).median())
-    out["throughput_steps_per_s"] = (float((steady_epochs["steps"] / steady_epochs["train_s"]).median())
-                                     if "steps" in steady_epochs.columns else None)
+    out["throughput_steps_per_s"] = (
+        float((steady_epochs["steps"] / steady_epochs["train_s"]).median())
+        if "steps" in steady_epochs.columns
+        else None
+    )
     out.update(tokens_figures(out["throughput_samples_per_s"], compute_profile))
     out["calibration_s"] = float(epochs["calibration_s"].sum())
     out["eval_s"] = float(epochs["eval_s"].sum())
@@ -622,8 +718,12 @@ def summarize_run(
         out["tta_s"] = out["tta_epoch_end_s"]
         out["tta_wall_s"] = float(first["elapsed_wall_s"])
         out["epochs_to_target_progress"] = float(first["epoch"])
-    if (tta_rule == "first_eval" and evals is not None and not evals.empty
-            and (target_accuracy is not None or target_loss is not None)):
+    if (
+        tta_rule == "first_eval"
+        and evals is not None
+        and not evals.empty
+        and (target_accuracy is not None or target_loss is not None)
+    ):
         out["tta_rule"] = "first_eval"
         at_target = evals[target_reached(evals, target_accuracy, target_loss)].sort_values("elapsed_train_s")
         if not at_target.empty:
@@ -634,12 +734,14 @@ def summarize_run(
             out["epochs_to_target_progress"] = float(first_eval["epoch_progress"])
             if "elapsed_wall_s" in first_eval.index and pd.notna(first_eval["elapsed_wall_s"]):
                 out["tta_wall_s"] = float(first_eval["elapsed_wall_s"])
-    return _with_not_measured(out, epochs_recorded=True, steps_recorded=steps_recorded, ab_reason=ab_reason,
-                              profile=compute_profile)
+    return _with_not_measured(
+        out, epochs_recorded=True, steps_recorded=steps_recorded, ab_reason=ab_reason, profile=compute_profile
+    )
 
 
-def _with_not_measured(out: dict, *, epochs_recorded: bool, steps_recorded: bool, ab_reason: str | None,
-                       profile: dict | None = None) -> dict:
+def _with_not_measured(
+    out: dict, *, epochs_recorded: bool, steps_recorded: bool, ab_reason: str | None, profile: dict | None = None
+) -> dict:
     """`out` with `not_measured` (figure -> why it is None) and the two notes that repeat it (module docstring)."""
     reasons = {}
     profile_error = (profile or {}).get("error")

@@ -88,12 +88,39 @@ SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
 # Per collective kind (run_metrics.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
 KIND_PCTS = tuple(kind.removesuffix("_s") + "_pct" for kind in KIND_FIELDS)
 _NUMERIC = (
-    "num_workers", "num_nodes", "global_batch", "per_worker_batch", "seed", "repeat", "target_accuracy",
-    "epochs_run", "epochs_to_target", "tta_s", "tta_wall_s", "time_per_epoch_s", "throughput_samples_per_s",
-    "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "exposed_comm_pct",
-    "comm_overhead_pct", "allreduce_s", "allreduce_pct", "node_price_per_hour",
-    "mfu", "achieved_flops_per_s", "arithmetic_intensity", "peak_flops_per_s", "mem_bytes_per_s",
-    "link_bandwidth_bits_per_s", *KIND_PCTS, "peak_memory_bytes", "peak_memory_min_bytes",
+    "num_workers",
+    "num_nodes",
+    "global_batch",
+    "per_worker_batch",
+    "seed",
+    "repeat",
+    "target_accuracy",
+    "epochs_run",
+    "epochs_to_target",
+    "tta_s",
+    "tta_wall_s",
+    "time_per_epoch_s",
+    "throughput_samples_per_s",
+    "step_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "exposed_comm_s",
+    "exposed_comm_pct",
+    "comm_overhead_pct",
+    "allreduce_s",
+    "allreduce_pct",
+    "node_price_per_hour",
+    "mfu",
+    "achieved_flops_per_s",
+    "arithmetic_intensity",
+    "peak_flops_per_s",
+    "mem_bytes_per_s",
+    "link_bandwidth_bits_per_s",
+    *KIND_PCTS,
+    "peak_memory_bytes",
+    "peak_memory_min_bytes",
 )
 
 
@@ -168,10 +195,14 @@ def left_out_of_figures(runs: pd.DataFrame) -> list[str]:
         warnings.append(f"failed runs, counted but left out of the figures: {named}")
     changed = runs[resized(runs) & (runs["status"] != "failed")]
     if not changed.empty:
-        named = ", ".join(f"{row.run_key} ({row.workers_first_attempt:.0f} -> {row.workers_last_attempt:.0f} workers)"
-                          for row in changed.itertuples())
-        warnings.append(f"runs whose worker count changed mid-way (elastic), counted but left out of the fixed-count "
-                        f"figures: {named}")
+        named = ", ".join(
+            f"{row.run_key} ({row.workers_first_attempt:.0f} -> {row.workers_last_attempt:.0f} workers)"
+            for row in changed.itertuples()
+        )
+        warnings.append(
+            f"runs whose worker count changed mid-way (elastic), counted but left out of the fixed-count "
+            f"figures: {named}"
+        )
     return warnings
 
 
@@ -262,7 +293,10 @@ def _group_figures(group: pd.DataFrame) -> dict:
         # minicluster runs: each node's link cap (NaN = uncapped or not a minicluster run)
         "link_bandwidth_bits_per_s": _col(ok, "link_bandwidth_bits_per_s").median(),
     }
-    return {k: (float(v) if k not in ("n_runs", "n_failed", "n_resized", "n_ok", "n_reached") else int(v)) for k, v in out.items()}
+    return {
+        k: (float(v) if k not in ("n_runs", "n_failed", "n_resized", "n_ok", "n_reached") else int(v))
+        for k, v in out.items()
+    }
 
 
 def _aggregate(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -333,15 +367,29 @@ def batch_tradeoff(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (global_batch, num_workers): epochs to target, throughput and TTA; empty unless global_batch varies."""
     runs = prepare_runs(runs)
     keys = ["global_batch", "num_workers"]
-    columns = keys + ["per_worker_batch", "n_runs", "n_failed", "n_resized", "n_ok", "n_reached", "reached_fraction",
-                      "epochs_to_target", "time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "tta_std_s"]
+    columns = keys + [
+        "per_worker_batch",
+        "n_runs",
+        "n_failed",
+        "n_resized",
+        "n_ok",
+        "n_reached",
+        "reached_fraction",
+        "epochs_to_target",
+        "time_per_epoch_s",
+        "throughput_samples_per_s",
+        "tta_mean_s",
+        "tta_std_s",
+    ]
     ok = runs[in_fixed_count_figures(runs)] if "global_batch" in runs.columns else runs.iloc[0:0]
     if "global_batch" not in runs.columns or ok["global_batch"].nunique() < 2:
         return pd.DataFrame(columns=columns)
     table = _aggregate(runs, keys)
     per_worker = ok.groupby(keys)["per_worker_batch"].median() if "per_worker_batch" in ok.columns else None
     table["per_worker_batch"] = (
-        [per_worker.get(tuple(k), np.nan) for k in table[keys].itertuples(index=False)] if per_worker is not None else np.nan
+        [per_worker.get(tuple(k), np.nan) for k in table[keys].itertuples(index=False)]
+        if per_worker is not None
+        else np.nan
     )
     return table[columns].sort_values(keys, ignore_index=True)
 
@@ -393,7 +441,15 @@ def bandwidth_series(table: pd.DataFrame) -> pd.DataFrame:
     axis = "sweep.workers.link_bandwidth"
     if axis not in table.columns or table[axis].nunique(dropna=True) < 2:
         return pd.DataFrame()
-    columns = ["num_workers", axis, "link_bandwidth_bits_per_s", "allreduce_pct", "exposed_comm_pct",
-               "comm_overhead_pct", "time_per_epoch_s", "step_s"]
+    columns = [
+        "num_workers",
+        axis,
+        "link_bandwidth_bits_per_s",
+        "allreduce_pct",
+        "exposed_comm_pct",
+        "comm_overhead_pct",
+        "time_per_epoch_s",
+        "step_s",
+    ]
     out = table[[c for c in columns if c in table.columns]].rename(columns={axis: "link_bandwidth"})
     return out.sort_values(["num_workers", "link_bandwidth_bits_per_s"], na_position="last").reset_index(drop=True)

@@ -119,7 +119,9 @@ class InMemoryDataset:
             yield self._prepared(x), self.train_y[batch]
 
     def val_batches(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
-        indices = torch.tensor(list(val_shard(len(self.val_y), rank, world_size)), device=self.val_x.device, dtype=torch.long)
+        indices = torch.tensor(
+            list(val_shard(len(self.val_y), rank, world_size)), device=self.val_x.device, dtype=torch.long
+        )
         for start in range(0, len(indices), batch_size):
             batch = indices[start : start + batch_size]
             yield self._prepared(self.val_x[batch]), self.val_y[batch]
@@ -130,8 +132,14 @@ class FolderDataset:
 
     has_validation = True
 
-    def __init__(self, root: str, image_size: int, loader_workers: int, device: torch.device,
-                 memory_format: torch.memory_format = torch.preserve_format):
+    def __init__(
+        self,
+        root: str,
+        image_size: int,
+        loader_workers: int,
+        device: torch.device,
+        memory_format: torch.memory_format = torch.preserve_format,
+    ):
         train_files, train_labels, classes = imagefolder.index_split(Path(root), "train")
         val_files, val_labels, _ = imagefolder.index_split(Path(root), "val", classes)
         self.train = imagefolder.ImageFolderSplit(train_files, train_labels, image_size, train=True)
@@ -147,8 +155,12 @@ class FolderDataset:
 
     def _loader(self, dataset, batch_size: int, sampler=None, drop_last: bool = False, seed: int = 0) -> DataLoader:
         return DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-            num_workers=self.loader_workers, pin_memory=self.device.type == "cuda",
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=self.loader_workers,
+            pin_memory=self.device.type == "cuda",
             generator=torch.Generator().manual_seed(seed),
             prefetch_factor=4 if self.loader_workers else None,
         )
@@ -160,7 +172,9 @@ class FolderDataset:
 
     def train_batches(self, rank: int, world_size: int, epoch: int, seed: int, batch_size: int) -> Iterator[Batch]:
         sampler = _train_sampler(self.num_train, rank, world_size, epoch, seed)
-        loader = self._loader(self.train, batch_size, sampler, drop_last=True, seed=hash((seed, rank, epoch)) & 0x7FFF_FFFF)
+        loader = self._loader(
+            self.train, batch_size, sampler, drop_last=True, seed=hash((seed, rank, epoch)) & 0x7FFF_FFFF
+        )
         return self._to_device(loader)
 
     def val_batches(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
@@ -178,8 +192,10 @@ def check_dataset(data_cfg) -> dict:
         tokens = TokenFile(data_cfg.path, data_cfg.seq_len, data_cfg.val_samples)
         largest = tokens.largest_id()
         if largest >= data_cfg.num_classes:
-            raise DatasetError(f"{data_cfg.path} holds token id {largest}; set data.num_classes (the vocabulary) above it "
-                               f"(50257 for GPT-2's tokenizer), got {data_cfg.num_classes}")
+            raise DatasetError(
+                f"{data_cfg.path} holds token id {largest}; set data.num_classes (the vocabulary) above it "
+                f"(50257 for GPT-2's tokenizer), got {data_cfg.num_classes}"
+            )
         return {"train": tokens.train_windows, "val": tokens.val_windows}
     if data_cfg.name == "cifar10":
         counts = cifar10.check_cifar10(data_cfg.path)
@@ -190,7 +206,9 @@ def check_dataset(data_cfg) -> dict:
         counts = imagefolder.check_image_folder(data_cfg.path)
         classes = counts["classes"]
     if data_cfg.num_classes != classes:
-        raise DatasetError(f"{data_cfg.path} has {classes} classes; set data.num_classes: {classes} (got {data_cfg.num_classes})")
+        raise DatasetError(
+            f"{data_cfg.path} has {classes} classes; set data.num_classes: {classes} (got {data_cfg.num_classes})"
+        )
     return counts
 
 
@@ -222,14 +240,26 @@ def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = No
         return InMemoryDataset(_laid_out(train_x, channels_last), train_y, _laid_out(val_x, channels_last), val_y)
     if data_cfg.name == "embedded":
         train_x, train_y, val_x, val_y = make_embedded(
-            data_cfg.seed, data_cfg.num_classes, data_cfg.image_size,
-            data_cfg.train_samples, data_cfg.val_samples, data_cfg.difficulty,
+            data_cfg.seed,
+            data_cfg.num_classes,
+            data_cfg.image_size,
+            data_cfg.train_samples,
+            data_cfg.val_samples,
+            data_cfg.difficulty,
         )
-        return InMemoryDataset(_laid_out(train_x.to(device), channels_last), train_y.to(device),
-                               _laid_out(val_x.to(device), channels_last), val_y.to(device))
+        return InMemoryDataset(
+            _laid_out(train_x.to(device), channels_last),
+            train_y.to(device),
+            _laid_out(val_x.to(device), channels_last),
+            val_y.to(device),
+        )
     if data_cfg.name == "tokens":
         train_x, train_y, val_x, val_y = make_token_rule(
-            data_cfg.seed, data_cfg.num_classes, data_cfg.seq_len, data_cfg.train_samples, data_cfg.val_samples,
+            data_cfg.seed,
+            data_cfg.num_classes,
+            data_cfg.seq_len,
+            data_cfg.train_samples,
+            data_cfg.val_samples,
             data_cfg.token_noise,
         )
         return InMemoryDataset(train_x.to(device), train_y.to(device), val_x.to(device), val_y.to(device))
@@ -244,8 +274,13 @@ def load_dataset(data_cfg, device: torch.device, loader_workers: int | None = No
     if data_cfg.name == "cifar10":
         train_x, train_y, val_x, val_y = cifar10.load_cifar10(data_cfg.path)
         return InMemoryDataset(
-            train_x.to(device), train_y.to(device), val_x.to(device), val_y.to(device),
-            prepare=cifar10.normalize, augment=cifar10.augment_pad_crop_flip, memory_format=memory_format,
+            train_x.to(device),
+            train_y.to(device),
+            val_x.to(device),
+            val_y.to(device),
+            prepare=cifar10.normalize,
+            augment=cifar10.augment_pad_crop_flip,
+            memory_format=memory_format,
         )
     if data_cfg.name == "imagenet":
         workers = data_cfg.loader_workers if loader_workers is None else loader_workers

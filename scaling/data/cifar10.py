@@ -117,7 +117,7 @@ def augment_pad_crop_flip(images: torch.Tensor, generator: torch.Generator) -> t
     dy = torch.randint(0, 2 * PAD_PX + 1, (n,), generator=generator, device=device)
     dx = torch.randint(0, 2 * PAD_PX + 1, (n,), generator=generator, device=device)
     flip = torch.rand(n, generator=generator, device=device) < 0.5
-    rows = (dy.view(n, 1) + torch.arange(h, device=device).view(1, h))  # n x h
+    rows = dy.view(n, 1) + torch.arange(h, device=device).view(1, h)  # n x h
     cols = torch.arange(w, device=device).view(1, w).expand(n, w)
     cols = torch.where(flip.view(n, 1), (w - 1) - cols, cols) + dx.view(n, 1)  # n x w
     batch_index = torch.arange(n, device=device).view(n, 1, 1, 1)

@@ -23,7 +23,9 @@ from PIL import Image
 from scaling.data.cifar10 import TEST_BATCH, TRAIN_BATCHES
 
 
-def _class_images(rng: np.random.Generator, label: int, count: int, height: int, width: int, num_classes: int) -> np.ndarray:
+def _class_images(
+    rng: np.random.Generator, label: int, count: int, height: int, width: int, num_classes: int
+) -> np.ndarray:
     hue = np.array([np.sin(label * 2.1), np.sin(label * 2.1 + 2.0), np.sin(label * 2.1 + 4.0)])
     base = 128 + 60 * hue * (1 + label // 3 / num_classes)
     noise = rng.normal(0, 40, size=(count, height, width, 3))
@@ -44,7 +46,9 @@ def make_cifar10(root: str | Path, per_batch: int = 100, seed: int = 0) -> Path:
     return root
 
 
-def make_image_folder(root: str | Path, classes: int = 4, per_class: int = 6, val_per_class: int = 2, seed: int = 0) -> Path:
+def make_image_folder(
+    root: str | Path, classes: int = 4, per_class: int = 6, val_per_class: int = 2, seed: int = 0
+) -> Path:
     """Write `train/` and `val/` folders of JPEGs (sizes vary, as ImageNet's do) into `root`."""
     root = Path(root)
     rng = np.random.default_rng(seed)

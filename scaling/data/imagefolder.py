@@ -52,7 +52,8 @@ def _class_folders(split_dir: Path) -> list[str]:
 
 def _image_files(class_dir: Path) -> list[str]:
     return sorted(
-        entry.path for entry in os.scandir(class_dir)
+        entry.path
+        for entry in os.scandir(class_dir)
         if entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
     )
 

@@ -39,8 +39,9 @@ CHECKED_IDS = 1 << 24
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def make_token_rule(seed: int, vocab: int, seq_len: int, train_samples: int, val_samples: int,
-                    noise: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_token_rule(
+    seed: int, vocab: int, seq_len: int, train_samples: int, val_samples: int, noise: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(train_x, train_y, val_x, val_y): int64 windows of `seq_len` ids and their next-token targets."""
     generator = torch.Generator().manual_seed(seed)
     a = 2 * int(torch.randint(0, vocab // 2, (1,), generator=generator)) + 1
@@ -71,7 +72,9 @@ def _ids(path: Path) -> np.memmap:
         header = np.fromfile(path, dtype="<i4", count=3)
         if int(header[0]) == LLMC_MAGIC:
             if int(header[1]) != 1:
-                raise DatasetError(f"{path}: llm.c token file version {int(header[1])}; only version 1 (uint16 ids) is read")
+                raise DatasetError(
+                    f"{path}: llm.c token file version {int(header[1])}; only version 1 (uint16 ids) is read"
+                )
             count = int(header[2])
             if 4 * LLMC_HEADER_INTS + 2 * count > size:
                 raise DatasetError(f"{path}: llm.c header says {count} tokens, the file holds fewer")
@@ -93,11 +96,15 @@ class TokenFile:
         self.seq_len = seq_len
         self.device = device or torch.device("cpu")
         if not root.exists():
-            raise DatasetError(f"data.path {path} does not exist (a token file, or a folder with train.bin and val.bin)")
+            raise DatasetError(
+                f"data.path {path} does not exist (a token file, or a folder with train.bin and val.bin)"
+            )
         if root.is_dir():
             missing = [name for name in ("train.bin", "val.bin") if not (root / name).is_file()]
             if missing:
-                raise DatasetError(f"{path} has no {' or '.join(missing)} (a folder of token files holds train.bin and val.bin)")
+                raise DatasetError(
+                    f"{path} has no {' or '.join(missing)} (a folder of token files holds train.bin and val.bin)"
+                )
             self.train_ids, self.val_ids = _ids(root / "train.bin"), _ids(root / "val.bin")
             self.train_windows = self._windows(self.train_ids, root / "train.bin")
             self.val_windows = min(val_samples, self._windows(self.val_ids, root / "val.bin"))
@@ -106,8 +113,10 @@ class TokenFile:
             ids = _ids(root)
             windows = self._windows(ids, root)
             if windows <= val_samples:
-                raise DatasetError(f"{path} holds {windows} windows of {seq_len} tokens: none left for training after "
-                                   f"data.val_samples={val_samples} held out for validation")
+                raise DatasetError(
+                    f"{path} holds {windows} windows of {seq_len} tokens: none left for training after "
+                    f"data.val_samples={val_samples} held out for validation"
+                )
             self.train_ids = self.val_ids = ids
             self.train_windows, self.val_windows = windows - val_samples, val_samples
             self.val_start = self.train_windows
@@ -115,7 +124,9 @@ class TokenFile:
     def _windows(self, ids: np.ndarray, path: Path) -> int:
         windows = (len(ids) - 1) // self.seq_len
         if windows < 1:
-            raise DatasetError(f"{path} holds {len(ids)} tokens: fewer than one window of data.seq_len={self.seq_len} + 1")
+            raise DatasetError(
+                f"{path} holds {len(ids)} tokens: fewer than one window of data.seq_len={self.seq_len} + 1"
+            )
         return windows
 
     @property
@@ -137,14 +148,14 @@ class TokenFile:
 
         indices = np.asarray(train_shard(self.train_windows, rank, world_size, epoch, seed), dtype=np.int64)
         for start in range(0, len(indices) - batch_size + 1, batch_size):
-            yield self._batch(self.train_ids, indices[start:start + batch_size])
+            yield self._batch(self.train_ids, indices[start : start + batch_size])
 
     def val_batches(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
         from scaling.data import val_shard
 
         indices = np.asarray(val_shard(self.val_windows, rank, world_size), dtype=np.int64) + self.val_start
         for start in range(0, len(indices), batch_size):
-            yield self._batch(self.val_ids, indices[start:start + batch_size])
+            yield self._batch(self.val_ids, indices[start : start + batch_size])
 
 
 def write_token_file(path: str | Path, ids, llmc_header: bool = False) -> Path:

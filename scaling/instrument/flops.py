@@ -135,8 +135,13 @@ def _unwatched(copied: nn.Module, watchers: dict) -> nn.Module:
     """`copied` without the hooks that are methods of `watchers` (the copy counts, nobody watches it)."""
     for module in copied.modules():
         dicts = [module.__dict__.get(name) for name in _HOOK_DICTS]
-        gone = {key for hooks in dicts if hooks for key, hook in hooks.items()
-                if id(getattr(hook, "__self__", None)) in watchers}
+        gone = {
+            key
+            for hooks in dicts
+            if hooks
+            for key, hook in hooks.items()
+            if id(getattr(hook, "__self__", None)) in watchers
+        }
         for hooks in dicts:
             for key in gone & set(hooks or ()):
                 del hooks[key]
@@ -169,14 +174,25 @@ def _meta_copy(model: nn.Module) -> nn.Module:
         plain: dict = {}
         for tensor in itertools.chain(model.parameters(), model.buffers()):
             meta = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="meta")
-            plain[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(
-                tensor, nn.Parameter) else meta
+            plain[id(tensor)] = (
+                nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+            )
         return _meta_replica(model, plain)
 
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
-               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
 
 
 def _meta_replica(module: nn.Module, memo: dict) -> nn.Module:
@@ -218,7 +234,9 @@ def _id_range(model: nn.Module, num_classes: int) -> int:
     return max(1, min(sizes or [num_classes]))
 
 
-def _sample_input(model: nn.Module, device: str, input_shape: tuple, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+def _sample_input(
+    model: nn.Module, device: str, input_shape: tuple, num_classes: int, dtype: torch.dtype
+) -> torch.Tensor:
     if is_token_input(dtype):
         ids = torch.randint(0, _id_range(model, num_classes), (_COUNT_BATCH, *input_shape), device=device)
         return ids.to(dtype)
@@ -257,8 +275,15 @@ def _loss(output, inputs: torch.Tensor, num_classes: int) -> torch.Tensor:
     return F.cross_entropy(outputs, torch.randint(0, num_classes, (_COUNT_BATCH,), device=device))
 
 
-def _count(model: nn.Module, device: str, input_shape: tuple, num_classes: int,
-           per_module: bool = False, input_dtype: torch.dtype = torch.float32, input_keyword: str | None = None) -> dict:
+def _count(
+    model: nn.Module,
+    device: str,
+    input_shape: tuple,
+    num_classes: int,
+    per_module: bool = False,
+    input_dtype: torch.dtype = torch.float32,
+    input_keyword: str | None = None,
+) -> dict:
     model.train()  # a training step: BatchNorm uses batch statistics, as in training
     inputs = _sample_input(model, device, input_shape, num_classes, input_dtype)
     handles, activations, input_needs_grad = _leaf_hooks(model)
@@ -287,16 +312,23 @@ def _count(model: nn.Module, device: str, input_shape: tuple, num_classes: int,
     if per_module:
         # FlopCounterMode names a module by its path under the model's class name ("ResNet.layer1.0.conv1")
         prefix = type(model).__name__ + "."
-        counts["module_forward_flops"] = {name[len(prefix):]: sum(ops.values()) / _COUNT_BATCH
-                                          for name, ops in forward_counter.get_flop_counts().items()
-                                          if name.startswith(prefix)}
+        counts["module_forward_flops"] = {
+            name[len(prefix) :]: sum(ops.values()) / _COUNT_BATCH
+            for name, ops in forward_counter.get_flop_counts().items()
+            if name.startswith(prefix)
+        }
         counts["module_input_needs_grad"] = input_needs_grad
     return counts
 
 
-def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes: int,
-                              per_module: bool = False, input_dtype: torch.dtype = torch.float32,
-                              input_keyword: str | None = None) -> dict:
+def training_flops_per_sample(
+    model: nn.Module,
+    input_shape: tuple,
+    num_classes: int,
+    per_module: bool = False,
+    input_dtype: torch.dtype = torch.float32,
+    input_keyword: str | None = None,
+) -> dict:
     """Forward and training-step FLOPs of one sample, counted on a copy of `model`.
 
     `input_shape` is one sample's, (channels, height, width) for images, (T,) for a sequence of
@@ -320,8 +352,9 @@ def training_flops_per_sample(model: nn.Module, input_shape: tuple, num_classes:
         counts = _count(_meta_copy(model), "meta", input_shape, num_classes, per_module, input_dtype, input_keyword)
         counts["counted_on"] = "meta"
     except Exception as meta_error:  # noqa: BLE001 - any failure on meta: count for real
-        counts = _count(_detached_copy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype,
-                        input_keyword)
+        counts = _count(
+            _detached_copy(model).to("cpu"), "cpu", input_shape, num_classes, per_module, input_dtype, input_keyword
+        )
         counts["counted_on"] = f"cpu (meta device failed: {type(meta_error).__name__}: {meta_error})"
     counts["method"] = "FlopCounterMode"
     return _model_flops_only(counts, model, input_shape)
@@ -482,7 +515,9 @@ def _kernel_rates(dtype: torch.dtype, budget_s: float) -> dict[str, float]:
     weight = torch.randn(c, c, 3, 3).to(dtype)
     conv_flops = 2 * n * c * c * 9 * h * w
     with torch.no_grad():
-        rates[f"{name} conv3x3"] = _best_rate(lambda: F.conv2d(x, weight, padding=1), conv_flops, budget_s / 2, per_round=1)
+        rates[f"{name} conv3x3"] = _best_rate(
+            lambda: F.conv2d(x, weight, padding=1), conv_flops, budget_s / 2, per_round=1
+        )
     return rates
 
 
@@ -516,10 +551,11 @@ def measure_cpu_peak(threads: int, seconds: float = 0.5, dtype: torch.dtype = to
         # Source and destination together 4x the L3, so the copy streams from and to DRAM.
         l3 = _l3_bytes()
         nbytes = min(max(2 * l3 if l3 else 128 << 20, 64 << 20), 512 << 20)
-        src = torch.ones(nbytes // 4)
-        dst = torch.empty_like(src)
-        bandwidth = _best_rate(lambda: dst.copy_(src), 2 * nbytes, seconds / 2, per_round=1)
-        del src, dst
+        source = torch.ones(nbytes // 4)
+        copy = functools.partial(torch.empty_like(source).copy_, source)  # holds both tensors
+        del source
+        bandwidth = _best_rate(copy, 2 * nbytes, seconds / 2, per_round=1)
+        del copy  # up to 1 GiB, freed before the function returns
     finally:
         torch.set_num_threads(previous)
     rates = ", ".join(f"{name} {rate / 1e9:.3g}" for name, rate in kernels.items())
@@ -551,13 +587,27 @@ def device_roofs(device: torch.device, precision: str, threads: int, measure: bo
             key = "tf32"
         peak, note = device_peak(name, key)
         bandwidth, _ = device_mem_bandwidth(name)
-        return {"device_name": name, "peak_flops_per_s": peak, "peak_precision": key,
-                "peak_source": note, "mem_bytes_per_s": bandwidth}
+        return {
+            "device_name": name,
+            "peak_flops_per_s": peak,
+            "peak_precision": key,
+            "peak_source": note,
+            "mem_bytes_per_s": bandwidth,
+        }
     if not measure:
-        return {"device_name": "cpu", "peak_flops_per_s": None, "peak_precision": precision,
-                "peak_source": "not measured on this rank", "mem_bytes_per_s": None}
+        return {
+            "device_name": "cpu",
+            "peak_flops_per_s": None,
+            "peak_precision": precision,
+            "peak_source": "not measured on this rank",
+            "mem_bytes_per_s": None,
+        }
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     measured = measure_cpu_peak(threads, dtype=dtype)
-    return {"device_name": "cpu", "peak_flops_per_s": measured["peak_flops"], "peak_precision": precision,
-            "peak_source": f"{measured['method']} ({threads} thread{'s' if threads > 1 else ''})",
-            "mem_bytes_per_s": measured["mem_bytes_per_s"]}
+    return {
+        "device_name": "cpu",
+        "peak_flops_per_s": measured["peak_flops"],
+        "peak_precision": precision,
+        "peak_source": f"{measured['method']} ({threads} thread{'s' if threads > 1 else ''})",
+        "mem_bytes_per_s": measured["mem_bytes_per_s"],
+    }

@@ -108,6 +108,7 @@ from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
 from scaling.results import COMPUTE_PROFILE_JSON, JOB_JSON
 
+
 def _first_tensor(value):
     if isinstance(value, torch.Tensor):
         return value
@@ -122,8 +123,19 @@ def _first_tensor(value):
 
 
 # Keywords of a Hugging Face model's forward that go beside its input, never are it.
-_BESIDE_INPUT = frozenset({"attention_mask", "labels", "token_type_ids", "position_ids", "head_mask",
-                           "encoder_attention_mask", "decoder_attention_mask", "cache_position", "past_key_values"})
+_BESIDE_INPUT = frozenset(
+    {
+        "attention_mask",
+        "labels",
+        "token_type_ids",
+        "position_ids",
+        "head_mask",
+        "encoder_attention_mask",
+        "decoder_attention_mask",
+        "cache_position",
+        "past_key_values",
+    }
+)
 
 
 def _model_input(args, kwargs) -> tuple:
@@ -141,14 +153,22 @@ def _model_input(args, kwargs) -> tuple:
     ids = kwargs.get("input_ids")
     if isinstance(ids, torch.Tensor):
         return ids, "input_ids", None
-    candidates = [name for name, value in kwargs.items() if isinstance(value, torch.Tensor) and name not in _BESIDE_INPUT]
+    candidates = [
+        name for name, value in kwargs.items() if isinstance(value, torch.Tensor) and name not in _BESIDE_INPUT
+    ]
     if len(candidates) == 1:
         return kwargs[candidates[0]], candidates[0], None
     given = ", ".join(f"{name}=" for name, value in kwargs.items() if isinstance(value, torch.Tensor))
     if not given:
         return None, None, "the model's first training forward got no tensor (positional or keyword): no input to count"
-    return None, None, (f"the model's first training forward got no positional tensor and no input_ids, only "
-                        f"{given}: which is the input is not known")
+    return (
+        None,
+        None,
+        (
+            f"the model's first training forward got no positional tensor and no input_ids, only "
+            f"{given}: which is the input is not known"
+        ),
+    )
 
 
 def _numpy_rng_state():
@@ -169,8 +189,20 @@ def _restore_numpy_rng_state(state) -> None:
 class _OpenStep:
     """The marks of the step in progress (StepMarks once closed) and of its batch in progress."""
 
-    __slots__ = ("start", "index", "samples", "segments", "micro_buckets", "pauses", "optimizer_steps",
-                 "optimizer_end", "phase", "forwarded", "stepped", "comm_timed")
+    __slots__ = (
+        "start",
+        "index",
+        "samples",
+        "segments",
+        "micro_buckets",
+        "pauses",
+        "optimizer_steps",
+        "optimizer_end",
+        "phase",
+        "forwarded",
+        "stepped",
+        "comm_timed",
+    )
 
     def __init__(self, start, index: int, samples: int, comm_timed: bool):
         self.start, self.index, self.samples, self.comm_timed = start, index, samples, comm_timed
@@ -189,11 +221,23 @@ class _OpenStep:
 class StepMeter:
     """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
 
-    def __init__(self, model, optimizer, *, settings: InstrumentSettings, parts: Parts, run_dir=None,
-                 forward_module=None, flops_module=None, forward_backward=None, calibration_data=None,
-                 name: str | None = None,
-                 target_accuracy: float | None = None, target_loss: float | None = None,
-                 precision: str | None = None):
+    def __init__(
+        self,
+        model,
+        optimizer,
+        *,
+        settings: InstrumentSettings,
+        parts: Parts,
+        run_dir=None,
+        forward_module=None,
+        flops_module=None,
+        forward_backward=None,
+        calibration_data=None,
+        name: str | None = None,
+        target_accuracy: float | None = None,
+        target_loss: float | None = None,
+        precision: str | None = None,
+    ):
         self.settings = settings
         # the compute precision its caller knows (autocast entered inside the model's forward: attach's docstring)
         self._declared_precision = precision
@@ -224,14 +268,25 @@ class StepMeter:
             self.sync_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
             self.clock_offset_s, self.clock_uncertainty_s = estimate_offsets(self.sync_group)
         warmup, traced = settings.warmup_steps, settings.trace_steps
-        self.recorder = RunRecorder(self.clock, self.rank, self.node_rank, self.local_rank, self.run_dir,
-                                    group=self.sync_group, world_size=self.world_size, offset_s=self.clock_offset_s,
-                                    trace_steps=range(warmup, warmup + traced))
-        self.recorder.write_rank_json("clock", {"offset_s": self.clock_offset_s, "uncertainty_s": self.clock_uncertainty_s})
+        self.recorder = RunRecorder(
+            self.clock,
+            self.rank,
+            self.node_rank,
+            self.local_rank,
+            self.run_dir,
+            group=self.sync_group,
+            world_size=self.world_size,
+            offset_s=self.clock_offset_s,
+            trace_steps=range(warmup, warmup + traced),
+        )
+        self.recorder.write_rank_json(
+            "clock", {"offset_s": self.clock_offset_s, "uncertainty_s": self.clock_uncertainty_s}
+        )
         # the framework's own communication timers, a second opinion on the comm figures
         self.second_opinion = self.backend.second_opinion(warmup) if settings.step_timing else None
-        self._straggle_s = (settings.inject_straggler_s
-                            if self.rank == settings.straggler_rank and self.world_size > 1 else 0.0)
+        self._straggle_s = (
+            settings.inject_straggler_s if self.rank == settings.straggler_rank and self.world_size > 1 else 0.0
+        )
         self.live = parts.live_metrics(self.name, identity) if parts.live_metrics is not None else None
         self.timing = bool(settings.step_timing)
         # the instrument's own Python per step, summed by its hooks (`instrument_host_s` in the step records)
@@ -239,23 +294,30 @@ class StepMeter:
         # The lab's own 1-worker runs train the plain module: nothing to time.
         communicates = self.world_size > 1 or self.backend.communicates_alone
         if settings.inject_comm_delay_s and settings.inject_comm_delay_into not in self.backend.injectable:
-            raise ValueError(f"inject_comm_delay_into={settings.inject_comm_delay_into!r} is not offered by "
-                             f"{self.backend.wraps} (it offers {', '.join(self.backend.injectable)})")
+            raise ValueError(
+                f"inject_comm_delay_into={settings.inject_comm_delay_into!r} is not offered by "
+                f"{self.backend.wraps} (it offers {', '.join(self.backend.injectable)})"
+            )
         if self.timing and communicates:
             self.backend.install_timer(self.clock, settings.inject_comm_delay_s, settings.inject_comm_delay_into)
         elif settings.inject_comm_delay_s:
-            raise ValueError("inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)")
+            raise ValueError(
+                "inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)"
+            )
         self._handles = []
         watched = forward_module if forward_module is not None else model
         if self.timing:
             # first among the pre-hooks: FSDP's own (its root's all-gather) belongs to forward
             # with_kwargs: a model called with keywords (a Hugging Face model's input_ids=) shows its input
-            self._handles += [watched.register_forward_pre_hook(self._on_forward_start, prepend=True, with_kwargs=True),
-                              watched.register_forward_hook(self._on_forward_end)]
+            self._handles += [
+                watched.register_forward_pre_hook(self._on_forward_start, prepend=True, with_kwargs=True),
+                watched.register_forward_hook(self._on_forward_end),
+            ]
             inner = self.backend.plain_model
             if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
                 self._handles.append(inner.register_forward_pre_hook(self._on_eval_forward_start))
         else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
+
             def once_before(module, args, kwargs):
                 if self._train_started is not None:
                     self._observe_input(args, kwargs)
@@ -271,8 +333,10 @@ class StepMeter:
             self._handles += [before, after]
         if self.timing or self.backend.waits_at_step:
             for each in optimizers:
-                self._handles += [each.register_step_pre_hook(self._on_step_start),
-                                  each.register_step_post_hook(self._on_step_end)]
+                self._handles += [
+                    each.register_step_pre_hook(self._on_step_start),
+                    each.register_step_post_hook(self._on_step_end),
+                ]
         self.attached_unix = time.time()
         self._started_at = dt.datetime.now(dt.timezone.utc)
         self.global_step = 0  # training steps so far, over the run (continues after a restart)
@@ -447,8 +511,12 @@ class StepMeter:
             self._end_pause(mark)
 
     def _begin_pause(self, automatic: bool) -> None:
-        self._pause = {"automatic": automatic, "host": time.perf_counter(), "mark": self.clock.mark(),
-                       "usage": ThreadUsage()}
+        self._pause = {
+            "automatic": automatic,
+            "host": time.perf_counter(),
+            "mark": self.clock.mark(),
+            "usage": ThreadUsage(),
+        }
         self._pause_started = self._pause["host"]
 
     def _end_pause(self, mark=None) -> None:
@@ -535,8 +603,11 @@ class StepMeter:
             first_step_unix = time.time()
             self.first_step_unix = first_step_unix
             # The run's clock starts at its first attempt's first step, so wall figures include restarts.
-            self.run_first_step_unix = ((self._resumed_from or {}).get("run_first_step_unix")
-                                        or self.recorder.first_attempt_unix() or first_step_unix)
+            self.run_first_step_unix = (
+                (self._resumed_from or {}).get("run_first_step_unix")
+                or self.recorder.first_attempt_unix()
+                or first_step_unix
+            )
             self.recorder.record_attempt(first_step_unix, resumed_from=self._resumed_from)
         if self.clock.cuda:
             torch.cuda.synchronize()  # epoch boundaries only: train_s is host wall time
@@ -563,10 +634,23 @@ class StepMeter:
         elif not step.micro_buckets:
             return  # nothing was trained: batches drawn and skipped up to the loader's end
         host_s, self._host_s = self._host_s + self.backend.take_host_s(), 0.0
-        self.recorder.step(StepMarks(
-            self.epoch + 1, step.index, "train", step.index < self.settings.warmup_steps, step.samples,
-            step.start, step.segments, step.micro_buckets, step.pauses, step.optimizer_steps,
-            comm_rule=self.backend.comm_rule, comm_timed=step.comm_timed, instrument_host_s=host_s))
+        self.recorder.step(
+            StepMarks(
+                self.epoch + 1,
+                step.index,
+                "train",
+                step.index < self.settings.warmup_steps,
+                step.samples,
+                step.start,
+                step.segments,
+                step.micro_buckets,
+                step.pauses,
+                step.optimizer_steps,
+                comm_rule=self.backend.comm_rule,
+                comm_timed=step.comm_timed,
+                instrument_host_s=host_s,
+            )
+        )
 
     def _end_training(self) -> None:
         if self.clock.cuda:
@@ -598,14 +682,18 @@ class StepMeter:
         train_s = self._training_end - self._train_started - self._paused_s
         training_thread = self._training_thread
         peak_memory_bytes, peak_memory_method = self._epoch_peak_memory
-        self._memory_epochs.append({"epoch": self.epoch + 1, "peak_memory_bytes": peak_memory_bytes,
-                                    "peak_memory_method": peak_memory_method})
+        self._memory_epochs.append(
+            {"epoch": self.epoch + 1, "peak_memory_bytes": peak_memory_bytes, "peak_memory_method": peak_memory_method}
+        )
         self.recorder.write_rank_json("memory", {"epochs": self._memory_epochs})
         # the job's own validation, between training and here, and any evaluation it paused training for
         eval_s = time.perf_counter() - self._training_end + self._paused_s
         self.elapsed_train_s += train_s
-        self.record_eval(val_accuracy, epoch_progress=float(self.epoch + 1),
-                         **{k: v for k, v in columns.items() if k.startswith("val_")})
+        self.record_eval(
+            val_accuracy,
+            epoch_progress=float(self.epoch + 1),
+            **{k: v for k, v in columns.items() if k.startswith("val_")},
+        )
         if self.epoch == 0:
             self.recorder.write_json(JOB_JSON, self.observed())
             if self._input_shape is not None or self._input_problem is not None:
@@ -684,9 +772,17 @@ class StepMeter:
             trained = self.elapsed_train_s + (self._pause_started - self._train_started - self._paused_s)
         else:
             trained = self.elapsed_train_s
-        self._evals.append({"epoch": self.epoch + 1, "epoch_progress": float(epoch_progress), "step": self.global_step,
-                            "elapsed_train_s": trained, "elapsed_wall_s": time.time() - self.run_first_step_unix,
-                            "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy), **columns})
+        self._evals.append(
+            {
+                "epoch": self.epoch + 1,
+                "epoch_progress": float(epoch_progress),
+                "step": self.global_step,
+                "elapsed_train_s": trained,
+                "elapsed_wall_s": time.time() - self.run_first_step_unix,
+                "val_accuracy": float("nan") if val_accuracy is None else float(val_accuracy),
+                **columns,
+            }
+        )
 
     @contextlib.contextmanager
     def _rng_untouched(self):
@@ -708,7 +804,13 @@ class StepMeter:
         iteration of the data draw from.
         """
         pairs = self.settings.calibration_pairs
-        if not (self.timing and self.world_size > 1 and pairs > 0 and self.forward_backward and self.calibration_data is not None):
+        if not (
+            self.timing
+            and self.world_size > 1
+            and pairs > 0
+            and self.forward_backward
+            and self.calibration_data is not None
+        ):
             return
         self._calibrating = True
         self.backend.time_collectives(True)  # the A/B halves are always timed (the next step sets its own)
@@ -757,11 +859,25 @@ class StepMeter:
                 marks, self._calib = self._calib, None
                 for q in parameters:
                     q.grad = None
-                segments = [("data", marks.get("forward_start", start)),
-                            ("forward", marks.get("forward_end", start)), ("backward", end)]
-                self.recorder.step(StepMarks(self.epoch + 1, self.global_step - 1, kind, False, samples, start,
-                                             segments, [self.backend.take()], pair=pair,
-                                             comm_rule=self.backend.comm_rule))
+                segments = [
+                    ("data", marks.get("forward_start", start)),
+                    ("forward", marks.get("forward_end", start)),
+                    ("backward", end),
+                ]
+                self.recorder.step(
+                    StepMarks(
+                        self.epoch + 1,
+                        self.global_step - 1,
+                        kind,
+                        False,
+                        samples,
+                        start,
+                        segments,
+                        [self.backend.take()],
+                        pair=pair,
+                        comm_rule=self.backend.comm_rule,
+                    )
+                )
 
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.
@@ -776,24 +892,39 @@ class StepMeter:
 
         threads = torch.get_num_threads()
         if self._input_shape is None:  # the input was not understood (_model_input): its reason, no guess
-            self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"input not understood: {self._input_problem}",
-                                                            "precision": self._precision})
+            self.recorder.write_json(
+                COMPUTE_PROFILE_JSON,
+                {"error": f"input not understood: {self._input_problem}", "precision": self._precision},
+            )
             return
-        observed_input = {"input_shape": list(self._input_shape[1:]),
-                          "input_dtype": str(self._input_dtype).removeprefix("torch."),
-                          "input_keyword": self._input_keyword}
+        observed_input = {
+            "input_shape": list(self._input_shape[1:]),
+            "input_dtype": str(self._input_dtype).removeprefix("torch."),
+            "input_keyword": self._input_keyword,
+        }
         if self._real_tokens_per_sample is not None:
             observed_input["real_tokens_per_sample"] = self._real_tokens_per_sample
         try:
-            counts = flops.training_flops_per_sample(self.flops_module, self._input_shape[1:], self._num_outputs or 2,
-                                                     input_dtype=self._input_dtype or torch.float32,
-                                                     input_keyword=self._input_keyword)
+            counts = flops.training_flops_per_sample(
+                self.flops_module,
+                self._input_shape[1:],
+                self._num_outputs or 2,
+                input_dtype=self._input_dtype or torch.float32,
+                input_keyword=self._input_keyword,
+            )
         except Exception as exc:  # noqa: BLE001 - any model the counter cannot run
-            self.recorder.write_json(COMPUTE_PROFILE_JSON, {"error": f"FLOPs not counted: {type(exc).__name__}: {exc}",
-                                                            "precision": self._precision, **observed_input})
+            self.recorder.write_json(
+                COMPUTE_PROFILE_JSON,
+                {
+                    "error": f"FLOPs not counted: {type(exc).__name__}: {exc}",
+                    "precision": self._precision,
+                    **observed_input,
+                },
+            )
             return
-        traffic = flops.training_bytes_per_sample(counts, self._per_rank_batch or 1,
-                                                  bytes_per_element=4 if self._precision == "fp32" else 2)
+        traffic = flops.training_bytes_per_sample(
+            counts, self._per_rank_batch or 1, bytes_per_element=4 if self._precision == "fp32" else 2
+        )
         profile = {
             "precision": self._precision,
             **observed_input,
@@ -813,17 +944,23 @@ class StepMeter:
             "backend": self.backend.observed_backend(),
             "precision": self._precision,
             "per_worker_batch": self._per_rank_batch,
-            "ab_calibration": bool(self.forward_backward and self.calibration_data is not None
-                                   and self.settings.calibration_pairs > 0),
+            "ab_calibration": bool(
+                self.forward_backward and self.calibration_data is not None and self.settings.calibration_pairs > 0
+            ),
         }
 
     # --- checkpoints and the end ---------------------------------------------------------------
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the instrument: counters, the run's clock, the records so far."""
-        return {"epoch": self.epoch, "global_step": self.global_step, "elapsed_train_s": self.elapsed_train_s,
-                "run_first_step_unix": self.run_first_step_unix, "saved_unix": time.time(),
-                "records": self.recorder.state_dict()}
+        return {
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "elapsed_train_s": self.elapsed_train_s,
+            "run_first_step_unix": self.run_first_step_unix,
+            "saved_unix": time.time(),
+            "records": self.recorder.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue a restarted run from a checkpoint's `state_dict()` (before its first batch)."""
@@ -889,8 +1026,14 @@ class StepMeter:
             "inject_comm_delay_s": self.settings.inject_comm_delay_s,
             **self.observed(),
         }
-        return self.finisher(self.run_dir, description, status=status, error=error,
-                             started_at=self._started_at, wall_s=time.time() - self.attached_unix)
+        return self.finisher(
+            self.run_dir,
+            description,
+            status=status,
+            error=error,
+            started_at=self._started_at,
+            wall_s=time.time() - self.attached_unix,
+        )
 
 
 def _precision_seen(device: torch.device, backend) -> str:
@@ -906,11 +1049,23 @@ def _precision_seen(device: torch.device, backend) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=None, forward_backward=None,
-           calibration_data=None,
-           name: str | None = None, target_accuracy: float | None = None, target_loss: float | None = None,
-           precision: str | None = None, settings: InstrumentSettings | None = None,
-           parts: Parts | None = None, **overrides) -> StepMeter:
+def attach(
+    model,
+    optimizer,
+    *,
+    run_dir=None,
+    forward_module=None,
+    flops_module=None,
+    forward_backward=None,
+    calibration_data=None,
+    name: str | None = None,
+    target_accuracy: float | None = None,
+    target_loss: float | None = None,
+    precision: str | None = None,
+    settings: InstrumentSettings | None = None,
+    parts: Parts | None = None,
+    **overrides,
+) -> StepMeter:
     """Attach the instrument to a training job's model and optimizer (module docstring).
 
     - `model`: the DDP model (or the plain module at world size 1); with Horovod the module
@@ -951,10 +1106,24 @@ def attach(model, optimizer, *, run_dir=None, forward_module=None, flops_module=
     if launched is not None:
         parts = Parts(identity=parts.identity, live_metrics=parts.live_metrics)
     elif parts.finisher is None and run_dir is not None:
-        warnings.warn(f"scaling.instrument: no finisher, so {run_dir} will hold the records but no summary.json "
-                      "(the lab registers its finisher when installed: pip install -e .; or pass "
-                      "parts=Parts(finisher=...))", stacklevel=2)
-    return StepMeter(model, optimizer, settings=settings, parts=parts, run_dir=run_dir, forward_module=forward_module,
-                     flops_module=flops_module,
-                     forward_backward=forward_backward, calibration_data=calibration_data, name=name,
-                     target_accuracy=target_accuracy, target_loss=target_loss, precision=precision)
+        warnings.warn(
+            f"scaling.instrument: no finisher, so {run_dir} will hold the records but no summary.json "
+            "(the lab registers its finisher when installed: pip install -e .; or pass "
+            "parts=Parts(finisher=...))",
+            stacklevel=2,
+        )
+    return StepMeter(
+        model,
+        optimizer,
+        settings=settings,
+        parts=parts,
+        run_dir=run_dir,
+        forward_module=forward_module,
+        flops_module=flops_module,
+        forward_backward=forward_backward,
+        calibration_data=calibration_data,
+        name=name,
+        target_accuracy=target_accuracy,
+        target_loss=target_loss,
+        precision=precision,
+    )

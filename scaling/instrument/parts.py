@@ -59,8 +59,9 @@ class LiveMetrics(Protocol):
 
 
 class Finisher(Protocol):
-    def __call__(self, run_dir, description: dict, *, status: str | None, error: str | None, started_at,
-                 wall_s: float) -> dict:
+    def __call__(
+        self, run_dir, description: dict, *, status: str | None, error: str | None, started_at, wall_s: float
+    ) -> dict:
         """Write the run's summary from its records; returns it."""
 
 

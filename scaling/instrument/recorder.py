@@ -28,15 +28,36 @@ import pandas as pd
 
 from scaling.instrument.timing import Clock, StepMarks
 from scaling.results import (
-    ATTEMPTS_JSON, COLLECTIVES_PARQUET, EPOCHS_PARQUET, EVALS_PARQUET, STEPS_PARQUET, TELEMETRY_PARQUET, part_epoch,
+    ATTEMPTS_JSON,
+    COLLECTIVES_PARQUET,
+    EPOCHS_PARQUET,
+    EVALS_PARQUET,
+    STEPS_PARQUET,
+    TELEMETRY_PARQUET,
+    part_epoch,
     part_rank,
-    rank_part_path, rank_parts, rank_record_path, worker_record_path, write_json_atomic, write_parquet_atomic,
+    rank_part_path,
+    rank_parts,
+    rank_record_path,
+    worker_record_path,
+    write_json_atomic,
+    write_parquet_atomic,
 )
 
 
 class RunRecorder:
-    def __init__(self, clock: Clock, rank: int, node_rank: int, local_rank: int, run_dir: Path | None,
-                 group=None, world_size: int = 1, offset_s: float = 0.0, trace_steps: range = range(0)):
+    def __init__(
+        self,
+        clock: Clock,
+        rank: int,
+        node_rank: int,
+        local_rank: int,
+        run_dir: Path | None,
+        group=None,
+        world_size: int = 1,
+        offset_s: float = 0.0,
+        trace_steps: range = range(0),
+    ):
         """`group` (gloo) and `world_size` > 1: attribute each step's exposed communication across
         ranks (`attribute`); `offset_s`: this rank's clock offset to rank 0 (clock_sync.py);
         `trace_steps`: the global training steps whose events go into the trace (trace.py)."""
@@ -66,7 +87,9 @@ class RunRecorder:
         # which rank 0 removes.
         for table in (STEPS_PARQUET, TELEMETRY_PARQUET, COLLECTIVES_PARQUET):
             for part in rank_parts(self.run_dir / table, None if self.rank == 0 else self.rank):
-                if part_epoch(part) > last_epoch and (part_rank(part) == self.rank or part_rank(part) >= self.world_size):
+                if part_epoch(part) > last_epoch and (
+                    part_rank(part) == self.rank or part_rank(part) >= self.world_size
+                ):
                     part.unlink()
         if self.rank == 0:
             write_parquet_atomic(self.run_dir / EPOCHS_PARQUET, pd.DataFrame(self.epoch_rows))
@@ -87,8 +110,10 @@ class RunRecorder:
         import os
         import socket
 
-        write_json_atomic(worker_record_path(self.run_dir, self.rank),
-                          {**self.identity, "pid": os.getpid(), "hostname": socket.gethostname(), "first_step_unix": first_step_unix})
+        write_json_atomic(
+            worker_record_path(self.run_dir, self.rank),
+            {**self.identity, "pid": os.getpid(), "hostname": socket.gethostname(), "first_step_unix": first_step_unix},
+        )
         if self.rank != 0:
             return
         path = self.run_dir / ATTEMPTS_JSON
@@ -100,14 +125,16 @@ class RunRecorder:
                     part.unlink()
             (self.run_dir / EPOCHS_PARQUET).unlink(missing_ok=True)
             (self.run_dir / EVALS_PARQUET).unlink(missing_ok=True)
-        attempts.append({
-            "attempt": len(attempts),
-            "first_step_unix": first_step_unix,
-            "resumed_from_epoch": resumed_from["epoch"] if resumed_from else None,
-            "resume_point_unix": resumed_from["saved_unix"] if resumed_from else None,
-            # the worker group's size in this attempt: an elastic restart may have fewer (or more) workers
-            "num_workers": self.world_size,
-        })
+        attempts.append(
+            {
+                "attempt": len(attempts),
+                "first_step_unix": first_step_unix,
+                "resumed_from_epoch": resumed_from["epoch"] if resumed_from else None,
+                "resume_point_unix": resumed_from["saved_unix"] if resumed_from else None,
+                # the worker group's size in this attempt: an elastic restart may have fewer (or more) workers
+                "num_workers": self.world_size,
+            }
+        )
         write_json_atomic(path, {"attempts": attempts})
 
     def first_attempt_unix(self) -> float | None:
@@ -144,10 +171,18 @@ class RunRecorder:
         """Resolve and write this rank's records of the epoch (rank 0: also the epoch's row). Every rank calls it."""
         self.clock.resolve()
         rows = [self._resolved(m) for m in self._pending]
-        traced = [event for m in self._pending if m.kind == "train" and m.step in self.trace_steps
-                  for event in m.trace_events(self.clock, self.offset_s, self.rank)]
-        collectives = [{**row, **self.identity} for m in self._pending if m.comm_rule is not None
-                       and m.comm_rule.per_collective for row in m.comm_rule.collective_rows(m, self.clock)]
+        traced = [
+            event
+            for m in self._pending
+            if m.kind == "train" and m.step in self.trace_steps
+            for event in m.trace_events(self.clock, self.offset_s, self.rank)
+        ]
+        collectives = [
+            {**row, **self.identity}
+            for m in self._pending
+            if m.comm_rule is not None and m.comm_rule.per_collective
+            for row in m.comm_rule.collective_rows(m, self.clock)
+        ]
         self._pending = []
         epoch = epoch_row["epoch"]
         if self.world_size > 1 and self.group is not None:
@@ -158,8 +193,9 @@ class RunRecorder:
             row.pop("sync_points", None)  # the attribution's input, not a column
         if self.run_dir is not None:
             if collectives:
-                write_parquet_atomic(rank_part_path(self.run_dir / COLLECTIVES_PARQUET, self.rank, epoch),
-                                     pd.DataFrame(collectives))
+                write_parquet_atomic(
+                    rank_part_path(self.run_dir / COLLECTIVES_PARQUET, self.rank, epoch), pd.DataFrame(collectives)
+                )
             if traced:
                 from scaling.instrument.trace import write_rank_events
 
@@ -220,8 +256,13 @@ class RunRecorder:
         for row in rows:
             points = row.pop("sync_points", None)
             if row["kind"] == "train":
-                row["_points"] = (points if points is not None else
-                                  [(row["compute_end_t"], row["exposed_comm_s"])] if row["num_buckets"] else [])
+                row["_points"] = (
+                    points
+                    if points is not None
+                    else [(row["compute_end_t"], row["exposed_comm_s"])]
+                    if row["num_buckets"]
+                    else []
+                )
         train = [r for r in rows if r["kind"] == "train"]
         shape = torch.tensor([len(train), max((len(r["_points"]) for r in train), default=0)], dtype=torch.float64)
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.group)
@@ -229,8 +270,9 @@ class RunRecorder:
         arrivals = torch.full((steps, width), float("nan"), dtype=torch.float64)
         for i, row in enumerate(train):
             if row["_points"]:
-                arrivals[i, :len(row["_points"])] = torch.tensor([moment for moment, _ in row["_points"]],
-                                                                 dtype=torch.float64)
+                arrivals[i, : len(row["_points"])] = torch.tensor(
+                    [moment for moment, _ in row["_points"]], dtype=torch.float64
+                )
         gathered = [torch.empty_like(arrivals) for _ in range(self.world_size)]
         dist.all_gather(gathered, arrivals, group=self.group)
         matrix = torch.stack(gathered)  # ranks x steps x points

@@ -60,15 +60,26 @@ class InstrumentSettings:
 
     def problems(self, prefix: str = "") -> list[str]:
         """Values out of range, one line each naming the key (`prefix`: where the settings sit, e.g. "instrument.")."""
-        at_least_zero = ("warmup_steps", "calibration_pairs", "inject_comm_delay_s", "inject_straggler_s",
-                         "straggler_rank", "trace_steps", "telemetry_interval_s")
-        problems = [f"{prefix}{name} must be >= 0, got {getattr(self, name)}" for name in at_least_zero
-                    if getattr(self, name) < 0]
+        at_least_zero = (
+            "warmup_steps",
+            "calibration_pairs",
+            "inject_comm_delay_s",
+            "inject_straggler_s",
+            "straggler_rank",
+            "trace_steps",
+            "telemetry_interval_s",
+        )
+        problems = [
+            f"{prefix}{name} must be >= 0, got {getattr(self, name)}"
+            for name in at_least_zero
+            if getattr(self, name) < 0
+        ]
         if self.collective_timing_every < 1:
             problems.append(f"{prefix}collective_timing_every must be >= 1, got {self.collective_timing_every}")
         if self.inject_comm_delay_into not in ("gradients", "parameters"):
-            problems.append(f"{prefix}inject_comm_delay_into must be gradients or parameters, "
-                            f"got {self.inject_comm_delay_into!r}")
+            problems.append(
+                f"{prefix}inject_comm_delay_into must be gradients or parameters, got {self.inject_comm_delay_into!r}"
+            )
         return problems
 
     def instrument_only(self, **overrides) -> InstrumentSettings:
@@ -78,8 +89,9 @@ class InstrumentSettings:
         unknown = sorted(set(overrides) - set(names))
         if unknown:
             raise TypeError(f"unknown instrument setting(s) {unknown}; valid: {', '.join(names)}")
-        return InstrumentSettings(**{name: overrides[name] if overrides.get(name) is not None else getattr(self, name)
-                                     for name in names})
+        return InstrumentSettings(
+            **{name: overrides[name] if overrides.get(name) is not None else getattr(self, name) for name in names}
+        )
 
 
 @dataclass(frozen=True)
@@ -103,8 +115,13 @@ class LaunchedRun:
     def in_environment(self):
         """Hand this run to the `attach()` calls made inside the block (in this process and those it starts)."""
         previous = os.environ.get(LAUNCHED_RUN_ENV)
-        os.environ[LAUNCHED_RUN_ENV] = json.dumps({"run_dir": self.run_dir, "name": self.name,
-                                                   "settings": dataclasses.asdict(self.settings.instrument_only())})
+        os.environ[LAUNCHED_RUN_ENV] = json.dumps(
+            {
+                "run_dir": self.run_dir,
+                "name": self.name,
+                "settings": dataclasses.asdict(self.settings.instrument_only()),
+            }
+        )
         try:
             yield self
         finally:

@@ -330,8 +330,9 @@ class CommTimingHook(_BucketTimer):
     whole cost).
     """
 
-    def __init__(self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None,
-                 inject_delay_s: float = 0.0):
+    def __init__(
+        self, clock: Clock | None = None, inner_hook=allreduce_hook, inner_state=None, inject_delay_s: float = 0.0
+    ):
         self.inner_hook = inner_hook
         self.inner_state = inner_state
         self._init_timer(clock, inject_delay_s)
@@ -399,9 +400,14 @@ class CommRule:
             exposed_comm_s += max(0.0, comm_end - compute_end)
             # first hand-over to last completion: the span PyTorch DDP's own timers call backward comm time
             comm_span_s += comm_end - min(start for start, _ in spans)
-        return {"allreduce_s": interval_union_s(intervals) if known else float("nan"), "exposed_comm_s": exposed_comm_s,
-                "comm_span_s": comm_span_s, "num_buckets": len(intervals), "compute_end": compute_end,
-                "comm_end": comm_end}
+        return {
+            "allreduce_s": interval_union_s(intervals) if known else float("nan"),
+            "exposed_comm_s": exposed_comm_s,
+            "comm_span_s": comm_span_s,
+            "num_buckets": len(intervals),
+            "compute_end": compute_end,
+            "comm_end": comm_end,
+        }
 
     def collective_rows(self, marks: StepMarks, clock: Clock) -> list[dict]:
         """One row per collective of the step (collectives.parquet); none for all-reduces."""
@@ -447,14 +453,32 @@ class StepMarks:
     instrument_host_s: float = float("nan")  # the instrument's own Python inside the step (meter.py)
 
     @classmethod
-    def single(cls, epoch: int, step: int, kind: str, warmup: bool, samples: int, start, after_data, after_forward,
-               after_backward, after_optimizer, buckets: list | None = None, pair: int = -1,
-               comm_rule: CommRule | None = None) -> StepMarks:
+    def single(
+        cls,
+        epoch: int,
+        step: int,
+        kind: str,
+        warmup: bool,
+        samples: int,
+        start,
+        after_data,
+        after_forward,
+        after_backward,
+        after_optimizer,
+        buckets: list | None = None,
+        pair: int = -1,
+        comm_rule: CommRule | None = None,
+    ) -> StepMarks:
         """A step of one micro-batch and one optimizer step, from the marks between its phases."""
-        segments = [("data", after_data), ("forward", after_forward), ("backward", after_backward),
-                    ("optimizer", after_optimizer)]
-        return cls(epoch, step, kind, warmup, samples, start, segments, [list(buckets or [])], pair=pair,
-                   comm_rule=comm_rule)
+        segments = [
+            ("data", after_data),
+            ("forward", after_forward),
+            ("backward", after_backward),
+            ("optimizer", after_optimizer),
+        ]
+        return cls(
+            epoch, step, kind, warmup, samples, start, segments, [list(buckets or [])], pair=pair, comm_rule=comm_rule
+        )
 
     def _resolved_segments(self, clock: Clock) -> tuple[list[tuple[str, float, float]], list[tuple[float, float]]]:
         """(phase, begin, end) in seconds since `start`, never running backwards; pauses likewise."""
@@ -484,11 +508,25 @@ class StepMarks:
         compute_end, comm_end = comm.pop("compute_end"), comm.pop("comm_end")
         allreduce_s, exposed_comm_s = comm.pop("allreduce_s"), comm.pop("exposed_comm_s")
         comm_span_s, num_buckets = comm.pop("comm_span_s"), comm.pop("num_buckets")
-        injected_s = sum((clock.seconds(*b.injected) for buckets in self.micro_buckets for b in buckets
-                          if b.injected is not None), 0.0) if self.comm_timed else float("nan")
+        injected_s = (
+            sum(
+                (
+                    clock.seconds(*b.injected)
+                    for buckets in self.micro_buckets
+                    for b in buckets
+                    if b.injected is not None
+                ),
+                0.0,
+            )
+            if self.comm_timed
+            else float("nan")
+        )
         # counts as floats on every step, timed or not (NaN where untimed): one column type in every file
-        synced = (float(sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets))) if self.comm_timed
-                  else float("nan"))
+        synced = (
+            float(sum(1 for buckets in self.micro_buckets if rule.synchronised(buckets)))
+            if self.comm_timed
+            else float("nan")
+        )
         num_buckets = float(num_buckets)
         start_t = clock.host_time(self.start) + offset_s
         if "sync_points" in comm:  # moments since the step's start -> on rank 0's clock (recorder.attribute)
@@ -530,27 +568,66 @@ class StepMarks:
         start_t = clock.host_time(self.start) + offset_s
         segments, pauses = self._resolved_segments(clock)
         end_s = segments[-1][2] if segments else 0.0
-        events = [{"name": f"step {self.step}", "cat": "step", "track": "phases", "rank": rank,
-                   "start_s": start_t, "end_s": start_t + end_s, "args": {"epoch": self.epoch, "step": self.step}}]
+        events = [
+            {
+                "name": f"step {self.step}",
+                "cat": "step",
+                "track": "phases",
+                "rank": rank,
+                "start_s": start_t,
+                "end_s": start_t + end_s,
+                "args": {"epoch": self.epoch, "step": self.step},
+            }
+        ]
         for phase, begin, end in segments:
-            events.append({"name": phase, "cat": "phase", "track": "phases", "rank": rank, "start_s": start_t + begin,
-                           "end_s": start_t + end, "args": {"step": self.step}})
+            events.append(
+                {
+                    "name": phase,
+                    "cat": "phase",
+                    "track": "phases",
+                    "rank": rank,
+                    "start_s": start_t + begin,
+                    "end_s": start_t + end,
+                    "args": {"step": self.step},
+                }
+            )
         for begin, end in pauses:
-            events.append({"name": "evaluation", "cat": "pause", "track": "phases", "rank": rank,
-                           "start_s": start_t + begin, "end_s": start_t + end, "args": {"step": self.step}})
+            events.append(
+                {
+                    "name": "evaluation",
+                    "cat": "pause",
+                    "track": "phases",
+                    "rank": rank,
+                    "start_s": start_t + begin,
+                    "end_s": start_t + end,
+                    "args": {"step": self.step},
+                }
+            )
         for buckets in self.micro_buckets:
             for bucket in buckets:
                 if bucket.completed is None:
                     continue
-                event = {"name": f"bucket {bucket.index}", "cat": "allreduce", "track": "all-reduce", "rank": rank,
-                         "start_s": start_t + clock.seconds(self.start, bucket.handed_over),
-                         "end_s": start_t + clock.seconds(self.start, bucket.completed),
-                         "args": {"step": self.step, "bucket": bucket.index}}
+                event = {
+                    "name": f"bucket {bucket.index}",
+                    "cat": "allreduce",
+                    "track": "all-reduce",
+                    "rank": rank,
+                    "start_s": start_t + clock.seconds(self.start, bucket.handed_over),
+                    "end_s": start_t + clock.seconds(self.start, bucket.completed),
+                    "args": {"step": self.step, "bucket": bucket.index},
+                }
                 if bucket.kind != "all_reduce":  # a sharded job's: one track per kind, named by module and pass
                     track = bucket.kind.replace("_", "-")
-                    event.update(name=f"{track} {bucket.module or 'root'} ({'backward' if bucket.backward else 'forward'})",
-                                 cat=bucket.kind, track=track,
-                                 args={"step": self.step, "index": bucket.index, "module": bucket.module,
-                                       "bytes": bucket.nbytes})
+                    event.update(
+                        name=f"{track} {bucket.module or 'root'} ({'backward' if bucket.backward else 'forward'})",
+                        cat=bucket.kind,
+                        track=track,
+                        args={
+                            "step": self.step,
+                            "index": bucket.index,
+                            "module": bucket.module,
+                            "bytes": bucket.nbytes,
+                        },
+                    )
                 events.append(event)
         return events

@@ -45,10 +45,25 @@ def merge_trace(run_dir: Path) -> Path | None:
         for track, tid in tracks.items():
             trace.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
     for e in sorted(events, key=lambda e: (e["rank"], e["start_s"], -e["end_s"])):
-        trace.append({"ph": "X", "name": e["name"], "cat": e["cat"], "pid": e["rank"], "tid": tracks[e["track"]],
-                      "ts": round((e["start_s"] - origin) * 1e6, 3),
-                      "dur": round(max(0.0, e["end_s"] - e["start_s"]) * 1e6, 3), "args": e["args"]})
+        trace.append(
+            {
+                "ph": "X",
+                "name": e["name"],
+                "cat": e["cat"],
+                "pid": e["rank"],
+                "tid": tracks[e["track"]],
+                "ts": round((e["start_s"] - origin) * 1e6, 3),
+                "dur": round(max(0.0, e["end_s"] - e["start_s"]) * 1e6, 3),
+                "args": e["args"],
+            }
+        )
     path = run.trace_path
-    write_json_atomic(path, {"traceEvents": trace, "displayTimeUnit": "ms",
-                             "otherData": {"source": "scaling lab: a sample of training steps, all ranks on rank 0's clock"}})
+    write_json_atomic(
+        path,
+        {
+            "traceEvents": trace,
+            "displayTimeUnit": "ms",
+            "otherData": {"source": "scaling lab: a sample of training steps, all ranks on rank 0's clock"},
+        },
+    )
     return path

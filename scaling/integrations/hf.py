@@ -50,8 +50,10 @@ def _trainer_calling() -> Trainer:
         if isinstance(candidate, Trainer):
             return candidate
         frame = frame.f_back
-    raise RuntimeError("scaling ScalingCallback: no transformers.Trainer is calling it; add it with "
-                       "Trainer(..., callbacks=[ScalingCallback(...)])")
+    raise RuntimeError(
+        "scaling ScalingCallback: no transformers.Trainer is calling it; add it with "
+        "Trainer(..., callbacks=[ScalingCallback(...)])"
+    )
 
 
 def _accelerate_precision(accelerator) -> str | None:
@@ -67,15 +69,19 @@ def _accelerate_precision(accelerator) -> str | None:
         return None
     if mode in ("bf16", "fp16"):
         return mode
-    raise ValueError(f"scaling ScalingCallback: Accelerate's mixed_precision={mode!r} has no peak or FLOPs "
-                     "convention in the instrument; measure with bf16, fp16 or none")
+    raise ValueError(
+        f"scaling ScalingCallback: Accelerate's mixed_precision={mode!r} has no peak or FLOPs "
+        "convention in the instrument; measure with bf16, fp16 or none"
+    )
 
 
 def _batch_samples(inputs) -> int:
     ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
     if ids is None:
-        ids = next((value for value in (inputs.values() if hasattr(inputs, "values") else inputs)
-                    if hasattr(value, "shape")), None)
+        ids = next(
+            (value for value in (inputs.values() if hasattr(inputs, "values") else inputs) if hasattr(value, "shape")),
+            None,
+        )
     return int(ids.shape[0]) if ids is not None and ids.dim() else 1
 
 
@@ -86,9 +92,17 @@ class ScalingCallback(TrainerCallback):
     as a keyword are `scaling.instrument.attach`'s.
     """
 
-    def __init__(self, run_dir=None, *, name: str | None = None, target_loss: float | None = None,
-                 ab_calibration: bool = True, settings: instrument.InstrumentSettings | None = None,
-                 parts: instrument.Parts | None = None, **overrides):
+    def __init__(
+        self,
+        run_dir=None,
+        *,
+        name: str | None = None,
+        target_loss: float | None = None,
+        ab_calibration: bool = True,
+        settings: instrument.InstrumentSettings | None = None,
+        parts: instrument.Parts | None = None,
+        **overrides,
+    ):
         self.run_dir, self.name, self.target_loss = run_dir, name, target_loss
         self.ab_calibration, self.settings, self.parts, self.overrides = ab_calibration, settings, parts, overrides
         self.meter = None
@@ -136,8 +150,11 @@ class ScalingCallback(TrainerCallback):
         trainer.accelerator.gather = timed_gather
 
     def _unwrap_trainer(self) -> None:
-        for owner, name in ((self._trainer, "training_step"), (self._trainer, "_get_num_items_in_batch"),
-                            (self._trainer.accelerator, "gather")):
+        for owner, name in (
+            (self._trainer, "training_step"),
+            (self._trainer, "_get_num_items_in_batch"),
+            (self._trainer.accelerator, "gather"),
+        ):
             owner.__dict__.pop(name, None)
 
     # --- the Trainer's events -------------------------------------------------------------------
@@ -151,12 +168,18 @@ class ScalingCallback(TrainerCallback):
             (output["loss"] if isinstance(output, dict) else output.loss).backward()
 
         self.meter = instrument.attach(
-            wrapped, getattr(optimizer, "optimizer", optimizer),  # the torch optimizer inside Accelerate's
-            run_dir=self.run_dir, name=self.name, target_loss=self.target_loss, settings=self.settings,
-            parts=self.parts, precision=_accelerate_precision(trainer.accelerator),
+            wrapped,
+            getattr(optimizer, "optimizer", optimizer),  # the torch optimizer inside Accelerate's
+            run_dir=self.run_dir,
+            name=self.name,
+            target_loss=self.target_loss,
+            settings=self.settings,
+            parts=self.parts,
+            precision=_accelerate_precision(trainer.accelerator),
             forward_backward=forward_backward if self.ab_calibration else None,
             calibration_data=(lambda epoch: self._calibration_batches) if self.ab_calibration else None,
-            **self.overrides)
+            **self.overrides,
+        )
         self._wrap_trainer(trainer, self.meter.settings.calibration_pairs if self.ab_calibration else 0)
         self._requests = Requests(self.meter, args.per_device_train_batch_size)
 
@@ -208,8 +231,12 @@ class ScalingCallback(TrainerCallback):
             # cannot run that. With a cache it does not look; a cache changes no loss or gradient.
             config.use_cache = True
         try:
-            self.meter.end_epoch(samples=self._samples * self.meter.world_size, val_loss=self._val_loss,
-                                 token_allgather_s=self._token_gather_s, token_allgathers=self._token_gathers)
+            self.meter.end_epoch(
+                samples=self._samples * self.meter.world_size,
+                val_loss=self._val_loss,
+                token_allgather_s=self._token_gather_s,
+                token_allgathers=self._token_gathers,
+            )
         finally:
             if use_cache is False:
                 config.use_cache = False

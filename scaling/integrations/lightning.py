@@ -52,10 +52,19 @@ class ScalingCallback(Callback):
     names the logged validation loss.
     """
 
-    def __init__(self, run_dir=None, *, name: str | None = None, target_loss: float | None = None,
-                 monitor: str = "val_loss", forward_backward=None, calibration_data=None,
-                 settings: instrument.InstrumentSettings | None = None, parts: instrument.Parts | None = None,
-                 **overrides):
+    def __init__(
+        self,
+        run_dir=None,
+        *,
+        name: str | None = None,
+        target_loss: float | None = None,
+        monitor: str = "val_loss",
+        forward_backward=None,
+        calibration_data=None,
+        settings: instrument.InstrumentSettings | None = None,
+        parts: instrument.Parts | None = None,
+        **overrides,
+    ):
         self.run_dir, self.name, self.target_loss, self.monitor = run_dir, name, target_loss, monitor
         self.forward_backward, self.calibration_data = forward_backward, calibration_data
         self.settings, self.parts, self.overrides = settings, parts, overrides
@@ -69,15 +78,19 @@ class ScalingCallback(Callback):
     def setup(self, trainer, pl_module, stage):
         strategy = trainer.strategy
         if isinstance(strategy, FSDPStrategy):
-            raise ValueError("scaling ScalingCallback: Lightning's FSDPStrategy wraps with FSDP1, which the instrument "
-                             "does not time; use DDPStrategy, or fully_shard (FSDP2) in a loop of your own with attach")
+            raise ValueError(
+                "scaling ScalingCallback: Lightning's FSDPStrategy wraps with FSDP1, which the instrument "
+                "does not time; use DDPStrategy, or fully_shard (FSDP2) in a loop of your own with attach"
+            )
         if stage != "fit" or not isinstance(strategy, DDPStrategy) or strategy._ddp_comm_hook is None:
             return
         import torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook as post_local_sgd
 
         if isinstance(strategy._ddp_comm_state, post_local_sgd.PostLocalSGDState):
-            raise ValueError("scaling ScalingCallback: a post-localSGD comm hook averages models outside the "
-                             "all-reduce, which the instrument cannot time; leave ddp_comm_hook unset to measure")
+            raise ValueError(
+                "scaling ScalingCallback: a post-localSGD comm hook averages models outside the "
+                "all-reduce, which the instrument cannot time; leave ddp_comm_hook unset to measure"
+            )
         # Taken before strategy.setup registers it: registered after attaching, it is kept and timed.
         self._comm_hook = (strategy._ddp_comm_state, strategy._ddp_comm_hook, strategy._ddp_comm_wrapper)
         strategy._ddp_comm_hook = strategy._ddp_comm_wrapper = None
@@ -85,16 +98,24 @@ class ScalingCallback(Callback):
     def on_fit_start(self, trainer, pl_module):
         model = trainer.strategy.model  # DDP(_LightningModuleWrapperBase) under DDP; the module on one device
         self.meter = instrument.attach(
-            model, self._stand_in, run_dir=self.run_dir, name=self.name or type(pl_module).__name__,
-            flops_module=pl_module, target_loss=self.target_loss, forward_backward=self.forward_backward,
-            calibration_data=self.calibration_data, settings=self.settings, parts=self.parts, **self.overrides)
+            model,
+            self._stand_in,
+            run_dir=self.run_dir,
+            name=self.name or type(pl_module).__name__,
+            flops_module=pl_module,
+            target_loss=self.target_loss,
+            forward_backward=self.forward_backward,
+            calibration_data=self.calibration_data,
+            settings=self.settings,
+            parts=self.parts,
+            **self.overrides,
+        )
         if self._comm_hook is not None:
             state, hook, wrapper = self._comm_hook
             if trainer.strategy.root_device.type == "cuda":  # where Lightning registers one (strategies/ddp.py)
                 from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
 
-                _register_ddp_comm_hook(model=model, ddp_comm_state=state, ddp_comm_hook=hook,
-                                        ddp_comm_wrapper=wrapper)
+                _register_ddp_comm_hook(model=model, ddp_comm_state=state, ddp_comm_hook=hook, ddp_comm_wrapper=wrapper)
 
     def on_train_epoch_start(self, trainer, pl_module):
         if self._requests is None:  # the training loader exists from here on (not yet at on_fit_start)
@@ -111,8 +132,11 @@ class ScalingCallback(Callback):
         self._stand_in.step()  # backward ends, the optimizer phase begins (module docstring)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        last = (batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop
-                or 0 < trainer.max_steps <= trainer.global_step)
+        last = (
+            batch_idx + 1 >= trainer.num_training_batches
+            or trainer.should_stop
+            or 0 < trainer.max_steps <= trainer.global_step
+        )
         if last:
             self._requests.end_training()
         else:
@@ -121,8 +145,9 @@ class ScalingCallback(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         self._requests.end_training()
         loss = trainer.callback_metrics.get(self.monitor)
-        self.meter.end_epoch(samples=self._samples * self.meter.world_size,
-                             val_loss=float(loss) if loss is not None else float("nan"))
+        self.meter.end_epoch(
+            samples=self._samples * self.meter.world_size, val_loss=float(loss) if loss is not None else float("nan")
+        )
 
     def on_fit_end(self, trainer, pl_module):
         self.meter.finish()

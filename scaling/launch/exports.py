@@ -41,7 +41,11 @@ def dawnbench_json(summary: dict) -> dict:
     nodes = summary.get("num_nodes") or 1
     price = summary.get("node_price_per_hour") or 0.0
     hardware = summary["hardware"]
-    device = f"{hardware['gpu_count']} x {hardware['gpu_name']}" if hardware.get("gpu_count") else f"{hardware['cpu_model']} ({hardware['cpu_count']} CPUs)"
+    device = (
+        f"{hardware['gpu_count']} x {hardware['gpu_name']}"
+        if hardware.get("gpu_count")
+        else f"{hardware['cpu_model']} ({hardware['cpu_count']} CPUs)"
+    )
     return {
         "version": "v1.0",
         "author": "scaling lab",
@@ -87,7 +91,9 @@ def mlperf_log(summary: dict, epochs: pd.DataFrame) -> str:
             end_ms = start_ms + 1000 * row.elapsed_wall_s
             log.start(constants.EPOCH_START, metadata={"epoch_num": int(row.epoch)}, time_ms=previous_ms)
             log.end(constants.EPOCH_STOP, metadata={"epoch_num": int(row.epoch)}, time_ms=end_ms)
-            log.event(constants.EVAL_ACCURACY, float(row.val_accuracy), metadata={"epoch_num": int(row.epoch)}, time_ms=end_ms)
+            log.event(
+                constants.EVAL_ACCURACY, float(row.val_accuracy), metadata={"epoch_num": int(row.epoch)}, time_ms=end_ms
+            )
             previous_ms = end_ms
         status = constants.SUCCESS if summary["status"] == "reached_target" else constants.ABORTED
         log.end(constants.RUN_STOP, metadata={"status": status}, time_ms=previous_ms)

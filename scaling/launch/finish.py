@@ -25,8 +25,9 @@ from scaling.launch.exports import write_exports
 from scaling.results import RANKS_PARQUET, SCHEMA_VERSION, TRACE_JSON, RunDir, write_json_atomic, write_parquet_atomic
 
 
-def write_summary(run_dir: Path, description: dict, *, status: str | None, error: str | None,
-                  started_at, wall_s: float) -> dict:
+def write_summary(
+    run_dir: Path, description: dict, *, status: str | None, error: str | None, started_at, wall_s: float
+) -> dict:
     """Merge the run's trace, compute its figures and write summary.json (and the exports); returns the summary.
 
     `description` says what the run was (the lab's: scaling.launch.run.run_description, from
@@ -38,21 +39,33 @@ def write_summary(run_dir: Path, description: dict, *, status: str | None, error
     steps = run.step_batches(STEP_COLUMNS)  # by column, in batches: never the whole record set
     epochs = run.epochs()
     evals = run.evals()
-    figures = summarize_run(steps, epochs, description["target_accuracy"], description["num_workers"],
-                            run.compute_profile(), run.attempts(), ab_calibration=description.get("ab_calibration", True),
-                            evals=evals if run.evals_path.exists() else None,
-                            tta_rule=description.get("tta_rule", "first_eval"), target_loss=description.get("target_loss"))
+    figures = summarize_run(
+        steps,
+        epochs,
+        description["target_accuracy"],
+        description["num_workers"],
+        run.compute_profile(),
+        run.attempts(),
+        ab_calibration=description.get("ab_calibration", True),
+        evals=evals if run.evals_path.exists() else None,
+        tta_rule=description.get("tta_rule", "first_eval"),
+        target_loss=description.get("target_loss"),
+    )
     if status is None:
         status = "reached_target" if figures["epochs_to_target"] is not None else "max_epochs"
     if description.get("step_timing") is False:  # no step records by design: say so, not "none recorded"
-        figures["not_measured"] = {name: "instrument.step_timing is off (epoch timing only)" if why == NO_STEP else why
-                                   for name, why in figures["not_measured"].items()}
+        figures["not_measured"] = {
+            name: "instrument.step_timing is off (epoch timing only)" if why == NO_STEP else why
+            for name, why in figures["not_measured"].items()
+        }
         if "comm_overhead_pct" in figures["not_measured"]:
             figures["comm_overhead_note"] = f"A/B not measured: {figures['not_measured']['comm_overhead_pct']}"
     hardware = run.machine() or describe_hardware()
     num_nodes = figures.pop("num_nodes")
     ranks = figures.pop("ranks")
-    figures.update(run_costs(figures["tta_s"], figures["time_lost_s"], num_nodes, description.get("node_price_per_hour")))
+    figures.update(
+        run_costs(figures["tta_s"], figures["time_lost_s"], num_nodes, description.get("node_price_per_hour"))
+    )
     if not ranks.empty:
         write_parquet_atomic(run.path / RANKS_PARQUET, ranks)
     uncertainty_s = max((clock["uncertainty_s"] for clock in run.rank_records("clock")), default=None)

@@ -31,8 +31,9 @@ def ray_train_identity() -> Identity | None:
         context = ray.train.get_context()
     except RuntimeError:  # Ray, but not inside a function launched by trainer.fit()
         return None
-    return Identity(context.get_world_rank(), context.get_world_size(), context.get_local_rank(),
-                    context.get_node_rank())
+    return Identity(
+        context.get_world_rank(), context.get_world_size(), context.get_local_rank(), context.get_node_rank()
+    )
 
 
 def lab_parts() -> Parts:

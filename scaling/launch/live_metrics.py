@@ -90,7 +90,10 @@ GAUGES = {  # name (without Ray's `ray_` prefix) -> (extra tag key or None, desc
     "scaling_phase_seconds": ("phase", "mean time per step in each phase: data, forward, backward, optimizer (s)"),
     "scaling_communicating_seconds": (None, "mean time per step with a collective in flight, hidden or not (s)"),
     "scaling_exposed_comm_seconds": (None, "mean communication per step not hidden behind compute (s)"),
-    "scaling_ab_comm_seconds": (None, "A/B: what synchronising costs a step, median over the epoch's calibration pairs (s)"),
+    "scaling_ab_comm_seconds": (
+        None,
+        "A/B: what synchronising costs a step, median over the epoch's calibration pairs (s)",
+    ),
     "scaling_waiting_seconds": (None, "mean exposed communication per step spent waiting for the slowest rank (s)"),
     "scaling_transfer_seconds": (None, "mean exposed communication per step once every rank was ready (s)"),
     "scaling_straggler_share": (None, "share of the epoch's steps in which this rank arrived last at the collective"),
@@ -105,7 +108,10 @@ HISTOGRAMS = {  # name -> (step column, or "phase" for one per phase; descriptio
     "scaling_step_duration_seconds": ("step_s", "steady-state training step time (s)"),
     "scaling_phase_duration_seconds": ("phase", "time per step in each phase (s)"),
     "scaling_exposed_comm_duration_seconds": ("exposed_comm_s", "exposed communication per step (s)"),
-    "scaling_waiting_duration_seconds": ("waiting_s", "exposed communication per step spent waiting for the slowest rank (s)"),
+    "scaling_waiting_duration_seconds": (
+        "waiting_s",
+        "exposed communication per step spent waiting for the slowest rank (s)",
+    ),
 }
 
 
@@ -134,8 +140,9 @@ def ab_comm_s(rows: list[dict] | None, synced_per_step: float | None) -> float |
     for r in rows or []:
         if r.get("kind") in halves and _finite(r.get("step_s")):
             halves[r["kind"]].setdefault(r.get("pair"), r["step_s"])
-    differences = [halves["calib_sync"][p] - halves["calib_nosync"][p] for p in halves["calib_sync"]
-                   if p in halves["calib_nosync"]]
+    differences = [
+        halves["calib_sync"][p] - halves["calib_nosync"][p] for p in halves["calib_sync"] if p in halves["calib_nosync"]
+    ]
     if not differences:
         return None
     return statistics.median(differences) * (synced_per_step or 1.0)
@@ -194,7 +201,7 @@ def step_observations(rows: list[dict] | None) -> list[tuple]:
     steady = steady_steps(rows)
     observed = []
     for name, (column, _) in HISTOGRAMS.items():
-        for tags, col in ([({"phase": p}, f"{p}_s") for p in PHASES] if column == "phase" else [({}, column)]):
+        for tags, col in [({"phase": p}, f"{p}_s") for p in PHASES] if column == "phase" else [({}, column)]:
             values = [float(r[col]) for r in steady if _finite(r.get(col))]
             if values:
                 observed.append((name, tags, values))
@@ -229,8 +236,10 @@ def _train_context_tags() -> dict:
         from ray.train.v2._internal.execution.context import get_train_context
 
         context = get_train_context()
-        return {"ray_train_run_name": str(context.get_experiment_name()),
-                "ray_train_run_id": str(context.train_run_context.run_id)}
+        return {
+            "ray_train_run_name": str(context.get_experiment_name()),
+            "ray_train_run_id": str(context.train_run_context.run_id),
+        }
     except Exception:  # noqa: BLE001 - not a Ray Train V2 worker (or its internals moved): tags left empty
         return {"ray_train_run_name": "", "ray_train_run_id": ""}
 
@@ -247,8 +256,12 @@ def _ray_metric(name: str):
             _METRICS[name] = Gauge(name, description=text, tag_keys=TAG_KEYS + ((extra,) if extra else ()))
         else:
             column, text = HISTOGRAMS[name]
-            _METRICS[name] = Histogram(name, description=text, boundaries=list(BUCKETS),
-                                       tag_keys=TAG_KEYS + (("phase",) if column == "phase" else ()))
+            _METRICS[name] = Histogram(
+                name,
+                description=text,
+                boundaries=list(BUCKETS),
+                tag_keys=TAG_KEYS + (("phase",) if column == "phase" else ()),
+            )
     return _METRICS[name]
 
 
@@ -263,10 +276,13 @@ class RayLiveMetrics:
 
         if not ray.is_initialized() or not enabled():
             return
-        self.tags = {"run": str(run), **_train_context_tags(),
-                     "ray_train_worker_world_rank": str(identity.rank),
-                     "ray_train_worker_actor_id": ray.get_runtime_context().get_actor_id() or "",
-                     "node_rank": str(identity.node_rank)}
+        self.tags = {
+            "run": str(run),
+            **_train_context_tags(),
+            "ray_train_worker_world_rank": str(identity.rank),
+            "ray_train_worker_actor_id": ray.get_runtime_context().get_actor_id() or "",
+            "node_rank": str(identity.node_rank),
+        }
 
     def update(self, rows: list[dict] | None, epoch_row: dict) -> None:
         """Set the gauges from the epoch's step records (this rank's) and its row; observe its steps."""

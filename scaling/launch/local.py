@@ -25,8 +25,9 @@ from scaling.train.loop import WorkerContext, run_worker
 from scaling.train.precision import bf16_problem
 
 
-def check_local_gpus(cfg: ExperimentConfig, device_count: int | None = None,
-                     devices: list[tuple[str, tuple[int, int]]] | None = None) -> str | None:
+def check_local_gpus(
+    cfg: ExperimentConfig, device_count: int | None = None, devices: list[tuple[str, tuple[int, int]]] | None = None
+) -> str | None:
     """Refuse (UsageError, one line) a GPU run this host cannot run as asked; returns a note or None.
 
     The plain launcher puts rank r on GPU `r % device_count`. NCCL refuses two ranks on one GPU
@@ -42,25 +43,32 @@ def check_local_gpus(cfg: ExperimentConfig, device_count: int | None = None,
         device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     workers = cfg.workers.num_workers
     if device_count == 0:
-        raise UsageError(f"workers.use_gpu: torch {torch.__version__} sees no CUDA GPU on this host "
-                         f"(CUDA build: {torch.version.cuda or 'none'}); set workers.use_gpu=false or run where there is one")
+        raise UsageError(
+            f"workers.use_gpu: torch {torch.__version__} sees no CUDA GPU on this host "
+            f"(CUDA build: {torch.version.cuda or 'none'}); set workers.use_gpu=false or run where there is one"
+        )
     nccl = cfg.resolved_backend == "nccl"  # auto and horovod on GPU resolve to nccl
     if nccl and workers > device_count:
         raise UsageError(
             f"{workers} NCCL workers need {workers} GPUs on this node, it has {device_count}: NCCL refuses two ranks on one "
             f"GPU ('Duplicate GPU detected'); use --workers {device_count} or fewer, or backend=gloo, which runs them "
-            "with CUDA tensors (for function, not for timing)")
+            "with CUDA tensors (for function, not for timing)"
+        )
     if cfg.train.precision == "bf16":
         if devices is None:
-            devices = [(torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
-                       for i in range(min(workers, device_count))]
+            devices = [
+                (torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
+                for i in range(min(workers, device_count))
+            ]
         for name, capability in devices:
             problem = bf16_problem(name, capability)
             if problem:
                 raise UsageError(problem)
     if workers > device_count:
-        return (f"note: {workers} gloo ranks share {device_count} GPU(s) with CUDA tensors: for function, not for timing "
-                "(docs/gpu.md)")
+        return (
+            f"note: {workers} gloo ranks share {device_count} GPU(s) with CUDA tensors: for function, not for timing "
+            "(docs/gpu.md)"
+        )
     return None
 
 
@@ -127,8 +135,9 @@ def start_workers(fn, args: tuple, nprocs: int) -> None:
     import multiprocessing
 
     multiprocessing.set_forkserver_preload(WORKER_PRELOAD)
-    mp.start_processes(_in_callers_environment, args=(dict(os.environ), fn, *args), nprocs=nprocs, join=True,
-                       start_method="forkserver")
+    mp.start_processes(
+        _in_callers_environment, args=(dict(os.environ), fn, *args), nprocs=nprocs, join=True, start_method="forkserver"
+    )
 
 
 def run_local(cfg: ExperimentConfig, run_dir: Path) -> None:

@@ -36,8 +36,14 @@ from scaling.config import ConfigError, ExperimentConfig
 from scaling.errors import UsageError
 
 
-def preflight(cfg: ExperimentConfig, launcher: str, *, capacity: bool = True, log_to_driver: bool = True,
-              _dataset_counts: dict | None = None) -> list[str]:
+def preflight(
+    cfg: ExperimentConfig,
+    launcher: str,
+    *,
+    capacity: bool = True,
+    log_to_driver: bool = True,
+    _dataset_counts: dict | None = None,
+) -> list[str]:
     """Refuse (UsageError, one line) a config the world cannot run; returns notes to print.
 
     `capacity=False` leaves out the cluster's or host's capacity (a sweep checks it once, for its
@@ -85,10 +91,14 @@ def preflight_sweep(runs: list, launcher: str, log_to_driver: bool = False) -> l
 
 def check_launcher(cfg: ExperimentConfig, launcher: str) -> None:
     if cfg.train.function and launcher != "ray":
-        raise ConfigError("train.function is a Ray Train function (prepare_model, ray.train.report): "
-                          "run it with the Ray launcher (--launcher ray)")
+        raise ConfigError(
+            "train.function is a Ray Train function (prepare_model, ray.train.report): "
+            "run it with the Ray launcher (--launcher ray)"
+        )
     if cfg.workers.min_workers and launcher != "ray":
-        raise ConfigError("workers.min_workers (elastic) needs Ray Train's restarts: run it with the Ray launcher (--launcher ray)")
+        raise ConfigError(
+            "workers.min_workers (elastic) needs Ray Train's restarts: run it with the Ray launcher (--launcher ray)"
+        )
 
 
 def check_user_code(cfg: ExperimentConfig) -> None:
@@ -128,7 +138,8 @@ def check_data(cfg: ExperimentConfig, cache: dict | None = None) -> dict:
     if num_train // cfg.global_batch < 1:
         raise ConfigError(
             f"the training set ({source}: {num_train} samples) is smaller than the global batch "
-            f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch")
+            f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch"
+        )
     return counts
 
 
@@ -151,8 +162,10 @@ def check_link_bandwidth(cfg: ExperimentConfig) -> None:
         try:
             minicluster.rate_bits_per_s(cfg.workers.link_bandwidth)
         except UsageError:
-            raise ConfigError(f"workers.link_bandwidth must be a tc rate such as 100mbit, 1gbit or 2.5gbit, or uncapped; "
-                              f"got {cfg.workers.link_bandwidth!r}") from None
+            raise ConfigError(
+                f"workers.link_bandwidth must be a tc rate such as 100mbit, 1gbit or 2.5gbit, or uncapped; "
+                f"got {cfg.workers.link_bandwidth!r}"
+            ) from None
     if minicluster.current() is None:
         raise ConfigError("workers.link_bandwidth needs a minicluster: run through 'scaling minicluster exec -- ...'")
 
@@ -176,7 +189,9 @@ def check_capacity(cfg: ExperimentConfig, launcher: str, log_to_driver: bool = T
 
     cpus = os.cpu_count() or 1
     if cfg.workers.num_workers * cfg.workers.cpus_per_worker > cpus:
-        raise UsageError(f"{cfg.workers.num_workers} workers x {cfg.workers.cpus_per_worker} CPU exceed this host's {cpus} CPUs")
+        raise UsageError(
+            f"{cfg.workers.num_workers} workers x {cfg.workers.cpus_per_worker} CPU exceed this host's {cpus} CPUs"
+        )
     return check_local_gpus(cfg)  # NCCL needs a GPU per worker; bf16 needs a GPU that has it
 
 
@@ -247,30 +262,53 @@ def dataset_memory(cfg: ExperimentConfig, counts: dict | None = None) -> tuple[i
         if data.name == "synthetic":  # drawn on the worker's device directly; no validation split
             held = train_images + train_labels
             peak = held + (train_images if cfg.train.channels_last else 0)  # the channels_last copy beside the original
-            return (held, peak, False, f"data.name=synthetic with data.train_samples={data.train_samples:,} "
-                    f"(3x{size}x{size} float32 images)", "data.train_samples")
+            return (
+                held,
+                peak,
+                False,
+                f"data.name=synthetic with data.train_samples={data.train_samples:,} (3x{size}x{size} float32 images)",
+                "data.train_samples",
+            )
         val_images, val_labels = data.val_samples * image, data.val_samples * LABEL_BYTES
         held = train_images + train_labels + val_images + val_labels
         # the training split is generated first, then the validation split beside it
-        peak = max(EMBEDDED_GENERATION_COPIES * train_images + train_labels,
-                   train_images + train_labels + EMBEDDED_GENERATION_COPIES * val_images + val_labels)
-        return (held, peak, True, f"data.name=embedded with data.train_samples={data.train_samples:,} and "
-                f"data.val_samples={data.val_samples:,} (3x{size}x{size} float32 images)",
-                "data.train_samples or data.val_samples")
+        peak = max(
+            EMBEDDED_GENERATION_COPIES * train_images + train_labels,
+            train_images + train_labels + EMBEDDED_GENERATION_COPIES * val_images + val_labels,
+        )
+        return (
+            held,
+            peak,
+            True,
+            f"data.name=embedded with data.train_samples={data.train_samples:,} and "
+            f"data.val_samples={data.val_samples:,} (3x{size}x{size} float32 images)",
+            "data.train_samples or data.val_samples",
+        )
     if data.name == "cifar10":
         counts = counts or {}
         train, val = counts.get("train", 50_000), counts.get("val", 10_000)
         image = 3 * size * size * UINT8_BYTES
         held = (train + val) * (image + LABEL_BYTES)
         peak = held + train * image  # the batch files and their concatenation (scaling/data/cifar10.py load_cifar10)
-        return held, peak, True, f"data.name=cifar10 ({train:,} + {val:,} uint8 images in {data.path})", "the dataset at data.path"
+        return (
+            held,
+            peak,
+            True,
+            f"data.name=cifar10 ({train:,} + {val:,} uint8 images in {data.path})",
+            "the dataset at data.path",
+        )
     if data.name == "imagenet":
         # decoded in DataLoader processes: what is held is the batches in flight, uint8
         batches = data.loader_workers * LOADER_PREFETCH_BATCHES if data.loader_workers else 1
         held = batches * cfg.train.per_worker_batch * (3 * size * size * UINT8_BYTES + LABEL_BYTES)
-        return (held, held, True, f"data.name=imagenet with {batches} prefetched batches of train.per_worker_batch="
-                f"{cfg.train.per_worker_batch} (data.loader_workers={data.loader_workers}, 3x{size}x{size} uint8)",
-                "train.per_worker_batch or data.loader_workers")
+        return (
+            held,
+            held,
+            True,
+            f"data.name=imagenet with {batches} prefetched batches of train.per_worker_batch="
+            f"{cfg.train.per_worker_batch} (data.loader_workers={data.loader_workers}, 3x{size}x{size} uint8)",
+            "train.per_worker_batch or data.loader_workers",
+        )
     return 0, 0, True, f"data.name={data.name} (not counted)", "the dataset's size"
 
 
@@ -289,9 +327,11 @@ def _model_sizes(name: str, num_classes: int) -> tuple[int, int, int]:
             model = build_model(name, num_classes)
     except Exception:  # noqa: BLE001 - a user's constructor that needs real tensors
         model = build_model(name, num_classes)
-    return (sum(p.numel() * p.element_size() for p in model.parameters()),
-            sum(b.numel() * b.element_size() for b in model.buffers()),
-            sum(p.numel() for p in model.parameters()))
+    return (
+        sum(p.numel() * p.element_size() for p in model.parameters()),
+        sum(b.numel() * b.element_size() for b in model.buffers()),
+        sum(p.numel() for p in model.parameters()),
+    )
 
 
 def model_memory(cfg: ExperimentConfig) -> tuple[int, str]:
@@ -340,14 +380,17 @@ def estimate_worker_memory(cfg: ExperimentConfig, counts: dict | None = None) ->
         return None
     held, peak, made_on_host, dataset_what, dataset_keys = dataset_memory(cfg, counts)
     model_bytes, model_what = model_memory(cfg)
-    return MemoryEstimate(held, peak, made_on_host, model_bytes, cfg.workers.use_gpu, dataset_what, dataset_keys,
-                          model_what)
+    return MemoryEstimate(
+        held, peak, made_on_host, model_bytes, cfg.workers.use_gpu, dataset_what, dataset_keys, model_what
+    )
 
 
 def _cgroup_room_bytes() -> int | None:
     """Bytes this process's memory cgroup has left (limit less usage), if it sets a limit."""
-    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_path, usage_path in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             limit = Path(limit_path).read_text().strip()
             usage = int(Path(usage_path).read_text().strip())
@@ -404,20 +447,30 @@ def workers_that_fit(nodes: list[dict], need_bytes: int, cpus_per_worker: int, u
     return placed
 
 
-def memory_refusal(estimate: MemoryEstimate, num_workers: int, available_bytes: int, where: str = "this host") -> str | None:
+def memory_refusal(
+    estimate: MemoryEstimate, num_workers: int, available_bytes: int, where: str = "this host"
+) -> str | None:
     """The refusal's one line when `num_workers` workers sharing `available_bytes` of host memory
     cannot hold what each needs (`estimate.host_bytes`); None when they can."""
     need = estimate.host_bytes
     if need * num_workers <= available_bytes:
         return None
     share = f", {_gb(available_bytes / num_workers)} for each of its {num_workers} workers" if num_workers > 1 else ""
-    return (f"{estimate.dataset_what} and {estimate.model_what} need {_gb(need)} per worker ({estimate.parts()}), "
-            f"but {where} has {_gb(available_bytes)} of memory available{share}: lower {estimate.dataset_keys}, "
-            "or use fewer workers, a smaller model or a machine with more memory")
+    return (
+        f"{estimate.dataset_what} and {estimate.model_what} need {_gb(need)} per worker ({estimate.parts()}), "
+        f"but {where} has {_gb(available_bytes)} of memory available{share}: lower {estimate.dataset_keys}, "
+        "or use fewer workers, a smaller model or a machine with more memory"
+    )
 
 
-def check_memory(cfg: ExperimentConfig, launcher: str, counts: dict | None = None, *,
-                 available_bytes: int | None = None, nodes: list[dict] | None = None) -> None:
+def check_memory(
+    cfg: ExperimentConfig,
+    launcher: str,
+    counts: dict | None = None,
+    *,
+    available_bytes: int | None = None,
+    nodes: list[dict] | None = None,
+) -> None:
     """Refuse (UsageError, one line naming the config keys and the numbers) a config whose
     workers cannot hold their datasets and model (`estimate_worker_memory`, a lower bound).
 
@@ -443,7 +496,8 @@ def check_memory(cfg: ExperimentConfig, launcher: str, counts: dict | None = Non
                 f"{estimate.dataset_what} and {estimate.model_what} need {_gb(estimate.host_bytes)} per worker "
                 f"({estimate.parts()}), but the Ray cluster's nodes can hold {fit} of the {workers} workers (memory per "
                 f"node as Ray reports it: {memory}): lower {estimate.dataset_keys}, or use fewer workers, a smaller "
-                "model or more nodes")
+                "model or more nodes"
+            )
         return
     available = host_available_bytes() if available_bytes is None else available_bytes
     if available is not None:
@@ -473,4 +527,5 @@ def check_gpu_memory(estimate: MemoryEstimate, num_workers: int, gpu_bytes: list
         raise UsageError(
             f"{estimate.dataset_what} and {estimate.model_what} need {_gb(estimate.device_bytes)} of GPU memory per "
             f"worker ({estimate.parts(on_device=True)}), but a GPU here has {_gb(smallest)}{share}: lower "
-            f"{estimate.dataset_keys}, or use fewer workers or a smaller model")
+            f"{estimate.dataset_keys}, or use fewer workers or a smaller model"
+        )

@@ -90,7 +90,9 @@ def connect(log_to_driver: bool = True) -> None:
         )
     except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on the cause
         where = f"RAY_ADDRESS={address}" if address else "a local Ray cluster"
-        raise UsageError(f"cannot connect to {where}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise UsageError(
+            f"cannot connect to {where}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
 
 
 def check_capacity(cfg: ExperimentConfig) -> None:
@@ -109,7 +111,9 @@ def check_capacity(cfg: ExperimentConfig) -> None:
     if cfg.workers.use_gpu:
         gpus = int(total.get("GPU", 0))
         if workers > gpus:
-            raise UsageError(f"{workers} workers need {workers} GPUs, but the Ray cluster has {gpus}; use --workers {gpus} or fewer")
+            raise UsageError(
+                f"{workers} workers need {workers} GPUs, but the Ray cluster has {gpus}; use --workers {gpus} or fewer"
+            )
 
 
 class RayCheckpoints:
@@ -251,24 +255,34 @@ def run_ray(cfg: ExperimentConfig, run_dir: Path) -> None:
 
     trainer = TorchTrainer(
         train_loop_per_worker=_worker_entry,
-        train_loop_config={"config": cfg.to_dict(), "run_dir": str(Path(run_dir).resolve()), "import_root": os.getcwd()},
+        train_loop_config={
+            "config": cfg.to_dict(),
+            "run_dir": str(Path(run_dir).resolve()),
+            "import_root": os.getcwd(),
+        },
         torch_config=TorchConfig(backend=cfg.resolved_backend),
         scaling_config=ScalingConfig(
             # elastic: Ray Train starts (and restarts) the group with as many workers as fit, from
             # min_workers to num_workers, and grows it again when room appears
-            num_workers=((cfg.workers.min_workers, cfg.workers.num_workers) if cfg.workers.min_workers
-                         else cfg.workers.num_workers),
+            num_workers=(
+                (cfg.workers.min_workers, cfg.workers.num_workers)
+                if cfg.workers.min_workers
+                else cfg.workers.num_workers
+            ),
             use_gpu=cfg.workers.use_gpu,
             resources_per_worker={"CPU": cfg.workers.cpus_per_worker, **({"GPU": 1} if cfg.workers.use_gpu else {})},
         ),
         run_config=RunConfig(
-            name=RAY_TRAIN_DIR, storage_path=str(Path(run_dir).resolve()),
+            name=RAY_TRAIN_DIR,
+            storage_path=str(Path(run_dir).resolve()),
             # one bound for every restart: a node drained ahead of a preemption (Ray's own budget,
             # unlimited by default) counts like a worker that died; starts that found no room are
             # retried only within capacity_wait_s (`capacity_wait`)
-            failure_config=FailureConfig(max_failures=cfg.failure.max_failures,
-                                         max_preemption_failures=cfg.failure.max_failures,
-                                         controller_failure_limit=start_retries),
+            failure_config=FailureConfig(
+                max_failures=cfg.failure.max_failures,
+                max_preemption_failures=cfg.failure.max_failures,
+                controller_failure_limit=start_retries,
+            ),
             checkpoint_config=CheckpointConfig(num_to_keep=2),  # the latest is all a restart needs
         ),
     )

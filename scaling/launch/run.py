@@ -97,7 +97,9 @@ def execute_run(cfg: ExperimentConfig, run_dir: Path, launcher: str = "ray", pre
         status = "failed"
         error = _one_line_error(exc)
         run.error_path.write_text(traceback.format_exc())
-    return _write_summary(cfg, run.path, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth)
+    return _write_summary(
+        cfg, run.path, launcher, status, error, started_at, time.perf_counter() - start, link_bandwidth
+    )
 
 
 def _one_line_error(exc: BaseException) -> str:
@@ -149,8 +151,12 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, li
     observed = RunDir(run_dir).job() if cfg.train.function else None
     if observed is not None:
         # A user's train function: its model, precision and A/B set-up are what the instrument saw.
-        description.update(model=observed["model"], dataset="own (train.function)", precision=observed["precision"],
-                           ab_calibration=observed["ab_calibration"])
+        description.update(
+            model=observed["model"],
+            dataset="own (train.function)",
+            precision=observed["precision"],
+            ab_calibration=observed["ab_calibration"],
+        )
     return write_summary(run_dir, description, status=status, error=error, started_at=started_at, wall_s=wall_s)
 
 

@@ -75,11 +75,17 @@ def _parse_spec(raw: dict | None, workers: list[int] | None, repeats: int | None
         spec.workers = workers
     if repeats is not None:
         spec.repeats = repeats
-    if not isinstance(spec.workers, list) or not spec.workers or not all(isinstance(w, int) and not isinstance(w, bool) for w in spec.workers):
+    if (
+        not isinstance(spec.workers, list)
+        or not spec.workers
+        or not all(isinstance(w, int) and not isinstance(w, bool) for w in spec.workers)
+    ):
         raise ConfigError(f"sweep workers must be a non-empty list of integers, got {spec.workers!r}")
     if any(w < 1 for w in spec.workers):
         raise ConfigError(f"sweep workers must be >= 1, got {spec.workers}")
-    if spec.repeats != "auto" and (not isinstance(spec.repeats, int) or isinstance(spec.repeats, bool) or spec.repeats < 1):
+    if spec.repeats != "auto" and (
+        not isinstance(spec.repeats, int) or isinstance(spec.repeats, bool) or spec.repeats < 1
+    ):
         raise ConfigError(f"sweep repeats must be an integer >= 1 or auto, got {spec.repeats!r}")
     if not isinstance(spec.axes, dict) or not all(isinstance(v, list) and v for v in spec.axes.values()):
         raise ConfigError("sweep.axes must map dotted config keys to non-empty lists of values")
@@ -132,8 +138,10 @@ def plan_sweep(
                 planned.append(PlannedRun(run_key(num_workers, axis_values, repeat), repeat, axis_values, cfg))
     largest = max(spec.workers)
     if base.instrument.inject_straggler_s and base.instrument.straggler_rank >= largest:
-        raise ConfigError(f"instrument.straggler_rank={base.instrument.straggler_rank} is no rank of any run of this sweep "
-                          f"(at most {largest} workers)")
+        raise ConfigError(
+            f"instrument.straggler_rank={base.instrument.straggler_rank} is no rank of any run of this sweep "
+            f"(at most {largest} workers)"
+        )
     return data, spec, planned
 
 
@@ -144,7 +152,9 @@ def another_repeat(run: PlannedRun, repeat: int) -> PlannedRun:
     return PlannedRun(point_key(run.key) + f"-r{repeat}", repeat, dict(run.axis_values), cfg)
 
 
-def plan_more_repeats(sweep_dir: Path, planned: list[PlannedRun], width: float, max_repeats: int) -> tuple[list[PlannedRun], list[str]]:
+def plan_more_repeats(
+    sweep_dir: Path, planned: list[PlannedRun], width: float, max_repeats: int
+) -> tuple[list[PlannedRun], list[str]]:
     """`repeats: auto`: one more repeat for every point whose interval is still too wide (module docstring).
 
     Returns (runs to add, one line per point on where its intervals stand).
@@ -167,8 +177,9 @@ def plan_more_repeats(sweep_dir: Path, planned: list[PlannedRun], width: float, 
             finite = all(math.isfinite(v) for v in (estimate, lo, hi)) and estimate != 0
             widths[label] = (hi - lo) / 2 / abs(estimate) if finite else math.inf
         too_wide = {label: half for label, half in widths.items() if half > width}
-        text = ", ".join(f"{label} ±{half:.1%}" if math.isfinite(half) else f"{label} no interval"
-                         for label, half in widths.items())
+        text = ", ".join(
+            f"{label} ±{half:.1%}" if math.isfinite(half) else f"{label} no interval" for label, half in widths.items()
+        )
         if too_wide and len(runs) < max_repeats:
             more.append(another_repeat(runs[-1], max(r.repeat for r in runs) + 1))
             notes.append(f"{point}: {len(runs)} repeats, {text}: one more")
@@ -180,7 +191,9 @@ def plan_more_repeats(sweep_dir: Path, planned: list[PlannedRun], width: float, 
 
 
 def _sweep_description(data: dict, spec: SweepSpec) -> str:
-    return yaml.safe_dump({"base": data, "sweep": {"workers": spec.workers, "repeats": spec.repeats, "axes": spec.axes}}, sort_keys=False)
+    return yaml.safe_dump(
+        {"base": data, "sweep": {"workers": spec.workers, "repeats": spec.repeats, "axes": spec.axes}}, sort_keys=False
+    )
 
 
 def prepare_sweep_dir(sweep_dir: Path, data: dict, spec: SweepSpec) -> None:
@@ -254,7 +267,14 @@ class _EpochWatcher(threading.Thread):
 def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console) -> pd.DataFrame:
     """Run every planned run not yet done; returns the index (runs.parquet). The caller has
     preflighted the runs (`scaling.launch.preflight.preflight_sweep`)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from scaling.launch.run import execute_run
 
@@ -264,8 +284,15 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
     if kept:
         console.print(f"resuming: {kept} of {len(planned)} runs already finished, {len(todo)} to run")
     failed = []
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[current]}"),
-               TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[current]}"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("sweep", total=len(planned), completed=kept, current="")
         for run in todo:
@@ -292,5 +319,7 @@ def run_sweep(sweep_dir: Path, planned: list[PlannedRun], launcher: str, console
             progress.update(task, advance=1, current="")
     index = write_index(sweep_dir, planned)
     if failed:
-        console.print(f"[red]{len(failed)} run(s) failed[/red]: {', '.join(failed)} (re-run the same command to redo them)")
+        console.print(
+            f"[red]{len(failed)} run(s) failed[/red]: {', '.join(failed)} (re-run the same command to redo them)"
+        )
     return index

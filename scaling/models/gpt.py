@@ -164,7 +164,7 @@ class GPT(nn.Module):
             x = block(x)
         logits = self.head(self.norm(x))  # (batch, T, padded_vocab): the multiply of padded shape
         # the real vocabulary's columns, a view (no copy): the padding never enters a softmax or a loss
-        return logits[..., :self.vocab] if self.padded_vocab != self.vocab else logits
+        return logits[..., : self.vocab] if self.padded_vocab != self.vocab else logits
 
 
 def gpt2_small(vocab: int = GPT2_VOCAB) -> GPT:

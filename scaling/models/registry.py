@@ -47,7 +47,11 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
 }
 
 # Models whose input is a sequence of token ids: name -> the longest sequence (context) they take.
-LANGUAGE_MODELS: dict[str, int] = {"gpt2-small": GPT2_SMALL.context, "gpt2-medium": GPT2_MEDIUM.context, "gpt2-tiny": GPT2_TINY.context}
+LANGUAGE_MODELS: dict[str, int] = {
+    "gpt2-small": GPT2_SMALL.context,
+    "gpt2-medium": GPT2_MEDIUM.context,
+    "gpt2-tiny": GPT2_TINY.context,
+}
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:

@@ -29,8 +29,12 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
         self.classifier = nn.Sequential(
-            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Dropout(),
-            nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(),
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(),
             nn.Linear(4096, num_classes),
         )
         # torchvision's initialisation: He (fan-out) for convs, N(0, 0.01) for linear layers

@@ -51,10 +51,19 @@ METRIC_COLOUR = {"time_per_epoch": "#0072B2", "throughput": "#E69F00", "tta": "#
 # Time-per-epoch and throughput speedups coincide when every epoch trains the same samples;
 # a thin dash-dot line with hollow markers drawn over a thick solid one keeps both visible.
 METRIC_LINE = {
-    "time_per_epoch": dict(color=METRIC_COLOUR["time_per_epoch"], linestyle="-.", linewidth=1.2, marker="o",
-                           markersize=8, markerfacecolor="none", markeredgewidth=1.4, zorder=4),
-    "throughput": dict(color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.4, marker="s", markersize=5,
-                       zorder=3),
+    "time_per_epoch": dict(
+        color=METRIC_COLOUR["time_per_epoch"],
+        linestyle="-.",
+        linewidth=1.2,
+        marker="o",
+        markersize=8,
+        markerfacecolor="none",
+        markeredgewidth=1.4,
+        zorder=4,
+    ),
+    "throughput": dict(
+        color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.4, marker="s", markersize=5, zorder=3
+    ),
     "tta": dict(color=METRIC_COLOUR["tta"], linestyle="-", linewidth=1.8, marker="^", markersize=6, zorder=3),
 }
 PHASES = (  # column, legend label, colour: bottom of the stack first
@@ -78,11 +87,14 @@ IDEAL = dict(color="black", linestyle="--", linewidth=1.0)
 
 # ---------------------------------------------------------------------------- helpers
 
+
 def captioned(heading: str, caption: str):
     """Give a figure function its heading and its caption: the one line that says what the figure shows."""
+
     def attach(draw):
         draw.heading, draw.caption = heading, caption
         return draw
+
     return attach
 
 
@@ -138,7 +150,9 @@ def worker_axis(ax, counts, log: bool, label: str = "workers (data-parallel rank
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{int(round(x))}"))
     ax.xaxis.set_minor_locator(NullLocator())
     if len(counts) == 1:
-        ax.set_xlim(counts[0] * (0.5 if log else 1) - (0 if log else 1), counts[0] * (2 if log else 1) + (0 if log else 1))
+        ax.set_xlim(
+            counts[0] * (0.5 if log else 1) - (0 if log else 1), counts[0] * (2 if log else 1) + (0 if log else 1)
+        )
     ax.set_xlabel(label)
 
 
@@ -172,8 +186,12 @@ def _legend(fig: Figure, axes: list, **inside) -> None:
     else:
         # As many columns as fit the figure's width (about 14 characters of 8 pt text per inch, 6 for the handle).
         fits = int(fig.get_figwidth() * 14 // (max(len(label) for label in labels) + 6))
-        fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                   ncols=max(1, min(len(labels), 4, fits)))
+        fig.legend(
+            [handles[label] for label in labels],
+            labels,
+            loc="outside lower center",
+            ncols=max(1, min(len(labels), 4, fits)),
+        )
 
 
 def _no_data(ax, text: str) -> None:
@@ -199,6 +217,7 @@ def _projected(ax, part: pd.DataFrame, column: str, label: str, colour: str) -> 
 
 # ---------------------------------------------------------------------------- figures
 
+
 def _yerr(part: pd.DataFrame, column: str, values: np.ndarray) -> np.ndarray | None:
     """Error bars from the 95% interval columns `<column>_lo` / `_hi` (scaling/analysis/intervals.py), if any."""
     if f"{column}_lo" not in part.columns:
@@ -214,9 +233,13 @@ def _errorbars(ax, xs, values, yerr, colour) -> None:
         ax.errorbar(xs, values, yerr=yerr, fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, zorder=3)
 
 
-COMM_SHORT_NAMES = {"allreduce_pct": "all-reduce in flight", "allgather_pct": "all-gather in flight",
-                    "reducescatter_pct": "reduce-scatter in flight", "comm_overhead_pct": "A/B overhead",
-                    "exposed_comm_pct": "exposed"}
+COMM_SHORT_NAMES = {
+    "allreduce_pct": "all-reduce in flight",
+    "allgather_pct": "all-gather in flight",
+    "reducescatter_pct": "reduce-scatter in flight",
+    "comm_overhead_pct": "A/B overhead",
+    "exposed_comm_pct": "exposed",
+}
 COINCIDE = 0.015  # markers closer than this share of the y axis would hide one another
 
 
@@ -231,14 +254,21 @@ def _dodge(ax, xs: np.ndarray, ys: np.ndarray, name: str, placed: list, y_top: f
         if same:
             shifted[i] = x * 2 ** (0.05 * len(same)) if log else x + 0.04 * len(same) * max(1.0, xs.max() - xs.min())
             if y != 0:  # at 0 (one worker) every figure is 0 by definition: the markers suffice
-                ax.annotate(f"{name} = {same[0]}: {y:.1f} %", (shifted[i], y), xytext=(6, -10),
-                            textcoords="offset points", fontsize=7, color="#444444")
+                ax.annotate(
+                    f"{name} = {same[0]}: {y:.1f} %",
+                    (shifted[i], y),
+                    xytext=(6, -10),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color="#444444",
+                )
         placed.append((x, y, name))
     return shifted
 
 
-def _per_series(table: pd.DataFrame, draw, *, title: str, ylabel: str, legend="upper left",
-                width: float = 6.5) -> Figure:
+def _per_series(
+    table: pd.DataFrame, draw, *, title: str, ylabel: str, legend="upper left", width: float = 6.5
+) -> Figure:
     """The scaffold every per-series figure shares: one panel per series of `table` (`_series`: a
     sweep axis besides the worker count; the panels share y), each drawn by `draw(ax, rows)` and
     titled with its series; one legend (`legend`: where `_legend` puts it inside a single panel,
@@ -258,9 +288,11 @@ def _per_series(table: pd.DataFrame, draw, *, title: str, ylabel: str, legend="u
     return fig
 
 
-@captioned("Speedup",
-           "Speedup over the smallest worker count: time per epoch(base) / time per epoch(N), throughput(N) / "
-           "throughput(base) and mean TTA(base) / mean TTA(N); the dashed line is ideal linear scaling, N / N_base.")
+@captioned(
+    "Speedup",
+    "Speedup over the smallest worker count: time per epoch(base) / time per epoch(N), throughput(N) / "
+    "throughput(base) and mean TTA(base) / mean TTA(N); the dashed line is ideal linear scaling, N / N_base.",
+)
 def speedup_figure(table: pd.DataFrame) -> Figure:
     """Speedup vs workers for time per epoch, throughput and TTA, with the ideal linear line and 95% intervals."""
     log = use_log(table["num_workers"])
@@ -281,10 +313,16 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                 continue
             ax.plot(counts[keep], values[keep], label=METRIC_LABEL[metric], **METRIC_LINE[metric])
             yerr = _yerr(part, f"speedup_{metric}", values)
-            _errorbars(ax, counts[keep], values[keep], yerr[:, keep] if yerr is not None else None,
-                       METRIC_LINE[metric].get("color", METRIC_COLOUR[metric]))
-        _projected(ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)",
-                   METRIC_COLOUR["throughput"])
+            _errorbars(
+                ax,
+                counts[keep],
+                values[keep],
+                yerr[:, keep] if yerr is not None else None,
+                METRIC_LINE[metric].get("color", METRIC_COLOUR[metric]),
+            )
+        _projected(
+            ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)", METRIC_COLOUR["throughput"]
+        )
         if log:
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
@@ -292,29 +330,50 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
             ax.set_ylim(bottom=0)
         worker_axis(ax, counts, log)
         if missing:
-            ax.text(0.98, 0.03, "no data: " + ", ".join(missing), transform=ax.transAxes, ha="right", va="bottom",
-                    fontsize=7.5, color="#555555")
+            ax.text(
+                0.98,
+                0.03,
+                "no data: " + ", ".join(missing),
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=7.5,
+                color="#555555",
+            )
 
-    return _per_series(table, draw, title="Speedup vs. number of workers",
-                       ylabel=f"speedup over {_base_label(table)} (×)")
+    return _per_series(
+        table, draw, title="Speedup vs. number of workers", ylabel=f"speedup over {_base_label(table)} (×)"
+    )
 
 
-@captioned("Communication overhead",
-           "Three figures, medians over repeats, each a share of the step time: time communicating, per collective "
-           "kind (an all-reduce in flight for DDP and Horovod; an all-gather of parameters, backward re-gathers "
-           "included, and a reduce-scatter of gradients for FSDP; hidden or not: the DAWNBench analysis' "
-           "\"communication overhead\"), the A/B communication overhead, (t_sync − t_no_sync) / t_step (FSDP's "
-           "removes the reduce-scatters, not the all-gathers), and the exposed communication (what compute "
-           "waited for). Where two figures have the same value (time communicating equals exposed communication "
-           "when backward hides none of it), the later marker sits a little to the right and the plot names the "
-           "figures that coincide.")
+@captioned(
+    "Communication overhead",
+    "Three figures, medians over repeats, each a share of the step time: time communicating, per collective "
+    "kind (an all-reduce in flight for DDP and Horovod; an all-gather of parameters, backward re-gathers "
+    "included, and a reduce-scatter of gradients for FSDP; hidden or not: the DAWNBench analysis' "
+    '"communication overhead"), the A/B communication overhead, (t_sync − t_no_sync) / t_step (FSDP\'s '
+    "removes the reduce-scatters, not the all-gathers), and the exposed communication (what compute "
+    "waited for). Where two figures have the same value (time communicating equals exposed communication "
+    "when backward hides none of it), the later marker sits a little to the right and the plot names the "
+    "figures that coincide.",
+)
 def comm_overhead_figure(table: pd.DataFrame) -> Figure:
     """Time communicating, communication overhead (A/B, headline) and exposed communication, % of step time."""
     log = use_log(table["num_workers"])
     # The panels share y: one limit over every panel's values, at least 0-5 % (an all-zero sweep stays readable).
-    values = table[[c for c in (*(kind[0] for kind in IN_FLIGHT), "comm_overhead_pct", "exposed_comm_pct",
-                                "projected_comm_overhead_pct", "projected_allreduce_pct")
-                    if c in table.columns]].to_numpy(dtype=float)
+    values = table[
+        [
+            c
+            for c in (
+                *(kind[0] for kind in IN_FLIGHT),
+                "comm_overhead_pct",
+                "exposed_comm_pct",
+                "projected_comm_overhead_pct",
+                "projected_allreduce_pct",
+            )
+            if c in table.columns
+        ]
+    ].to_numpy(dtype=float)
     highest = np.nanmax(values) if np.isfinite(values).any() else 0.0
 
     top = max(5.0, highest * 1.15)
@@ -339,25 +398,35 @@ def comm_overhead_figure(table: pd.DataFrame) -> Figure:
                 yerr = _yerr(part, column, values)
                 _errorbars(ax, xs, values[keep], yerr[:, keep] if yerr is not None else None, colour)
                 drawn = True
-        drawn = _projected(ax, part, "projected_comm_overhead_pct", "comm overhead A/B, projected (model)",
-                           COMM_AB_COLOUR) or drawn
-        drawn = _projected(ax, part, "projected_allreduce_pct", "communicating, projected (model)",
-                           COMM_IN_FLIGHT_COLOUR) or drawn
+        drawn = (
+            _projected(ax, part, "projected_comm_overhead_pct", "comm overhead A/B, projected (model)", COMM_AB_COLOUR)
+            or drawn
+        )
+        drawn = (
+            _projected(ax, part, "projected_allreduce_pct", "communicating, projected (model)", COMM_IN_FLIGHT_COLOUR)
+            or drawn
+        )
         if not drawn:
             _no_data(ax, "no communication figures")
         worker_axis(ax, counts, log)
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
         ax.set_ylim(0, top)
 
-    return _per_series(table, draw, title="Communication overhead vs. number of workers",
-                       ylabel="share of step time (%, median over repeats, 95% interval)")
+    return _per_series(
+        table,
+        draw,
+        title="Communication overhead vs. number of workers",
+        ylabel="share of step time (%, median over repeats, 95% interval)",
+    )
 
 
-@captioned("Peak memory per rank",
-           "Peak memory of a rank over an epoch's training (the largest over the run's epochs; median over repeats), "
-           "the largest rank's (solid) and the smallest rank's (dotted), per series: what sharding saves. On a GPU "
-           "the tensors' max allocated; on a CPU the process's resident high-water mark, interpreter and libraries "
-           "included (scaling/instrument/memory.py).")
+@captioned(
+    "Peak memory per rank",
+    "Peak memory of a rank over an epoch's training (the largest over the run's epochs; median over repeats), "
+    "the largest rank's (solid) and the smallest rank's (dotted), per series: what sharding saves. On a GPU "
+    "the tensors' max allocated; on a CPU the process's resident high-water mark, interpreter and libraries "
+    "included (scaling/instrument/memory.py).",
+)
 def memory_figure(table: pd.DataFrame) -> Figure:
     """Peak memory per rank against the worker count, every series on one panel (DDP beside FSDP)."""
     log = use_log(table["num_workers"])
@@ -365,23 +434,37 @@ def memory_figure(table: pd.DataFrame) -> Figure:
         fig, axes = _figure(1)
         ax = axes[0]
         keys = [k for k in group_columns(table) if table[k].nunique(dropna=False) > 1]
-        parts = ([(", ".join(_fmt_value(v) for v in (values if isinstance(values, tuple) else (values,))), part)
-                  for values, part in table.groupby(keys, dropna=False, sort=True)] if keys else [("", table)])
+        parts = (
+            [
+                (", ".join(_fmt_value(v) for v in (values if isinstance(values, tuple) else (values,))), part)
+                for values, part in table.groupby(keys, dropna=False, sort=True)
+            ]
+            if keys
+            else [("", table)]
+        )
         colours = mpl.colormaps["tab10"]
         drawn = False
         for i, (series, part) in enumerate(parts):
             part = part.sort_values("num_workers")
             counts = part["num_workers"].to_numpy(dtype=float)
-            for column, style, what in (("peak_memory_bytes", "-", "largest rank"),
-                                        ("peak_memory_min_bytes", ":", "smallest rank")):
+            for column, style, what in (
+                ("peak_memory_bytes", "-", "largest rank"),
+                ("peak_memory_min_bytes", ":", "smallest rank"),
+            ):
                 if column not in part.columns:
                     continue
                 values = part[column].to_numpy(dtype=float) / 2**20
                 keep = np.isfinite(values)
                 if keep.any():
                     label = f"{series}: {what}" if series else what
-                    ax.plot(counts[keep], values[keep], linestyle=style, marker="os"[i % 2], color=colours(i % 10),
-                            label=label)
+                    ax.plot(
+                        counts[keep],
+                        values[keep],
+                        linestyle=style,
+                        marker="os"[i % 2],
+                        color=colours(i % 10),
+                        label=label,
+                    )
                     drawn = True
         if not drawn:
             _no_data(ax, "no peak memory recorded")
@@ -393,12 +476,15 @@ def memory_figure(table: pd.DataFrame) -> Figure:
     return fig
 
 
-@captioned("Step breakdown",
-           "Mean time of a steady-state training step per worker count, split into data loading, forward compute, "
-           "backward compute, exposed communication (what compute waited for, in backward or, for FSDP's "
-           "all-gathers, in forward) and optimizer (ms; the label is the whole step).")
+@captioned(
+    "Step breakdown",
+    "Mean time of a steady-state training step per worker count, split into data loading, forward compute, "
+    "backward compute, exposed communication (what compute waited for, in backward or, for FSDP's "
+    "all-gathers, in forward) and optimizer (ms; the label is the whole step).",
+)
 def step_breakdown_figure(table: pd.DataFrame) -> Figure:
     """Stacked bars per worker count: data, forward, backward compute, exposed communication, optimizer (ms/step)."""
+
     def draw(ax, part):
         part = part.sort_values("num_workers")
         positions = np.arange(len(part))
@@ -407,13 +493,19 @@ def step_breakdown_figure(table: pd.DataFrame) -> Figure:
             if column not in part.columns:  # a table made before forward's exposed part was split off
                 column = {"forward_compute_s": "forward_s"}.get(column, column)
             values = np.nan_to_num(part[column].to_numpy(dtype=float) * 1e3)
-            ax.bar(positions, values, 0.6, bottom=bottom, color=colour, edgecolor="#333333", linewidth=0.5,
-                   label=label)
+            ax.bar(positions, values, 0.6, bottom=bottom, color=colour, edgecolor="#333333", linewidth=0.5, label=label)
             bottom += values
         for x, total in zip(positions, bottom):
             if total > 0:
-                ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 2), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=7.5)
+                ax.annotate(
+                    f"{total:.1f}",
+                    (x, total),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7.5,
+                )
         ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(False, axis="x")
@@ -426,13 +518,21 @@ def step_breakdown_figure(table: pd.DataFrame) -> Figure:
         handles, labels = axes[0].get_legend_handles_labels()
         axes[-1].legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
-    return _per_series(table, draw, title="Where a training step's time goes",
-                       ylabel="time per step (ms, mean over repeats)", legend=legend, width=7.0)
+    return _per_series(
+        table,
+        draw,
+        title="Where a training step's time goes",
+        ylabel="time per step (ms, mean over repeats)",
+        legend=legend,
+        width=7.0,
+    )
 
 
-@captioned("Accuracy curves",
-           "Validation top-1 accuracy after each epoch: mean over repeats (line) and min–max (band); runs stop "
-           "at the target (dashed), so later epochs hold only the slower repeats.")
+@captioned(
+    "Accuracy curves",
+    "Validation top-1 accuracy after each epoch: mean over repeats (line) and min–max (band); runs stop "
+    "at the target (dashed), so later epochs hold only the slower repeats.",
+)
 def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None = None) -> Figure:
     """Validation accuracy per epoch: mean line and min–max band over repeats, one colour per worker count."""
     colours = _worker_colours(curves["num_workers"]) if not curves.empty else {}
@@ -442,14 +542,31 @@ def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None =
             rows = rows.sort_values("epoch")
             epoch = rows["epoch"].to_numpy(dtype=float)
             colour = colours[int(n)]
-            ax.fill_between(epoch, rows["val_accuracy_min"] * 100, rows["val_accuracy_max"] * 100, color=colour,
-                            alpha=0.18, linewidth=0)
+            ax.fill_between(
+                epoch,
+                rows["val_accuracy_min"] * 100,
+                rows["val_accuracy_max"] * 100,
+                color=colour,
+                alpha=0.18,
+                linewidth=0,
+            )
             repeats = int(rows["n_runs"].max())
-            ax.plot(epoch, rows["val_accuracy_mean"] * 100, marker="o", markersize=3.5, color=colour,
-                    label=f"{_workers_label(n)} (n = {repeats})")
+            ax.plot(
+                epoch,
+                rows["val_accuracy_mean"] * 100,
+                marker="o",
+                markersize=3.5,
+                color=colour,
+                label=f"{_workers_label(n)} (n = {repeats})",
+            )
         if target_accuracy is not None:
-            ax.axhline(target_accuracy * 100, color="black", linestyle="--", linewidth=1.0,
-                       label=f"target {target_accuracy:.0%}")
+            ax.axhline(
+                target_accuracy * 100,
+                color="black",
+                linestyle="--",
+                linewidth=1.0,
+                label=f"target {target_accuracy:.0%}",
+            )
         if part.empty:
             _no_data(ax, "no validation accuracy recorded")
             ax.set_xlim(0.5, 2.5)
@@ -458,13 +575,20 @@ def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None =
         ax.set_xlabel("epoch")
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
 
-    return _per_series(curves, draw, title="Validation accuracy per epoch (line: mean, band: min–max over repeats)",
-                       ylabel="validation accuracy (top-1, %)", legend="lower right")
+    return _per_series(
+        curves,
+        draw,
+        title="Validation accuracy per epoch (line: mean, band: min–max over repeats)",
+        ylabel="validation accuracy (top-1, %)",
+        legend="lower right",
+    )
 
 
-@captioned("Throughput speedup vs. TTA speedup",
-           "The same throughput and TTA speedups side by side per worker count; the gap is the extra epochs a "
-           "larger global batch needs to reach the target (black line: ideal).")
+@captioned(
+    "Throughput speedup vs. TTA speedup",
+    "The same throughput and TTA speedups side by side per worker count; the gap is the extra epochs a "
+    "larger global batch needs to reach the target (black line: ideal).",
+)
 def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
     """Throughput speedup beside TTA speedup per worker count (grouped bars), with the ideal."""
     width = 0.36
@@ -479,21 +603,44 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
         for offset, metric in ((-width / 2, "throughput"), (width / 2, "tta")):
             values = part[f"speedup_{metric}"].to_numpy(dtype=float)
             yerr = _yerr(part, f"speedup_{metric}", values)
-            bars = ax.bar(positions + offset, np.nan_to_num(values), width, color=METRIC_COLOUR[metric],
-                          edgecolor="#333333", linewidth=0.5, label=f"{METRIC_LABEL[metric]} speedup",
-                          yerr=yerr, error_kw={"elinewidth": 1.0, "capsize": 3, "ecolor": "#222222"})
+            bars = ax.bar(
+                positions + offset,
+                np.nan_to_num(values),
+                width,
+                color=METRIC_COLOUR[metric],
+                edgecolor="#333333",
+                linewidth=0.5,
+                label=f"{METRIC_LABEL[metric]} speedup",
+                yerr=yerr,
+                error_kw={"elinewidth": 1.0, "capsize": 3, "ecolor": "#222222"},
+            )
             for bar, value in zip(bars, values if labelled else []):
                 # inside the bar's top, clear of the ideal mark above it; above a bar too short to hold it
                 x = bar.get_x() + bar.get_width() / 2
                 if not math.isfinite(value):
-                    ax.annotate("n/a", (x, 0), xytext=(0, 2), textcoords="offset points", ha="center",
-                                va="bottom", fontsize=7)
+                    ax.annotate(
+                        "n/a", (x, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7
+                    )
                 elif value > 0.12 * top:
-                    ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, -3), textcoords="offset points",
-                                ha="center", va="top", fontsize=7)
+                    ax.annotate(
+                        f"{value:.2f}×",
+                        (x, value),
+                        xytext=(0, -3),
+                        textcoords="offset points",
+                        ha="center",
+                        va="top",
+                        fontsize=7,
+                    )
                 else:
-                    ax.annotate(f"{value:.2f}×", (x, value), xytext=(0, 2), textcoords="offset points",
-                                ha="center", va="bottom", fontsize=7)
+                    ax.annotate(
+                        f"{value:.2f}×",
+                        (x, value),
+                        xytext=(0, 2),
+                        textcoords="offset points",
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                    )
         ideal = (part["num_workers"] / part["base_workers"]).to_numpy(dtype=float)
         for i, (x, y) in enumerate(zip(positions, ideal)):
             if math.isfinite(y):
@@ -505,13 +652,19 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
         ax.margins(y=0.12)
         ax.set_ylim(bottom=0)
 
-    return _per_series(table, draw, title="Throughput speedup vs. time-to-accuracy speedup",
-                       ylabel=f"speedup over {_base_label(table)} (×)")
+    return _per_series(
+        table,
+        draw,
+        title="Throughput speedup vs. time-to-accuracy speedup",
+        ylabel=f"speedup over {_base_label(table)} (×)",
+    )
 
 
-@captioned("TTA over repeats",
-           "Time to accuracy (training time until the target is reached, by the run's `train.tta_rule`) of every "
-           "repeat, its mean ± std, and how many repeats reached the target.")
+@captioned(
+    "TTA over repeats",
+    "Time to accuracy (training time until the target is reached, by the run's `train.tta_rule`) of every "
+    "repeat, its mean ± std, and how many repeats reached the target.",
+)
 def tta_spread_figure(spread: pd.DataFrame) -> Figure:
     """TTA of every repeat per worker count (points), with mean ± std; how many repeats reached the target."""
     colours = _worker_colours(spread["num_workers"]) if not spread.empty else {}
@@ -526,12 +679,30 @@ def tta_spread_figure(spread: pd.DataFrame) -> Figure:
             tta = rows["tta_s"].dropna().to_numpy(dtype=float)
             # a deterministic spread of the points across the column, so repeats do not hide each other
             jitter = np.linspace(-0.12, 0.12, len(tta)) if len(tta) > 1 else np.zeros(len(tta))
-            ax.scatter(i + jitter, tta, s=22, color=colours[n], edgecolor="white", linewidth=0.5, zorder=3,
-                       label="one repeat" if len(tta) and not labelled else None)
+            ax.scatter(
+                i + jitter,
+                tta,
+                s=22,
+                color=colours[n],
+                edgecolor="white",
+                linewidth=0.5,
+                zorder=3,
+                label="one repeat" if len(tta) and not labelled else None,
+            )
             if len(tta) >= 1:
                 std = tta.std(ddof=1) if len(tta) >= 2 else 0.0
-                ax.errorbar(i + 0.28, tta.mean(), yerr=std, fmt="_", color="black", markersize=12, capsize=3,
-                            linewidth=1.0, zorder=4, label=None if labelled else "mean ± std")
+                ax.errorbar(
+                    i + 0.28,
+                    tta.mean(),
+                    yerr=std,
+                    fmt="_",
+                    color="black",
+                    markersize=12,
+                    capsize=3,
+                    linewidth=1.0,
+                    zorder=4,
+                    label=None if labelled else "mean ± std",
+                )
                 labelled = True
             ticks.append(f"{n}\n{len(tta)}/{len(rows)}")
         ax.set_xticks(range(len(counts)), ticks)
@@ -543,20 +714,31 @@ def tta_spread_figure(spread: pd.DataFrame) -> Figure:
         if not part["tta_s"].notna().any():
             _no_data(ax, "no repeat reached the target")
 
-    return _per_series(spread, draw, title="Time to accuracy over repeated seeds",
-                       ylabel="time to accuracy (s, training time)", legend="lower right")
+    return _per_series(
+        spread,
+        draw,
+        title="Time to accuracy over repeated seeds",
+        ylabel="time to accuracy (s, training time)",
+        legend="lower right",
+    )
 
 
-@captioned("Roofline",
-           "Achieved model FLOP/s per worker against the estimated arithmetic intensity of a training step "
-           "(FLOPs per byte moved), under the device's roof min(peak FLOP/s, intensity × memory bandwidth); "
-           "MFU = achieved / peak.")
+@captioned(
+    "Roofline",
+    "Achieved model FLOP/s per worker against the estimated arithmetic intensity of a training step "
+    "(FLOPs per byte moved), under the device's roof min(peak FLOP/s, intensity × memory bandwidth); "
+    "MFU = achieved / peak.",
+)
 def roofline_figure(table: pd.DataFrame) -> Figure:
     """Achieved FLOP/s per worker vs. arithmetic intensity, one point per worker count, under the roof."""
     with mpl.rc_context(STYLE):
         fig, (ax,) = _figure(1)
         needed = ("arithmetic_intensity", "achieved_flops_per_s", "peak_flops_per_s", "mem_bytes_per_s")
-        points = table.dropna(subset=[c for c in needed if c in table.columns]) if set(needed) <= set(table.columns) else table.iloc[0:0]
+        points = (
+            table.dropna(subset=[c for c in needed if c in table.columns])
+            if set(needed) <= set(table.columns)
+            else table.iloc[0:0]
+        )
         if points.empty:
             _no_data(ax, "no FLOP counts or device roofs in these runs")
             return fig
@@ -567,15 +749,30 @@ def roofline_figure(table: pd.DataFrame) -> Figure:
         low = min(intensity.min(), ridge) / 8
         high = max(intensity.max(), ridge) * 8
         xs = np.geomspace(low, high, 200)
-        ax.plot(xs / 1.0, np.minimum(peak, xs * bandwidth) / 1e12, color="black", linewidth=1.4,
-                label=f"roof: {peak / 1e12:.3g} TFLOP/s, {bandwidth / 1e9:.3g} GB/s")
+        ax.plot(
+            xs / 1.0,
+            np.minimum(peak, xs * bandwidth) / 1e12,
+            color="black",
+            linewidth=1.4,
+            label=f"roof: {peak / 1e12:.3g} TFLOP/s, {bandwidth / 1e9:.3g} GB/s",
+        )
         colours = _worker_colours(points["num_workers"])
-        for (_, part) in _series(points):
+        for _, part in _series(points):
             for _, row in part.iterrows():
                 n = int(row["num_workers"])
-                ax.plot(row["arithmetic_intensity"], row["achieved_flops_per_s"] / 1e12, linestyle="none", marker="o",
-                        markersize=7, color=colours[n], markeredgecolor="black", markeredgewidth=0.6,
-                        label=f"{_workers_label(n)} (MFU {row['mfu']:.1%})" if pd.notna(row.get("mfu")) else _workers_label(n))
+                ax.plot(
+                    row["arithmetic_intensity"],
+                    row["achieved_flops_per_s"] / 1e12,
+                    linestyle="none",
+                    marker="o",
+                    markersize=7,
+                    color=colours[n],
+                    markeredgecolor="black",
+                    markeredgewidth=0.6,
+                    label=f"{_workers_label(n)} (MFU {row['mfu']:.1%})"
+                    if pd.notna(row.get("mfu"))
+                    else _workers_label(n),
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOP per byte moved, estimated)")
@@ -585,10 +782,12 @@ def roofline_figure(table: pd.DataFrame) -> Figure:
         return fig
 
 
-@captioned("Who waits for whom",
-           "Per rank of the sweep's largest run: its exposed communication per step split into waiting for the slowest "
-           "rank to finish backward compute (no faster network helps) and the transfer once every rank was ready; "
-           "the diamonds, right axis, say how often the rank was that slowest rank (the straggler).")
+@captioned(
+    "Who waits for whom",
+    "Per rank of the sweep's largest run: its exposed communication per step split into waiting for the slowest "
+    "rank to finish backward compute (no faster network helps) and the transfer once every rank was ready; "
+    "the diamonds, right axis, say how often the rank was that slowest rank (the straggler).",
+)
 def who_waits_figure(ranks: pd.DataFrame, run_label: str = "") -> Figure:
     """Stacked waiting and transfer per rank (ms per step), with each rank's straggler share."""
     with mpl.rc_context(STYLE):
@@ -600,16 +799,37 @@ def who_waits_figure(ranks: pd.DataFrame, run_label: str = "") -> Figure:
             positions = np.arange(len(ranks))
             waiting = ranks["waiting_s"].to_numpy(dtype=float) * 1e3
             transfer = ranks["transfer_s"].to_numpy(dtype=float) * 1e3
-            ax.bar(positions, np.nan_to_num(waiting), 0.7, color="#E69F00", edgecolor="#333333", linewidth=0.5,
-                   label="waiting for the slowest rank")
-            ax.bar(positions, np.nan_to_num(transfer), 0.7, bottom=np.nan_to_num(waiting), color="#D55E00",
-                   edgecolor="#333333", linewidth=0.5, label="transfer (all ranks ready)")
+            ax.bar(
+                positions,
+                np.nan_to_num(waiting),
+                0.7,
+                color="#E69F00",
+                edgecolor="#333333",
+                linewidth=0.5,
+                label="waiting for the slowest rank",
+            )
+            ax.bar(
+                positions,
+                np.nan_to_num(transfer),
+                0.7,
+                bottom=np.nan_to_num(waiting),
+                color="#D55E00",
+                edgecolor="#333333",
+                linewidth=0.5,
+                label="transfer (all ranks ready)",
+            )
             ax.set_xticks(positions, [str(int(r)) for r in ranks["rank"]])
             ax.set_xlabel("rank")
             ax.set_ylabel("exposed communication per step (ms)")
             share = ax.twinx()
-            share.plot(positions, ranks["straggler_share"].to_numpy(dtype=float) * 100, color="black", marker="D",
-                       linestyle="none", label="straggler (share of steps)")
+            share.plot(
+                positions,
+                ranks["straggler_share"].to_numpy(dtype=float) * 100,
+                color="black",
+                marker="D",
+                linestyle="none",
+                label="straggler (share of steps)",
+            )
             share.set_ylim(0, 105)
             share.set_ylabel("steps as the straggler (%)")
             share.yaxis.set_major_formatter(PercentFormatter(decimals=0))
@@ -621,9 +841,11 @@ def who_waits_figure(ranks: pd.DataFrame, run_label: str = "") -> Figure:
     return fig
 
 
-@captioned("Communication overhead against link bandwidth",
-           "Median A/B communication overhead per worker count at each link cap of the minicluster's nodes "
-           "(`workers.link_bandwidth`; tc token-bucket on each node's egress).")
+@captioned(
+    "Communication overhead against link bandwidth",
+    "Median A/B communication overhead per worker count at each link cap of the minicluster's nodes "
+    "(`workers.link_bandwidth`; tc token-bucket on each node's egress).",
+)
 def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
     """Comm overhead % against each node's link bandwidth, one line per worker count (bandwidth_series)."""
     with mpl.rc_context(STYLE):
@@ -641,8 +863,15 @@ def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
         ticks = sorted(set(capped)) + ([uncapped_x] if series["link_bandwidth_bits_per_s"].isna().any() else [])
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(FixedLocator([t / 1e6 for t in ticks]))
-        ax.xaxis.set_major_formatter(FuncFormatter(
-            lambda x, _: "uncapped" if abs(x - uncapped_x / 1e6) < 1e-9 * uncapped_x else (f"{x / 1e3:g} Gbit/s" if x >= 1e3 else f"{x:g} Mbit/s")))
+        ax.xaxis.set_major_formatter(
+            FuncFormatter(
+                lambda x, _: (
+                    "uncapped"
+                    if abs(x - uncapped_x / 1e6) < 1e-9 * uncapped_x
+                    else (f"{x / 1e3:g} Gbit/s" if x >= 1e3 else f"{x:g} Mbit/s")
+                )
+            )
+        )
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("link bandwidth per node (tc cap)")
         ax.set_ylabel("comm overhead, A/B (% of step)")
@@ -653,6 +882,7 @@ def comm_vs_bandwidth_figure(series: pd.DataFrame) -> Figure:
 
 
 # ---------------------------------------------------------------------------- output
+
 
 def save(fig: Figure, path_without_suffix: Path | str, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
     """Write `<path>.png` (200 dpi) and `<path>.svg`, each atomically (scaling.results.write_atomic);

@@ -18,7 +18,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from scaling.plots.figures import (
-    COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR, IDEAL, METRIC_COLOUR, STYLE, style_axes, use_log,
+    COMM_AB_COLOUR,
+    COMM_EXPOSED_COLOUR,
+    COMM_IN_FLIGHT_COLOUR,
+    IDEAL,
+    METRIC_COLOUR,
+    STYLE,
+    style_axes,
+    use_log,
     worker_axis,
 )
 
@@ -27,9 +34,16 @@ THROUGHPUT = dict(color=METRIC_COLOUR["throughput"], linestyle="-", linewidth=2.
 TTA = dict(color=METRIC_COLOUR["tta"], linestyle="-", linewidth=1.6, marker="^", markersize=6)
 # the three communication figures, as the report draws them (scaling/plots/figures.py)
 COMM_LINES = (
-    ("allreduce_pct", "communicating: all-reduce in flight", dict(color=COMM_IN_FLIGHT_COLOUR, linestyle=":", marker="^")),
-    ("comm_overhead_pct", "comm overhead A/B (exposed + interference)", dict(color=COMM_AB_COLOUR, linestyle="-",
-                                                                             marker="o")),
+    (
+        "allreduce_pct",
+        "communicating: all-reduce in flight",
+        dict(color=COMM_IN_FLIGHT_COLOUR, linestyle=":", marker="^"),
+    ),
+    (
+        "comm_overhead_pct",
+        "comm overhead A/B (exposed + interference)",
+        dict(color=COMM_AB_COLOUR, linestyle="-", marker="o"),
+    ),
     ("exposed_comm_pct", "exposed communication", dict(color=COMM_EXPOSED_COLOUR, linestyle="--", marker="s")),
 )
 GPUS = "GPUs (data-parallel workers)"
@@ -40,10 +54,11 @@ def projection_title(df: pd.DataFrame) -> str:
     if not a:
         return "Projected scaling"
     # a sharded projection's collectives are NCCL's ring all-gathers and reduce-scatters, not the cluster's all-reduce
-    collectives = ("ring all-gather, reduce-scatter" if a.get("sharded")
-                   else f"{a.get('allreduce')} all-reduce")
-    return (f"Projected: {a.get('model')} on {a.get('cluster')} ({collectives}), "
-            f"{a.get('precision')}, batch {a.get('per_gpu_batch')}/GPU")
+    collectives = "ring all-gather, reduce-scatter" if a.get("sharded") else f"{a.get('allreduce')} all-reduce"
+    return (
+        f"Projected: {a.get('model')} on {a.get('cluster')} ({collectives}), "
+        f"{a.get('precision')}, batch {a.get('per_gpu_batch')}/GPU"
+    )
 
 
 def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
@@ -60,14 +75,28 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         left.plot(n, df["speedup_throughput"], label="throughput (efficiency %)", zorder=3, **THROUGHPUT)
         for x, y, e in zip(n, df["speedup_throughput"], df["efficiency_throughput"]):
             if x > 1:
-                left.annotate(f"{100 * e:.0f}%", (x, y), xytext=(4, -10), textcoords="offset points", fontsize=7,
-                              color=THROUGHPUT["color"])
+                left.annotate(
+                    f"{100 * e:.0f}%",
+                    (x, y),
+                    xytext=(4, -10),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color=THROUGHPUT["color"],
+                )
         if "speedup_tta" in df.columns and df["speedup_tta"].notna().any():
             left.plot(n, df["speedup_tta"], label="TTA", zorder=3, **TTA)
             extrapolated = df[df["epochs_extrapolated"]]
             if not extrapolated.empty:
-                left.scatter(extrapolated["num_workers"], extrapolated["speedup_tta"], s=70, facecolors="none",
-                             edgecolors=TTA["color"], linewidths=1.0, label="TTA (epochs extrapolated)", zorder=4)
+                left.scatter(
+                    extrapolated["num_workers"],
+                    extrapolated["speedup_tta"],
+                    s=70,
+                    facecolors="none",
+                    edgecolors=TTA["color"],
+                    linewidths=1.0,
+                    label="TTA (epochs extrapolated)",
+                    zorder=4,
+                )
         if log:
             left.set_yscale("log", base=2)
             left.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
@@ -92,4 +121,3 @@ def projection_figure(df: pd.DataFrame, title: str | None = None) -> Figure:
         right.legend(loc="upper left")
         fig.suptitle(title or projection_title(df), fontweight="bold", fontsize=10)
     return fig
-

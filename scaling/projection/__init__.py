@@ -26,13 +26,33 @@ line, launchers, records or figures: a run's records come in as its reader (scal
 
 from scaling.projection.cluster import Cluster, cluster_from_alpha_beta, load_cluster, preset_names
 from scaling.projection.cost import (
-    AlphaBeta, Link, allreduce_s, fit_alpha_beta, horovod_schedule, overlap_schedule, ring_allreduce_s, schedule_buckets,
+    AlphaBeta,
+    Link,
+    allreduce_s,
+    fit_alpha_beta,
+    horovod_schedule,
+    overlap_schedule,
+    ring_allreduce_s,
+    schedule_buckets,
 )
 from scaling.projection.layers import available_models, model_buckets
 from scaling.projection.project import project_cluster_from_alpha_beta, run_projection
 
 __all__ = [
-    "AlphaBeta", "Cluster", "Link", "allreduce_s", "available_models", "cluster_from_alpha_beta", "fit_alpha_beta",
-    "horovod_schedule", "load_cluster", "model_buckets", "overlap_schedule", "preset_names",
-    "project_cluster_from_alpha_beta", "ring_allreduce_s", "run_projection", "schedule_buckets",
+    "AlphaBeta",
+    "Cluster",
+    "Link",
+    "allreduce_s",
+    "available_models",
+    "cluster_from_alpha_beta",
+    "fit_alpha_beta",
+    "horovod_schedule",
+    "load_cluster",
+    "model_buckets",
+    "overlap_schedule",
+    "preset_names",
+    "project_cluster_from_alpha_beta",
+    "ring_allreduce_s",
+    "run_projection",
+    "schedule_buckets",
 ]

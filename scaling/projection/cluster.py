@@ -50,8 +50,18 @@ from scaling.projection.cost import ALGORITHMS, Link
 PACKAGE_DIR = Path(__file__).resolve().parent
 PRESET_DIR = PACKAGE_DIR / "presets"
 
-CLUSTER_KEYS = ("name", "description", "device", "gpus_per_node", "allreduce", "intra_node", "inter_node",
-                "collective_latency_us", "overlap_slowdown", "step_jitter_cv")
+CLUSTER_KEYS = (
+    "name",
+    "description",
+    "device",
+    "gpus_per_node",
+    "allreduce",
+    "intra_node",
+    "inter_node",
+    "collective_latency_us",
+    "overlap_slowdown",
+    "step_jitter_cv",
+)
 LINK_KEYS = ("name", "bandwidth_GBps", "bandwidth_Gbps", "efficiency", "latency_us")
 PRECISIONS = ("fp32", "fp16", "bf16")
 PRECISION_ALIASES = {"amp": "fp16", "mixed": "fp16", "tf32": "fp32"}
@@ -152,13 +162,23 @@ def parse_cluster(data, source: str) -> Cluster:
         if device not in devices:
             raise UsageError(f"{where}: unknown device {device!r}; known: {', '.join(sorted(devices))} (or null)")
     default_name = Path(source).stem if source.endswith((".yaml", ".yml")) else source
-    terms = {key: _number(data.get(key, 0.0), key, where, positive=False)
-             for key in ("collective_latency_us", "overlap_slowdown", "step_jitter_cv")}
-    return Cluster(name=str(data.get("name") or default_name), gpus_per_node=gpus, intra_node=intra,
-                   inter_node=inter, allreduce=algorithm, device=device,
-                   description=str(data.get("description", "")), source=source,
-                   collective_latency_s=terms["collective_latency_us"] * 1e-6,
-                   overlap_slowdown=terms["overlap_slowdown"], step_jitter_cv=terms["step_jitter_cv"])
+    terms = {
+        key: _number(data.get(key, 0.0), key, where, positive=False)
+        for key in ("collective_latency_us", "overlap_slowdown", "step_jitter_cv")
+    }
+    return Cluster(
+        name=str(data.get("name") or default_name),
+        gpus_per_node=gpus,
+        intra_node=intra,
+        inter_node=inter,
+        allreduce=algorithm,
+        device=device,
+        description=str(data.get("description", "")),
+        source=source,
+        collective_latency_s=terms["collective_latency_us"] * 1e-6,
+        overlap_slowdown=terms["overlap_slowdown"],
+        step_jitter_cv=terms["step_jitter_cv"],
+    )
 
 
 def _read_yaml(path: Path, what: str):
@@ -192,9 +212,15 @@ def device_throughput(device: str, model: str, precision: str) -> dict | None:
     return ((spec.get("throughput") or {}).get(model) or {}).get(normalize_precision(precision))
 
 
-def cluster_from_alpha_beta(alpha_s: float, beta_bytes_per_s: float, gpus_per_node: int = 1,
-                            inter_alpha_s: float | None = None, inter_bytes_per_s: float | None = None,
-                            device: str | None = None, name: str = "fitted alpha-beta") -> Cluster:
+def cluster_from_alpha_beta(
+    alpha_s: float,
+    beta_bytes_per_s: float,
+    gpus_per_node: int = 1,
+    inter_alpha_s: float | None = None,
+    inter_bytes_per_s: float | None = None,
+    device: str | None = None,
+    name: str = "fitted alpha-beta",
+) -> Cluster:
     """A cluster whose links are fitted alpha (s) and bandwidth (bytes/s), e.g. from `fit_alpha_beta`.
 
     One (alpha, bandwidth) for every link unless the inter-node pair is given separately;
@@ -209,17 +235,29 @@ def cluster_from_alpha_beta(alpha_s: float, beta_bytes_per_s: float, gpus_per_no
     if inter_bytes_per_s is not None:
         _number(inter_bytes_per_s, "inter_bytes_per_s", where)
     intra = Link(float(beta_bytes_per_s), float(alpha_s), "fitted")
-    inter = Link(float(inter_bytes_per_s or beta_bytes_per_s),
-                 float(alpha_s if inter_alpha_s is None else inter_alpha_s), "fitted")
-    return Cluster(name=name, gpus_per_node=int(gpus_per_node), intra_node=intra, inter_node=inter,
-                   allreduce="ring", device=device, source=name)
+    inter = Link(
+        float(inter_bytes_per_s or beta_bytes_per_s),
+        float(alpha_s if inter_alpha_s is None else inter_alpha_s),
+        "fitted",
+    )
+    return Cluster(
+        name=name,
+        gpus_per_node=int(gpus_per_node),
+        intra_node=intra,
+        inter_node=inter,
+        allreduce="ring",
+        device=device,
+        source=name,
+    )
 
 
 def describe_terms(cluster: Cluster) -> str:
     """The cluster's terms beyond alpha-beta, in one line."""
-    return (f"collective latency {cluster.collective_latency_s * 1e6:.3g} us per all-reduce; backward slowed "
-            f"{100 * cluster.overlap_slowdown:.3g}% while an all-reduce overlaps it; step jitter "
-            f"{100 * cluster.step_jitter_cv:.3g}% (CV)")
+    return (
+        f"collective latency {cluster.collective_latency_s * 1e6:.3g} us per all-reduce; backward slowed "
+        f"{100 * cluster.overlap_slowdown:.3g}% while an all-reduce overlaps it; step jitter "
+        f"{100 * cluster.step_jitter_cv:.3g}% (CV)"
+    )
 
 
 def describe_link(link: Link | None, nodes_label: str) -> str:
@@ -227,4 +265,3 @@ def describe_link(link: Link | None, nodes_label: str) -> str:
         return f"{nodes_label}: none"
     label = f" ({link.name})" if link.name else ""
     return f"{nodes_label}{label}: {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s effective, {link.latency_s * 1e6:.3g} us"
-

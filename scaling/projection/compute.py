@@ -70,10 +70,11 @@ ADAMW_BYTES_PER_PARAMETER = 28  # read weight, gradient, two moments; write weig
 # mixed precision); the projection's default compute rate for a transformer on that device.
 TRANSFORMER_MFU = {
     "H100 SXM": {
-        "mfu": 0.33, "precision": "bf16",
+        "mfu": 0.33,
+        "precision": "bf16",
         "source": "torchtitan benchmarks/llama3_h100_202412_torchtitan.md: Llama 3.1 8B, FSDP, bf16, selective "
-                  "activation checkpointing, no torch.compile, 8 and 128 H100s: 33% MFU of the SXM's dense bf16 "
-                  "peak (39% with torch.compile)",
+        "activation checkpointing, no torch.compile, 8 and 128 H100s: 33% MFU of the SXM's dense bf16 "
+        "peak (39% with torch.compile)",
     },
 }
 SGD_MOMENTUM_PASSES = 5  # as scaling/instrument/flops.py: read weights, gradients, momentum; write weights, momentum
@@ -114,9 +115,15 @@ class StepCompute:
         if not (isinstance(per_worker_batch, int) and per_worker_batch > 0):
             raise UsageError(f"per-GPU batch must be a positive integer, got {per_worker_batch!r}")
         f = per_worker_batch / self.per_worker_batch
-        return replace(self, data_s=self.data_s * f, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       straggler_s=self.straggler_s * f, per_worker_batch=per_worker_batch,
-                       source=self.source + f"; scaled from batch {self.per_worker_batch} to {per_worker_batch} per GPU")
+        return replace(
+            self,
+            data_s=self.data_s * f,
+            forward_s=self.forward_s * f,
+            backward_s=self.backward_s * f,
+            straggler_s=self.straggler_s * f,
+            per_worker_batch=per_worker_batch,
+            source=self.source + f"; scaled from batch {self.per_worker_batch} to {per_worker_batch} per GPU",
+        )
 
 
 def optimizer_estimate_s(parameters: int, memory_bandwidth_bytes_per_s: float) -> float:
@@ -124,8 +131,9 @@ def optimizer_estimate_s(parameters: int, memory_bandwidth_bytes_per_s: float) -
     return SGD_MOMENTUM_PASSES * BYTES_PER_GRAD_ELEMENT * parameters / memory_bandwidth_bytes_per_s
 
 
-def compute_from_device(device: str | None, model: str, precision: str, per_worker_batch: int,
-                        samples_per_s: float | None = None) -> StepCompute:
+def compute_from_device(
+    device: str | None, model: str, precision: str, per_worker_batch: int, samples_per_s: float | None = None
+) -> StepCompute:
     """One GPU's step from the device table (or from `samples_per_s` given directly)."""
     precision = normalize_precision(precision)
     table = load_layer_table(model)
@@ -139,8 +147,10 @@ def compute_from_device(device: str | None, model: str, precision: str, per_work
         entry = device_throughput(device, model, precision) if device else None
         if entry is None:
             where = f"{device}" if device else "this cluster (no device)"
-            raise UsageError(f"no published {model} {precision} training throughput for {where}; "
-                             f"give --from-run DIR (a 1-worker run) or --samples-per-s N")
+            raise UsageError(
+                f"no published {model} {precision} training throughput for {where}; "
+                f"give --from-run DIR (a 1-worker run) or --samples-per-s N"
+            )
         throughput = float(entry["samples_per_s"])
         source = f"{device} {precision}: {throughput:g} samples/s at batch {entry['batch']} ({entry.get('source', 'devices.yaml')})"
     step = per_worker_batch / throughput
@@ -153,9 +163,16 @@ def compute_from_device(device: str | None, model: str, precision: str, per_work
     optimizer = min(optimizer, 0.5 * step)
     share = forward_share(table)
     compute = step - optimizer
-    return StepCompute(data_s=0.0, forward_s=share * compute, backward_s=(1 - share) * compute,
-                       optimizer_s=optimizer, per_worker_batch=per_worker_batch, precision=precision,
-                       source=source, device=device)
+    return StepCompute(
+        data_s=0.0,
+        forward_s=share * compute,
+        backward_s=(1 - share) * compute,
+        optimizer_s=optimizer,
+        per_worker_batch=per_worker_batch,
+        precision=precision,
+        source=source,
+        device=device,
+    )
 
 
 def adamw_estimate_s(parameters: float, memory_bandwidth_bytes_per_s: float) -> float:
@@ -171,8 +188,14 @@ def recompute_share(table: dict, activation_checkpointing: str) -> float:
     return recomputed / forward if forward else 0.0
 
 
-def compute_from_mfu(device: str | None, model: str, precision: str, per_worker_batch: int, mfu: float | None = None,
-                     activation_checkpointing: str = "selective") -> StepCompute:
+def compute_from_mfu(
+    device: str | None,
+    model: str,
+    precision: str,
+    per_worker_batch: int,
+    mfu: float | None = None,
+    activation_checkpointing: str = "selective",
+) -> StepCompute:
     """One GPU's forward and backward of a transformer from a model FLOPs utilisation (module docstring)."""
     precision = normalize_precision(precision)
     table = load_layer_table(model)
@@ -183,13 +206,16 @@ def compute_from_mfu(device: str | None, model: str, precision: str, per_worker_
     spec = load_devices().get(device) if device else None
     peak = ((spec or {}).get("peak_tflops_per_s") or {}).get(precision)
     if not peak:
-        raise UsageError(f"no {precision} peak for {device or 'this cluster (no device)'} in scaling/devices.yaml; "
-                         f"give --samples-per-s (sequences/s per GPU) or --from-run")
+        raise UsageError(
+            f"no {precision} peak for {device or 'this cluster (no device)'} in scaling/devices.yaml; "
+            f"give --samples-per-s (sequences/s per GPU) or --from-run"
+        )
     published = TRANSFORMER_MFU.get(device)
     if mfu is None:
         if published is None or published["precision"] != precision:
-            raise UsageError(f"no published {precision} MFU of a transformer on {device}; give --mfu (e.g. 0.35) or "
-                             f"--samples-per-s")
+            raise UsageError(
+                f"no published {precision} MFU of a transformer on {device}; give --mfu (e.g. 0.35) or --samples-per-s"
+            )
         mfu, source = published["mfu"], f"MFU {100 * published['mfu']:.0f}% ({published['source']})"
     else:
         if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
@@ -201,13 +227,26 @@ def compute_from_mfu(device: str | None, model: str, precision: str, per_worker_
     backward = table["backward_flops_per_sample"] + recompute_share(table, activation_checkpointing) * forward
     bandwidth = (spec or {}).get("memory_bandwidth_GBps")
     optimizer = adamw_estimate_s(table["parameters"], bandwidth * 1e9) if bandwidth else 0.0
-    source = (f"{device} {precision}: {table['train_flops_per_token'] / 1e9:.2f} GFLOP per token (layer table) at "
-              f"{source} of {peak:g} TFLOP/s; {per_worker_batch} x {table['seq_len']} tokens per GPU; the optimizer "
-              + (f"AdamW, memory-bound ({ADAMW_BYTES_PER_PARAMETER} bytes per parameter at {bandwidth:g} GB/s, the "
-                 f"datasheet's)" if bandwidth else "not split out (no device memory bandwidth)"))
-    return StepCompute(data_s=0.0, forward_s=step * forward / (forward + backward),
-                       backward_s=step * backward / (forward + backward), optimizer_s=optimizer,
-                       per_worker_batch=per_worker_batch, precision=precision, source=source, device=device)
+    source = (
+        f"{device} {precision}: {table['train_flops_per_token'] / 1e9:.2f} GFLOP per token (layer table) at "
+        f"{source} of {peak:g} TFLOP/s; {per_worker_batch} x {table['seq_len']} tokens per GPU; the optimizer "
+        + (
+            f"AdamW, memory-bound ({ADAMW_BYTES_PER_PARAMETER} bytes per parameter at {bandwidth:g} GB/s, the "
+            f"datasheet's)"
+            if bandwidth
+            else "not split out (no device memory bandwidth)"
+        )
+    )
+    return StepCompute(
+        data_s=0.0,
+        forward_s=step * forward / (forward + backward),
+        backward_s=step * backward / (forward + backward),
+        optimizer_s=optimizer,
+        per_worker_batch=per_worker_batch,
+        precision=precision,
+        source=source,
+        device=device,
+    )
 
 
 def _finite(value) -> bool:
@@ -252,8 +291,10 @@ def compute_from_run(run) -> StepCompute:
     hardware = summary.get("hardware") or {}
     device = hardware.get("gpu_name") or hardware.get("cpu_model") or "unknown device"
     how = "backward_s" if workers == 1 else "backward_s - exposed_comm_s"
-    source = (f"run {run.name}: {summary['model']} at {workers} worker(s) on {device}, "
-              f"batch {summary['per_worker_batch']} per worker (backward compute = {how})")
+    source = (
+        f"run {run.name}: {summary['model']} at {workers} worker(s) on {device}, "
+        f"batch {summary['per_worker_batch']} per worker (backward compute = {how})"
+    )
     samples_per_epoch = None
     num_buckets = None
     epochs = run.epochs()
@@ -270,9 +311,14 @@ def compute_from_run(run) -> StepCompute:
     cap = instrument.get("ddp_bucket_cap_mb")
     compression = instrument.get("grad_compression")
     return StepCompute(
-        data_s=float(summary["data_s"]), forward_s=float(summary["forward_s"]), backward_s=backward,
-        optimizer_s=float(summary["optimizer_s"]), per_worker_batch=int(summary["per_worker_batch"]),
-        precision=normalize_precision(summary.get("precision") or "fp32"), source=source, device=device,
+        data_s=float(summary["data_s"]),
+        forward_s=float(summary["forward_s"]),
+        backward_s=backward,
+        optimizer_s=float(summary["optimizer_s"]),
+        per_worker_batch=int(summary["per_worker_batch"]),
+        precision=normalize_precision(summary.get("precision") or "fp32"),
+        source=source,
+        device=device,
         samples_per_epoch=samples_per_epoch,
         measured_ready_fractions=measured[0] if measured else None,
         measured_bucket_bytes=measured[1] if measured else None,
@@ -305,8 +351,12 @@ def _epoch_intervals(epochs) -> list[tuple[int, float, float]]:
     origin = float(epochs["first_step_unix"].min())
     out = []
     for row in epochs.itertuples(index=False):
-        end = origin + float(row.elapsed_wall_s) - float(getattr(row, "eval_s", 0.0) or 0.0) \
+        end = (
+            origin
+            + float(row.elapsed_wall_s)
+            - float(getattr(row, "eval_s", 0.0) or 0.0)
             - float(getattr(row, "calibration_s", 0.0) or 0.0)
+        )
         out.append((int(row.epoch), end - float(row.train_s), end))
     return out
 
@@ -348,8 +398,10 @@ def measured_overlap_slowdown(run) -> float:
     summary = run.summary()
     needed = ("num_workers", "interference_s", "allreduce_s", "exposed_comm_s")
     if any(not _finite(summary.get(k)) for k in needed) or summary["num_workers"] < 2:
-        raise UsageError(f"{run}: a multi-worker run with interference_s, allreduce_s and exposed_comm_s is needed "
-                         "to measure the overlap slowdown")
+        raise UsageError(
+            f"{run}: a multi-worker run with interference_s, allreduce_s and exposed_comm_s is needed "
+            "to measure the overlap slowdown"
+        )
     overlapped = summary["allreduce_s"] - summary["exposed_comm_s"]
     if not overlapped > 1e-6:
         raise UsageError(f"{run}: its all-reduces did not overlap backward; it cannot measure the overlap slowdown")
@@ -392,38 +444,61 @@ def compute_from_concurrent_runs(runs) -> StepCompute:
     summaries = [run.summary() for run in runs]
     for run, summary in zip(runs, summaries):
         if int(summary["num_workers"]) != 1:
-            raise UsageError(f"concurrent runs: {run} ran {summary['num_workers']} workers; each must be a one-worker run")
-    if len({s["model"] for s in summaries}) > 1 or len({c.per_worker_batch for c in singles}) > 1 \
-            or len({c.precision for c in singles}) > 1:
+            raise UsageError(
+                f"concurrent runs: {run} ran {summary['num_workers']} workers; each must be a one-worker run"
+            )
+    if (
+        len({s["model"] for s in summaries}) > 1
+        or len({c.per_worker_batch for c in singles}) > 1
+        or len({c.precision for c in singles}) > 1
+    ):
         raise UsageError("concurrent runs: the runs differ in model, batch or precision")
     steps, intervals = [], []
     for run in runs:
         frame = run.steps()
         if frame.empty or not run.epochs_path.is_file():
-            raise UsageError(f"concurrent runs: {run} has no {run.steps_path.name} or {run.epochs_path.name} "
-                             "(step timing off?)")
+            raise UsageError(
+                f"concurrent runs: {run} has no {run.steps_path.name} or {run.epochs_path.name} (step timing off?)"
+            )
         steps.append(frame[(frame["kind"] == "train") & (~frame["warmup"].astype(bool))])
         intervals.append(_epoch_intervals(run.epochs()))
     window_start = max(iv[0][1] for iv in intervals)
     window_end = min(iv[-1][2] for iv in intervals)
     kept_steps, kept_epochs = [], []
     for frame, iv in zip(steps, intervals):
-        keep = [e for e, start, end in iv
-                if end > start and (min(end, window_end) - max(start, window_start)) >= OVERLAP_FRACTION * (end - start)]
+        keep = [
+            e
+            for e, start, end in iv
+            if end > start and (min(end, window_end) - max(start, window_start)) >= OVERLAP_FRACTION * (end - start)
+        ]
         chosen = frame[frame["epoch"].isin(keep)]
         if chosen.empty:
             raise UsageError("concurrent runs: the runs did not train at the same time (no epoch overlaps the others)")
         kept_steps.append(chosen)
         kept_epochs.append(keep)
-    means = {k: float(sum(f[k].mean() for f in kept_steps) / len(kept_steps))
-             for k in ("data_s", "forward_s", "backward_s", "optimizer_s")}
+    means = {
+        k: float(sum(f[k].mean() for f in kept_steps) / len(kept_steps))
+        for k in ("data_s", "forward_s", "backward_s", "optimizer_s")
+    }
     before_allreduce = [(f["data_s"] + f["forward_s"] + f["backward_s"]).to_numpy() for f in kept_steps]
     straggler = straggler_wait_s(before_allreduce)
-    per_run = ", ".join(f"{1e3 * float((f['data_s'] + f['forward_s'] + f['backward_s'] + f['optimizer_s']).mean()):.1f}"
-                        for f in kept_steps)
+    per_run = ", ".join(
+        f"{1e3 * float((f['data_s'] + f['forward_s'] + f['backward_s'] + f['optimizer_s']).mean()):.1f}"
+        for f in kept_steps
+    )
     first = singles[0]
-    source = (f"{len(runs)} concurrent 1-worker runs ({', '.join(run.name for run in runs)}): {first.device}, batch "
-              f"{first.per_worker_batch}; step {per_run} ms each (epochs {'; '.join(','.join(map(str, k)) for k in kept_epochs)}, "
-              f"those run while every run trained), phases averaged; straggler wait {1e3 * straggler:.1f} ms")
-    return replace(first, source=source, measured_num_buckets=None, straggler_s=straggler, straggler_ranks=len(runs),
-                   measured_ready_fractions=None, measured_bucket_bytes=None, **means)
+    source = (
+        f"{len(runs)} concurrent 1-worker runs ({', '.join(run.name for run in runs)}): {first.device}, batch "
+        f"{first.per_worker_batch}; step {per_run} ms each (epochs {'; '.join(','.join(map(str, k)) for k in kept_epochs)}, "
+        f"those run while every run trained), phases averaged; straggler wait {1e3 * straggler:.1f} ms"
+    )
+    return replace(
+        first,
+        source=source,
+        measured_num_buckets=None,
+        straggler_s=straggler,
+        straggler_ranks=len(runs),
+        measured_ready_fractions=None,
+        measured_bucket_bytes=None,
+        **means,
+    )

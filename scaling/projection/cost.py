@@ -152,8 +152,15 @@ def _inter_link(inter: Link | None) -> Link:
     return inter
 
 
-def allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
-                algorithm: str = "ring", collective_latency_s: float = 0.0) -> float:
+def allreduce_s(
+    nbytes: float,
+    nodes: int,
+    gpus_per_node: int,
+    intra: Link | None,
+    inter: Link | None,
+    algorithm: str = "ring",
+    collective_latency_s: float = 0.0,
+) -> float:
     """Time of one all-reduce of `nbytes` over `nodes` x `gpus_per_node` ranks (definitions: module docstring)."""
     n = nodes * gpus_per_node
     if n <= 1:
@@ -257,8 +264,9 @@ def _time_at_work(work_s: float, busy: Sequence[tuple[float, float]], slowdown: 
     return t + (work_s - done)
 
 
-def overlap_schedule(ready_fractions: Sequence[float], cost_s: Sequence[float], backward_s: float,
-                     slowdown: float = 0.0) -> Schedule:
+def overlap_schedule(
+    ready_fractions: Sequence[float], cost_s: Sequence[float], backward_s: float, slowdown: float = 0.0
+) -> Schedule:
     """DDP's bucket schedule with compute interference: start_k = max(ready_k, finish_{k-1}),
     where ready_k is when backward has done ready_fraction_k of its compute, slowed by
     `slowdown` while an all-reduce is in flight (module docstring). slowdown = 0 gives
@@ -299,9 +307,17 @@ def fuse(tensor_bytes: Sequence[float], fusion_bytes: float) -> list[float]:
     return buffers
 
 
-def horovod_schedule(tensor_fractions: Sequence[float], tensor_bytes: Sequence[float], backward_s: float,
-                     cost: Callable[[float], float], cycle_time_s: float, fusion_bytes: float,
-                     negotiation_s: float = 0.0, slowdown: float = 0.0, rest_of_step_s: float = 0.0) -> Schedule:
+def horovod_schedule(
+    tensor_fractions: Sequence[float],
+    tensor_bytes: Sequence[float],
+    backward_s: float,
+    cost: Callable[[float], float],
+    cycle_time_s: float,
+    fusion_bytes: float,
+    negotiation_s: float = 0.0,
+    slowdown: float = 0.0,
+    rest_of_step_s: float = 0.0,
+) -> Schedule:
     """Horovod's cycles over the gradient tensors in the steady state (module docstring); one entry
     per fused buffer, times relative to the start of backward.
 
@@ -324,8 +340,9 @@ def horovod_schedule(tensor_fractions: Sequence[float], tensor_bytes: Sequence[f
     phases: list[float] = []
     phase = 0.0
     while True:
-        schedule, next_cycle_s = _horovod_step(tensor_fractions, tensor_bytes, backward_s, cost, cycle_time_s,
-                                               fusion_bytes, negotiation_s, slowdown, phase)
+        schedule, next_cycle_s = _horovod_step(
+            tensor_fractions, tensor_bytes, backward_s, cost, cycle_time_s, fusion_bytes, negotiation_s, slowdown, phase
+        )
         if not schedule.finish_s:
             return schedule
         next_backward_s = max(schedule.finish_s[-1], schedule.backward_s) + rest_of_step_s
@@ -337,9 +354,17 @@ def horovod_schedule(tensor_fractions: Sequence[float], tensor_bytes: Sequence[f
         phases.append(phase)
 
 
-def _horovod_step(tensor_fractions: Sequence[float], tensor_bytes: Sequence[float], backward_s: float,
-                  cost: Callable[[float], float], cycle_time_s: float, fusion_bytes: float, negotiation_s: float,
-                  slowdown: float, first_cycle_s: float) -> tuple[Schedule, float]:
+def _horovod_step(
+    tensor_fractions: Sequence[float],
+    tensor_bytes: Sequence[float],
+    backward_s: float,
+    cost: Callable[[float], float],
+    cycle_time_s: float,
+    fusion_bytes: float,
+    negotiation_s: float,
+    slowdown: float,
+    first_cycle_s: float,
+) -> tuple[Schedule, float]:
     """One step whose first cycle starts `first_cycle_s` after backward starts; with the start of
     the cycle after its last one (both relative to this step's backward start)."""
     busy: list[tuple[float, float]] = []
@@ -348,8 +373,10 @@ def _horovod_step(tensor_fractions: Sequence[float], tensor_bytes: Sequence[floa
     cycle_start = first_cycle_s
     while sent < len(tensor_bytes):
         ready_now = sent
-        while ready_now < len(tensor_bytes) and \
-                _time_at_work(tensor_fractions[ready_now] * backward_s, busy, slowdown) <= cycle_start + 1e-15:
+        while (
+            ready_now < len(tensor_bytes)
+            and _time_at_work(tensor_fractions[ready_now] * backward_s, busy, slowdown) <= cycle_start + 1e-15
+        ):
             ready_now += 1
         t = cycle_start
         if ready_now > sent:
@@ -385,8 +412,7 @@ class AlphaBeta:
         return ring_allreduce_s(nbytes, self.n, self.alpha_s, self.bandwidth_bytes_per_s)
 
 
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: int,
-                   relative: bool = True) -> AlphaBeta:
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: int, relative: bool = True) -> AlphaBeta:
     """Least squares of the ring formula to measured all-reduce times over `n` ranks.
 
     T = a x + b y with x = 2(n-1), y = 2(n-1)/n S, unknowns a = alpha and b = 1/bandwidth.
@@ -423,8 +449,14 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: in
 # ---------------------------------------------------------------------------- FSDP
 
 
-def gather_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
-             collective_latency_s: float = 0.0) -> float:
+def gather_s(
+    nbytes: float,
+    nodes: int,
+    gpus_per_node: int,
+    intra: Link | None,
+    inter: Link | None,
+    collective_latency_s: float = 0.0,
+) -> float:
     """One all-gather (or reduce-scatter: the same cost) of a full buffer of `nbytes` over
     nodes x gpus_per_node ranks, flat ring (module docstring); 0 for one rank."""
     n = nodes * gpus_per_node
@@ -442,22 +474,38 @@ def gather_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, 
 scatter_s = gather_s  # a ring reduce-scatter moves what a ring all-gather moves (nccl-tests' PERFORMANCE.md)
 
 
-def hsdp_gather_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
-                  collective_latency_s: float = 0.0) -> float:
+def hsdp_gather_s(
+    nbytes: float,
+    nodes: int,
+    gpus_per_node: int,
+    intra: Link | None,
+    inter: Link | None,
+    collective_latency_s: float = 0.0,
+) -> float:
     """HSDP's all-gather: inside the node only (the parameters are sharded over its g GPUs)."""
     return gather_s(nbytes, 1, gpus_per_node, intra, inter, collective_latency_s)
 
 
-def hsdp_scatter_s(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | None, inter: Link | None,
-                   collective_latency_s: float = 0.0) -> float:
+def hsdp_scatter_s(
+    nbytes: float,
+    nodes: int,
+    gpus_per_node: int,
+    intra: Link | None,
+    inter: Link | None,
+    collective_latency_s: float = 0.0,
+) -> float:
     """HSDP's gradient reduction: reduce-scatter inside the node, then the shards all-reduced across
     the nodes (each of the g GPUs its own S/g, together S through the node's network)."""
     inside = gather_s(nbytes, 1, gpus_per_node, intra, inter, collective_latency_s)
     if nodes <= 1:
         return inside
     inter = _inter_link(inter)
-    return inside + collective_latency_s + 2 * (nodes - 1) * inter.latency_s + \
-        2 * (nodes - 1) / nodes * nbytes / inter.bandwidth_bytes_per_s
+    return (
+        inside
+        + collective_latency_s
+        + 2 * (nodes - 1) * inter.latency_s
+        + 2 * (nodes - 1) / nodes * nbytes / inter.bandwidth_bytes_per_s
+    )
 
 
 @dataclass(frozen=True)
@@ -496,9 +544,14 @@ class FsdpSchedule:
         return sum(c.finish_s - c.start_s for c in self.collectives if c.kind == kind)
 
 
-def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gather_cost_s: Sequence[float],
-                  scatter_cost_s: Sequence[float], reshard_after_forward: Sequence[bool],
-                  synchronous: bool = False) -> FsdpSchedule:
+def fsdp_schedule(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    gather_cost_s: Sequence[float],
+    scatter_cost_s: Sequence[float],
+    reshard_after_forward: Sequence[bool],
+    synchronous: bool = False,
+) -> FsdpSchedule:
     """FSDP's step (module docstring). Per unit, in forward order with the root first (index 0):
     its forward and backward compute (backward including any recomputation), the cost of its
     all-gather and of its reduce-scatter, and whether it is resharded after forward (then gathered
@@ -517,8 +570,9 @@ def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gathe
         return link[0]
 
     if synchronous:
-        return _synchronous_fsdp_schedule(forward_s, backward_s, gather_cost_s, scatter_cost_s,
-                                          reshard_after_forward, run, collectives)
+        return _synchronous_fsdp_schedule(
+            forward_s, backward_s, gather_cost_s, scatter_cost_s, reshard_after_forward, run, collectives
+        )
     waited, t = 0.0, 0.0
     gathered = {0: run("all_gather", 0, 0.0, gather_cost_s[0])}
     blocks = list(range(1, units))
@@ -560,8 +614,9 @@ def fsdp_schedule(forward_s: Sequence[float], backward_s: Sequence[float], gathe
     return FsdpSchedule(tuple(collectives), sum(forward_s) + sum(backward_s), max(t, last), waited, forward_waited)
 
 
-def _synchronous_fsdp_schedule(forward_s, backward_s, gather_cost_s, scatter_cost_s, reshard_after_forward,
-                               run: Callable, collectives: list) -> FsdpSchedule:
+def _synchronous_fsdp_schedule(
+    forward_s, backward_s, gather_cost_s, scatter_cost_s, reshard_after_forward, run: Callable, collectives: list
+) -> FsdpSchedule:
     """`fsdp_schedule` with every collective issued when compute reaches it and compute waiting for it."""
     waited, t = 0.0, 0.0
 

@@ -53,15 +53,24 @@ from scaling.devices import load_devices, match_device
 from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster, load_cluster, normalize_precision
 from scaling.projection.compute import (
-    TRANSFORMER_MFU, StepCompute, adamw_estimate_s, compute_from_run,
+    TRANSFORMER_MFU,
+    StepCompute,
+    adamw_estimate_s,
+    compute_from_run,
 )
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, MIB
 
 BACKENDS = ("ddp", "fsdp")
 INTERVAL_PERCENTILES = (2.5, 97.5)
 MAX_TENSOR_BYTES = MIB  # the equal gradient tensors DDP's buckets are assigned from
-FIGURES = ("step_s", "throughput_samples_per_s", "allreduce_pct", "exposed_comm_pct", "comm_overhead_pct",
-           "efficiency_throughput")
+FIGURES = (
+    "step_s",
+    "throughput_samples_per_s",
+    "allreduce_pct",
+    "exposed_comm_pct",
+    "comm_overhead_pct",
+    "efficiency_throughput",
+)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -69,8 +78,10 @@ def _profile(run) -> dict:
     profile = run.compute_profile()
     if not profile or profile.get("error") or not profile.get("parameters") or not profile.get("train_flops"):
         why = (profile or {}).get("error") or "no compute_profile.json"
-        raise UsageError(f"{run}: the run's model size and FLOPs are unknown ({why}); a run made with the "
-                         "instrument's FLOP counting is needed")
+        raise UsageError(
+            f"{run}: the run's model size and FLOPs are unknown ({why}); a run made with the "
+            "instrument's FLOP counting is needed"
+        )
     return profile
 
 
@@ -101,21 +112,34 @@ def _fsdp_units(run, profile: dict, reduce_bytes: int, fsdp_units: int | None) -
         order = per.sort_values("index", ascending=False)
         names = ["root"] + [m for m in order.index if m != "root"] if "root" in per.index else list(order.index)
         units = [(m, int(per.loc[m, "nbytes"] // reduce_bytes)) for m in names]
-        return units, (f"{len(units)} FSDP2 units and their parameters from the run's collectives.parquet "
-                       f"(reduce-scatter bytes per module / {reduce_bytes} bytes per gradient element)")
+        return units, (
+            f"{len(units)} FSDP2 units and their parameters from the run's collectives.parquet "
+            f"(reduce-scatter bytes per module / {reduce_bytes} bytes per gradient element)"
+        )
     if fsdp_units is None:
-        raise UsageError(f"{run}: no FSDP2 per-module records (collectives.parquet); give --fsdp-units N (the "
-                         "model's blocks, each sharded) to split its parameters evenly")
+        raise UsageError(
+            f"{run}: no FSDP2 per-module records (collectives.parquet); give --fsdp-units N (the "
+            "model's blocks, each sharded) to split its parameters evenly"
+        )
     if not (isinstance(fsdp_units, int) and fsdp_units >= 1):
         raise UsageError(f"--fsdp-units must be a positive integer, got {fsdp_units!r}")
     share = parameters // (fsdp_units + 1)
     units = [("root", parameters - fsdp_units * share)] + [(f"unit{i}", share) for i in range(fsdp_units)]
-    return units, (f"{fsdp_units} blocks and the root of equal parameters (given: --fsdp-units; the run has no "
-                   f"FSDP2 per-module records)")
+    return units, (
+        f"{fsdp_units} blocks and the root of equal parameters (given: --fsdp-units; the run has no "
+        f"FSDP2 per-module records)"
+    )
 
 
-def run_layer_table(run, profile: dict, backend: str, precision: str, samples_per_epoch: int | None,
-                    fsdp_units: int | None = None, reduce_bytes: int = 4) -> tuple[dict, str]:
+def run_layer_table(
+    run,
+    profile: dict,
+    backend: str,
+    precision: str,
+    samples_per_epoch: int | None,
+    fsdp_units: int | None = None,
+    reduce_bytes: int = 4,
+) -> tuple[dict, str]:
     """A layer table (layers.py's shape) of the run's model from its records; and what set its units."""
     parameters = int(profile["parameters"])
     seq_len = int(profile.get("tokens_per_sample") or 1)
@@ -123,8 +147,9 @@ def run_layer_table(run, profile: dict, backend: str, precision: str, samples_pe
     # gradients in equal tensors of at most 1 MiB, in backward order, each ready in proportion to its bytes
     count = max(1, math.ceil(parameters * BYTES_PER_GRAD_ELEMENT / MAX_TENSOR_BYTES))
     sizes = [parameters // count + (1 if i < parameters % count else 0) for i in range(count)]
-    layers = [{"name": f"grad{i}", "backward_flops": float(n), "params": [[f"grad{i}", n]]}
-              for i, n in enumerate(sizes)]
+    layers = [
+        {"name": f"grad{i}", "backward_flops": float(n), "params": [[f"grad{i}", n]]} for i, n in enumerate(sizes)
+    ]
     if backend == "fsdp":
         named, units_source = _fsdp_units(run, profile, reduce_bytes, fsdp_units)
     else:
@@ -137,14 +162,30 @@ def run_layer_table(run, profile: dict, backend: str, precision: str, samples_pe
     for name, params in named:
         share = params / total
         held = activation_bytes * share
-        units.append({"name": name, "params": params, "forward_flops": forward * share / seq_len,
-                      "backward_flops": backward * share / seq_len,
-                      "activation_bytes_per_token": {"none": held, "selective": held, "full": held},
-                      "recompute_flops": {"none": 0.0, "selective": 0.0, "full": 0.0}})
-    table = {"model": run.name, "kind": "transformer", "num_classes": 0, "seq_len": seq_len,
-             "dataset": f"the run {run.name}", "dataset_size": samples_per_epoch, "parameters": parameters,
-             "forward_flops_per_sample": forward, "backward_flops_per_sample": backward,
-             "train_flops_per_token": (forward + backward) / seq_len, "layers": layers, "units": units}
+        units.append(
+            {
+                "name": name,
+                "params": params,
+                "forward_flops": forward * share / seq_len,
+                "backward_flops": backward * share / seq_len,
+                "activation_bytes_per_token": {"none": held, "selective": held, "full": held},
+                "recompute_flops": {"none": 0.0, "selective": 0.0, "full": 0.0},
+            }
+        )
+    table = {
+        "model": run.name,
+        "kind": "transformer",
+        "num_classes": 0,
+        "seq_len": seq_len,
+        "dataset": f"the run {run.name}",
+        "dataset_size": samples_per_epoch,
+        "parameters": parameters,
+        "forward_flops_per_sample": forward,
+        "backward_flops_per_sample": backward,
+        "train_flops_per_token": (forward + backward) / seq_len,
+        "layers": layers,
+        "units": units,
+    }
     return table, units_source
 
 
@@ -153,8 +194,16 @@ def _same_device(run_device: str | None, target: str | None) -> bool:
     return bool(run_device and target) and match_device(run_device) == target
 
 
-def _target_compute(run, summary: dict, profile: dict, steps: pd.DataFrame, cluster: Cluster, precision: str | None,
-                    compute_ms: float | None, mfu: float | None) -> tuple[StepCompute, list[tuple[str, str, str]]]:
+def _target_compute(
+    run,
+    summary: dict,
+    profile: dict,
+    steps: pd.DataFrame,
+    cluster: Cluster,
+    precision: str | None,
+    compute_ms: float | None,
+    mfu: float | None,
+) -> tuple[StepCompute, list[tuple[str, str, str]]]:
     """One GPU's step on the target, and (parameter, value, set by) for each of its parts."""
     base = compute_from_run(run)
     hardware = summary.get("hardware") or {}
@@ -167,14 +216,25 @@ def _target_compute(run, summary: dict, profile: dict, steps: pd.DataFrame, clus
     same = _same_device(run_device, cluster.device) and compute_ms is None and mfu is None
     if same:
         if precision is not None and normalize_precision(precision) != base.precision:
-            raise UsageError(f"the run ran at {base.precision} on {run_device}; --precision {precision} needs "
-                             "another run")
-        compute = replace(base, data_s=means["data_s"], forward_s=means["forward_s"],
-                          backward_s=means["backward_compute_s"], optimizer_s=means["optimizer_s"])
-        params += [("forward + backward compute", f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
-                    f"the run's forward_s and backward_s less exposed_comm_s, measured on {run_device} (the target's "
-                    f"device)"),
-                   ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s")]
+            raise UsageError(
+                f"the run ran at {base.precision} on {run_device}; --precision {precision} needs another run"
+            )
+        compute = replace(
+            base,
+            data_s=means["data_s"],
+            forward_s=means["forward_s"],
+            backward_s=means["backward_compute_s"],
+            optimizer_s=means["optimizer_s"],
+        )
+        params += [
+            (
+                "forward + backward compute",
+                f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
+                f"the run's forward_s and backward_s less exposed_comm_s, measured on {run_device} (the target's "
+                f"device)",
+            ),
+            ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s"),
+        ]
         return compute, params
     fb_measured = means["forward_s"] + means["backward_compute_s"]
     forward_share = means["forward_s"] / fb_measured if fb_measured > 0 else 1 / 3
@@ -188,29 +248,61 @@ def _target_compute(run, summary: dict, profile: dict, steps: pd.DataFrame, clus
     else:
         target_precision, rate, how = _compute_rate(summary, cluster, spec, precision, base.precision, mfu, run_device)
         fb = flops / rate
-        how = (f"the run's {float(profile['train_flops']) / 1e9:.3g} GFLOP per sample x {b} (compute_profile.json) "
-               f"at {how}")
-    params.append(("forward + backward compute", f"{1e3 * fb:.3f} ms", how + f"; measured on {measured_on}: "
-                   f"{1e3 * fb_measured:.2f} ms, which cannot be the GPU's"))
+        how = (
+            f"the run's {float(profile['train_flops']) / 1e9:.3g} GFLOP per sample x {b} (compute_profile.json) "
+            f"at {how}"
+        )
+    params.append(
+        (
+            "forward + backward compute",
+            f"{1e3 * fb:.3f} ms",
+            how + f"; measured on {measured_on}: {1e3 * fb_measured:.2f} ms, which cannot be the GPU's",
+        )
+    )
     bandwidth = spec.get("memory_bandwidth_GBps")
     if bandwidth:
         optimizer = adamw_estimate_s(float(profile["parameters"]), bandwidth * 1e9)
-        params.append(("optimizer step", f"{1e3 * optimizer:.3f} ms", f"AdamW, memory-bound: 28 bytes x "
-                       f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s "
-                       "datasheet)"))
+        params.append(
+            (
+                "optimizer step",
+                f"{1e3 * optimizer:.3f} ms",
+                f"AdamW, memory-bound: 28 bytes x "
+                f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s "
+                "datasheet)",
+            )
+        )
     else:
         optimizer = means["optimizer_s"]
         params.append(("optimizer step", f"{1e3 * optimizer:.2f} ms", "the run's optimizer_s (no device bandwidth)"))
-    compute = replace(base, data_s=means["data_s"], forward_s=forward_share * fb, backward_s=(1 - forward_share) * fb,
-                      optimizer_s=optimizer, precision=target_precision, device=cluster.device,
-                      source=f"run {run.name} transferred to {cluster.device}")
-    params.append(("forward : backward", f"{forward_share:.2f} : {1 - forward_share:.2f}",
-                   "the run's measured split of forward_s and backward compute"))
+    compute = replace(
+        base,
+        data_s=means["data_s"],
+        forward_s=forward_share * fb,
+        backward_s=(1 - forward_share) * fb,
+        optimizer_s=optimizer,
+        precision=target_precision,
+        device=cluster.device,
+        source=f"run {run.name} transferred to {cluster.device}",
+    )
+    params.append(
+        (
+            "forward : backward",
+            f"{forward_share:.2f} : {1 - forward_share:.2f}",
+            "the run's measured split of forward_s and backward compute",
+        )
+    )
     return compute, params
 
 
-def _compute_rate(summary: dict, cluster: Cluster, spec: dict, precision: str | None, run_precision: str,
-                  mfu: float | None, run_device: str | None) -> tuple[str, float, str]:
+def _compute_rate(
+    summary: dict,
+    cluster: Cluster,
+    spec: dict,
+    precision: str | None,
+    run_precision: str,
+    mfu: float | None,
+    run_device: str | None,
+) -> tuple[str, float, str]:
     """(precision on the target, FLOP/s, how it was set) for a run measured on another device."""
     published = TRANSFORMER_MFU.get(cluster.device or "")
     if mfu is not None:
@@ -223,21 +315,36 @@ def _compute_rate(summary: dict, cluster: Cluster, spec: dict, precision: str | 
         source = f"MFU {100 * mfu:.3g}%, the run's own on {run_device} (summary.json mfu)"
     elif published is not None:
         mfu, target = published["mfu"], normalize_precision(precision or published["precision"])
-        source = (f"MFU {100 * mfu:.0f}%, {cluster.device}'s published one ({published['source'].split(':')[0]}: "
-                  f"Llama 3.1 8B; a small model runs far below it: give --compute-ms or --mfu)")
+        source = (
+            f"MFU {100 * mfu:.0f}%, {cluster.device}'s published one ({published['source'].split(':')[0]}: "
+            f"Llama 3.1 8B; a small model runs far below it: give --compute-ms or --mfu)"
+        )
     else:
-        raise UsageError(f"the run ran on {run_device or 'a CPU'}, whose compute is not {cluster.device or 'the'} "
-                         f"GPU's, and no MFU is published for {cluster.device}: give --mfu (e.g. 0.35) or --compute-ms")
-    peak = ((spec.get("peak_tflops_per_s") or {}).get(target))
+        raise UsageError(
+            f"the run ran on {run_device or 'a CPU'}, whose compute is not {cluster.device or 'the'} "
+            f"GPU's, and no MFU is published for {cluster.device}: give --mfu (e.g. 0.35) or --compute-ms"
+        )
+    peak = (spec.get("peak_tflops_per_s") or {}).get(target)
     if not peak:
-        raise UsageError(f"no {target} peak for {cluster.device or 'this cluster (no device)'} in "
-                         "scaling/devices.yaml; give --compute-ms")
+        raise UsageError(
+            f"no {target} peak for {cluster.device or 'this cluster (no device)'} in "
+            "scaling/devices.yaml; give --compute-ms"
+        )
     return target, mfu * peak * 1e12, f"{source} of {cluster.device}'s {target} peak, {peak:g} TFLOP/s"
 
 
-def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend: str = "ddp", *,
-                compute_ms: float | None = None, mfu: float | None = None, precision: str | None = None,
-                fsdp_units: int | None = None, **kwargs) -> pd.DataFrame:
+def project_run(
+    run,
+    cluster: str | Cluster,
+    gpus: Sequence[int] | str,
+    backend: str = "ddp",
+    *,
+    compute_ms: float | None = None,
+    mfu: float | None = None,
+    precision: str | None = None,
+    fsdp_units: int | None = None,
+    **kwargs,
+) -> pd.DataFrame:
     """run_projection's rows for the run's job (module docstring), with `<figure>_lo` / `_hi` columns.
 
     run: its RunDir. gpus: GPU counts (a count up to a node's GPUs stays in one node). backend: ddp or
@@ -260,25 +367,59 @@ def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend:
     steps = _steps(run, workers)
     compute, parameters = _target_compute(run, summary, profile, steps, cluster, precision, compute_ms, mfu)
     reduce_dtype = kwargs.get("fsdp_reduce_dtype") or summary.get("fsdp_reduce_dtype") or "fp32"
-    table, units_source = run_layer_table(run, profile, backend, compute.precision, compute.samples_per_epoch,
-                                          fsdp_units, DTYPE_BYTES.get(reduce_dtype, 4))
-    parameters.append(("model size", f"{table['parameters']:,} parameters, {4 * table['parameters'] / 1e6:.1f} MB "
-                       f"of fp32 gradients", "compute_profile.json parameters (trainable)"))
-    parameters.append(("FSDP units" if backend == "fsdp" else "gradient tensors", units_source if backend == "fsdp"
-                       else f"{len(table['layers'])} of at most 1 MiB", "" if backend == "fsdp" else
-                       "the model size; DDP's bucket assignment over them (no per-parameter record)"))
-    parameters.append(("activations", f"{float(profile.get('activation_elements') or 0):,.0f} elements per sample",
-                       "compute_profile.json activation_elements, at the compute precision's bytes"))
+    table, units_source = run_layer_table(
+        run,
+        profile,
+        backend,
+        compute.precision,
+        compute.samples_per_epoch,
+        fsdp_units,
+        DTYPE_BYTES.get(reduce_dtype, 4),
+    )
+    parameters.append(
+        (
+            "model size",
+            f"{table['parameters']:,} parameters, {4 * table['parameters'] / 1e6:.1f} MB of fp32 gradients",
+            "compute_profile.json parameters (trainable)",
+        )
+    )
+    parameters.append(
+        (
+            "FSDP units" if backend == "fsdp" else "gradient tensors",
+            units_source if backend == "fsdp" else f"{len(table['layers'])} of at most 1 MiB",
+            "" if backend == "fsdp" else "the model size; DDP's bucket assignment over them (no per-parameter record)",
+        )
+    )
+    parameters.append(
+        (
+            "activations",
+            f"{float(profile.get('activation_elements') or 0):,.0f} elements per sample",
+            "compute_profile.json activation_elements, at the compute precision's bytes",
+        )
+    )
     # jitter: the run's per-step spread of compute where it ran on the target's device
     cv = float(steps["compute_s"].std() / steps["compute_s"].mean())
-    if compute_ms is None and mfu is None and _same_device((summary.get("hardware") or {}).get("gpu_name"),
-                                                            cluster.device):
+    if (
+        compute_ms is None
+        and mfu is None
+        and _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device)
+    ):
         cluster = replace(cluster, step_jitter_cv=cv)
-        parameters.append(("step jitter (CV)", f"{100 * cv:.2f}%", f"the run's {len(steps)} steps' compute, "
-                           "std / mean: the wait for the slowest of n ranks"))
+        parameters.append(
+            (
+                "step jitter (CV)",
+                f"{100 * cv:.2f}%",
+                f"the run's {len(steps)} steps' compute, std / mean: the wait for the slowest of n ranks",
+            )
+        )
     else:
-        parameters.append(("step jitter (CV)", f"{100 * cluster.step_jitter_cv:.2g}%",
-                           f"the preset {cluster.name}'s (the run's {100 * cv:.1f}% was measured on another device)"))
+        parameters.append(
+            (
+                "step jitter (CV)",
+                f"{100 * cluster.step_jitter_cv:.2g}%",
+                f"the preset {cluster.name}'s (the run's {100 * cv:.1f}% was measured on another device)",
+            )
+        )
     reshard = summary.get("fsdp_reshard_after_forward")
     if backend == "fsdp" and "reshard_after_forward" not in kwargs and reshard is not None:
         kwargs["reshard_after_forward"] = "all" if reshard else "none"
@@ -290,8 +431,9 @@ def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend:
         return run_projection(table, cluster, workers=gpus, compute=c, backend=backend, **kwargs)
 
     df = project(compute)
-    low, high = (float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean())
-                 for q in INTERVAL_PERCENTILES)
+    low, high = (
+        float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean()) for q in INTERVAL_PERCENTILES
+    )
     ends = [project(_scaled(compute, f)) for f in (low, high)]
     for figure in FIGURES:
         pair = np.vstack([e[figure].to_numpy() for e in ends])
@@ -299,14 +441,24 @@ def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend:
     if "tokens_per_s_per_gpu" in df.columns:
         df["tokens_per_s_per_gpu_lo"] = df["throughput_samples_per_s_lo"] * table["seq_len"] / df["num_workers"]
         df["tokens_per_s_per_gpu_hi"] = df["throughput_samples_per_s_hi"] * table["seq_len"] / df["num_workers"]
-    parameters.append(("interval", f"compute x {low:.3f} to x {high:.3f}",
-                       f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
-                       f"{len(steps)} steady-state steps' compute over their mean"))
+    parameters.append(
+        (
+            "interval",
+            f"compute x {low:.3f} to x {high:.3f}",
+            f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
+            f"{len(steps)} steady-state steps' compute over their mean",
+        )
+    )
     df.attrs.update(parameters=parameters, run=str(run), tokens=table["seq_len"] > 1)
     return df
 
 
 def _scaled(compute: StepCompute, factor: float) -> StepCompute:
     """Every phase of the step at `factor` x its time (one end of the interval)."""
-    return replace(compute, data_s=compute.data_s * factor, forward_s=compute.forward_s * factor,
-                   backward_s=compute.backward_s * factor, optimizer_s=compute.optimizer_s * factor)
+    return replace(
+        compute,
+        data_s=compute.data_s * factor,
+        forward_s=compute.forward_s * factor,
+        backward_s=compute.backward_s * factor,
+        optimizer_s=compute.optimizer_s * factor,
+    )

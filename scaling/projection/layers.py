@@ -135,8 +135,14 @@ def model_buckets(
     out = []
     for k, indices in enumerate(assign_buckets(elements, int(bucket_cap_mb * MIB), first_bucket_bytes)):
         n = sum(elements[i] for i in indices)
-        out.append(Bucket(index=k, elements=n, bytes=n * BYTES_PER_GRAD_ELEMENT,
-                          ready_fraction=max(schedule[i][1] for i in indices)))
+        out.append(
+            Bucket(
+                index=k,
+                elements=n,
+                bytes=n * BYTES_PER_GRAD_ELEMENT,
+                ready_fraction=max(schedule[i][1] for i in indices),
+            )
+        )
     return out
 
 

@@ -101,8 +101,11 @@ _BATCH = 2  # the DDP probe's batch: BatchNorm in training mode needs more than 
 
 
 def _leaves_with_params(model: nn.Module) -> dict[str, nn.Module]:
-    return {name: m for name, m in model.named_modules()
-            if not any(True for _ in m.children()) and any(True for _ in m.parameters(recurse=False))}
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if not any(True for _ in m.children()) and any(True for _ in m.parameters(recurse=False))
+    }
 
 
 def _ddp_ready_order(model: nn.Module, side: int, num_classes: int, **ddp_kwargs) -> tuple[list[int], list[int]]:
@@ -141,7 +144,11 @@ def make_table(name: str) -> dict:
     flops, needs_grad = counts["module_forward_flops"], counts["module_input_needs_grad"]
     fwd_total, bwd_total = counts["forward_flops"], counts["backward_flops"]
     leaves = _leaves_with_params(model)
-    parameterless = [k for k, v in flops.items() if v and k not in leaves and not any(k2.startswith(k + ".") for k2 in flops if k2 != k)]
+    parameterless = [
+        k
+        for k, v in flops.items()
+        if v and k not in leaves and not any(k2.startswith(k + ".") for k2 in flops if k2 != k)
+    ]
     assert not parameterless, f"{name}: FLOPs in modules without parameters, not placed in backward: {parameterless}"
 
     layers: list[dict] = []
@@ -152,9 +159,15 @@ def make_table(name: str) -> dict:
         if mod not in index_of:
             fwd = float(flops.get(mod, 0.0))
             index_of[mod] = len(layers)
-            layers.append({"name": mod, "forward_flops": fwd,
-                           "backward_flops": fwd * (2.0 if needs_grad.get(mod, True) else 1.0), "params": []})
-        layers[index_of[mod]]["params"].append([p_name[len(mod) + 1:] if mod else p_name, p.numel()])
+            layers.append(
+                {
+                    "name": mod,
+                    "forward_flops": fwd,
+                    "backward_flops": fwd * (2.0 if needs_grad.get(mod, True) else 1.0),
+                    "params": [],
+                }
+            )
+        layers[index_of[mod]]["params"].append([p_name[len(mod) + 1 :] if mod else p_name, p.numel()])
     # a module's parameters must be contiguous in the ready order, or "layer" is ill-defined
     seen = [owner[params[i][0]] for i in order]
     runs = [m for j, m in enumerate(seen) if j == 0 or seen[j - 1] != m]
@@ -177,8 +190,10 @@ def make_table(name: str) -> dict:
         "backward_flops_per_sample": bwd_total,
         "ddp_bucket_bytes": ddp_sizes,
         "ddp_bucket_bytes_cap_25": ddp_sizes_25,
-        "generated_by": (f"python -m scaling.projection.make_layer_tables {name} "
-                         f"(torch {torch.__version__}); layers in DDP's measured gradient-ready order"),
+        "generated_by": (
+            f"python -m scaling.projection.make_layer_tables {name} "
+            f"(torch {torch.__version__}); layers in DDP's measured gradient-ready order"
+        ),
         "layers": layers,
     }
 
@@ -210,16 +225,24 @@ def shape_of(model: nn.Module) -> dict:
     # embeddings whose table is only looked up: torchtitan's nparams_embedding (for a tied head,
     # the token table is the head's matmul, so only the positions are left, as nanoGPT)
     lookups = [n for n, m in model.named_children() if isinstance(m, nn.Embedding) and not (tied and n == "tokens")]
-    return {"layers": shape.layers, "heads": shape.heads, "head_dim": width // shape.heads, "width": width,
-            "kv_heads": getattr(shape, "kv_heads", shape.heads), "tied_head": bool(tied),
-            "lookup_embeddings": lookups,
-            "lookup_embedding_params": sum(getattr(model, n).weight.numel() for n in lookups)}
+    return {
+        "layers": shape.layers,
+        "heads": shape.heads,
+        "head_dim": width // shape.heads,
+        "width": width,
+        "kv_heads": getattr(shape, "kv_heads", shape.heads),
+        "tied_head": bool(tied),
+        "lookup_embeddings": lookups,
+        "lookup_embedding_params": sum(getattr(model, n).weight.numel() for n in lookups),
+    }
 
 
 def formula_flops_per_token(shape: dict, parameters: int, seq_len: int) -> float:
     """torchtitan's get_nparams_and_flops: 6 (N - embedding) + 12 L H Q T (module docstring)."""
-    return 6 * (parameters - shape["lookup_embedding_params"]) + 12 * shape["layers"] * shape["heads"] * \
-        shape["head_dim"] * seq_len
+    return (
+        6 * (parameters - shape["lookup_embedding_params"])
+        + 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq_len
+    )
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -324,8 +347,11 @@ def saved_activations(model: nn.Module, seq_len: int) -> tuple[dict[str, dict[st
         if name == "root":
             out[name] = {"none": none, "selective": none, "full": none}
         else:
-            out[name] = {"none": none, "selective": (block_input[name] + selective.get(name, 0)) / seq_len,
-                         "full": block_input[name] / seq_len}
+            out[name] = {
+                "none": none,
+                "selective": (block_input[name] + selective.get(name, 0)) / seq_len,
+                "full": block_input[name] / seq_len,
+            }
     return out, {name: flops / seq_len for name, flops in kept_flops.items()}
 
 
@@ -345,20 +371,36 @@ def make_transformer_table(name: str) -> dict:
     block_flops = [float(flops.get(b, 0.0)) for b in block_names]
     root_params = total_params - sum(p.numel() for p in blocks.parameters())
     root_flops = fwd_total - sum(block_flops)
-    units.append({"name": "root", "params": root_params, "forward_flops": root_flops / seq_len,
-                  "backward_flops": 2 * root_flops / seq_len, "activation_bytes_per_token": activations["root"],
-                  "recompute_flops": {"none": 0.0, "selective": 0.0, "full": 0.0},
-                  "holds": [n for n, _ in model.named_children() if n != block_attr]})
+    units.append(
+        {
+            "name": "root",
+            "params": root_params,
+            "forward_flops": root_flops / seq_len,
+            "backward_flops": 2 * root_flops / seq_len,
+            "activation_bytes_per_token": activations["root"],
+            "recompute_flops": {"none": 0.0, "selective": 0.0, "full": 0.0},
+            "holds": [n for n, _ in model.named_children() if n != block_attr],
+        }
+    )
     for b, block, f in zip(block_names, blocks, block_flops):
         per_token = f / seq_len
-        units.append({"name": b, "params": sum(p.numel() for p in block.parameters()), "forward_flops": per_token,
-                      "backward_flops": 2 * per_token, "activation_bytes_per_token": activations[b],
-                      "recompute_flops": {"none": 0.0, "selective": max(0.0, per_token - kept[b]), "full": per_token}})
+        units.append(
+            {
+                "name": b,
+                "params": sum(p.numel() for p in block.parameters()),
+                "forward_flops": per_token,
+                "backward_flops": 2 * per_token,
+                "activation_bytes_per_token": activations[b],
+                "recompute_flops": {"none": 0.0, "selective": max(0.0, per_token - kept[b]), "full": per_token},
+            }
+        )
 
     # leaf modules with parameters in reverse forward order; a tied matrix at its embedding (module docstring)
     order: list[str] = []
-    hooks = [m.register_forward_pre_hook(lambda mod, _a, n=n: order.append(n) if n not in order else None)
-             for n, m in _leaves_with_params(model).items()]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, _a, n=n: order.append(n) if n not in order else None)
+        for n, m in _leaves_with_params(model).items()
+    ]
     model_copy = model
     with torch.no_grad():
         model_copy(torch.zeros(1, 8, dtype=torch.long, device="meta"))
@@ -395,9 +437,11 @@ def make_transformer_table(name: str) -> dict:
         "formula_flops_per_token": formula_flops_per_token(shape, total_params, seq_len),
         "formula_attention_flops_per_token": attention,
         "activation_dtype": "bf16",
-        "generated_by": (f"python -m scaling.projection.make_layer_tables {name} (torch {torch.__version__}); "
-                         f"units in forward order, layers in reverse forward order (estimated gradient order), "
-                         f"counted on the meta device"),
+        "generated_by": (
+            f"python -m scaling.projection.make_layer_tables {name} (torch {torch.__version__}); "
+            f"units in forward order, layers in reverse forward order (estimated gradient order), "
+            f"counted on the meta device"
+        ),
         "units": units,
         "layers": layers,
     }
@@ -409,8 +453,11 @@ def _write(table: dict, path: Path) -> None:
     head = json.dumps(table, indent=2)[:-2]
     parts = [head]
     for key, rows in blocks.items():
-        parts.append(f',\n  "{key}": [\n' + ",\n".join("    " + json.dumps(row, separators=(", ", ": ")) for row in rows)
-                     + "\n  ]")
+        parts.append(
+            f',\n  "{key}": [\n'
+            + ",\n".join("    " + json.dumps(row, separators=(", ", ": ")) for row in rows)
+            + "\n  ]"
+        )
     path.write_text("".join(parts) + "\n}\n")
     json.loads(path.read_text())
 
@@ -424,14 +471,18 @@ def main(argv: list[str] | None = None) -> int:
             table = make_transformer_table(name)
             path = OUT_DIR / f"{name}.json"
             _write(table, path)
-            print(f"{path}: {table['parameters']:,} parameters, {table['train_flops_per_token'] / 1e9:.3f} GFLOP per "
-                  f"token counted, {table['formula_flops_per_token'] / 1e9:.3f} by torchtitan's formula")
+            print(
+                f"{path}: {table['parameters']:,} parameters, {table['train_flops_per_token'] / 1e9:.3f} GFLOP per "
+                f"token counted, {table['formula_flops_per_token'] / 1e9:.3f} by torchtitan's formula"
+            )
             continue
         table = make_table(name)
         path = OUT_DIR / f"{name}.json"
         _write(table, path)
-        print(f"{path}: {table['parameters']:,} parameters, {len(json.loads(path.read_text())['layers'])} layers, "
-              f"DDP buckets {table['ddp_bucket_bytes']}")
+        print(
+            f"{path}: {table['parameters']:,} parameters, {len(json.loads(path.read_text())['layers'])} layers, "
+            f"DDP buckets {table['ddp_bucket_bytes']}"
+        )
     return 0
 
 

@@ -36,8 +36,14 @@ import pandas as pd
 
 from scaling.errors import UsageError
 
-PROJECTED = ("projected_step_s", "projected_allreduce_pct", "projected_exposed_comm_pct", "projected_comm_overhead_pct",
-             "projected_speedup_throughput", "projected_efficiency_throughput")
+PROJECTED = (
+    "projected_step_s",
+    "projected_allreduce_pct",
+    "projected_exposed_comm_pct",
+    "projected_comm_overhead_pct",
+    "projected_speedup_throughput",
+    "projected_efficiency_throughput",
+)
 
 
 def _mode(values: pd.Series):
@@ -119,16 +125,23 @@ def project_sweep(runs: pd.DataFrame, keys: tuple[str, ...], run_dir_of) -> tupl
         base_workers = counts[0]
         speedup = df["throughput_samples_per_s"] / float(df.loc[base_workers, "throughput_samples_per_s"])
         for n in counts:
-            rows.append({**dict(zip(others, values)), "num_workers": n, "cluster": str(cluster),
-                         "projected_step_s": float(df.loc[n, "step_s"]),
-                         "projected_allreduce_pct": float(df.loc[n, "allreduce_pct"]),
-                         "projected_exposed_comm_pct": float(df.loc[n, "exposed_comm_pct"]),
-                         "projected_comm_overhead_pct": float(df.loc[n, "comm_overhead_pct"]),
-                         "projected_speedup_throughput": float(speedup.loc[n]),
-                         "projected_efficiency_throughput": float(speedup.loc[n]) / (n / base_workers)})
-        notes.append(f"{label}: projected on {cluster} from run {run_dir_of(base).name} "
-                     f"({base_workers} worker{'s' if base_workers > 1 else ''}); "
-                     + "; ".join(df.attrs.get("notes", [])))
+            rows.append(
+                {
+                    **dict(zip(others, values)),
+                    "num_workers": n,
+                    "cluster": str(cluster),
+                    "projected_step_s": float(df.loc[n, "step_s"]),
+                    "projected_allreduce_pct": float(df.loc[n, "allreduce_pct"]),
+                    "projected_exposed_comm_pct": float(df.loc[n, "exposed_comm_pct"]),
+                    "projected_comm_overhead_pct": float(df.loc[n, "comm_overhead_pct"]),
+                    "projected_speedup_throughput": float(speedup.loc[n]),
+                    "projected_efficiency_throughput": float(speedup.loc[n]) / (n / base_workers),
+                }
+            )
+        notes.append(
+            f"{label}: projected on {cluster} from run {run_dir_of(base).name} "
+            f"({base_workers} worker{'s' if base_workers > 1 else ''}); " + "; ".join(df.attrs.get("notes", []))
+        )
     return pd.DataFrame(rows, columns=columns), notes, warnings
 
 

@@ -97,17 +97,40 @@ import pandas as pd
 from scaling.devices import load_devices
 from scaling.errors import UsageError
 from scaling.projection.cluster import (
-    PRESET_DIR, Cluster, cluster_from_alpha_beta, describe_link, describe_terms, load_cluster, normalize_precision,
+    PRESET_DIR,
+    Cluster,
+    cluster_from_alpha_beta,
+    describe_link,
+    describe_terms,
+    load_cluster,
+    normalize_precision,
 )
 from scaling.projection.compute import (
-    StepCompute, compute_from_concurrent_runs, compute_from_device,
-    compute_from_mfu, compute_from_run, jitter_straggler_s, run_model,
+    StepCompute,
+    compute_from_concurrent_runs,
+    compute_from_device,
+    compute_from_mfu,
+    compute_from_run,
+    jitter_straggler_s,
+    run_model,
 )
 from scaling.projection.cost import (
-    allreduce_s, fsdp_schedule, gather_s, horovod_schedule, hsdp_gather_s, hsdp_scatter_s, overlap_schedule, scatter_s,
+    allreduce_s,
+    fsdp_schedule,
+    gather_s,
+    horovod_schedule,
+    hsdp_gather_s,
+    hsdp_scatter_s,
+    overlap_schedule,
+    scatter_s,
 )
 from scaling.projection.layers import (
-    BYTES_PER_GRAD_ELEMENT, DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, load_layer_table, model_buckets,
+    BYTES_PER_GRAD_ELEMENT,
+    DEFAULT_BUCKET_CAP_MB,
+    DEFAULT_FIRST_BUCKET_BYTES,
+    MIB,
+    load_layer_table,
+    model_buckets,
     tensor_schedule,
 )
 
@@ -122,26 +145,60 @@ ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
 STATE_BYTES_PER_PARAMETER = 16  # fp32 parameter, fp32 gradient, AdamW's two fp32 moments
-GIB = 2 ** 30
+GIB = 2**30
 # Horovod's defaults since 0.21 (its changelog: cycle time 5 -> 1 ms, fusion buffer 64 -> 128 MB)
 HOROVOD_CYCLE_MS = 1.0
 HOROVOD_FUSION_MB = 128.0  # MiB (HOROVOD_FUSION_THRESHOLD = 128 x 2**20 bytes)
-TTA_CAVEAT = ("TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
-              "may need many more epochs, or not reach the target at all, beyond what was measured")
+TTA_CAVEAT = (
+    "TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
+    "may need many more epochs, or not reach the target at all, beyond what was measured"
+)
 COLUMNS = (
-    "num_nodes", "workers_per_node", "num_workers", "per_worker_batch", "global_batch",
-    "data_s", "forward_s", "backward_compute_s", "backward_s", "optimizer_s", "step_s",
-    "interference_s", "allreduce_s", "allreduce_pct", "straggler_s", "exposed_comm_s", "exposed_comm_pct",
+    "num_nodes",
+    "workers_per_node",
+    "num_workers",
+    "per_worker_batch",
+    "global_batch",
+    "data_s",
+    "forward_s",
+    "backward_compute_s",
+    "backward_s",
+    "optimizer_s",
+    "step_s",
+    "interference_s",
+    "allreduce_s",
+    "allreduce_pct",
+    "straggler_s",
+    "exposed_comm_s",
+    "exposed_comm_pct",
     "comm_overhead_pct",
-    "throughput_samples_per_s", "speedup_throughput", "efficiency_throughput",
-    "steps_per_epoch", "time_per_epoch_s", "speedup_time_per_epoch",
-    "num_buckets", "grad_bytes", "allreduce_algorithm", "backend",
+    "throughput_samples_per_s",
+    "speedup_throughput",
+    "efficiency_throughput",
+    "steps_per_epoch",
+    "time_per_epoch_s",
+    "speedup_time_per_epoch",
+    "num_buckets",
+    "grad_bytes",
+    "allreduce_algorithm",
+    "backend",
 )
 TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
 FSDP_COLUMNS = ("allgather_s", "regather_s", "reducescatter_s")
-TRANSFORMER_COLUMNS = ("tokens_per_s_per_gpu", "memory_states_bytes", "memory_activations_bytes",
-                       "memory_buffers_bytes", "memory_allocated_bytes", "memory_reserve_bytes", "memory_reserved_gib",
-                       "memory_runtime_bytes", "memory_bytes", "memory_gib", "memory_capacity_gib", "fits")
+TRANSFORMER_COLUMNS = (
+    "tokens_per_s_per_gpu",
+    "memory_states_bytes",
+    "memory_activations_bytes",
+    "memory_buffers_bytes",
+    "memory_allocated_bytes",
+    "memory_reserve_bytes",
+    "memory_reserved_gib",
+    "memory_runtime_bytes",
+    "memory_bytes",
+    "memory_gib",
+    "memory_capacity_gib",
+    "fits",
+)
 # What a GPU holds beyond the tensors the model allocates (module docstring), each from its source:
 # - the caching allocator's reserve: PyTorch's caching allocator keeps freed blocks and splits them, so what it
 #   reserves exceeds what is allocated; GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156) measured 15% of the
@@ -154,14 +211,15 @@ CUDA_CONTEXT_BYTES = 666_632_192
 # - NCCL's buffers of one communicator (outside the caching allocator): NCCL_BUFFSIZE's default 4 MiB (NCCL's
 #   environment-variable documentation) per channel and ring neighbour, 32 channels (NCCL_MAX_NCHANNELS' default)
 #   x 2 neighbours: 256 MiB, an estimate (LL and LL128 buffers and proxy state not counted)
-NCCL_BUFFER_BYTES = 32 * 2 * 4 * 2 ** 20
+NCCL_BUFFER_BYTES = 32 * 2 * 4 * 2**20
 RUNTIME_MEMORY_NOTE = (
     f"beyond the tensors (a GPU cluster): the caching allocator's reserve, allocated / (1 - "
     f"{ALLOCATOR_FRAGMENTATION:g}) (GMLake, ASPLOS 2024: 15% of reserved memory fragmented in LLM training); the "
-    f"CUDA context, {CUDA_CONTEXT_BYTES / 2 ** 30:.2f} GiB (pytorch/pytorch#86509); NCCL's buffers beyond one GPU, "
-    f"{NCCL_BUFFER_BYTES / 2 ** 30:.2f} GiB (32 channels x 2 neighbours x NCCL_BUFFSIZE's 4 MiB, an estimate); "
+    f"CUDA context, {CUDA_CONTEXT_BYTES / 2**30:.2f} GiB (pytorch/pytorch#86509); NCCL's buffers beyond one GPU, "
+    f"{NCCL_BUFFER_BYTES / 2**30:.2f} GiB (32 channels x 2 neighbours x NCCL_BUFFSIZE's 4 MiB, an estimate); "
     f"memory_reserved_gib = the tensors and the reserve, what torch.cuda.max_memory_reserved and torchtitan's "
-    f"logged memory measure; memory_gib adds the context and NCCL, what the GPU must hold")
+    f"logged memory measure; memory_gib adds the context and NCCL, what the GPU must hold"
+)
 
 
 def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
@@ -194,7 +252,9 @@ def parse_epochs_table(text: str | Mapping | None) -> dict[int, float] | None:
         for part in str(text).split(","):
             batch, sep, epochs = part.partition(":")
             if not sep:
-                raise UsageError(f"--epochs-to-target takes GLOBAL_BATCH:EPOCHS pairs, e.g. 256:30,1024:32, got {text!r}")
+                raise UsageError(
+                    f"--epochs-to-target takes GLOBAL_BATCH:EPOCHS pairs, e.g. 256:30,1024:32, got {text!r}"
+                )
             items.append((batch.strip(), epochs.strip()))
     table = {}
     for batch, epochs in items:
@@ -244,9 +304,16 @@ def placements(nodes: Sequence[int] | None, workers: Sequence[int] | None, gpus_
     return sorted(points, key=lambda p: (p[0] * p[1], p[0]))
 
 
-def _resolve_compute(model: str, cluster: Cluster, per_gpu_batch: int | None, precision: str | None,
-                     from_run, samples_per_s: float | None, mfu: float | None = None,
-                     activation_checkpointing: str = "selective") -> tuple[StepCompute, list[str]]:
+def _resolve_compute(
+    model: str,
+    cluster: Cluster,
+    per_gpu_batch: int | None,
+    precision: str | None,
+    from_run,
+    samples_per_s: float | None,
+    mfu: float | None = None,
+    activation_checkpointing: str = "selective",
+) -> tuple[StepCompute, list[str]]:
     notes = []
     runs = list(from_run) if isinstance(from_run, (list, tuple)) else None
     if runs is not None and len(runs) == 1:
@@ -258,22 +325,36 @@ def _resolve_compute(model: str, cluster: Cluster, per_gpu_batch: int | None, pr
                 raise UsageError(f"--from-run {run} trained {trained}, not {model}; drop --model or give a {model} run")
         compute = compute_from_concurrent_runs(runs) if runs else compute_from_run(from_run)
         if precision is not None and normalize_precision(precision) != compute.precision:
-            raise UsageError(f"--from-run {from_run} ran at {compute.precision}; --precision {precision} "
-                             f"would need another run")
+            raise UsageError(
+                f"--from-run {from_run} ran at {compute.precision}; --precision {precision} would need another run"
+            )
         compute = compute.at_batch(per_gpu_batch)
         notes.append(f"compute: {compute.source}; the cluster's links carry its gradients")
     elif load_layer_table(model).get("kind") == "transformer" and samples_per_s is None:
-        compute = compute_from_mfu(cluster.device, model, precision or "bf16", per_gpu_batch or TRANSFORMER_BATCH, mfu,
-                                   activation_checkpointing)
-        notes.append(f"compute: {compute.source}; split forward:backward by FLOPs with {activation_checkpointing} "
-                     f"activation checkpointing's recomputation in backward, data 0")
+        compute = compute_from_mfu(
+            cluster.device,
+            model,
+            precision or "bf16",
+            per_gpu_batch or TRANSFORMER_BATCH,
+            mfu,
+            activation_checkpointing,
+        )
+        notes.append(
+            f"compute: {compute.source}; split forward:backward by FLOPs with {activation_checkpointing} "
+            f"activation checkpointing's recomputation in backward, data 0"
+        )
     else:
         if mfu is not None:
             raise UsageError("give --mfu or --samples-per-s, not both")
         transformer = load_layer_table(model).get("kind") == "transformer"
         default_batch = TRANSFORMER_BATCH if transformer else 64
-        compute = compute_from_device(cluster.device, model, precision or ("bf16" if transformer else "fp32"),
-                                      per_gpu_batch or default_batch, samples_per_s)
+        compute = compute_from_device(
+            cluster.device,
+            model,
+            precision or ("bf16" if transformer else "fp32"),
+            per_gpu_batch or default_batch,
+            samples_per_s,
+        )
         notes.append(f"compute: {compute.source}; split forward:backward by FLOPs, optimizer memory-bound, data 0")
     return compute, notes
 
@@ -360,11 +441,15 @@ def run_projection(
     if activation_checkpointing is None:
         activation_checkpointing = "selective" if transformer else "none"
     if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-        raise UsageError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
-                         f"got {activation_checkpointing!r}")
+        raise UsageError(
+            f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
+            f"got {activation_checkpointing!r}"
+        )
     if backend in SHARDED and not transformer:
-        raise UsageError(f"backend {backend} needs a transformer's FSDP units; {model} has none "
-                         f"(transformers: {', '.join(m for m in available_transformers())})")
+        raise UsageError(
+            f"backend {backend} needs a transformer's FSDP units; {model} has none "
+            f"(transformers: {', '.join(m for m in available_transformers())})"
+        )
     if fsdp_reduce_dtype not in ("fp32", "bf16"):
         raise UsageError(f"fsdp_reduce_dtype must be fp32 or bf16, got {fsdp_reduce_dtype!r}")
     if fsdp_process_group not in PROCESS_GROUPS:
@@ -373,16 +458,23 @@ def run_projection(
         raise UsageError(f"fsdp_process_group gloo is modelled for backend fsdp only, not {backend}")
     if fsdp_param_dtype not in (None, "fp32", "bf16"):
         raise UsageError(f"fsdp_param_dtype must be fp32 or bf16, got {fsdp_param_dtype!r}")
-    reshard_after_forward = {True: "all", False: "none"}.get(reshard_after_forward, reshard_after_forward) \
-        if isinstance(reshard_after_forward, bool) else reshard_after_forward
+    reshard_after_forward = (
+        {True: "all", False: "none"}.get(reshard_after_forward, reshard_after_forward)
+        if isinstance(reshard_after_forward, bool)
+        else reshard_after_forward
+    )
     if reshard_after_forward not in RESHARD:
-        raise UsageError(f"reshard_after_forward must be one of {', '.join(RESHARD)} (or True / False), "
-                         f"got {reshard_after_forward!r}")
+        raise UsageError(
+            f"reshard_after_forward must be one of {', '.join(RESHARD)} (or True / False), "
+            f"got {reshard_after_forward!r}"
+        )
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     cluster = cluster.with_algorithm(allreduce)
     if overlap_slowdown is not None:
-        if not (isinstance(overlap_slowdown, (int, float)) and math.isfinite(overlap_slowdown) and overlap_slowdown >= 0):
+        if not (
+            isinstance(overlap_slowdown, (int, float)) and math.isfinite(overlap_slowdown) and overlap_slowdown >= 0
+        ):
             raise UsageError(f"overlap_slowdown must be a number >= 0, got {overlap_slowdown!r}")
         cluster = replace(cluster, overlap_slowdown=float(overlap_slowdown))
     if grad_compression is not None and grad_compression not in COMPRESSION_BYTES:
@@ -393,29 +485,41 @@ def run_projection(
     if compute is not None:
         compute, notes = compute.at_batch(per_gpu_batch), [f"compute: {compute.source}"]
     else:
-        compute, notes = _resolve_compute(model, cluster, per_gpu_batch, precision, from_run, samples_per_s, mfu,
-                                          activation_checkpointing)
+        compute, notes = _resolve_compute(
+            model, cluster, per_gpu_batch, precision, from_run, samples_per_s, mfu, activation_checkpointing
+        )
     b = compute.per_worker_batch
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     cycle_ms = HOROVOD_CYCLE_MS if horovod_cycle_time_ms is None else horovod_cycle_time_ms
     fusion_mb = HOROVOD_FUSION_MB if horovod_fusion_threshold_mb is None else horovod_fusion_threshold_mb
-    if backend == "horovod" and not (isinstance(cycle_ms, (int, float)) and cycle_ms > 0
-                                     and isinstance(fusion_mb, (int, float)) and fusion_mb >= 0):
-        raise UsageError(f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}")
+    if backend == "horovod" and not (
+        isinstance(cycle_ms, (int, float)) and cycle_ms > 0 and isinstance(fusion_mb, (int, float)) and fusion_mb >= 0
+    ):
+        raise UsageError(
+            f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}"
+        )
     if straggler_s is None and compute.straggler_ranks:
         straggler_s = compute.straggler_s
-    elif straggler_s is not None and not (isinstance(straggler_s, (int, float)) and math.isfinite(straggler_s)
-                                          and straggler_s >= 0):
+    elif straggler_s is not None and not (
+        isinstance(straggler_s, (int, float)) and math.isfinite(straggler_s) and straggler_s >= 0
+    ):
         raise UsageError(f"straggler_s must be a number >= 0, got {straggler_s!r}")
     if straggler_s:
-        measured = (f"measured by {compute.straggler_ranks} concurrent 1-worker runs"
-                    if compute.straggler_ranks and straggler_s == compute.straggler_s else "given")
-        notes.append(f"straggler: {1e3 * straggler_s:.1f} ms per step at every worker count > 1 ({measured}): "
-                     f"the wait for the slowest rank, counted as exposed communication, as the lab measures it")
+        measured = (
+            f"measured by {compute.straggler_ranks} concurrent 1-worker runs"
+            if compute.straggler_ranks and straggler_s == compute.straggler_s
+            else "given"
+        )
+        notes.append(
+            f"straggler: {1e3 * straggler_s:.1f} ms per step at every worker count > 1 ({measured}): "
+            f"the wait for the slowest rank, counted as exposed communication, as the lab measures it"
+        )
     elif straggler_s is None and cluster.step_jitter_cv:
-        notes.append(f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
-                     f"per rank and step), the expected wait for the slowest of n ranks, growing with n")
+        notes.append(
+            f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
+            f"per rank and step), the expected wait for the slowest of n ranks, growing with n"
+        )
     # the two assumptions a half-precision projection rests on that a user's job decides (_half_precision_caveats)
     wire_assumed = grad_compression is None and compute.grad_compression is None and from_run is None
     wait_assumed = straggler_s is None and from_run is None
@@ -427,13 +531,17 @@ def run_projection(
 
     if bucket_cap_mb is None:
         buckets = model_buckets(table)
-        bucket_note = f"DDP defaults: {DEFAULT_BUCKET_CAP_MB} MiB buckets, first {DEFAULT_FIRST_BUCKET_BYTES // 2**20} MiB"
+        bucket_note = (
+            f"DDP defaults: {DEFAULT_BUCKET_CAP_MB} MiB buckets, first {DEFAULT_FIRST_BUCKET_BYTES // 2**20} MiB"
+        )
     else:
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise UsageError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
         buckets = model_buckets(table, bucket_cap_mb=bucket_cap_mb, first_bucket_bytes=None)
-        bucket_note = (f"bucket_cap_mb={bucket_cap_mb:g}{' (the run config)' if cap_from_run else ''}, "
-                       f"given explicitly: DDP then has no 1 MiB first bucket")
+        bucket_note = (
+            f"bucket_cap_mb={bucket_cap_mb:g}{' (the run config)' if cap_from_run else ''}, "
+            f"given explicitly: DDP then has no 1 MiB first bucket"
+        )
     elements = [bk.elements for bk in buckets]
     fractions = [bk.ready_fraction for bk in buckets]
     schedule_source = "estimated from layer FLOPs (backward in DDP's gradient order, time proportional to FLOPs)"
@@ -445,36 +553,65 @@ def run_projection(
     elif run is not None:
         schedule_source += f"; the run has no per-bucket records ({run.steps_path.name} holds num_buckets only)"
     if compute.measured_num_buckets is not None and round(compute.measured_num_buckets) != len(elements):
-        notes.append(f"note: the run all-reduced {compute.measured_num_buckets:g} buckets per step, "
-                     f"the estimate has {len(elements)}")
+        notes.append(
+            f"note: the run all-reduced {compute.measured_num_buckets:g} buckets per step, "
+            f"the estimate has {len(elements)}"
+        )
     wire = COMPRESSION_BYTES[grad_compression]
     wire_bytes = [e * wire for e in elements]
-    on_wire = f"{sum(wire_bytes) / 1e6:.1f} MB of gradients per step on the wire " \
-              f"({'fp32' if grad_compression == 'none' else grad_compression})"
+    on_wire = (
+        f"{sum(wire_bytes) / 1e6:.1f} MB of gradients per step on the wire "
+        f"({'fp32' if grad_compression == 'none' else grad_compression})"
+    )
     if backend in SHARDED:
         pass
     elif backend == "ddp":
         notes.append(f"buckets: {len(elements)} ({bucket_note}); {on_wire}; ready times {schedule_source}")
     else:
         notes.append(f"{on_wire}; tensor ready times estimated from layer FLOPs")
-    where = f" (each value's source beside it in {cluster.source})" if cluster.source != cluster.name or \
-        (PRESET_DIR / f"{cluster.source}.yaml").is_file() else ""
-    notes.append(f"cluster {cluster.name}{where}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
-                 + describe_link(cluster.intra_node, "intra-node") + "; " + describe_link(cluster.inter_node, "inter-node")
-                 + "; " + describe_terms(cluster))
+    where = (
+        f" (each value's source beside it in {cluster.source})"
+        if cluster.source != cluster.name or (PRESET_DIR / f"{cluster.source}.yaml").is_file()
+        else ""
+    )
+    notes.append(
+        f"cluster {cluster.name}{where}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
+        + describe_link(cluster.intra_node, "intra-node")
+        + "; "
+        + describe_link(cluster.inter_node, "inter-node")
+        + "; "
+        + describe_terms(cluster)
+    )
     tensors = tensor_schedule(table)
     if backend == "horovod":
-        notes.append(f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
-                     f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)")
+        notes.append(
+            f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
+            f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)"
+        )
 
     param_dtype = fsdp_param_dtype or compute.precision
-    fsdp = _fsdp_plan(table, compute, cluster, backend, activation_checkpointing, reshard_after_forward,
-                      fsdp_reduce_dtype, param_dtype, fsdp_process_group) if backend in SHARDED else None
+    fsdp = (
+        _fsdp_plan(
+            table,
+            compute,
+            cluster,
+            backend,
+            activation_checkpointing,
+            reshard_after_forward,
+            fsdp_reduce_dtype,
+            param_dtype,
+            fsdp_process_group,
+        )
+        if backend in SHARDED
+        else None
+    )
     if fsdp is not None:
         notes.extend(fsdp["notes"])
         if cluster.overlap_slowdown:
-            notes.append(f"note: the overlap slowdown ({cluster.overlap_slowdown:g}) is not applied to FSDP's "
-                         f"schedule (cost.py): its interference is 0 here")
+            notes.append(
+                f"note: the overlap slowdown ({cluster.overlap_slowdown:g}) is not applied to FSDP's "
+                f"schedule (cost.py): its interference is 0 here"
+            )
 
     samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
     if samples_per_epoch is None and transformer:
@@ -482,8 +619,13 @@ def run_projection(
     elif not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
         raise UsageError(f"dataset size must be a positive integer, got {samples_per_epoch!r}")
     else:
-        source = ("given" if dataset_size else "the run's epochs" if compute.samples_per_epoch
-                  else f"{table['dataset']}, the usual dataset of {model}")
+        source = (
+            "given"
+            if dataset_size
+            else "the run's epochs"
+            if compute.samples_per_epoch
+            else f"{table['dataset']}, the usual dataset of {model}"
+        )
         notes.append(f"epoch: {samples_per_epoch:,} {'sequences' if transformer else 'samples'} ({source})")
     capacity_gib = None
     if transformer:
@@ -495,31 +637,47 @@ def run_projection(
         n = n_nodes * per_node
 
         def cost(nbytes, n_nodes=n_nodes, per_node=per_node):
-            return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce,
-                               cluster.collective_latency_s)
+            return allreduce_s(
+                nbytes,
+                n_nodes,
+                per_node,
+                cluster.intra_node,
+                cluster.inter_node,
+                cluster.allreduce,
+                cluster.collective_latency_s,
+            )
 
         if n == 1:
             wait = 0.0
         elif straggler_s is not None:
             wait = straggler_s
         else:
-            wait = jitter_straggler_s(compute.data_s + compute.forward_s + compute.backward_s,
-                                      cluster.step_jitter_cv, n)
+            wait = jitter_straggler_s(
+                compute.data_s + compute.forward_s + compute.backward_s, cluster.step_jitter_cv, n
+            )
         sched = None
         fsdp_row = None
         if backend in SHARDED:
             fsdp_row = _fsdp_row(fsdp, compute, cluster, backend, n_nodes, per_node)
         elif n > 1 and backend == "ddp":
-            sched = overlap_schedule(fractions, [cost(b) for b in wire_bytes], compute.backward_s,
-                                     cluster.overlap_slowdown)
+            sched = overlap_schedule(
+                fractions, [cost(b) for b in wire_bytes], compute.backward_s, cluster.overlap_slowdown
+            )
         elif n > 1:
             # negotiation: one latency-bound collective among all ranks per cycle; the cycle's phase
             # at backward's start follows from the rest of the step, the wait for the slower rank
             # included (that rank's gradients are the last a cycle waits for)
-            sched = horovod_schedule([f for _, f in tensors], [e * wire for e, _ in tensors], compute.backward_s,
-                                     cost, cycle_ms / 1e3, fusion_mb * MIB, negotiation_s=cost(0.0),
-                                     slowdown=cluster.overlap_slowdown,
-                                     rest_of_step_s=compute.data_s + compute.forward_s + compute.optimizer_s + wait)
+            sched = horovod_schedule(
+                [f for _, f in tensors],
+                [e * wire for e, _ in tensors],
+                compute.backward_s,
+                cost,
+                cycle_ms / 1e3,
+                fusion_mb * MIB,
+                negotiation_s=cost(0.0),
+                slowdown=cluster.overlap_slowdown,
+                rest_of_step_s=compute.data_s + compute.forward_s + compute.optimizer_s + wait,
+            )
         exposed = sched.exposed_s + wait if sched else 0.0
         interference = sched.interference_s if sched else 0.0
         busy = sched.busy_s + wait if sched else 0.0
@@ -534,31 +692,60 @@ def run_projection(
             ab_s = fsdp_row["ab_s"]  # the no-sync half waits for the slower rank at its all-gathers too
             extra = {k: fsdp_row[k] for k in FSDP_COLUMNS}
         if transformer:
-            extra.update(_memory(table, compute, backend, n_nodes, per_node, activation_checkpointing,
-                                 reshard_after_forward, fsdp_param_dtype or compute.precision,
-                                 gpu=capacity_gib is not None))
+            extra.update(
+                _memory(
+                    table,
+                    compute,
+                    backend,
+                    n_nodes,
+                    per_node,
+                    activation_checkpointing,
+                    reshard_after_forward,
+                    fsdp_param_dtype or compute.precision,
+                    gpu=capacity_gib is not None,
+                )
+            )
             extra["memory_capacity_gib"] = capacity_gib
             extra["fits"] = None if capacity_gib is None else bool(extra["memory_gib"] <= capacity_gib)
             extra["tokens_per_s_per_gpu"] = b * table["seq_len"] / step
         throughput = n * b / step
         steps_per_epoch = samples_per_epoch // (n * b) if samples_per_epoch else 0
-        rows.append({
-            "num_nodes": n_nodes, "workers_per_node": per_node, "num_workers": n, "per_worker_batch": b,
-            "global_batch": n * b, "data_s": compute.data_s, "forward_s": compute.forward_s,
-            "backward_compute_s": compute.backward_s, "backward_s": compute.backward_s + interference + exposed,
-            "optimizer_s": optimizer, "step_s": step, "interference_s": interference,
-            "allreduce_s": busy, "allreduce_pct": 100 * busy / step, "straggler_s": wait,
-            "exposed_comm_s": exposed, "exposed_comm_pct": 100 * exposed / step,
-            "comm_overhead_pct": 100 * (ab_s if fsdp_row is not None else exposed + interference) / step,
-            "throughput_samples_per_s": throughput, "steps_per_epoch": steps_per_epoch,
-            "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,
-            "num_buckets": len(sched.finish_s) if sched else 0, "grad_bytes": sum(wire_bytes) if n > 1 else 0,
-            "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring", "backend": backend,
-            **extra,
-        })
+        rows.append(
+            {
+                "num_nodes": n_nodes,
+                "workers_per_node": per_node,
+                "num_workers": n,
+                "per_worker_batch": b,
+                "global_batch": n * b,
+                "data_s": compute.data_s,
+                "forward_s": compute.forward_s,
+                "backward_compute_s": compute.backward_s,
+                "backward_s": compute.backward_s + interference + exposed,
+                "optimizer_s": optimizer,
+                "step_s": step,
+                "interference_s": interference,
+                "allreduce_s": busy,
+                "allreduce_pct": 100 * busy / step,
+                "straggler_s": wait,
+                "exposed_comm_s": exposed,
+                "exposed_comm_pct": 100 * exposed / step,
+                "comm_overhead_pct": 100 * (ab_s if fsdp_row is not None else exposed + interference) / step,
+                "throughput_samples_per_s": throughput,
+                "steps_per_epoch": steps_per_epoch,
+                "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,
+                "num_buckets": len(sched.finish_s) if sched else 0,
+                "grad_bytes": sum(wire_bytes) if n > 1 else 0,
+                "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring",
+                "backend": backend,
+                **extra,
+            }
+        )
         if fsdp_row is not None:
-            rows[-1].update(num_buckets=fsdp_row["collectives"], grad_bytes=fsdp_row["grad_bytes"] if n > 1 else 0,
-                            allreduce_algorithm="hsdp" if backend == "hsdp" and n_nodes > 1 else "ring")
+            rows[-1].update(
+                num_buckets=fsdp_row["collectives"],
+                grad_bytes=fsdp_row["grad_bytes"] if n > 1 else 0,
+                allreduce_algorithm="hsdp" if backend == "hsdp" and n_nodes > 1 else "ring",
+            )
         if fsdp_row is not None:
             # the phases as the lab records them: forward and backward with the time they waited on collectives
             rows[-1]["forward_s"] = compute.forward_s + fsdp_row["forward_wait_s"]
@@ -569,8 +756,10 @@ def run_projection(
     df["efficiency_throughput"] = df["speedup_throughput"] / df["num_workers"]
     df["speedup_time_per_epoch"] = base["time_per_epoch_s"] / df["time_per_epoch_s"]
     if samples_per_epoch and (df["steps_per_epoch"] == 0).any():
-        notes.append(f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
-                     f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)")
+        notes.append(
+            f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
+            f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)"
+        )
     columns = list(COLUMNS)
     if backend in SHARDED:
         columns += FSDP_COLUMNS
@@ -591,23 +780,50 @@ def run_projection(
             caveats.append(TTA_CAVEAT)
     df = df[columns]
     if compute.precision in ("fp16", "bf16") and backend not in SHARDED and not transformer and len(df) > 1:
-        caveats.extend(_half_precision_caveats(
-            df, compute.precision, wire_assumed and grad_compression == "none",
-            wait_assumed and bool(cluster.step_jitter_cv), cluster.step_jitter_cv,
-            dict(model=table, cluster=cluster, nodes=nodes, per_gpu_batch=per_gpu_batch, precision=precision,
-                 workers=workers, samples_per_s=samples_per_s, dataset_size=dataset_size, bucket_cap_mb=bucket_cap_mb,
-                 straggler_s=straggler_s, backend=backend, horovod_cycle_time_ms=horovod_cycle_time_ms,
-                 horovod_fusion_threshold_mb=horovod_fusion_threshold_mb)))
-    df.attrs.update(model=model, cluster=cluster.name, precision=compute.precision, per_gpu_batch=b,
-                    allreduce=cluster.allreduce, backend=backend, sharded=backend in SHARDED, notes=notes, caveats=caveats,
-                    schedule=schedule_source if backend not in SHARDED else "FSDP units from the layer table",
-                    activation_checkpointing=activation_checkpointing if transformer else None,
-                    seq_len=table.get("seq_len"))
+        caveats.extend(
+            _half_precision_caveats(
+                df,
+                compute.precision,
+                wire_assumed and grad_compression == "none",
+                wait_assumed and bool(cluster.step_jitter_cv),
+                cluster.step_jitter_cv,
+                dict(
+                    model=table,
+                    cluster=cluster,
+                    nodes=nodes,
+                    per_gpu_batch=per_gpu_batch,
+                    precision=precision,
+                    workers=workers,
+                    samples_per_s=samples_per_s,
+                    dataset_size=dataset_size,
+                    bucket_cap_mb=bucket_cap_mb,
+                    straggler_s=straggler_s,
+                    backend=backend,
+                    horovod_cycle_time_ms=horovod_cycle_time_ms,
+                    horovod_fusion_threshold_mb=horovod_fusion_threshold_mb,
+                ),
+            )
+        )
+    df.attrs.update(
+        model=model,
+        cluster=cluster.name,
+        precision=compute.precision,
+        per_gpu_batch=b,
+        allreduce=cluster.allreduce,
+        backend=backend,
+        sharded=backend in SHARDED,
+        notes=notes,
+        caveats=caveats,
+        schedule=schedule_source if backend not in SHARDED else "FSDP units from the layer table",
+        activation_checkpointing=activation_checkpointing if transformer else None,
+        seq_len=table.get("seq_len"),
+    )
     return df
 
 
-def _half_precision_caveats(df: pd.DataFrame, precision: str, wire_assumed: bool, wait_assumed: bool,
-                            jitter_cv: float, kwargs: dict) -> list[str]:
+def _half_precision_caveats(
+    df: pd.DataFrame, precision: str, wire_assumed: bool, wait_assumed: bool, jitter_cv: float, kwargs: dict
+) -> list[str]:
     """The lines that name the assumption to change where a half-precision projection of an image model
     rests on a default the user's job decides, not the cluster (docs/projection.md, the DAWNBench case).
 
@@ -626,16 +842,20 @@ def _half_precision_caveats(df: pd.DataFrame, precision: str, wire_assumed: bool
     if wire_assumed and (multi["num_nodes"] > 1).any():
         last = df.iloc[-1]
         alt = run_projection(**kwargs, grad_compression=precision).iloc[-1]
-        lines.append(f"gradients all-reduced in fp32 ({last.grad_bytes / 1e6:.1f} MB per step), as PyTorch AMP keeps "
-                     f"them; a model held in {precision} (apex O2, model.half(): the DAWNBench entries) or a "
-                     f"compression hook sends half: --grad-compression {precision} (at {int(last.num_workers)} GPUs "
-                     f"{100 * alt.efficiency_throughput:.1f}% efficiency, not {100 * last.efficiency_throughput:.1f}%)")
+        lines.append(
+            f"gradients all-reduced in fp32 ({last.grad_bytes / 1e6:.1f} MB per step), as PyTorch AMP keeps "
+            f"them; a model held in {precision} (apex O2, model.half(): the DAWNBench entries) or a "
+            f"compression hook sends half: --grad-compression {precision} (at {int(last.num_workers)} GPUs "
+            f"{100 * alt.efficiency_throughput:.1f}% efficiency, not {100 * last.efficiency_throughput:.1f}%)"
+        )
     if wait_assumed and not multi.empty:
         first = multi.iloc[0]
-        lines.append(f"the wait for the slowest rank is the preset's {100 * jitter_cv:.3g}% step jitter "
-                     f"({1e3 * first.straggler_s:.1f} ms at {int(first.num_workers)} GPUs); a host-bound input "
-                     f"pipeline at {precision} throughput makes ranks wait longer, and a profiler counts it as time "
-                     f"communicating: measure it (--from-run with concurrent 1-worker runs) or give --straggler-ms")
+        lines.append(
+            f"the wait for the slowest rank is the preset's {100 * jitter_cv:.3g}% step jitter "
+            f"({1e3 * first.straggler_s:.1f} ms at {int(first.num_workers)} GPUs); a host-bound input "
+            f"pipeline at {precision} throughput makes ranks wait longer, and a profiler counts it as time "
+            f"communicating: measure it (--from-run with concurrent 1-worker runs) or give --straggler-ms"
+        )
     return lines
 
 
@@ -646,23 +866,34 @@ def available_transformers() -> list[str]:
     return [m for m in available_models() if load_layer_table(m).get("kind") == "transformer"]
 
 
-def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str, checkpointing: str,
-               reshard: str, reduce_dtype: str, param_dtype: str, process_group: str = "nccl") -> dict:
+def _fsdp_plan(
+    table: dict,
+    compute: StepCompute,
+    cluster: Cluster,
+    backend: str,
+    checkpointing: str,
+    reshard: str,
+    reduce_dtype: str,
+    param_dtype: str,
+    process_group: str = "nccl",
+) -> dict:
     """Per unit (root first): compute times, bytes gathered and reduced, reshard flags; the notes."""
     units = table["units"]
     forward_flops = sum(u["forward_flops"] for u in units)
     backward_flops = sum(u["backward_flops"] + u["recompute_flops"][checkpointing] for u in units)
     forward = [compute.forward_s * u["forward_flops"] / forward_flops for u in units]
-    backward = [compute.backward_s * (u["backward_flops"] + u["recompute_flops"][checkpointing]) / backward_flops
-                for u in units]
+    backward = [
+        compute.backward_s * (u["backward_flops"] + u["recompute_flops"][checkpointing]) / backward_flops for u in units
+    ]
     param_bytes = DTYPE_BYTES[param_dtype]
     gather_bytes = [u["params"] * param_bytes for u in units]
     scatter_bytes = [u["params"] * DTYPE_BYTES[reduce_dtype] for u in units]
     # the root is resharded only when asked explicitly (FSDP2 keeps it otherwise); torchtitan keeps the last
     # block too (its backward comes first)
-    flags = [reshard == "all-and-root"] + [reshard in ("all", "all-and-root")
-                                           or (reshard == "all-but-last" and i < len(units) - 2)
-                                           for i in range(len(units) - 1)]
+    flags = [reshard == "all-and-root"] + [
+        reshard in ("all", "all-and-root") or (reshard == "all-but-last" and i < len(units) - 2)
+        for i in range(len(units) - 1)
+    ]
     optimizer_s = compute.optimizer_s  # one GPU's step over every parameter; each GPU steps its shard
     optimizer_note = "the optimizer: the one-GPU step (compute, above) over the GPU's shard"
     resharded = sum(flags[1:])
@@ -672,15 +903,30 @@ def _fsdp_plan(table: dict, compute: StepCompute, cluster: Cluster, backend: str
         f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
         f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks{' and the root' if flags[0] else ''} resharded "
         f"after forward and gathered again for backward ({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); "
-        + ("gloo: every collective holds compute (none overlaps it), a reduce-scatter costs an all-reduce of the "
-           "buffer; " if process_group == "gloo" else "one unit prefetched; ")
-        + ("sharded inside a node, replicated across nodes (reduce-scatter inside, all-reduce of the shards across)"
-           if backend == "hsdp" else "sharded over every GPU"),
+        + (
+            "gloo: every collective holds compute (none overlaps it), a reduce-scatter costs an all-reduce of the "
+            "buffer; "
+            if process_group == "gloo"
+            else "one unit prefetched; "
+        )
+        + (
+            "sharded inside a node, replicated across nodes (reduce-scatter inside, all-reduce of the shards across)"
+            if backend == "hsdp"
+            else "sharded over every GPU"
+        ),
         f"costs (cost.py, nccl-tests' definitions): all-gather and reduce-scatter (n-1)/n x S / bus bandwidth over the "
         f"slowest link in the ring, plus NCCL's latency per step and the collective latency; {optimizer_note}",
     ]
-    return {"forward": forward, "backward": backward, "gather_bytes": gather_bytes, "scatter_bytes": scatter_bytes,
-            "flags": flags, "optimizer_s": optimizer_s, "notes": notes, "process_group": process_group}
+    return {
+        "forward": forward,
+        "backward": backward,
+        "gather_bytes": gather_bytes,
+        "scatter_bytes": scatter_bytes,
+        "flags": flags,
+        "optimizer_s": optimizer_s,
+        "notes": notes,
+        "process_group": process_group,
+    }
 
 
 def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n_nodes: int, per_node: int) -> dict:
@@ -692,29 +938,52 @@ def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, 
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
     gloo = plan["process_group"] == "gloo"
     if gloo:  # gloo's reduce-scatter is an all-reduce of the buffer (cost.py)
+
         def scatter(nbytes, *link):
-            return allreduce_s(nbytes, n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.allreduce,
-                               cluster.collective_latency_s)
+            return allreduce_s(
+                nbytes,
+                n_nodes,
+                per_node,
+                cluster.intra_node,
+                cluster.inter_node,
+                cluster.allreduce,
+                cluster.collective_latency_s,
+            )
+
     g_cost = [gather(b, *link) if n > 1 else 0.0 for b in plan["gather_bytes"]]
     s_cost = [scatter(b, *link) if n > 1 else 0.0 for b in plan["scatter_bytes"]]
     sched = fsdp_schedule(plan["forward"], plan["backward"], g_cost, s_cost, plan["flags"], synchronous=gloo)
-    without = fsdp_schedule(plan["forward"], plan["backward"], g_cost, [0.0] * len(s_cost), plan["flags"],
-                            synchronous=gloo)
+    without = fsdp_schedule(
+        plan["forward"], plan["backward"], g_cost, [0.0] * len(s_cost), plan["flags"], synchronous=gloo
+    )
     shards = per_node if backend == "hsdp" else n
     return {
-        "end_s": sched.end_s, "exposed_s": sched.exposed_s if n > 1 else 0.0, "busy_s": sched.busy_s if n > 1 else 0.0,
+        "end_s": sched.end_s,
+        "exposed_s": sched.exposed_s if n > 1 else 0.0,
+        "busy_s": sched.busy_s if n > 1 else 0.0,
         "ab_s": max(0.0, sched.end_s - without.end_s) if n > 1 else 0.0,
         "optimizer_s": plan["optimizer_s"] / shards,
-        "allgather_s": sched.seconds("all_gather"), "regather_s": sched.seconds("re_gather"),
+        "allgather_s": sched.seconds("all_gather"),
+        "regather_s": sched.seconds("re_gather"),
         "reducescatter_s": sched.seconds("reduce_scatter"),
-        "collectives": len(sched.collectives) if n > 1 else 0, "grad_bytes": sum(plan["scatter_bytes"]),
+        "collectives": len(sched.collectives) if n > 1 else 0,
+        "grad_bytes": sum(plan["scatter_bytes"]),
         "forward_wait_s": sched.forward_waited_s if n > 1 else 0.0,
         "backward_wait_s": sched.waited_s - sched.forward_waited_s if n > 1 else 0.0,
     }
 
 
-def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_node: int, checkpointing: str,
-            reshard: str, param_dtype: str, gpu: bool = True) -> dict:
+def _memory(
+    table: dict,
+    compute: StepCompute,
+    backend: str,
+    n_nodes: int,
+    per_node: int,
+    checkpointing: str,
+    reshard: str,
+    param_dtype: str,
+    gpu: bool = True,
+) -> dict:
     """Memory per GPU (module docstring), in bytes."""
     n = n_nodes * per_node
     shards = n if backend == "fsdp" else per_node if backend == "hsdp" else 1
@@ -725,12 +994,16 @@ def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_n
     # root's are mostly the loss's fp32 log-softmax, in fp32 either way)
     scale = DTYPE_BYTES[compute.precision] / 2
     blocks = units[1:]
-    held = tokens * (units[0]["activation_bytes_per_token"][checkpointing]
-                     + scale * sum(u["activation_bytes_per_token"][checkpointing] for u in blocks))
+    held = tokens * (
+        units[0]["activation_bytes_per_token"][checkpointing]
+        + scale * sum(u["activation_bytes_per_token"][checkpointing] for u in blocks)
+    )
     # the largest transient: a checkpointed block's activations recomputed for its backward, or the
     # loss's gradient of the fp32 logits beside the saved log-softmax (4 bytes per vocabulary entry per token)
-    recomputed = scale * max((u["activation_bytes_per_token"]["none"] - u["activation_bytes_per_token"][checkpointing]
-                              for u in blocks), default=0.0)
+    recomputed = scale * max(
+        (u["activation_bytes_per_token"]["none"] - u["activation_bytes_per_token"][checkpointing] for u in blocks),
+        default=0.0,
+    )
     transient = tokens * max(recomputed, 4.0 * table["num_classes"])
     buffers = 0.0
     if backend in SHARDED:
@@ -740,8 +1013,12 @@ def _memory(table: dict, compute: StepCompute, backend: str, n_nodes: int, per_n
         gathered = sum(u["params"] for u in blocks) if reshard == "none" else 2 * block
         buffers = 2 * param_bytes * root + param_bytes * gathered + 4 * max(root, block)
     allocated = states + held + transient + buffers
-    out = {"memory_states_bytes": states, "memory_activations_bytes": held + transient,
-           "memory_buffers_bytes": buffers, "memory_allocated_bytes": allocated}
+    out = {
+        "memory_states_bytes": states,
+        "memory_activations_bytes": held + transient,
+        "memory_buffers_bytes": buffers,
+        "memory_allocated_bytes": allocated,
+    }
     return {**out, **_runtime_memory(allocated, gpu, n > 1)}
 
 
@@ -751,23 +1028,43 @@ def _runtime_memory(allocated: float, gpu: bool, communicates: bool) -> dict:
     reserve = allocated * ALLOCATOR_FRAGMENTATION / (1 - ALLOCATOR_FRAGMENTATION) if gpu else 0.0
     runtime = (CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if communicates else 0.0)) if gpu else 0.0
     total = allocated + reserve + runtime
-    return {"memory_reserve_bytes": reserve, "memory_reserved_gib": (allocated + reserve) / GIB,
-            "memory_runtime_bytes": runtime, "memory_bytes": total, "memory_gib": total / GIB}
+    return {
+        "memory_reserve_bytes": reserve,
+        "memory_reserved_gib": (allocated + reserve) / GIB,
+        "memory_runtime_bytes": runtime,
+        "memory_bytes": total,
+        "memory_gib": total / GIB,
+    }
 
 
 def _memory_note(backend: str, checkpointing: str) -> str:
     shard = {"fsdp": "over every GPU", "hsdp": "over a node's GPUs"}.get(backend, "not sharded (DDP: every GPU a copy)")
-    return (f"memory per GPU: fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter) "
-            f"{shard}; activations under {checkpointing} activation checkpointing (the layer table, bf16) plus the "
-            f"largest transient" + ("; FSDP's buffers: the root's bf16 parameters and gradients, two blocks' bf16 "
-                                    "parameters, one unit's fp32 gradients" if backend in SHARDED else "")
-            + "; " + RUNTIME_MEMORY_NOTE)
+    return (
+        f"memory per GPU: fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter) "
+        f"{shard}; activations under {checkpointing} activation checkpointing (the layer table, bf16) plus the "
+        f"largest transient"
+        + (
+            "; FSDP's buffers: the root's bf16 parameters and gradients, two blocks' bf16 "
+            "parameters, one unit's fp32 gradients"
+            if backend in SHARDED
+            else ""
+        )
+        + "; "
+        + RUNTIME_MEMORY_NOTE
+    )
 
 
 def project_cluster_from_alpha_beta(
-    alpha_s: float, beta_bytes_per_s: float, nodes: Sequence[int] | str, gpus_per_node: int,
-    model: str = "resnet50", per_gpu_batch: int | None = None, precision: str | None = None,
-    from_run=None, device: str | None = None, **kwargs,
+    alpha_s: float,
+    beta_bytes_per_s: float,
+    nodes: Sequence[int] | str,
+    gpus_per_node: int,
+    model: str = "resnet50",
+    per_gpu_batch: int | None = None,
+    precision: str | None = None,
+    from_run=None,
+    device: str | None = None,
+    **kwargs,
 ) -> pd.DataFrame:
     """`run_projection` on a cluster whose every link is a fitted alpha (s) and bandwidth
     (bytes/s), e.g. `fit_alpha_beta(...)` on the lab's all-reduce benchmark, flat ring.

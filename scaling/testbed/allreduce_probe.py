@@ -52,8 +52,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank,
-                            world_size=args.world, timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{args.master}:{args.port}",
+        rank=args.rank,
+        world_size=args.world,
+        timeout=timedelta(seconds=600),
+    )
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():

@@ -63,8 +63,12 @@ def ray_env() -> dict:
     """The environment of the head and of the processes that use it: no auth on loopback, no usage
     stats, and this venv first on PATH (`ray job submit` entrypoints such as `scaling ...` run in the
     head's environment)."""
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
 
 
 class PrivateRayHead:
@@ -77,8 +81,14 @@ class PrivateRayHead:
     `ray status` (a Python process importing Ray every half second, beside the starting head).
     """
 
-    def __init__(self, num_cpus: int = 2, taskset: list[str] | None = None, settle_s: float = 0.0,
-                 timeout_s: float = 120.0, prefix: str = "lray-"):
+    def __init__(
+        self,
+        num_cpus: int = 2,
+        taskset: list[str] | None = None,
+        settle_s: float = 0.0,
+        timeout_s: float = 120.0,
+        prefix: str = "lray-",
+    ):
         # short, under /tmp: Ray's socket paths have a length limit
         self.temp_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
         self.port, self.dashboard_port, self.agent_port = free_port(), free_port(), free_port()
@@ -89,7 +99,9 @@ class PrivateRayHead:
         # lab's runs Serve: 0 turns the drain off, and the group is gone in about 4 s.
         self.env = {**ray_env(), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
         self.num_cpus = num_cpus
-        self.taskset = list(taskset or [])  # e.g. ["taskset", "-c", "1"]: the head and every Ray process it starts on CPU 1
+        self.taskset = list(
+            taskset or []
+        )  # e.g. ["taskset", "-c", "1"]: the head and every Ray process it starts on CPU 1
         self.settle_s = settle_s
         self.timeout_s = timeout_s
         self.process: subprocess.Popen | None = None
@@ -104,13 +116,26 @@ class PrivateRayHead:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def start(self) -> "PrivateRayHead":
-        command = [*self.taskset, str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}",
-                   "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                   f"--dashboard-agent-listen-port={self.agent_port}", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
-                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+        command = [
+            *self.taskset,
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={self.port}",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--dashboard-agent-listen-port={self.agent_port}",
+            f"--num-cpus={self.num_cpus}",
+            "--num-gpus=0",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]
         t0 = time.time()
-        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = t0 + self.timeout_s
         while True:
             # the job server (dashboard) comes up a few seconds after the GCS; its state API answers from the GCS
@@ -119,7 +144,9 @@ class PrivateRayHead:
             if time.time() > deadline or self.process.poll() is not None:
                 exited = self.process.poll()
                 self.stop()
-                raise RuntimeError(f"private Ray head did not start: {'its `ray start` exited with status ' + str(exited) if exited is not None else f'no answer from {self.dashboard} within {self.timeout_s:g} s'}")
+                raise RuntimeError(
+                    f"private Ray head did not start: {'its `ray start` exited with status ' + str(exited) if exited is not None else f'no answer from {self.dashboard} within {self.timeout_s:g} s'}"
+                )
             time.sleep(0.2)
         self.start_s = time.time() - t0
         time.sleep(self.settle_s)
@@ -165,7 +192,7 @@ def _group_alive(group: int) -> bool:
                 stat = f.read()
         except OSError:
             continue
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
         if int(pgrp) == group and state != "Z":
             return True
     return False

@@ -185,8 +185,21 @@ def tbf_burst_bytes(rate: str) -> int:
 
 def _cap(run, iface: str, rate: str) -> None:
     """Token-bucket cap on `iface`'s egress (`tbf_burst_bytes` of burst)."""
-    run("tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate, "burst", str(tbf_burst_bytes(rate)),
-        "latency", "200ms")
+    run(
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        iface,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        str(tbf_burst_bytes(rate)),
+        "latency",
+        "200ms",
+    )
 
 
 def _wait_for_head(cluster: MiniCluster, head_process: subprocess.Popen) -> None:
@@ -198,8 +211,10 @@ def _wait_for_head(cluster: MiniCluster, head_process: subprocess.Popen) -> None
         if _http_ok(f"{cluster.dashboard}/api/version") and alive_nodes(cluster) >= 1:
             return
         if head_process.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"the head node did not start within {START_TIMEOUT_S:g} s "
-                               f"(exit {head_process.poll()}): its log is under {cluster.temp_dir}")
+            raise RuntimeError(
+                f"the head node did not start within {START_TIMEOUT_S:g} s "
+                f"(exit {head_process.poll()}): its log is under {cluster.temp_dir}"
+            )
         time.sleep(0.2)
 
 
@@ -222,8 +237,14 @@ def alive_nodes(cluster: MiniCluster) -> int:
 # --------------------------------------------------------------------------- up / down
 
 
-def up(nodes: int, bandwidth: str | None = None, cpus_per_node: int = 1, name: str = "lab",
-       subnet: str = "10.213.0.0/24", log=print) -> MiniCluster:
+def up(
+    nodes: int,
+    bandwidth: str | None = None,
+    cpus_per_node: int = 1,
+    name: str = "lab",
+    subnet: str = "10.213.0.0/24",
+    log=print,
+) -> MiniCluster:
     """Build the cluster; on any failure, remove what was made so far and raise."""
     _require_root()
     _check_name(name)
@@ -242,8 +263,14 @@ def up(nodes: int, bandwidth: str | None = None, cpus_per_node: int = 1, name: s
         except ValueError:
             continue
     cluster = MiniCluster(
-        name=name, subnet=subnet, bridge=f"sm{name}br", bridge_ip=str(hosts[0]), bandwidth=bandwidth,
-        cpus_per_node=cpus_per_node, temp_dir=f"/tmp/smc-{name}", created_at=time.time(),
+        name=name,
+        subnet=subnet,
+        bridge=f"sm{name}br",
+        bridge_ip=str(hosts[0]),
+        bandwidth=bandwidth,
+        cpus_per_node=cpus_per_node,
+        temp_dir=f"/tmp/smc-{name}",
+        created_at=time.time(),
         nodes=[Node(i, f"scaling-{name}-n{i}", str(hosts[9 + i]), f"sm{name}h{i}") for i in range(nodes)],
     )
     _save(cluster)  # first: whatever happens next, `down` knows what to remove
@@ -283,10 +310,25 @@ def _start_ray(cluster: MiniCluster, log) -> None:
     Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
     log(f"starting the head in {head.namespace} ({head.ip})")
     process = subprocess.Popen(
-        ["ip", "netns", "exec", head.namespace, str(BIN / "ray"), "start", "--head", f"--node-ip-address={head.ip}",
-         f"--port={GCS_PORT}", "--dashboard-host=0.0.0.0", f"--dashboard-port={DASHBOARD_PORT}",
-         f"--temp-dir={cluster.temp_dir}", *common],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            "ip",
+            "netns",
+            "exec",
+            head.namespace,
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            f"--node-ip-address={head.ip}",
+            f"--port={GCS_PORT}",
+            "--dashboard-host=0.0.0.0",
+            f"--dashboard-port={DASHBOARD_PORT}",
+            f"--temp-dir={cluster.temp_dir}",
+            *common,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     head.pid = process.pid
     _save(cluster)
@@ -304,9 +346,21 @@ def _ray_start_options(cluster: MiniCluster) -> list[str]:
 def _start_worker_node(cluster: MiniCluster, node: Node) -> None:
     """`ray start` in a non-head node's namespace, joining the head; its process id recorded."""
     worker = subprocess.Popen(
-        ["ip", "netns", "exec", node.namespace, str(BIN / "ray"), "start", f"--address={cluster.address}",
-         f"--node-ip-address={node.ip}", *_ray_start_options(cluster)],
-        env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            "ip",
+            "netns",
+            "exec",
+            node.namespace,
+            str(BIN / "ray"),
+            "start",
+            f"--address={cluster.address}",
+            f"--node-ip-address={node.ip}",
+            *_ray_start_options(cluster),
+        ],
+        env=cluster.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     node.pid = worker.pid
     _save(cluster)
@@ -492,8 +546,14 @@ def _raise_for(signum: int):
 
 
 @contextlib.contextmanager
-def running(nodes: int, bandwidth: str | None = None, cpus_per_node: int = 1, name: str = "lab",
-            subnet: str = "10.213.0.0/24", log=print):
+def running(
+    nodes: int,
+    bandwidth: str | None = None,
+    cpus_per_node: int = 1,
+    name: str = "lab",
+    subnet: str = "10.213.0.0/24",
+    log=print,
+):
     """`up`, the block, then `down`, whichever way the block ends: returning, raising, or this
     process receiving SIGTERM or SIGINT (`signals_raise`); a signal during `down` waits for it."""
     with signals_raise() as shield:
@@ -512,17 +572,30 @@ def status(name: str = "lab") -> dict:
     existing = set(_sh("ip", "netns", "list", check=False).stdout.split())
     rows = []
     for node in cluster.nodes:
-        qdisc = _in_ns(node.namespace, "tc", "qdisc", "show", "dev", NODE_IFACE, check=False).stdout.strip() \
-            if node.namespace in existing else ""
+        qdisc = (
+            _in_ns(node.namespace, "tc", "qdisc", "show", "dev", NODE_IFACE, check=False).stdout.strip()
+            if node.namespace in existing
+            else ""
+        )
         rate = re.search(r"rate (\S+)", qdisc)
-        rows.append({
-            "node": node.index, "namespace": node.namespace, "ip": node.ip,
-            "namespace_exists": node.namespace in existing,
-            "ray_process_alive": _pid_alive(node.pid),
-            "egress_cap": rate.group(1) if rate else "uncapped",
-        })
-    return {"name": cluster.name, "address": cluster.address, "dashboard": cluster.dashboard,
-            "bandwidth": cluster.bandwidth, "ray_nodes_alive": alive_nodes(cluster), "nodes": rows}
+        rows.append(
+            {
+                "node": node.index,
+                "namespace": node.namespace,
+                "ip": node.ip,
+                "namespace_exists": node.namespace in existing,
+                "ray_process_alive": _pid_alive(node.pid),
+                "egress_cap": rate.group(1) if rate else "uncapped",
+            }
+        )
+    return {
+        "name": cluster.name,
+        "address": cluster.address,
+        "dashboard": cluster.dashboard,
+        "bandwidth": cluster.bandwidth,
+        "ray_nodes_alive": alive_nodes(cluster),
+        "nodes": rows,
+    }
 
 
 def node_running(cluster: MiniCluster, node_index: int) -> bool:
@@ -565,11 +638,24 @@ class AllreduceProbe:
         env = cluster.env()
         self.processes = [
             subprocess.Popen(
-                ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "scaling.testbed.allreduce_probe",
-                 f"--rank={node.index}", f"--world={nodes}", f"--master={cluster.head.ip}",
-                 f"--port={port or DEFAULT_PORT}"],
-                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE, text=True,
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.namespace,
+                    sys.executable,
+                    "-m",
+                    "scaling.testbed.allreduce_probe",
+                    f"--rank={node.index}",
+                    f"--world={nodes}",
+                    f"--master={cluster.head.ip}",
+                    f"--port={port or DEFAULT_PORT}",
+                ],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for node in cluster.nodes[:nodes]
         ]

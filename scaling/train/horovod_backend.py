@@ -33,10 +33,18 @@ from scaling.instrument.backends.horovod import HorovodBackend
 # Every variable this module sets; cleared before a new init so that nothing of an earlier
 # configuration in the same process leaks into the next.
 _PLACEMENT_KEYS = (
-    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-    "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
-    "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
-    "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT",
+    "HOROVOD_CONTROLLER",
+    "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_GLOO_IFACE",
 )
 _TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_TIMELINE")
 
@@ -61,8 +69,10 @@ def available(use_gpu: bool = False) -> tuple[bool, str]:
     if not hvd.gloo_built():
         return False, "horovod was built without gloo; rebuild with `make horovod`"
     if use_gpu and not hvd.nccl_built():
-        return False, ("horovod was built without NCCL, so GPU workers (workers.use_gpu) cannot use it; rebuild with "
-                       "`make horovod` where torch is a CUDA build and nvcc and NCCL are present, or use backend auto (DDP)")
+        return False, (
+            "horovod was built without NCCL, so GPU workers (workers.use_gpu) cannot use it; rebuild with "
+            "`make horovod` where torch is a CUDA build and nvcc and NCCL are present, or use backend auto (DDP)"
+        )
     return True, ""
 
 
@@ -104,7 +114,9 @@ class HorovodTuning:
     def effective(self) -> dict:
         """The values in force, defaults filled in (for the run's records)."""
         return {
-            "fusion_threshold_bytes": DEFAULT_FUSION_THRESHOLD_BYTES if self.fusion_threshold_bytes is None else self.fusion_threshold_bytes,
+            "fusion_threshold_bytes": DEFAULT_FUSION_THRESHOLD_BYTES
+            if self.fusion_threshold_bytes is None
+            else self.fusion_threshold_bytes,
             "cycle_time_ms": DEFAULT_CYCLE_TIME_MS if self.cycle_time_ms is None else self.cycle_time_ms,
             "timeline_path": self.timeline_path or "",
         }
@@ -160,7 +172,9 @@ def compute_ranks(placements: list[tuple[int, int]]) -> list[HorovodRanks]:
     return ranks
 
 
-def placement_env(ranks: HorovodRanks, hostname: str, rendezvous_addr: str, rendezvous_port: int, iface: str) -> dict[str, str]:
+def placement_env(
+    ranks: HorovodRanks, hostname: str, rendezvous_addr: str, rendezvous_port: int, iface: str
+) -> dict[str, str]:
     """The environment horovodrun --gloo (gloo_run.create_slot_env_vars + create_run_env_vars) sets."""
     return {
         "HOROVOD_RANK": str(ranks.rank),
@@ -245,8 +259,10 @@ def setup_horovod_env_and_init(
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("setup_horovod_env_and_init needs an initialised torch.distributed group")
     if dist.get_rank(group) != rank or dist.get_world_size(group) != world_size:
-        raise ValueError(f"rank/world_size ({rank}/{world_size}) differ from torch.distributed's "
-                         f"({dist.get_rank(group)}/{dist.get_world_size(group)})")
+        raise ValueError(
+            f"rank/world_size ({rank}/{world_size}) differ from torch.distributed's "
+            f"({dist.get_rank(group)}/{dist.get_world_size(group)})"
+        )
     if hvd.is_initialized():
         shutdown()
 
@@ -271,10 +287,20 @@ def setup_horovod_env_and_init(
         server = RendezvousServer(verbose=0)
         port = server.start()  # binds all interfaces, a free port
         # Scope sizes let the server clear each scope once all its ranks finished with it.
-        server.init([
-            SlotInfo(host_name(placements[r.rank][0]), r.rank, r.local_rank, r.cross_rank, r.size, r.local_size, r.cross_size)
-            for r in all_ranks
-        ])
+        server.init(
+            [
+                SlotInfo(
+                    host_name(placements[r.rank][0]),
+                    r.rank,
+                    r.local_rank,
+                    r.cross_rank,
+                    r.size,
+                    r.local_size,
+                    r.cross_size,
+                )
+                for r in all_ranks
+            ]
+        )
         _state.server = server
         addr = "127.0.0.1" if num_nodes == 1 else _node_ip()
         message = [(addr, port)]
@@ -353,15 +379,19 @@ def wrap_optimizer(
         ("cycle_time_ms", cycle_time_ms, applied.cycle_time_ms),
     ):
         if wanted is not None and wanted != have:
-            raise ValueError(f"{name}={wanted} must be set before hvd.init() (init applied {have}); "
-                             "pass it in setup_horovod_env_and_init(tuning=HorovodTuning(...))")
+            raise ValueError(
+                f"{name}={wanted} must be set before hvd.init() (init applied {have}); "
+                "pass it in setup_horovod_env_and_init(tuning=HorovodTuning(...))"
+            )
     if compression not in HorovodBackend.compressions:
         raise ValueError(f"horovod compression must be one of {HorovodBackend.compressions}, got {compression!r}")
     comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     had_state = len(optimizer.state_dict()["state"]) > 0
     dist_opt = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(), compression=comp,
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=comp,
         backward_passes_per_step=backward_passes_per_step,
     )
     if had_state:
@@ -432,13 +462,15 @@ def parse_timeline(path, phase: str = "ALLREDUCE"):
             stack.append(e)
         elif stack:
             begin = stack.pop()
-            rows.append({
-                "tensor": names.get(e.get("pid"), str(e.get("pid"))),
-                "phase": begin.get("name", ""),
-                "depth": len(stack),
-                "start_s": begin["ts"] / 1e6,
-                "end_s": e["ts"] / 1e6,
-            })
+            rows.append(
+                {
+                    "tensor": names.get(e.get("pid"), str(e.get("pid"))),
+                    "phase": begin.get("name", ""),
+                    "depth": len(stack),
+                    "start_s": begin["ts"] / 1e6,
+                    "end_s": e["ts"] / 1e6,
+                }
+            )
     df = pd.DataFrame(rows, columns=["tensor", "phase", "depth", "start_s", "end_s"])
     df["duration_s"] = df["end_s"] - df["start_s"]
     if phase is not None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import time
 from dataclasses import dataclass
 
 import torch
@@ -79,10 +78,12 @@ def pin_training_thread(cpu_list: str, local_rank: int, cpus_per_worker: int) ->
     from scaling.config import parse_cpu_list
 
     cpus = parse_cpu_list(cpu_list)
-    group = cpus[local_rank * cpus_per_worker:(local_rank + 1) * cpus_per_worker]
+    group = cpus[local_rank * cpus_per_worker : (local_rank + 1) * cpus_per_worker]
     if len(group) < cpus_per_worker:
-        raise UsageError(f"workers.pin_cpus={cpu_list!r} has no group of {cpus_per_worker} CPU(s) for local rank {local_rank}; "
-                         f"name at least {(local_rank + 1) * cpus_per_worker} CPUs")
+        raise UsageError(
+            f"workers.pin_cpus={cpu_list!r} has no group of {cpus_per_worker} CPU(s) for local rank {local_rank}; "
+            f"name at least {(local_rank + 1) * cpus_per_worker} CPUs"
+        )
     try:
         os.sched_setaffinity(0, group)  # 0: the calling thread
     except OSError as exc:
@@ -136,8 +137,14 @@ def _in_lockstep(batches, ctx: WorkerContext):
             yield None, last
 
 
-def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Precision,
-              batch_size: int = EVAL_BATCH, lockstep: bool = False) -> dict:
+def _evaluate(
+    model: torch.nn.Module,
+    dataset,
+    ctx: WorkerContext,
+    precision: Precision,
+    batch_size: int = EVAL_BATCH,
+    lockstep: bool = False,
+) -> dict:
     """Top-1 and top-5 accuracy and the mean cross-entropy (`loss`) over the whole validation set, per
     sample (per token for a language model): each rank its shard, summed across ranks. `lockstep`:
     every rank takes the same number of forwards (a sharded model's: `_in_lockstep`)."""
@@ -145,7 +152,7 @@ def _evaluate(model: torch.nn.Module, dataset, ctx: WorkerContext, precision: Pr
     totals = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # top-1 correct, top-5 correct, loss sum, rows
     batches = dataset.val_batches(ctx.rank, ctx.world_size, batch_size)
     with torch.no_grad():
-        for item in (_in_lockstep(batches, ctx) if lockstep else batches):
+        for item in _in_lockstep(batches, ctx) if lockstep else batches:
             if item[0] is None:  # this rank's shard ended: a forward the others need, not counted
                 with precision.autocast():
                     model(precision.layout(item[1][0]))
@@ -246,8 +253,9 @@ def set_up_worker(cfg: ExperimentConfig, ctx: WorkerContext) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def run_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None,
-               live_metrics=None):
+def run_worker(
+    cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None, live_metrics=None
+):
     """A launcher's per-worker entry: the worker's CPU set-up, then the lab's loop or the user's function.
 
     `live_metrics`: the launcher's live metrics for the instrument (scaling/instrument/parts.py), or
@@ -261,8 +269,9 @@ def run_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: 
         return train_worker(cfg, ctx, run_dir, checkpoints, live_metrics)
 
 
-def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None,
-                 live_metrics=None) -> dict:
+def train_worker(
+    cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None, live_metrics=None
+) -> dict:
     """Train until the target accuracy or max_epochs; returns rank 0's last epoch row.
 
     The loop is a client of the public instrument (scaling/instrument/meter.py), like any
@@ -310,15 +319,25 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
 
     def calibration_batches(epoch: int):
         # Calibration batches come from a permutation of their own, apart from any training epoch's.
-        return dataset.train_batches(ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed,
-                                     cfg.train.per_worker_batch)
+        return dataset.train_batches(
+            ctx.rank, ctx.world_size, CALIBRATION_EPOCH_OFFSET + epoch, cfg.train.seed, cfg.train.per_worker_batch
+        )
 
     meter = attach(
-        model, optimizer, run_dir=run_dir, forward_module=forward, name=cfg.name, target_accuracy=cfg.train.target_accuracy,
+        model,
+        optimizer,
+        run_dir=run_dir,
+        forward_module=forward,
+        name=cfg.name,
+        target_accuracy=cfg.train.target_accuracy,
         target_loss=cfg.train.target_loss if cfg.train.target_metric == "val_loss" else None,
-        forward_backward=forward_backward, calibration_data=calibration_batches, settings=cfg.instrument,
+        forward_backward=forward_backward,
+        calibration_data=calibration_batches,
+        settings=cfg.instrument,
         # the launcher writes the run's summary: no finisher
-        parts=Parts(identity=Identity(ctx.rank, ctx.world_size, ctx.local_rank, ctx.node_rank), live_metrics=live_metrics),
+        parts=Parts(
+            identity=Identity(ctx.rank, ctx.world_size, ctx.local_rank, ctx.node_rank), live_metrics=live_metrics
+        ),
     )
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))
@@ -329,8 +348,11 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
         if problem:
             print(f"warning: {problem}", flush=True)
     if ctx.rank == 0 and ctx.device.type == "cpu" and cfg.train.precision == "fp16":
-        print("note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
-              "bf16 is the CPU's mixed precision (train.precision=bf16)", flush=True)
+        print(
+            "note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
+            "bf16 is the CPU's mixed precision (train.precision=bf16)",
+            flush=True,
+        )
     if ctx.rank == 0 and cfg.instrument.telemetry_interval_s > 0:
         # One line: what was started on a GPU, or that a machine has no NVML to read.
         from scaling.instrument.telemetry import telemetry_available
@@ -373,16 +395,26 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 if step_in_epoch in mid_epoch_evals and dataset.has_validation:
                     with meter.paused():  # outside train_s, the step and TTA
                         mid = _evaluate(plain_model, dataset, ctx, precision, eval_batch, lockstep)
-                        meter.record_eval(_accuracy_column(mid, cfg), epoch_progress=epoch - 1 + step_in_epoch / steps_per_ep,
-                                          val_top1=mid["top1"], val_top5=mid["top5"], val_loss=mid["loss"])
-            evaluation = (_evaluate(plain_model, dataset, ctx, precision, eval_batch, lockstep)
-                          if dataset.has_validation else {})
+                        meter.record_eval(
+                            _accuracy_column(mid, cfg),
+                            epoch_progress=epoch - 1 + step_in_epoch / steps_per_ep,
+                            val_top1=mid["top1"],
+                            val_top5=mid["top5"],
+                            val_loss=mid["loss"],
+                        )
+            evaluation = (
+                _evaluate(plain_model, dataset, ctx, precision, eval_batch, lockstep) if dataset.has_validation else {}
+            )
             train_loss = float(loss_sum) / steps_per_ep
             last_row = meter.end_epoch(
-                val_accuracy=_accuracy_column(evaluation, cfg), samples=steps_per_ep * cfg.global_batch, train_loss=train_loss,
+                val_accuracy=_accuracy_column(evaluation, cfg),
+                samples=steps_per_ep * cfg.global_batch,
+                train_loss=train_loss,
                 # both kinds of accuracy and the loss beside the figure the target applies to (train.target_metric)
-                val_top1=evaluation.get("top1", float("nan")), val_top5=evaluation.get("top5", float("nan")),
-                val_loss=evaluation.get("loss", float("nan")), lr=optimizer.param_groups[0]["lr"],
+                val_top1=evaluation.get("top1", float("nan")),
+                val_top5=evaluation.get("top5", float("nan")),
+                val_loss=evaluation.get("loss", float("nan")),
+                lr=optimizer.param_groups[0]["lr"],
                 **compile_clock.columns(),  # compile_s, compile_steps: in the epoch whose steps compiled
             )
             if ctx.rank == 0:
@@ -392,8 +424,10 @@ def train_worker(cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints
                 figure = "val_loss" if cfg.train.target_metric == "val_loss" else f"val_acc({cfg.train.target_metric})"
                 # a dataset without validation (synthetic) has no figure to print, rather than "nan"
                 validation = f"  {figure} {_target_value(evaluation, cfg):.4f}" if dataset.has_validation else ""
-                print(f"epoch {epoch:3d}{validation}  loss {train_loss:.4f}  train {last_row['train_s']:.2f}s  {rate}",
-                      flush=True)
+                print(
+                    f"epoch {epoch:3d}{validation}  loss {train_loss:.4f}  train {last_row['train_s']:.2f}s  {rate}",
+                    flush=True,
+                )
             reached = dataset.has_validation and _reached(evaluation, cfg)
             every = cfg.failure.checkpoint_every_epochs
             state = None

@@ -36,7 +36,18 @@ def build_optimizer(cfg: ExperimentConfig, parameters, device: torch.device | st
     `optim.adam_beta2`). Both with `optim.weight_decay` (AdamW's decoupled), fused per `use_fused`."""
     fused = {"fused": True} if use_fused(device) else {}
     if cfg.optim.name == "adamw":
-        return torch.optim.AdamW(parameters, lr=lr, betas=(cfg.optim.momentum, cfg.optim.adam_beta2),
-                                 weight_decay=cfg.optim.weight_decay, **fused)
-    return torch.optim.SGD(parameters, lr=lr, momentum=cfg.optim.momentum, nesterov=cfg.optim.momentum > 0,
-                           weight_decay=cfg.optim.weight_decay, **fused)
+        return torch.optim.AdamW(
+            parameters,
+            lr=lr,
+            betas=(cfg.optim.momentum, cfg.optim.adam_beta2),
+            weight_decay=cfg.optim.weight_decay,
+            **fused,
+        )
+    return torch.optim.SGD(
+        parameters,
+        lr=lr,
+        momentum=cfg.optim.momentum,
+        nesterov=cfg.optim.momentum > 0,
+        weight_decay=cfg.optim.weight_decay,
+        **fused,
+    )

@@ -28,8 +28,10 @@ def bf16_problem(device_name: str, capability: tuple[int, int]) -> str | None:
     """
     if tuple(capability) >= NATIVE_BF16_CAPABILITY:
         return None
-    return (f"train.precision=bf16 on {device_name} (compute capability {capability[0]}.{capability[1]}) is emulated, "
-            "far slower than fp16: GPUs have native bf16 from compute capability 8.0 (A100); use train.precision=fp16")
+    return (
+        f"train.precision=bf16 on {device_name} (compute capability {capability[0]}.{capability[1]}) is emulated, "
+        "far slower than fp16: GPUs have native bf16 from compute capability 8.0 (A100); use train.precision=fp16"
+    )
 
 
 class Precision:

@@ -38,8 +38,13 @@ INTENDED = {
     "torch/amp/grad_scaler.py": "GradScaler reads found_inf on the host to skip the step on overflow (fp16)",
 }
 # The lab's functions that say which part of the loop a sync came from (innermost first wins).
-PHASES = (("_evaluate", "evaluation"), ("_calibrate", "calibration"), ("end_epoch", "epoch end"),
-          ("_profile_compute", "epoch end"), ("train_worker", "training step"))
+PHASES = (
+    ("_evaluate", "evaluation"),
+    ("_calibrate", "calibration"),
+    ("end_epoch", "epoch end"),
+    ("_profile_compute", "epoch end"),
+    ("train_worker", "training step"),
+)
 _LAB_ROOT = str(Path(__file__).resolve().parents[1])  # .../scaling
 
 
@@ -51,7 +56,7 @@ def _where(frame: traceback.FrameSummary) -> str:
             break
     else:
         if path.startswith(_LAB_ROOT):
-            path = "scaling" + path[len(_LAB_ROOT):]
+            path = "scaling" + path[len(_LAB_ROOT) :]
     return f"{path}:{frame.lineno} ({frame.name}: {(frame.line or '').strip()})"
 
 
@@ -81,8 +86,9 @@ class Syncs:
                 phase = "setup"
             intended = next((why for path, why in INTENDED.items() if innermost.filename.endswith(path)), None)
             key = (_where(innermost), _where(lab) if lab else None, phase)
-            row = rows.setdefault(key, {"site": key[0], "lab_site": key[1], "phase": phase, "count": 0,
-                                        "intended": intended})
+            row = rows.setdefault(
+                key, {"site": key[0], "lab_site": key[1], "phase": phase, "count": 0, "intended": intended}
+            )
             row["count"] += 1
         return sorted(rows.values(), key=lambda r: -r["count"])
 
@@ -134,6 +140,7 @@ def audit_lab_loop(cfg, device: torch.device, run_dir) -> dict:
         torch.cuda.set_device(device)
     ctx = WorkerContext(rank=0, world_size=1, local_rank=0, node_rank=0, device=device)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+
     def mark_first_forward(module, args):
         if syncs.setup_syncs is None:
             syncs.setup_syncs = len(syncs.stacks)
@@ -147,5 +154,11 @@ def audit_lab_loop(cfg, device: torch.device, run_dir) -> dict:
     epochs = int(row.get("epoch", cfg.train.max_epochs)) if row else cfg.train.max_epochs
     sites = syncs.sites()
     per_step = per_step_syncs(sites, epochs)
-    return {"available": syncs.available, "reason": syncs.reason, "epochs": epochs, "sites": sites,
-            "per_step": per_step, "unintended_per_step": [s for s in per_step if not s["intended"]]}
+    return {
+        "available": syncs.available,
+        "reason": syncs.reason,
+        "epochs": epochs,
+        "sites": sites,
+        "per_step": per_step,
+        "unintended_per_step": [s for s in per_step if not s["intended"]],
+    }

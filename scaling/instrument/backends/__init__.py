@@ -50,8 +50,10 @@ def detect(model, optimizer) -> Backend:
         if adapter.claims(model, optimizer):
             return adapter(model, optimizer)
     known = ", ".join(adapter.wraps for adapter in ADAPTERS)
-    raise ValueError(f"world size > 1 but no backend adapter claims this model and optimizer (it knows {known}): "
-                     "nothing synchronises the gradients (wrap the model first, e.g. ray.train.torch.prepare_model)")
+    raise ValueError(
+        f"world size > 1 but no backend adapter claims this model and optimizer (it knows {known}): "
+        "nothing synchronises the gradients (wrap the model first, e.g. ray.train.torch.prepare_model)"
+    )
 
 
 __all__ = ["ADAPTERS", "Backend", "choices", "detect", "for_choice"]

@@ -65,7 +65,9 @@ class Backend:
     def install_timer(self, clock: Clock, inject_delay_s: float = 0.0, inject_into: str = "gradients") -> None:
         """Time every collective from now on (`inject_delay_s`: the ground truth's delay, into `inject_into`)."""
         if inject_delay_s:
-            raise ValueError("inject_comm_delay_s needs communication: a DDP model or a Horovod optimizer at world size > 1")
+            raise ValueError(
+                "inject_comm_delay_s needs communication: a DDP model or a Horovod optimizer at world size > 1"
+            )
 
     @property
     def comm_rule(self) -> CommRule:

@@ -66,10 +66,12 @@ class DDPBackend(Backend):
             hook = registered
             raise ValueError(
                 f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only one: "
-                "attach the instrument first, then register your hook (it is kept and timed)")
+                "attach the instrument first, then register your hook (it is kept and timed)"
+            )
         model = self.model
-        self._timer = TimingProcessGroup(model.process_group, clock, inject_delay_s,
-                                         bucket_count=lambda: self._buckets_counted[1])
+        self._timer = TimingProcessGroup(
+            model.process_group, clock, inject_delay_s, bucket_count=lambda: self._buckets_counted[1]
+        )
         self._reducer_group = model.process_group
         if inject_delay_s:
             model.register_forward_hook(torch.compiler.disable(self._count_buckets))  # never traced
@@ -80,8 +82,9 @@ class DDPBackend(Backend):
             # to the model's own group for good (the hook issues its own collectives).
             timer = self._timer
             self._use_group(model.process_group)
-            hooked = CommTimingHook(timer.clock, inner_hook=hook, inner_state=state,
-                                    inject_delay_s=timer.inject_delay_s)
+            hooked = CommTimingHook(
+                timer.clock, inner_hook=hook, inner_state=state, inject_delay_s=timer.inject_delay_s
+            )
             hooked.timed = timer.timed
             DistributedDataParallel.register_comm_hook(model, state=None, hook=hooked)
             self._timer = hooked

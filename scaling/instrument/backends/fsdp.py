@@ -125,8 +125,16 @@ GPU_INJECTION_CHECKED = False
 
 KINDS = ("all_gather", "reduce_scatter")
 _COLUMN = {"all_gather": "allgather", "reduce_scatter": "reducescatter"}
-_GROUP_ATTRIBUTES = ("_all_gather_comm", "_reduce_scatter_comm", "fsdp_params", "wait_for_unshard", "post_backward",
-                     "reduce_grads", "all_reduce_grads", "comm_ctx")
+_GROUP_ATTRIBUTES = (
+    "_all_gather_comm",
+    "_reduce_scatter_comm",
+    "fsdp_params",
+    "wait_for_unshard",
+    "post_backward",
+    "reduce_grads",
+    "all_reduce_grads",
+    "comm_ctx",
+)
 
 
 def _in_backward() -> bool:
@@ -182,13 +190,14 @@ class FSDPBackend(Backend):
         if probe is None or probe.grad is not None:
             return probe is None
         if self._probe_param is None:
-            self._probe_param = next((param for group in self._groups() for param in group.fsdp_params
-                                      if param.sharded_param is probe), False)
+            self._probe_param = next(
+                (param for group in self._groups() for param in group.fsdp_params if param.sharded_param is probe),
+                False,
+            )
         if not self._probe_param:
             return True
         unsharded = getattr(self._probe_param, "_unsharded_param", None)
-        return (self._probe_param.unsharded_accumulated_grad is None
-                and (unsharded is None or unsharded.grad is None))
+        return self._probe_param.unsharded_accumulated_grad is None and (unsharded is None or unsharded.grad is None)
 
     def install_timer(self, clock: Clock, inject_delay_s: float = 0.0, inject_into: str = "gradients") -> None:
         self._timer = ShardedCommTimer(self.model, clock, self._rule, inject_delay_s, inject_into)
@@ -237,15 +246,21 @@ class FSDPBackend(Backend):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model_state, optimizer_state = get_state_dict(
-            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         return {"model": model_state, "optimizer": optimizer_state}
 
     def load_checkpoint_state(self, state: dict) -> None:
         """Every rank, with the whole state of `checkpoint_state`: each keeps its shard (`set_state_dict`)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
 
     def _reshard_everything(self) -> None:
         """Register every unit's sharded parameters again. FSDP2 keeps the root gathered after a forward
@@ -321,8 +336,9 @@ class TimedReduceScatter(ReduceScatter):
 class ShardedCommTimer:
     """Marks every all-gather and reduce-scatter of an FSDP2 model (module docstring)."""
 
-    def __init__(self, model, clock: Clock, rule: ShardedCommRule, inject_delay_s: float = 0.0,
-                 inject_into: str = "gradients"):
+    def __init__(
+        self, model, clock: Clock, rule: ShardedCommRule, inject_delay_s: float = 0.0, inject_into: str = "gradients"
+    ):
         if inject_delay_s < 0:
             raise ValueError(f"inject_delay_s must be >= 0, got {inject_delay_s}")
         if inject_into not in ("gradients", "parameters"):
@@ -344,14 +360,18 @@ class ShardedCommTimer:
         for name, module in _fsdp_modules(model):
             groups = _param_groups(module)
             if groups is None:
-                raise ValueError("this torch's FSDP2 has neither _fsdp_param_groups nor _fsdp_param_group: the "
-                                 "instrument's FSDP adapter is written for torch 2.13's "
-                                 "(scaling/instrument/backends/fsdp.py)")
+                raise ValueError(
+                    "this torch's FSDP2 has neither _fsdp_param_groups nor _fsdp_param_group: the "
+                    "instrument's FSDP adapter is written for torch 2.13's "
+                    "(scaling/instrument/backends/fsdp.py)"
+                )
             for i, param_group in enumerate(groups):
                 missing = [a for a in _GROUP_ATTRIBUTES if not hasattr(param_group, a)]
                 if missing:
-                    raise ValueError(f"this torch's FSDP parameter group has no {', '.join(missing)}: the instrument's "
-                                     "FSDP adapter is written for torch 2.13's (scaling/instrument/backends/fsdp.py)")
+                    raise ValueError(
+                        f"this torch's FSDP parameter group has no {', '.join(missing)}: the instrument's "
+                        "FSDP adapter is written for torch 2.13's (scaling/instrument/backends/fsdp.py)"
+                    )
                 label = (name or "root") + (f"[{i}]" if len(groups) > 1 else "")
                 group = _Group(label)
                 if not isinstance(param_group._all_gather_comm, TimedAllGather):
@@ -421,14 +441,23 @@ class ShardedCommTimer:
         clock = self.clock
         if self.rule.ranks is None:
             self.rule.ranks = group.size()
-        marks = BucketMarks(index=len(self._marks), handed_over=clock.mark(), kind="all_gather",
-                            nbytes=output_tensor.numel() * output_tensor.element_size(), module=comm.group.label,
-                            backward=backward)
+        marks = BucketMarks(
+            index=len(self._marks),
+            handed_over=clock.mark(),
+            kind="all_gather",
+            nbytes=output_tensor.numel() * output_tensor.element_size(),
+            module=comm.group.label,
+            backward=backward,
+        )
         self._marks.append(marks)
         work = comm.inner(output_tensor, input_tensor, group, async_op)
         if work is None:  # synchronous: done when the call returns
-            if (self.inject_delay_s and self.inject_into == "parameters" and not backward
-                    and not self._parameters_injected):
+            if (
+                self.inject_delay_s
+                and self.inject_into == "parameters"
+                and not backward
+                and not self._parameters_injected
+            ):
                 self._parameters_injected = True
                 self._delay(marks)
             marks.completed = clock.mark()
@@ -457,9 +486,14 @@ class ShardedCommTimer:
         clock = self.clock
         if self.rule.ranks is None:
             self.rule.ranks = group.size()
-        marks = BucketMarks(index=len(self._marks), handed_over=clock.mark(), kind="reduce_scatter",
-                            nbytes=input_tensor.numel() * input_tensor.element_size(), module=comm.group.label,
-                            backward=True)
+        marks = BucketMarks(
+            index=len(self._marks),
+            handed_over=clock.mark(),
+            kind="reduce_scatter",
+            nbytes=input_tensor.numel() * input_tensor.element_size(),
+            module=comm.group.label,
+            backward=True,
+        )
         self._marks.append(marks)
         work = comm.inner(output_tensor, input_tensor, group, op, async_op)
         if work is not None:
@@ -575,7 +609,7 @@ class ShardedCommRule(CommRule):
             columns[f"{column}_bytes"] = nbytes[kind]
             if kind == "all_gather":
                 columns["regathers"], columns["regather_bytes"] = counts["regather"], nbytes["regather"]
-            columns[f"{column}_busbw_bytes_per_s"] = (nbytes[kind] / seconds[kind] * factor if seconds[kind] > 0 else nan)
+            columns[f"{column}_busbw_bytes_per_s"] = nbytes[kind] / seconds[kind] * factor if seconds[kind] > 0 else nan
         columns["sync_points"] = points
         return columns
 
@@ -591,12 +625,24 @@ class ShardedCommRule(CommRule):
                 waited = 0.0
                 if known and b.waited_from is not None:
                     waited = max(0.0, clock.seconds(b.waited_from, b.completed))
-                rows.append({
-                    "epoch": marks.epoch, "step": marks.step, "step_kind": marks.kind, "warmup": marks.warmup,
-                    "pair": marks.pair, "micro_batch": micro_batch, "index": b.index, "collective": b.kind,
-                    "module": b.module, "pass": "backward" if b.backward else "forward", "bytes": b.nbytes,
-                    "start_s": issued, "duration_s": duration, "waited_s": waited,
-                    "busbw_bytes_per_s": b.nbytes / duration * factor if duration > 0 else float("nan"),
-                    "injected_s": clock.seconds(*b.injected) if b.injected is not None else 0.0,
-                })
+                rows.append(
+                    {
+                        "epoch": marks.epoch,
+                        "step": marks.step,
+                        "step_kind": marks.kind,
+                        "warmup": marks.warmup,
+                        "pair": marks.pair,
+                        "micro_batch": micro_batch,
+                        "index": b.index,
+                        "collective": b.kind,
+                        "module": b.module,
+                        "pass": "backward" if b.backward else "forward",
+                        "bytes": b.nbytes,
+                        "start_s": issued,
+                        "duration_s": duration,
+                        "waited_s": waited,
+                        "busbw_bytes_per_s": b.nbytes / duration * factor if duration > 0 else float("nan"),
+                        "injected_s": clock.seconds(*b.injected) if b.injected is not None else 0.0,
+                    }
+                )
         return rows

@@ -22,7 +22,11 @@ from scaling.train.backends.ddp import DDP
 from scaling.train.backends.fsdp import FSDP
 from scaling.train.backends.horovod import Horovod
 
-LAB_BACKENDS: dict[type[adapters.Backend], LabBackend] = {DDPBackend: DDP(), HorovodBackend: Horovod(), FSDPBackend: FSDP()}
+LAB_BACKENDS: dict[type[adapters.Backend], LabBackend] = {
+    DDPBackend: DDP(),
+    HorovodBackend: Horovod(),
+    FSDPBackend: FSDP(),
+}
 # One worker trains the module and optimizer as they are, whatever the choice: nothing to synchronise.
 SINGLE_PROCESS = LabBackend()
 

@@ -36,8 +36,10 @@ NO_BUFFER_SYNC_IN_FORWARD = (
 class DDP(LabBackend):
     def preflight(self, cfg) -> str | None:
         if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu and not timing.GPU_INJECTION_CHECKED:
-            return ("instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
-                    "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now")
+            return (
+                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
+                "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now"
+            )
         return None
 
     def communication_bytes(self, cfg, parameter_bytes: int) -> tuple[int, str]:

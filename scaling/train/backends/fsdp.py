@@ -51,8 +51,9 @@ def shard_units(model: nn.Module, shard: str) -> list[tuple[str, nn.Module]]:
         if not isinstance(module, nn.ModuleList) or any(name.startswith(outer + ".") for outer in inside):
             continue
         inside.append(name)
-        units += [(f"{name}.{index}", block) for index, block in enumerate(module)
-                  if any(True for _ in block.parameters())]
+        units += [
+            (f"{name}.{index}", block) for index, block in enumerate(module) if any(True for _ in block.parameters())
+        ]
     return units
 
 
@@ -72,17 +73,26 @@ class FSDP(LabBackend):
 
     def preflight(self, cfg) -> str | None:
         if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu and not fsdp_instrument.GPU_INJECTION_CHECKED:
-            return ("instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
-                    "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now")
+            return (
+                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
+                "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now"
+            )
         if cfg.fsdp.shard == "blocks" and not shard_units(_meta_model(cfg), "blocks"):
-            return (f"backend fsdp with fsdp.shard: blocks shards each module of the model's nn.ModuleLists, and model "
-                    f"{cfg.model.name} has none with parameters: use fsdp.shard: root (the whole model as one unit)")
+            return (
+                f"backend fsdp with fsdp.shard: blocks shards each module of the model's nn.ModuleLists, and model "
+                f"{cfg.model.name} has none with parameters: use fsdp.shard: root (the whole model as one unit)"
+            )
         return None
 
     def describe(self, cfg) -> dict:
-        return {"backend": "fsdp", "process_group": cfg.resolved_backend,
-                "fsdp_shard": cfg.fsdp.shard, "fsdp_reshard_after_forward": cfg.fsdp.reshard_after_forward,
-                "fsdp_param_dtype": cfg.fsdp.param_dtype, "fsdp_reduce_dtype": cfg.fsdp.reduce_dtype}
+        return {
+            "backend": "fsdp",
+            "process_group": cfg.resolved_backend,
+            "fsdp_shard": cfg.fsdp.shard,
+            "fsdp_reshard_after_forward": cfg.fsdp.reshard_after_forward,
+            "fsdp_param_dtype": cfg.fsdp.param_dtype,
+            "fsdp_reduce_dtype": cfg.fsdp.reduce_dtype,
+        }
 
     def state_share(self, cfg) -> float:
         return 1.0 / cfg.workers.num_workers
@@ -101,18 +111,24 @@ class FSDP(LabBackend):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         settings = cfg.fsdp
-        policy = MixedPrecisionPolicy(param_dtype=DTYPES[settings.param_dtype], reduce_dtype=DTYPES[settings.reduce_dtype])
+        policy = MixedPrecisionPolicy(
+            param_dtype=DTYPES[settings.param_dtype], reduce_dtype=DTYPES[settings.reduce_dtype]
+        )
         for _, unit in shard_units(model, settings.shard):
             fully_shard(unit, reshard_after_forward=settings.reshard_after_forward, mp_policy=policy)
         # None is FSDP2's default for the root (kept gathered after forward); True given explicitly would
         # reshard the root too and gather it again at once in backward, a collective per step for nothing
         keep_root = settings.reshard_after_forward and settings.shard != "root"
-        fully_shard(model, reshard_after_forward=None if keep_root else settings.reshard_after_forward, mp_policy=policy)
+        fully_shard(
+            model, reshard_after_forward=None if keep_root else settings.reshard_after_forward, mp_policy=policy
+        )
         # fully_shard replaced the parameters the optimizer holds: the same optimizer over the sharded ones
         groups = optimizer.param_groups
         if len(groups) != 1:
-            raise ValueError("backend fsdp makes the loop's optimizer again over the sharded parameters, "
-                             f"which takes one parameter group, not {len(groups)}")
+            raise ValueError(
+                "backend fsdp makes the loop's optimizer again over the sharded parameters, "
+                f"which takes one parameter group, not {len(groups)}"
+            )
         # its constructor's own arguments from its defaults (AdamW keeps one it does not take: decoupled_weight_decay)
         accepted = inspect.signature(type(optimizer)).parameters
         sharded = type(optimizer)(model.parameters(), **{k: v for k, v in optimizer.defaults.items() if k in accepted})

@@ -19,13 +19,18 @@ class Horovod(LabBackend):
         if not ok:
             return f"backend horovod: {why_not}"
         if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu:
-            return ("instrument.inject_comm_delay_s with backend horovod is a host sleep, which is no GPU delay (the host "
-                    "runs ahead of the device): on GPU runs inject with DDP, or run the ground truth on CPU workers")
+            return (
+                "instrument.inject_comm_delay_s with backend horovod is a host sleep, which is no GPU delay (the host "
+                "runs ahead of the device): on GPU runs inject with DDP, or run the ground truth on CPU workers"
+            )
         return None
 
     def describe(self, cfg) -> dict:
-        return {"backend": "horovod", "horovod_fusion_threshold_mb": cfg.instrument.horovod_fusion_threshold_mb,
-                "horovod_cycle_time_ms": cfg.instrument.horovod_cycle_time_ms}
+        return {
+            "backend": "horovod",
+            "horovod_fusion_threshold_mb": cfg.instrument.horovod_fusion_threshold_mb,
+            "horovod_cycle_time_ms": cfg.instrument.horovod_cycle_time_ms,
+        }
 
     def communication_bytes(self, cfg, parameter_bytes: int) -> tuple[int, str]:
         return min(parameter_bytes, int(cfg.instrument.horovod_fusion_threshold_mb * 2**20)), "Horovod's fusion buffer"
@@ -37,9 +42,15 @@ class Horovod(LabBackend):
         timeline = str(run_dir / HOROVOD_TIMELINE_JSON) if cfg.instrument.horovod_timeline and run_dir else None
         # Fusion threshold, cycle time and timeline are read by Horovod at init only.
         horovod_backend.setup_horovod_env_and_init(
-            ctx.rank, ctx.world_size, ctx.local_rank, None, ctx.node_rank, None,
+            ctx.rank,
+            ctx.world_size,
+            ctx.local_rank,
+            None,
+            ctx.node_rank,
+            None,
             tuning=horovod_backend.HorovodTuning.from_mb(
-                cfg.instrument.horovod_fusion_threshold_mb, cfg.instrument.horovod_cycle_time_ms, timeline),
+                cfg.instrument.horovod_fusion_threshold_mb, cfg.instrument.horovod_cycle_time_ms, timeline
+            ),
         )
         # rank 0's parameters and buffers everywhere (as DDP's constructor does), then Horovod's optimizer
         optimizer = horovod_backend.wrap_optimizer(optimizer, model, compression=cfg.instrument.grad_compression)
