@@ -5,6 +5,9 @@ be measured against it and the loop runs where Ray is absent. Used by the tests 
 ground-truth injection (no Ray start-up per run).
 
     summary_rows = run_local(cfg, run_dir)   # rank 0's records are written to run_dir
+
+Workers fork from a server process that has imported torch and the loop (`start_workers`, which the
+tests' own process groups use too), so a sweep's runs start in a fraction of a second each.
 """
 
 from __future__ import annotations
@@ -129,9 +132,10 @@ def start_workers(fn, args: tuple, nprocs: int) -> None:
 
     The processes fork from a server process that has imported `WORKER_PRELOAD` (multiprocessing's
     fork server, started at the first call and kept for the launching process's life), so a sweep's
-    runs do not import torch once per worker each. The server has imported modules and run nothing
-    (no thread, no CUDA context, no process group), which is what makes forking it safe. Each worker
-    gets the caller's environment of the moment, as a spawned process would."""
+    runs do not import torch once per worker each. The server has only imported modules: no CUDA
+    context, no process group, no torch computation (whose thread pools a fork would not carry), the
+    state a PyTorch DataLoader forks its workers from on Linux. Each worker gets the caller's
+    environment of the moment, as a spawned process would."""
     import multiprocessing
 
     multiprocessing.set_forkserver_preload(WORKER_PRELOAD)
