@@ -2,8 +2,8 @@
 1,000 training steps per rank and run); budget: within 10 s.
 
 The sweep is written in the on-disk format `scaling sweep` writes and `scaling report` reads
-(scaling/results.py `SweepDir`, `RunDir`, `summary_row`; docs/results.md): `sweep.yaml`, `runs.parquet` (one row per run, its
-summary flattened, plus run_key, run_dir, repeat and the `sweep.train.per_worker_batch` column)
+(scaling/results.py `SweepDir`, `RunDir`, `summary_row`; docs/results.md): `sweep.yaml`, `runs.parquet` (one row per
+run, its summary flattened, plus run_key, run_dir, repeat and the `sweep.train.per_worker_batch` column)
 and per run `config.yaml`, `summary.json`, `epochs.parquet`, `steps.parquet` and
 `compute_profile.json`. Grid: workers 1, 2, 4, 8 x per-worker batch 64, 128 x 25 repeats = 200
 runs; every run has 50 epochs and, per rank, 1,000 training steps (20 per epoch, the first 5

@@ -58,7 +58,8 @@ allocations may trigger it), and the work outside the windows (the lab's validat
 end-of-epoch records, the meter's `end_epoch`), which the epoch clock of `scaling run` does not
 count either.
 
-    .venv/bin/python bench/fsdp_overhead.py            # 16 epochs per phase (about 8 min), more processes while undecided, at most 30 min
+    .venv/bin/python bench/fsdp_overhead.py
+        # 16 epochs per phase (about 8 min), more processes while undecided, at most 30 min
     .venv/bin/python bench/fsdp_overhead.py --quick    # 2 short epochs per phase (no interval: a check that it runs)
 """
 

@@ -32,7 +32,8 @@ gradient handed over just after a cycle started waits for the next one. Steps:
 No budget: a measurement on 2 cores shared with other jobs (the runnable-task count per run is
 recorded). The JSON keeps every run's figures and the per-step distribution of step times.
 
-    .venv/bin/python bench/horovod_cycle_ground_truth.py            # 3 repeats x 4 arms x 2 epochs (15 min here, loaded)
+    .venv/bin/python bench/horovod_cycle_ground_truth.py
+        # 3 repeats x 4 arms x 2 epochs (15 min here, loaded)
     .venv/bin/python bench/horovod_cycle_ground_truth.py --quick    # 1 repeat x 4 arms x 1 short epoch
 """
 

@@ -31,7 +31,8 @@ and read 0.950 [0.883, 1.005] (the committed result before the interleaved desig
 speed moves from one stretch of seconds to the next, and steps taken turn about see the same
 stretches (bench/fsdp_overhead.py's docstring has a null comparison).
 
-    .venv/bin/python bench/instrumentation_overhead.py              # 16 epochs (about 4 min), more while undecided, at most 15 min
+    .venv/bin/python bench/instrumentation_overhead.py
+        # 16 epochs (about 4 min), more while undecided, at most 15 min
     .venv/bin/python bench/instrumentation_overhead.py --quick      # 2 short epochs (no interval: a check that it runs)
     .venv/bin/python bench/instrumentation_overhead.py --job own    # the user's job (runs of 13 epochs, at most 20 min)
 

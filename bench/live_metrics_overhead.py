@@ -21,9 +21,9 @@ runtime_env, `scaling.launch.run.execute_run(cfg, dir, launcher="ray")`, `ray.sh
 headline is the median over adjacent (A, B) pairs of A / B, with the 95% order-statistic interval
 of that median (bench/benchlib.py `median_order_interval`, which holds for any spread of the pair
 ratios): "pass" only where the whole interval is within the budget, "miss" where it is wholly
-beyond it, "undecided" where it straddles it (`interval_verdict`). Beside it, the training workers' CPU seconds per steady-state step (/proc,
-bench/benchlib.py `TreeCpu`), which other jobs on the machine hardly move, with the same budget.
-While each run goes, the head's metrics endpoint is scraped every 10 s, as Ray's own Prometheus
+beyond it, "undecided" where it straddles it (`interval_verdict`). Beside it, the training workers' CPU seconds per
+steady-state step (/proc, bench/benchlib.py `TreeCpu`), which other jobs on the machine hardly move, with the same
+budget. While each run goes, the head's metrics endpoint is scraped every 10 s, as Ray's own Prometheus
 configuration scrapes it (`ScrapeWatch`), in both arms alike: a scrape makes Ray's agent render
 every metric, so it is part of what exporting costs, and an endpoint polled in one arm only would
 load that arm alone. Each run says whether a scrape served the run's `ray_scaling_epoch`

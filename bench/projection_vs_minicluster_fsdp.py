@@ -1,7 +1,9 @@
 """Benchmark: the FSDP projection, calibrated on this machine, against measured 2-node minicluster runs of gpt2-tiny at two link caps (root).
 
-    .venv/bin/python bench/projection_vs_minicluster_fsdp.py            # about 17 minutes on a quiet machine (it prints its estimate)
-    .venv/bin/python bench/projection_vs_minicluster_fsdp.py --quick    # about 5 minutes: the pieces run, no measurement
+    .venv/bin/python bench/projection_vs_minicluster_fsdp.py
+        # about 17 minutes on a quiet machine (it prints its estimate)
+    .venv/bin/python bench/projection_vs_minicluster_fsdp.py --quick
+        # about 5 minutes: the pieces run, no measurement
 
 The FSDP half of the minicluster proof; bench/projection_vs_minicluster.py is the DDP half, and
 this script takes its shared pieces from there (the load sampler, commands inside the cluster,

@@ -15,9 +15,9 @@ Part 1 runs N gloo processes (N = 2, 4, 8, 16, 32) of the recorder on this machi
 hands it 300 training steps and 20 calibration steps per epoch (synthetic marks on the host
 clock, one bucket each, as a tiny model gives) and rank 0 measures the CPU time of its process
 in `end_epoch`, median over 5 epochs. CPU time, not wall time: with up to 32 processes on 2
-cores, rank 0's wall time would be the other ranks' work on its cores. Arm A is the recorder (scaling/instrument/recorder.py: each rank writes its own part);
-arm B is the design it replaced, re-enacted here: every rank's rows gathered to rank 0 with
-`gather_object` once per epoch and written there.
+cores, rank 0's wall time would be the other ranks' work on its cores. Arm A is the recorder
+(scaling/instrument/recorder.py: each rank writes its own part); arm B is the design it replaced, re-enacted here: every
+rank's rows gathered to rank 0 with `gather_object` once per epoch and written there.
 
 Part 2 generates the sweep (runs of 1, 8, 64 and 1,024 ranks, one repeat each, realistic
 column types and values; the generation is not timed), then times, each in its own process

@@ -1,6 +1,7 @@
 """Run every benchmark in bench/, one after the other, then write the summary table.
 
-    .venv/bin/python bench/run_all.py            # full: results in bench/results/ (docs/benchmarks.md says how long each took)
+    .venv/bin/python bench/run_all.py
+        # full: results in bench/results/ (docs/benchmarks.md says how long each took)
     .venv/bin/python bench/run_all.py --quick    # few minutes: results in bench/results/quick/
     .venv/bin/python bench/run_all.py --only allreduce,analysis_speed
 

@@ -63,19 +63,27 @@ FsdpShard = Literal["blocks", "root"]
 
 @dataclass
 class ModelConfig:
-    name: str = "small_cnn"  # a name from scaling.models.model_names(), or a user's model by import path package.module:callable (taking num_classes)
+    # a name from scaling.models.model_names(), or a user's model by import path package.module:callable (taking
+    # num_classes)
+    name: str = "small_cnn"
 
 
 @dataclass
 class DataConfig:
-    name: str = "embedded"  # embedded (learnable, generated from seed) | synthetic (random, throughput only) | cifar10 | imagenet | tokens (token sequences by a learnable rule, generated from seed) | tokens_file (uint16 token ids, nanoGPT's train.bin/val.bin or llm.c's .bin, under path) | a user's by import path package.module:callable (taking this data config, returning train_x, train_y, val_x, val_y)
+    # embedded (learnable, generated from seed) | synthetic (random, throughput only) | cifar10 | imagenet | tokens
+    # (token sequences by a learnable rule, generated from seed) | tokens_file (uint16 token ids, nanoGPT's
+    # train.bin/val.bin or llm.c's .bin, under path) | a user's by import path package.module:callable (taking this data
+    # config, returning train_x, train_y, val_x, val_y)
+    name: str = "embedded"
     seed: int = 0  # generates the embedded dataset; the same seed gives the same images
     num_classes: int = 10  # token data: the vocabulary (ids in [0, num_classes); 50257 for GPT-2's tokenizer)
     image_size: int = 32  # pixels per side
     train_samples: int = 8192  # embedded: training-set size; synthetic: samples per epoch
     val_samples: int = 2048  # embedded: held-out validation-set size (ignored by synthetic)
     difficulty: float = 1.0  # embedded: noise scale; higher is harder (see scaling/data/embedded.py)
-    path: str = ""  # cifar10: the cifar-10-batches-py folder; imagenet: the folder holding train/ and val/; tokens_file: a .bin of uint16 ids (its last val_samples windows validate) or a folder with train.bin and val.bin
+    # cifar10: the cifar-10-batches-py folder; imagenet: the folder holding train/ and val/; tokens_file: a .bin of
+    # uint16 ids (its last val_samples windows validate) or a folder with train.bin and val.bin
+    path: str = ""
     seq_len: int = 64  # tokens, tokens_file: tokens per sample (a window; the model's context at most)
     token_noise: float = (
         0.1  # tokens: probability that a token is drawn at random instead of by the rule (sets the loss floor)
@@ -85,7 +93,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: OptimizerName = "sgd"  # sgd (Nesterov momentum) | adamw (decoupled weight decay; GPT-2's); torch's fused kernels on CUDA (scaling/train/optimizer.py)
+    # sgd (Nesterov momentum) | adamw (decoupled weight decay; GPT-2's); torch's fused kernels on CUDA
+    # (scaling/train/optimizer.py)
+    name: OptimizerName = "sgd"
     lr: float = 0.1  # learning rate at `reference_batch`; scaled linearly with the global batch (Goyal et al. 2017)
     reference_batch: int = 256  # global batch at which `lr` applies
     momentum: float = 0.9  # sgd: momentum (Nesterov); adamw: beta1, the gradient average's decay
@@ -101,16 +111,31 @@ class TrainConfig:
     max_epochs: int = 10
     target_accuracy: float = 0.8  # validation top-1 accuracy in (0, 1] that stops the run (TTA)
     seed: int = 0  # model init and data order
-    eval_every: float = 1.0  # validate every this fraction of an epoch (0.25: four times per epoch), and at every epoch's end; 1/eval_every must be a whole number
-    tta_rule: TtaRule = "first_eval"  # TTA = training time to: first_eval (the first evaluation at the target) | epoch_end (the end of the first epoch at the target: DAWNBench's rule, always in tta_epoch_end_s)
-    target_metric: TargetMetric = "top1"  # what the target applies to: top1 | top5 (validation accuracy >= target_accuracy; DAWNBench ImageNet: top5) | val_loss (validation cross-entropy <= target_loss)
-    target_loss: float = 0.0  # with target_metric val_loss: the validation loss (nats per token for a language model) that stops the run; modded-nanogpt's GPT-2 speedrun: 3.28
+    # validate every this fraction of an epoch (0.25: four times per epoch), and at every epoch's end; 1/eval_every must
+    # be a whole number
+    eval_every: float = 1.0
+    # TTA = training time to: first_eval (the first evaluation at the target) | epoch_end (the end of the first epoch at
+    # the target: DAWNBench's rule, always in tta_epoch_end_s)
+    tta_rule: TtaRule = "first_eval"
+    # what the target applies to: top1 | top5 (validation accuracy >= target_accuracy; DAWNBench ImageNet: top5) |
+    # val_loss (validation cross-entropy <= target_loss)
+    target_metric: TargetMetric = "top1"
+    # with target_metric val_loss: the validation loss (nats per token for a language model) that stops the run;
+    # modded-nanogpt's GPT-2 speedrun: 3.28
+    target_loss: float = 0.0
     precision: Precision = "fp32"  # fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False  # NHWC memory layout for model and inputs (faster convolutions on tensor cores)
-    compile: bool = False  # torch.compile the model, with DDP or FSDP2 (scaling/train/compile.py): the first steps pay compilation; they are warm-up (instrument.warmup_steps >= 2), out of the steady-state figures, and their extra time is the first epoch row's compile_s
-    compile_backend: CompileBackend = "inductor"  # with compile: inductor (generates kernels: the fast one) | aot_eager (traces forward and backward, generates nothing: checks a compiled run's function in seconds on a CPU)
+    # torch.compile the model, with DDP or FSDP2 (scaling/train/compile.py): the first steps pay compilation; they are
+    # warm-up (instrument.warmup_steps >= 2), out of the steady-state figures, and their extra time is the first epoch
+    # row's compile_s
+    compile: bool = False
+    # with compile: inductor (generates kernels: the fast one) | aot_eager (traces forward and backward, generates
+    # nothing: checks a compiled run's function in seconds on a CPU)
+    compile_backend: CompileBackend = "inductor"
     label_smoothing: float = 0.0  # cross-entropy label smoothing (0.1 in the MLPerf ResNet-50 reference)
-    function: str = ""  # a user's Ray Train train function by import path (package.module:callable taking one config dict) run instead of the lab's loop; "" = the lab's loop
+    # a user's Ray Train train function by import path (package.module:callable taking one config dict) run instead of
+    # the lab's loop; "" = the lab's loop
+    function: str = ""
     function_config: dict = field(
         default_factory=dict
     )  # what `function` receives as its config, plus the lab's keys (see scaling/train/user_function.py)
@@ -119,14 +144,25 @@ class TrainConfig:
 @dataclass
 class WorkersConfig:
     num_workers: int = 1  # data-parallel workers (ranks); `--workers N` sets it
-    min_workers: int = 0  # elastic (Ray launcher): after losing workers (a node), go on with as few as this many instead of waiting for the capacity, with the same global batch (each worker's batch grows); back to num_workers when the capacity returns; 0 = a fixed count
+    # elastic (Ray launcher): after losing workers (a node), go on with as few as this many instead of waiting for the
+    # capacity, with the same global batch (each worker's batch grows); back to num_workers when the capacity returns; 0
+    # = a fixed count
+    min_workers: int = 0
     cpus_per_worker: int = 1  # CPUs reserved per worker; torch's thread count is set to this
     use_gpu: bool = False  # one GPU per worker
     node_price_per_hour: float = 0.0  # USD per node-hour actually paid, for cost-to-accuracy (DAWNBench); 0 = unknown
-    market: Market = "on_demand"  # on_demand | spot: the market the nodes (and node_price_per_hour) are on; spot: the price paid, not the on-demand list price
-    cluster: str = ""  # the cluster this runs on, for projection: a preset (p3.16xlarge, scaling/projection/presets) or a cluster YAML; `scaling report` then draws projected curves over the measured points; "" = none
-    pin_cpus: str = ""  # CPU list (taskset syntax: "0-3,6") the training threads are pinned to, on each node: local rank r takes the r-th group of cpus_per_worker CPUs; keep the cluster's own processes off them (start Ray under `taskset -c`); "" = no pinning
-    link_bandwidth: str = ""  # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
+    # on_demand | spot: the market the nodes (and node_price_per_hour) are on; spot: the price paid, not the on-demand
+    # list price
+    market: Market = "on_demand"
+    # the cluster this runs on, for projection: a preset (p3.16xlarge, scaling/projection/presets) or a cluster YAML;
+    # `scaling report` then draws projected curves over the measured points; "" = none
+    cluster: str = ""
+    # CPU list (taskset syntax: "0-3,6") the training threads are pinned to, on each node: local rank r takes the r-th
+    # group of cpus_per_worker CPUs; keep the cluster's own processes off them (start Ray under `taskset -c`); "" = no
+    # pinning
+    pin_cpus: str = ""
+    # minicluster only: cap every node's link to this tc rate for the run (100mbit, 1gbit, uncapped); "" = as it is
+    link_bandwidth: str = ""
 
 
 @dataclass
@@ -138,8 +174,11 @@ class InstrumentConfig(InstrumentSettings):
     grad_compression: GradCompression = (
         "none"  # all-reduce gradients as: none (fp32) | fp16 | bf16 (DDP's compression hooks, still timed)
     )
-    horovod_fusion_threshold_mb: float = 128.0  # backend horovod: tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB; 0 = no fusion; 128 is Horovod's default
-    horovod_cycle_time_ms: float = 1.0  # backend horovod: how often Horovod's background thread negotiates and launches (HOROVOD_CYCLE_TIME), ms; 1 is Horovod's default
+    # backend horovod: tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB; 0 = no fusion; 128 is Horovod's default
+    horovod_fusion_threshold_mb: float = 128.0
+    # backend horovod: how often Horovod's background thread negotiates and launches (HOROVOD_CYCLE_TIME), ms; 1 is
+    # Horovod's default
+    horovod_cycle_time_ms: float = 1.0
     horovod_timeline: bool = (
         False  # backend horovod: rank 0 writes horovod_timeline.json (Chrome trace) into the run directory
     )
@@ -150,18 +189,28 @@ class InstrumentConfig(InstrumentSettings):
 class FsdpConfig:
     """backend fsdp (FSDP2's fully_shard; scaling/train/backends/fsdp.py): what is sharded and how."""
 
-    reshard_after_forward: bool = True  # free each block's gathered parameters after its forward and gather them again in backward (ZeRO-3); the root stays gathered, FSDP2's default for it (scaling/train/backends/fsdp.py); false keeps them all to backward (fewer all-gathers, more memory)
-    param_dtype: FsdpDtype = "float32"  # float32 | bfloat16: the dtype parameters are gathered and computed in (MixedPrecisionPolicy.param_dtype); the sharded parameters and optimizer state stay float32
+    # free each block's gathered parameters after its forward and gather them again in backward (ZeRO-3); the root stays
+    # gathered, FSDP2's default for it (scaling/train/backends/fsdp.py); false keeps them all to backward (fewer
+    # all-gathers, more memory)
+    reshard_after_forward: bool = True
+    # float32 | bfloat16: the dtype parameters are gathered and computed in (MixedPrecisionPolicy.param_dtype); the
+    # sharded parameters and optimizer state stay float32
+    param_dtype: FsdpDtype = "float32"
     reduce_dtype: FsdpDtype = (
         "float32"  # float32 | bfloat16: the dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype)
     )
-    shard: FsdpShard = "blocks"  # blocks: fully_shard each module of the model's outermost nn.ModuleLists (a transformer's blocks), then the root | root: the whole model as one unit
+    # blocks: fully_shard each module of the model's outermost nn.ModuleLists (a transformer's blocks), then the root |
+    # root: the whole model as one unit
+    shard: FsdpShard = "blocks"
 
 
 @dataclass
 class FailureConfig:
-    max_failures: int = 1  # worker-group restarts Ray Train may make after a worker dies or its node is lost (Ray launcher); 0 = fail at once
-    capacity_wait_s: float = 300.0  # per restart, seconds to wait for the workers' resources (a lost node back, or its replacement started) before the run fails with one line
+    # worker-group restarts Ray Train may make after a worker dies or its node is lost (Ray launcher); 0 = fail at once
+    max_failures: int = 1
+    # per restart, seconds to wait for the workers' resources (a lost node back, or its replacement started) before the
+    # run fails with one line
+    capacity_wait_s: float = 300.0
     checkpoint_every_epochs: int = (
         1  # checkpoint (model, optimizer, schedule, counters, RNG, records) every N epochs; 0 = never
     )
@@ -170,7 +219,9 @@ class FailureConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
-    backend: Backend = "auto"  # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's DistributedOptimizer; gloo, NCCL on GPU) | fsdp (FSDP2's fully_shard; gloo, NCCL on GPU; its settings under fsdp:)
+    # auto (DDP; nccl on GPU, gloo on CPU) | gloo | nccl (DDP on that process group) | horovod (Horovod's
+    # DistributedOptimizer; gloo, NCCL on GPU) | fsdp (FSDP2's fully_shard; gloo, NCCL on GPU; its settings under fsdp:)
+    backend: Backend = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

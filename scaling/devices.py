@@ -1,6 +1,7 @@
 """The devices the lab knows: one table (devices.yaml, each number beside its source), two readers.
 
-    load_devices()["V100 SXM2 16GB"]        # {"peak_tflops_per_s": {...}, "memory_bandwidth_GBps": 900, "throughput": ...}
+    load_devices()["V100 SXM2 16GB"]
+        # {"peak_tflops_per_s": {...}, "memory_bandwidth_GBps": 900, "throughput": ...}
     match_device("NVIDIA H100 80GB HBM3")   # "H100 SXM": the entry whose `nvml_name` pattern matches the name
 
 The instrument takes a GPU's datasheet peaks and memory bandwidth by the name NVML reports

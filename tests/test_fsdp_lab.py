@@ -5,9 +5,9 @@ names each collective kind and draws peak memory per rank.
 
 - In one pair of spawned gloo processes (start-up paid once, `world`): the lab's loop
   (`scaling.train.loop.train_worker`, what both launchers run) trains two epochs with a
-  checkpoint after the first (validating uneven shards: one rank runs a forward more), then a second run resumes from that checkpoint and trains the
-  second epoch again: its losses are the uninterrupted run's (what a killed worker's restart
-  under Ray Train gets: the launcher hands every rank the latest checkpoint,
+  checkpoint after the first (validating uneven shards: one rank runs a forward more), then a second run resumes from
+  that checkpoint and trains the second epoch again: its losses are the uninterrupted run's (what a killed worker's
+  restart under Ray Train gets: the launcher hands every rank the latest checkpoint,
   scaling/launch/ray_train.py, as tests/test_failures.py proves for DDP).
 - One `scaling sweep` (in process) of experiments/gpt2-tiny-fsdp.yaml on the session's Ray head (2 workers,
   backend gloo beside fsdp, the same seed and data) and its `scaling report`.

@@ -1,6 +1,6 @@
 """The scripts in bench/ and scripts/ as a user meets them: `--help` answers without starting a
-process, opening a connection or sleeping (a Python audit hook watches) and does nothing else, and a script that builds a minicluster takes it down on SIGTERM and SIGINT as on
-a normal exit (scaling.testbed.minicluster.running).
+process, opening a connection or sleeping (a Python audit hook watches) and does nothing else, and a script that builds
+a minicluster takes it down on SIGTERM and SIGINT as on a normal exit (scaling.testbed.minicluster.running).
 
 The --help checks run each script as a user runs it (slow tier: a subprocess each); the
 teardown checks drive `running` in this process with `up` and `down` stood in for, and signal

@@ -43,8 +43,8 @@ Every figure in `summary.json` is defined here, once:
   `reducescatter_s` (that kind in flight) and `exposed_allgather_s`, `exposed_reducescatter_s`
   (compute waiting for that kind), `exposed_forward_comm_s` (the exposed time inside forward: the
   forward all-gathers'; the rest of exposed_comm_s is inside backward), means over steady-state
-  steps as the others, each also as `_pct` of step_s (`comm_pct`, `allgather_pct`, ...). The same marks make collectives.parquet's
-  rows, one per collective (scaling/instrument/backends/fsdp.py defines each).
+  steps as the others, each also as `_pct` of step_s (`comm_pct`, `allgather_pct`, ...). The same marks make
+  collectives.parquet's rows, one per collective (scaling/instrument/backends/fsdp.py defines each).
 - `steps_recorded`, `comm_timed_steps`: the steady-state step records (over ranks) the step
   figures rest on, and those of them whose collectives were timed, on which the communication
   figures rest (fewer with `instrument.collective_timing_every` > 1: the other steps' columns are
@@ -133,9 +133,9 @@ Every figure in `summary.json` is defined here, once:
   epoch ended), "no training step recorded" (epochs without step records: step_timing off),
   and for the A/B figures the job's lack of a forward_backward function or of calibration
   steps; for the compute profile's figures (PROFILE_FIGURES) the profile's `error`: the
-  model's input not understood (which keyword tensor is its input), or its FLOPs not counted. A figure nothing measured is None with its reason, never 0: the A/B overhead's
-  definitional 0 at one worker needs recorded steps. Empty when everything was measured.
-  `comm_overhead_note` ("A/B not measured: <reason>") and `mfu_note` repeat the reason of
+  model's input not understood (which keyword tensor is its input), or its FLOPs not counted. A figure nothing measured
+  is None with its reason, never 0: the A/B overhead's definitional 0 at one worker needs recorded steps. Empty when
+  everything was measured. `comm_overhead_note` ("A/B not measured: <reason>") and `mfu_note` repeat the reason of
   those two figures.
 """
 
@@ -619,7 +619,8 @@ def summarize_run(
     else:
         out["straggler_rank"], out["straggler_share"] = None, None
     out["ranks"] = accumulator.ranks_table()  # popped by scaling.launch.finish.write_summary into ranks.parquet
-    # DDP's timers describe one synchronised iteration; the lab's span is summed over a step's synchronised micro-batches
+    # DDP's timers describe one synchronised iteration; the lab's span is summed over a step's synchronised
+    # micro-batches
     span, span_se = accumulator.rank_mean_and_se(0, "comm_span_s")
     per_sync = _synced_per_step(out) or 1.0
     out.update(

@@ -12,8 +12,8 @@ Definitions (once, here):
   sequence of T tokens (`tokens_per_sample`, `train_flops_per_token` = train_flops / T). The
   model is called as the job calls it: positionally, or by the keyword its input came by
   (`model(input_ids=ids)`, a Hugging Face model); its logits are the output itself or, in a
-  structured output (`ModelOutput`, a dict), its `logits` (`output_logits`). A multiply-add counts as 2 FLOPs (ResNet-50 at
-  224x224: 8.18 GFLOP forward = the usual 4.09 GMAC). FlopCounterMode counts matmuls and
+  structured output (`ModelOutput`, a dict), its `logits` (`output_logits`). A multiply-add counts as 2 FLOPs (ResNet-50
+  at 224x224: 8.18 GFLOP forward = the usual 4.09 GMAC). FlopCounterMode counts matmuls and
   convolutions (and attention) only; normalisation, activations, pooling, elementwise adds and
   the loss are not counted (of the order of 1% of a ResNet's arithmetic: they weigh on
   memory traffic, not on FLOPs). The optimizer step is not counted either. Attention
@@ -27,8 +27,8 @@ Definitions (once, here):
 - achieved FLOP/s per worker = `train_flops` x trained samples per second of that worker.
 - MFU (model FLOPs utilisation, PaLM's definition, Chowdhery et al. 2022, appendix B) =
   achieved FLOP/s / peak FLOP/s of the device; computed in scaling/analysis/run_metrics.py
-  (`mfu`), which refuses a value above 1: a peak below the achieved rate is no peak. Model FLOPs, not hardware FLOPs: work the
-  implementation adds (activation recomputation, padding) is not counted; a model states what its
+  (`mfu`), which refuses a value above 1: a peak below the achieved rate is no peak. Model FLOPs, not hardware FLOPs:
+  work the implementation adds (activation recomputation, padding) is not counted; a model states what its
   implementation adds as `implementation_flops(input_shape)` (a GPT's vocabulary padded to a multiple
   of 64: scaling/models/gpt.py), which the count subtracts.
 - `bytes_per_sample` (`training_bytes_per_sample`): an *estimate* of the DRAM traffic of one
@@ -52,8 +52,8 @@ Definitions (once, here):
   report's roofline figure draws: scaling/plots/figures.py).
 
 Peaks: scaling/devices.yaml holds NVIDIA's datasheet numbers for the GPUs the lab runs on (dense,
-without 2:4 sparsity; the projection's device table too); `measure_cpu_peak` measures a CPU's (the fastest of several matmul and
-convolution kernels in the run's precision and in fp32, and its copy bandwidth), since a CPU's
+without 2:4 sparsity; the projection's device table too); `measure_cpu_peak` measures a CPU's (the fastest of several
+matmul and convolution kernels in the run's precision and in fp32, and its copy bandwidth), since a CPU's
 datasheet peak is neither published uniformly nor reached by torch.
 """
 

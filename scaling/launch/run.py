@@ -121,7 +121,8 @@ def run_description(cfg: ExperimentConfig, launcher: str, link_bandwidth: str | 
         "backend": backend.pop("backend"),
         "launcher": launcher,
         "num_workers": cfg.workers.num_workers,
-        "min_workers": cfg.workers.min_workers,  # > 0: elastic (workers_first_attempt / workers_last_attempt: what it got)
+        # > 0: elastic (workers_first_attempt / workers_last_attempt: what it got)
+        "min_workers": cfg.workers.min_workers,
         "per_worker_batch": cfg.train.per_worker_batch,
         "global_batch": cfg.global_batch,
         "seed": cfg.train.seed,

@@ -11,7 +11,8 @@
 - `resnet18`, `resnet50`, `resnet101`: the ImageNet networks, layer for layer and name for name
   the same as torchvision's `resnet18` / `resnet50` / `resnet101` (v1.5: the stride of a
   bottleneck sits on its 3x3 conv), so a torchvision state dict loads into them. With 1000
-  classes: 11,689,512, 25,557,032 and 44,549,160 parameters. Adaptive average pooling lets them take any input size of at least 32x32.
+  classes: 11,689,512, 25,557,032 and 44,549,160 parameters. Adaptive average pooling lets them take any input size of
+  at least 32x32.
 
 torchvision itself is not a dependency; these are written out so the lab needs only torch.
 """

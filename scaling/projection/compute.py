@@ -33,8 +33,8 @@ end-to-end figure (its step includes the exposed communication and the optimizer
 as compute alone is a little pessimistic. Forward and backward split it in the ratio of their
 hardware FLOPs: backward does 2x forward plus what activation checkpointing recomputes (the
 table's `recompute_flops`). The optimizer is AdamW's step, memory-bound: 28 bytes per parameter
-at the device's memory bandwidth (an FSDP projection divides it over the shards). The default MFU per device is a published one (`TRANSFORMER_MFU`);
-where none is, `--mfu` is required.
+at the device's memory bandwidth (an FSDP projection divides it over the shards). The default MFU per device is a
+published one (`TRANSFORMER_MFU`); where none is, `--mfu` is required.
 
 From concurrent runs (`compute_from_concurrent_runs`): K one-worker runs started together, one
 where each rank of the synchronous run will be (e.g. one per node of a minicluster), so that

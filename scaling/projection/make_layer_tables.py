@@ -25,8 +25,8 @@ rebuilds its buckets in the order the gradients arrived, and `_get_ddp_logging_d
 reports that order (`rebuilt_per_bucket_param_indices`) and the rebuilt bucket sizes
 (`rebuilt_bucket_sizes`, stored as `ddp_bucket_bytes`, and as `ddp_bucket_bytes_cap_25` for
 `bucket_cap_mb=25` given explicitly, as the lab does, which drops the 1 MiB first bucket) for
-the tests to hold the pure-Python bucketing to. Gradient order does not depend on the input size, so the DDP probe runs at a
-small input (`probe_size`) to be quick on a CPU.
+the tests to hold the pure-Python bucketing to. Gradient order does not depend on the input size, so the DDP probe runs
+at a small input (`probe_size`) to be quick on a CPU.
 
 Transformers (`TRANSFORMERS`: gpt2-tiny, gpt2-small, gpt2-medium from the registry; llama3-8b from
 scaling/projection/llama.py, meta device only) get, besides `layers`, a list of FSDP `units` in

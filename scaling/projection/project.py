@@ -398,8 +398,8 @@ def run_projection(
     up to a node's GPUs stays in one node). per_gpu_batch: default the run's, else 64.
     precision: fp32 | amp (= fp16) | fp16 | bf16 (default the run's, else fp32).
     from_run: a run (its records' reader, scaling.results.RunDir) whose one-worker step times
-    are the compute, or a list of one-worker runs made at the same time, one per future rank, which also give straggler_s
-    (compute.compute_from_concurrent_runs); else the cluster device's published throughput,
+    are the compute, or a list of one-worker runs made at the same time, one per future rank, which also give
+    straggler_s (compute.compute_from_concurrent_runs); else the cluster device's published throughput,
     or `samples_per_s`. dataset_size: samples per epoch
     (default the run's, else the model's usual dataset). epochs_to_target: {global batch:
     epochs} measured at smaller scale, for TTA. allreduce: ring | hierarchical (default the
@@ -425,9 +425,9 @@ def run_projection(
     "all-but-last" (default, torchtitan's policy), "all" (FSDP2's default, `True`), "all-and-root"
     (the root too: FSDP2 given `reshard_after_forward=True` explicitly), "none" (`False`).
     fsdp_process_group: "nccl" (default; collectives beside compute) or "gloo" (CPUs: collectives
-    hold compute; the reduce-scatter costs an all-reduce; backend fsdp only). fsdp_reduce_dtype: the gradients' dtype in the reduce-scatter (fp32, torchtitan's
-    default, or bf16); fsdp_param_dtype: the parameters' in the all-gather and compute (default
-    the compute precision). For transformers the per-GPU batch is in sequences (default 2) and the
+    hold compute; the reduce-scatter costs an all-reduce; backend fsdp only). fsdp_reduce_dtype: the gradients' dtype in
+    the reduce-scatter (fp32, torchtitan's default, or bf16); fsdp_param_dtype: the parameters' in the all-gather and
+    compute (default the compute precision). For transformers the per-GPU batch is in sequences (default 2) and the
     precision defaults to bf16.
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
