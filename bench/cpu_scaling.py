@@ -93,7 +93,8 @@ def main() -> None:
             "speedup: median over adjacent ABBA pairs of throughput(2) / throughput(1); ideal 2",
             None,
             "",
-            note=f"scaling efficiency {speedup / 2:.0%} (speedup / 2); quickstart, local launcher, 1 thread per worker, "
+            note=f"scaling efficiency {speedup / 2:.0%} (speedup / 2); quickstart, local launcher, 1 thread per "
+            "worker, "
             f"{pairs} pairs x {epochs} epochs; pair speedups {', '.join(f'{s:.3f}' for s in speedups)}; "
             f"{bl.contention_note(runs)}",
         )

@@ -245,7 +245,8 @@ def measure_pair(index: int, cfg, spec: dict, tmp: str) -> dict[str, list[dict]]
             a = b[arms[0]]
             print(
                 f"[{NAME}] processes {index + 1}, {phase} phase, epoch {b['block']}: {arms[0]} / bare step "
-                f"{a['wall_s'] / b['bare']['wall_s']:.3f} ({a['wall_s'] * 1e3:.1f} / {b['bare']['wall_s'] * 1e3:.1f} ms), "
+                f"{a['wall_s'] / b['bare']['wall_s']:.3f} ({a['wall_s'] * 1e3:.1f} / {b['bare']['wall_s'] * 1e3:.1f} "
+                "ms), "
                 f"CPU {a['cpu_s'] / b['bare']['cpu_s']:.3f}",
                 flush=True,
             )

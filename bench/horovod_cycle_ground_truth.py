@@ -374,7 +374,8 @@ def compare(predictions: dict, runs: list[dict], by_arm: dict) -> tuple[list[dic
                 "s/step",
                 bl.ratio(p["exposed_comm_s"], m["exposed_comm_s"]),
                 "predicted / measured exposed communication per step",
-                note=f"time communicating predicted {1e3 * p['allreduce_s']:.1f} ms, measured {1e3 * m['allreduce_s']:.1f} "
+                note=f"time communicating predicted {1e3 * p['allreduce_s']:.1f} ms, measured "
+                f"{1e3 * m['allreduce_s']:.1f} "
                 f"ms per step; A/B difference predicted {1e3 * p['comm_delta_s']:.1f} ms, measured "
                 f"{1e3 * m['comm_delta_s']:.1f} ms",
             )

@@ -286,7 +286,8 @@ def measure_own_run(index: int, overrides: list[str], workers: int, tmp: str, na
         b["run"] = index
         a, bare = b["instrumented"], b["bare"]
         print(
-            f"[{name}] run {index + 1}, epoch {b['block']}: instrumented / bare step {a['wall_s'] / bare['wall_s']:.3f} "
+            f"[{name}] run {index + 1}, epoch {b['block']}: instrumented / bare step "
+            f"{a['wall_s'] / bare['wall_s']:.3f} "
             f"({a['wall_s'] * 1e3:.1f} / {bare['wall_s'] * 1e3:.1f} ms), CPU {a['cpu_s'] / bare['cpu_s']:.3f}",
             flush=True,
         )

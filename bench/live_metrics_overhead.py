@@ -340,7 +340,8 @@ def main() -> None:
                     }
                 )
                 print(
-                    f"[{NAME}]   median step {step_s * 1e3:.2f} ms, train_s/steps {epoch_step_s * 1e3:.2f} ms, worker CPU "
+                    f"[{NAME}]   median step {step_s * 1e3:.2f} ms, train_s/steps {epoch_step_s * 1e3:.2f} ms, worker "
+                    "CPU "
                     f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step, exported {watch.seen} "
                     f"(runnable tasks {rq.mean})",
                     flush=True,
@@ -375,7 +376,8 @@ def main() -> None:
             "live / off <= 1.01 on CPU",
             pair_ratios=pair_ratios,
             decided_by_interval=True,
-            note=f"{args.config}, {args.workers} workers, Ray launcher, {pairs} pairs x {epochs} epochs; ratio of arm medians "
+            note=f"{args.config}, {args.workers} workers, Ray launcher, {pairs} pairs x {epochs} epochs; ratio of arm "
+            "medians "
             f"{bl.ratio(a_med, b_med):.3f}; pair ratios {', '.join(f'{r:.3f}' for r in pair_ratios)}; "
             f"{bl.contention_note(runs)}{switch_note}",
         ),
@@ -407,7 +409,8 @@ def main() -> None:
             "the step-time budget, applied to CPU time (little moved by other jobs)",
             pair_ratios=cpu_pairs,
             decided_by_interval=True,
-            note=f"/proc CPU time of the {args.workers} worker processes while the epochs after the first trained; pair "
+            note=f"/proc CPU time of the {args.workers} worker processes while the epochs after the first trained; "
+            "pair "
             f"ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}{switch_note}",
         ),
     ]

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "minicluster_bandwidth",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/minicluster_bandwidth.py"]),
-        "what": "2 nodes (network namespaces), 2 workers (one per node), quickstart CNN, each node's egress capped by tc tbf",
+        "what": "2 nodes (network namespaces), 2 workers (one per node), quickstart CNN, each node's egress capped by "
+        "tc tbf",
         "gradient_bytes": GRADIENT_BYTES,
         "rows": rows,
         "machine": describe_hardware(),

@@ -104,7 +104,8 @@ if __name__ == "__main__":
 
     argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="The train function bench/instrumentation_overhead.py --job own runs under Ray Train; it measures nothing "
+        epilog="The train function bench/instrumentation_overhead.py --job own runs under Ray Train; it measures "
+        "nothing "
         "itself.",
     ).parse_args()
     print("bench/own_job_interleaved.py is the train function of bench/instrumentation_overhead.py --job own")

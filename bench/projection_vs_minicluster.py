@@ -299,7 +299,8 @@ def predict(fit: dict, from_run, straggler_s: float | None = None) -> dict:
 
 
 MODELS = {
-    "concurrent+straggler": "headline: compute from the two concurrent 1-worker runs, plus the wait for the slower rank they measure",
+    "concurrent+straggler": "headline: compute from the two concurrent 1-worker runs, plus the wait for the slower "
+    "rank they measure",
     "concurrent": "compute from the two concurrent 1-worker runs, no straggler term",
     "solo": "compute from the 1-worker run alone (the projection's plain --from-run)",
 }
@@ -648,7 +649,8 @@ def main() -> int:
             f"{'PASS' if r['step_pass'] and r['overhead_pass'] else 'MISS'}"
         )
     print(
-        f"goal met: {record['goal_met']}; wall {record['wall_s']:.0f} s; {OUT_JSON.relative_to(REPO)}, {OUT_PNG.relative_to(REPO)}"
+        f"goal met: {record['goal_met']}; wall {record['wall_s']:.0f} s; {OUT_JSON.relative_to(REPO)}, "
+        f"{OUT_PNG.relative_to(REPO)}"
     )
     return 0
 

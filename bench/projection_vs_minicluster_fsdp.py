@@ -211,7 +211,8 @@ def fit_caps(caps: list[str], units: list[int]) -> dict:
                 f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
                 f"(rms {100 * fit.rms_relative_error:.1f}%); reduce-scatter per unit, fitted / probe: "
                 + ", ".join(
-                    f"{int(b) / 1e3:.0f} KB {1e3 * c['reduce_scatter_fitted_s']:.1f} / {1e3 * c['reduce_scatter_probe_s']:.1f} ms"
+                    f"{int(b) / 1e3:.0f} KB {1e3 * c['reduce_scatter_fitted_s']:.1f} / "
+                    f"{1e3 * c['reduce_scatter_probe_s']:.1f} ms"
                     for b, c in units_check.items()
                 )
             )

@@ -220,9 +220,12 @@ def main() -> None:
             )
             print(
                 f"[{NAME}]   steady-state step {step_s * 1e3:.2f} ms, start-up {startup_s:.2f} s, worker CPU "
-                f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step; rank 0's training thread {thread['thread_cpu_s_per_step'] * 1e3:.1f} "
-                f"ms CPU, {thread['thread_preemptions_per_step']:.1f} preemptions, {thread['thread_minor_faults_per_step']:.0f} page "
-                f"faults per step, off its core {thread['thread_off_core_share']:.1%} (runnable tasks {rq.mean}; cores {steady['cores']})",
+                f"{steady['worker_cpu_s_per_step'] * 1e3:.1f} ms/step; rank 0's training thread "
+                f"{thread['thread_cpu_s_per_step'] * 1e3:.1f} "
+                f"ms CPU, {thread['thread_preemptions_per_step']:.1f} preemptions, "
+                f"{thread['thread_minor_faults_per_step']:.0f} page "
+                f"faults per step, off its core {thread['thread_off_core_share']:.1%} (runnable tasks {rq.mean}; cores "
+                f"{steady['cores']})",
                 flush=True,
             )
     finally:
@@ -376,7 +379,8 @@ def main() -> None:
         overrides=overrides,
         pinned=args.pin,
         arms={
-            "ray": f"RAY_ADDRESS=<private head{' started under ' + ' '.join(taskset) if taskset else ''}> {cli} --launcher ray --out DIR",
+            "ray": f"RAY_ADDRESS=<private head{' started under ' + ' '.join(taskset) if taskset else ''}> {cli} "
+            "--launcher ray --out DIR",
             "local": f"{cli} --launcher local --out DIR",
         },
         startup_definition="first_step_unix (rank 0, epochs.parquet) - time.time() just before the command started; "

@@ -285,7 +285,8 @@ def main() -> None:
             for arm in ("per_rank", "gathered"):
                 measured[(arm, world)] = recording_time(world, arm, tmp)
                 print(
-                    f"[{NAME}] {world:3d} ranks, {arm:9s}: rank 0's end_epoch {measured[(arm, world)] * 1e3:.1f} ms CPU",
+                    f"[{NAME}] {world:3d} ranks, {arm:9s}: rank 0's end_epoch {measured[(arm, world)] * 1e3:.1f} ms "
+                    "CPU",
                     flush=True,
                 )
         small, large = worlds[0], worlds[-1]
@@ -301,7 +302,8 @@ def main() -> None:
                 None,
                 "CPU s/epoch",
                 growth,
-                f"rank 0's CPU time in end_epoch at {large} ranks / at {small} ranks (median over {EPOCHS_TIMED} epochs of "
+                f"rank 0's CPU time in end_epoch at {large} ranks / at {small} ranks (median over {EPOCHS_TIMED} "
+                "epochs of "
                 f"{STEPS} steps); the replaced design (every rank's rows gathered to rank 0): {gathered_growth:.2f}",
                 RECORDING_BUDGET_S,
                 f"<= {RECORDING_BUDGET_S * 1e3:g} ms CPU per epoch at every rank count",
@@ -343,7 +345,8 @@ def main() -> None:
                 SUMMARY_BUDGET_S,
                 f"<= {SUMMARY_BUDGET_S:g} s and <= {SUMMARY_BUDGET_GIB:g} GiB peak",
                 budget_on="a",
-                note=f"{rows:,} step rows in {largest * epochs:,} files, read by column in batches; peak resident memory "
+                note=f"{rows:,} step rows in {largest * epochs:,} files, read by column in batches; peak resident "
+                "memory "
                 f"{result['peak_rss_bytes'] / 2**30:.2f} GiB (budget {SUMMARY_BUDGET_GIB:g} GiB: "
                 f"{'pass' if result['peak_rss_bytes'] <= SUMMARY_BUDGET_GIB * 2**30 else 'miss'})",
             )
@@ -351,7 +354,8 @@ def main() -> None:
         costs["summary"] = result
         report = _child(REPORT_CHILD, str(sweep))
         print(
-            f"[{NAME}] scaling report on the sweep: {report['seconds']:.1f} s, peak {report['peak_rss_bytes'] / 2**30:.2f} GiB",
+            f"[{NAME}] scaling report on the sweep: {report['seconds']:.1f} s, peak "
+            f"{report['peak_rss_bytes'] / 2**30:.2f} GiB",
             flush=True,
         )
         comparisons.append(

@@ -604,7 +604,8 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         "--bucket-cap-mb",
         type=float,
         default=None,
-        help="DDP bucket_cap_mb given explicitly (default: the run's; else DDP's default, 25 MiB with a 1 MiB first bucket)",
+        help="DDP bucket_cap_mb given explicitly (default: the run's; else DDP's default, 25 MiB with a 1 MiB first "
+        "bucket)",
     )
     parser.add_argument(
         "--dataset-size",
@@ -974,7 +975,8 @@ def _cmd_minicluster(args) -> int:
         print(f"minicluster {cluster.name!r} up: {len(cluster.nodes)} nodes{cap}")
         print(f"  head {cluster.address}  dashboard/jobs {cluster.dashboard}")
         print(
-            f"  run inside it: scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers {len(cluster.nodes)}"
+            "  run inside it: scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers "
+            f"{len(cluster.nodes)}"
         )
         return 0
     if args.action == "status":

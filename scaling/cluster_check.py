@@ -179,7 +179,8 @@ def ingress_problems(config: dict) -> list[str]:
         ssh_only = str(perm.get("IpProtocol")) == "tcp" and perm.get("FromPort") == 22 and perm.get("ToPort") == 22
         if not ssh_only:
             problems.append(
-                f"open to the internet: protocol {perm.get('IpProtocol')} ports {perm.get('FromPort')}-{perm.get('ToPort')}"
+                f"open to the internet: protocol {perm.get('IpProtocol')} ports "
+                f"{perm.get('FromPort')}-{perm.get('ToPort')}"
             )
     for perm in extra:
         for pair in perm.get("UserIdGroupPairs", []):

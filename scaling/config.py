@@ -387,11 +387,13 @@ def _check_tokens(cfg: ExperimentConfig, require) -> None:
     context = context_length(cfg.model.name)
     require(
         tokens or context is None,
-        f"model.name {cfg.model.name} is a language model (token ids in): use data.name tokens or tokens_file, not {cfg.data.name}",
+        f"model.name {cfg.model.name} is a language model (token ids in): use data.name tokens or tokens_file, not "
+        f"{cfg.data.name}",
     )
     require(
         not tokens or context is not None,
-        f"data.name {cfg.data.name} gives token ids: use a language model (gpt2-tiny, gpt2-small), not {cfg.model.name}",
+        f"data.name {cfg.data.name} gives token ids: use a language model (gpt2-tiny, gpt2-small), not "
+        f"{cfg.model.name}",
     )
     if tokens:
         require(
@@ -412,7 +414,8 @@ def _check_sharded(cfg: ExperimentConfig, require) -> None:
     require(
         cfg.data.val_samples >= cfg.workers.num_workers,
         f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each needs a "
-        f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers ({cfg.workers.num_workers})",
+        f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers "
+        f"({cfg.workers.num_workers})",
     )
 
 
@@ -480,7 +483,8 @@ def validate(cfg: ExperimentConfig) -> None:
         cpus = parse_cpu_list(cfg.workers.pin_cpus)
         require(
             len(cpus) >= cfg.workers.cpus_per_worker,
-            f"workers.pin_cpus={cfg.workers.pin_cpus!r} names {len(cpus)} CPU(s), fewer than workers.cpus_per_worker={cfg.workers.cpus_per_worker}",
+            f"workers.pin_cpus={cfg.workers.pin_cpus!r} names {len(cpus)} CPU(s), fewer than "
+            f"workers.cpus_per_worker={cfg.workers.cpus_per_worker}",
         )
     require(
         cfg.workers.node_price_per_hour >= 0,
@@ -500,7 +504,8 @@ def validate(cfg: ExperimentConfig) -> None:
     )
     require(
         cfg.train.target_metric != "val_loss" or cfg.train.target_loss > 0,
-        f"train.target_metric val_loss needs train.target_loss > 0 (the validation loss to reach), got {cfg.train.target_loss}",
+        "train.target_metric val_loss needs train.target_loss > 0 (the validation loss to reach), got "
+        f"{cfg.train.target_loss}",
     )
     _check_tokens(cfg, require)
     require(
@@ -527,7 +532,8 @@ def validate(cfg: ExperimentConfig) -> None:
             not uneven,
             f"workers.min_workers={cfg.workers.min_workers}: an elastic run keeps the global batch "
             f"({cfg.global_batch}), which {uneven[0] if uneven else 0} workers cannot share evenly; choose "
-            "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides it",
+            "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides "
+            "it",
         )
         elastic = [choice for adapter in ADAPTERS if adapter.elastic for choice in adapter.choices]
         require(

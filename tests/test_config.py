@@ -84,7 +84,8 @@ def test_config_is_data_it_imports_nothing_that_looks_at_the_world():
         "import sys; from scaling.config import load_config, validate; "
         f"validate(load_config({str(QUICKSTART)!r}, overrides=['workers.cluster=p9.huge', 'data.name=cifar10', "
         "'data.path=/nonexistent', 'workers.link_bandwidth=fast', 'model.name=no_such.module:net'])); "
-        "print(sorted(m for m in sys.modules if m.startswith(('scaling.launch', 'scaling.train', 'scaling.projection', 'ray'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('scaling.launch', 'scaling.train', 'scaling.projection', "
+        "'ray'))))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr

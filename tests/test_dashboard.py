@@ -183,7 +183,8 @@ class Prometheus:
         config.write_text(
             f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n  evaluation_interval: {SCRAPE_INTERVAL_S}s\n"
             "scrape_configs:\n- job_name: ray\n  file_sd_configs:\n  - files:\n"
-            f"    - '{session_dir / 'prom_metrics_service_discovery.json'}'\n    refresh_interval: {SCRAPE_INTERVAL_S}s\n"
+            f"    - '{session_dir / 'prom_metrics_service_discovery.json'}'\n    refresh_interval: "
+            f"{SCRAPE_INTERVAL_S}s\n"
         )
         self.log = work / "prometheus.log"
         with open(self.log, "w") as log:

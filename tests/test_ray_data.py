@@ -122,7 +122,8 @@ def test_data_s_is_the_wait_for_ray_datas_next_batch(run):
         f"10th percentile {residual.quantile(0.1):.4f}, median {residual.median():.4f}, max {residual.max():.4f} s; "
         f"busy(k-1) median {stalled['previous_busy_s'].median():.4f} s; mean data_s stalled "
         f"{stalled['data_s'].mean():.4f}, free {free['data_s'].mean():.4f} s (growth {growth:.4f}, imposed "
-        f"{stalled['imposed_s'].mean():.4f}); slowest rank's data_s growth {slowest['stalled'] - slowest['free']:.4f} s "
+        f"{stalled['imposed_s'].mean():.4f}); slowest rank's data_s growth {slowest['stalled'] - slowest['free']:.4f} "
+        "s "
         f"= {(slowest['stalled'] - slowest['free']) / STALL_S:.2f} x stall"
     )
     print(figures)

@@ -49,7 +49,8 @@ def dawnbench_json(summary: dict) -> dict:
     return {
         "version": "v1.0",
         "author": "scaling lab",
-        "framework": f"PyTorch {summary['versions']['torch']} + Ray {summary['versions']['ray']} ({summary['backend']})",
+        "framework": f"PyTorch {summary['versions']['torch']} + Ray {summary['versions']['ray']} "
+        f"({summary['backend']})",
         "codeURL": "",
         "model": summary["model"],
         "dataset": summary["dataset"],
@@ -62,7 +63,8 @@ def dawnbench_json(summary: dict) -> dict:
             "ttaHours": summary["tta_epoch_end_s"] / 3600 if summary.get("tta_epoch_end_s") is not None else None,
             "globalBatch": summary["global_batch"],
             "status": summary["status"],
-            "note": "hours = training time to the end of the first epoch at the target (evaluation and calibration excluded)",
+            "note": "hours = training time to the end of the first epoch at the target (evaluation and calibration "
+            "excluded)",
         },
     }
 

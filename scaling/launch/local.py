@@ -53,7 +53,8 @@ def check_local_gpus(
     nccl = cfg.resolved_backend == "nccl"  # auto and horovod on GPU resolve to nccl
     if nccl and workers > device_count:
         raise UsageError(
-            f"{workers} NCCL workers need {workers} GPUs on this node, it has {device_count}: NCCL refuses two ranks on one "
+            f"{workers} NCCL workers need {workers} GPUs on this node, it has {device_count}: NCCL refuses two ranks "
+            "on one "
             f"GPU ('Duplicate GPU detected'); use --workers {device_count} or fewer, or backend=gloo, which runs them "
             "with CUDA tensors (for function, not for timing)"
         )

@@ -138,7 +138,8 @@ def check_data(cfg: ExperimentConfig, cache: dict | None = None) -> dict:
     if num_train // cfg.global_batch < 1:
         raise ConfigError(
             f"the training set ({source}: {num_train} samples) is smaller than the global batch "
-            f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step per epoch"
+            f"({cfg.train.per_worker_batch} x {cfg.workers.num_workers} workers = {cfg.global_batch}): no full step "
+            "per epoch"
         )
     return counts
 
@@ -494,7 +495,8 @@ def check_memory(
             memory = ", ".join(_gb(n["memory"]) for n in nodes if n.get("memory")) or "none reported"
             raise UsageError(
                 f"{estimate.dataset_what} and {estimate.model_what} need {_gb(estimate.host_bytes)} per worker "
-                f"({estimate.parts()}), but the Ray cluster's nodes can hold {fit} of the {workers} workers (memory per "
+                f"({estimate.parts()}), but the Ray cluster's nodes can hold {fit} of the {workers} workers (memory "
+                "per "
                 f"node as Ray reports it: {memory}): lower {estimate.dataset_keys}, or use fewer workers, a smaller "
                 "model or more nodes"
             )

@@ -105,7 +105,8 @@ def check_capacity(cfg: ExperimentConfig) -> None:
     cpus = int(total.get("CPU", 0))
     if cpus_needed > cpus:
         raise UsageError(
-            f"{workers} workers x {cfg.workers.cpus_per_worker} CPU need {cpus_needed} CPUs, but the Ray cluster has {cpus}; "
+            f"{workers} workers x {cfg.workers.cpus_per_worker} CPU need {cpus_needed} CPUs, but the Ray cluster has "
+            f"{cpus}; "
             f"use --workers {max(1, cpus // cfg.workers.cpus_per_worker)} or fewer, or add nodes"
         )
     if cfg.workers.use_gpu:

@@ -489,7 +489,8 @@ def compute_from_concurrent_runs(runs) -> StepCompute:
     first = singles[0]
     source = (
         f"{len(runs)} concurrent 1-worker runs ({', '.join(run.name for run in runs)}): {first.device}, batch "
-        f"{first.per_worker_batch}; step {per_run} ms each (epochs {'; '.join(','.join(map(str, k)) for k in kept_epochs)}, "
+        f"{first.per_worker_batch}; step {per_run} ms each (epochs "
+        f"{'; '.join(','.join(map(str, k)) for k in kept_epochs)}, "
         f"those run while every run trained), phases averaged; straggler wait {1e3 * straggler:.1f} ms"
     )
     return replace(

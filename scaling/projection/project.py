@@ -902,7 +902,8 @@ def _fsdp_plan(
         f"of {units[1]['params'] / 1e6:.1f}M parameters); all-gather in {param_dtype} "
         f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
         f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks{' and the root' if flags[0] else ''} resharded "
-        f"after forward and gathered again for backward ({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); "
+        "after forward and gathered again for backward "
+        f"({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); "
         + (
             "gloo: every collective holds compute (none overlaps it), a reduce-scatter costs an all-reduce of the "
             "buffer; "

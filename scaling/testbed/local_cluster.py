@@ -145,7 +145,8 @@ class PrivateRayHead:
                 exited = self.process.poll()
                 self.stop()
                 raise RuntimeError(
-                    f"private Ray head did not start: {'its `ray start` exited with status ' + str(exited) if exited is not None else f'no answer from {self.dashboard} within {self.timeout_s:g} s'}"
+                    "private Ray head did not start: "
+                    f"{'its `ray start` exited with status ' + str(exited) if exited is not None else f'no answer from {self.dashboard} within {self.timeout_s:g} s'}"
                 )
             time.sleep(0.2)
         self.start_s = time.time() - t0

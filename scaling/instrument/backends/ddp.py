@@ -65,7 +65,8 @@ class DDPBackend(Backend):
         if registered is not None:
             hook = registered
             raise ValueError(
-                f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only one: "
+                f"this DDP model already has a comm hook ({getattr(hook, '__name__', hook)!r}) and DDP allows only "
+                "one: "
                 "attach the instrument first, then register your hook (it is kept and timed)"
             )
         model = self.model
