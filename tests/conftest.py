@@ -9,7 +9,8 @@ never with `ray stop`.
 `minicluster`: one 2-node minicluster (network namespaces, one Ray node each) for every test that
 needs one. Run in one process, its tests run last (`pytest_collection_modifyitems`) so that its nodes
 idle beside no other test; in two (`make test`), its tier is one group, handed out first
-(`FileGroupScheduling`). A test that preempts a node gives it back (`whole_minicluster`).
+(`FileGroupScheduling`). A test that preempts a node gives it back (`whole_minicluster`). It is taken
+down after its tier's last test (`_take_the_minicluster_down_after_its_tier`).
 
 Capabilities (`CAPABILITIES`): where this process cannot build the minicluster's network, or
 Horovod does not import, or no Prometheus server is installed, the tests that need them skip
@@ -231,16 +232,38 @@ def minicluster(netns_capable):
         assert stale.returncode == 0, stale.stderr
     result = run_cli("minicluster", "up", "--nodes", "2", "--name", MINICLUSTER_NAME, "--subnet", MINICLUSTER_SUBNET)
     assert result.returncode == 0, result.stderr
+
+    def take_down():
+        down = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
+        assert down.returncode == 0, down.stderr
+        assert not minicluster_leftovers(MINICLUSTER_NAME)
+        assert main(["minicluster", "status", "--name", MINICLUSTER_NAME]) == 2  # gone for the CLI too
+
+    _MINICLUSTER_DOWN.append(take_down)
     try:
         assert minicluster_leftovers(MINICLUSTER_NAME), (
             "the minicluster's namespaces and links should exist while it is up"
         )
         yield MINICLUSTER_NAME
     finally:
-        down = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
-        assert down.returncode == 0, down.stderr
-    assert not minicluster_leftovers(MINICLUSTER_NAME)
-    assert main(["minicluster", "status", "--name", MINICLUSTER_NAME]) == 2  # gone for the CLI too
+        if _MINICLUSTER_DOWN:  # not yet taken down after its tier's last test
+            _MINICLUSTER_DOWN.pop()()
+
+
+# The session minicluster's teardown while it is up. Its two Ray nodes, idle, cost about 6% of a core each
+# (a Ray node's daemons); its tier's tests run together (`pytest_collection_modifyitems`), so it is taken
+# down after the last of them rather than at the session's end, minutes later in `make test`.
+_MINICLUSTER_DOWN: list = []
+
+
+def _take_the_minicluster_down_after_its_tier(item, nextitem) -> None:
+    """After a test's teardown (whole_minicluster has put the nodes back): down if its tier is done here."""
+    if (
+        _MINICLUSTER_DOWN
+        and item.get_closest_marker("minicluster") is not None
+        and (nextitem is None or nextitem.get_closest_marker("minicluster") is None)
+    ):
+        _MINICLUSTER_DOWN.pop()()
 
 
 def make_whole(name: str) -> None:
@@ -358,7 +381,7 @@ def pytest_collection_modifyitems(config, items):
 # dead, a restart waiting for room, a node rejoining), so two worker processes share the two cores'
 # work. The minicluster is a session fixture: its tier is one group, handed out first, so one worker
 # builds it and runs its tests while the other runs the unit tests and then the rest; once done with
-# the tier, that worker takes groups from the rest too (its nodes, idle, are taken down at its end).
+# the tier, that worker takes the minicluster down and groups from the rest.
 # Each module's other tests that are not unit tests form a group (its module-scoped runs are made once);
 # each worker that reaches a Ray-tier test starts its own session head. A unit test may not run in a
 # Ray driver (`_unit_guard`): the unit tests are queued right after the minicluster's group, and the
@@ -521,5 +544,7 @@ def pytest_runtest_call(item):
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item):
-    return (yield from _guarded_phase(item, "teardown"))
+def pytest_runtest_teardown(item, nextitem):
+    result = yield from _guarded_phase(item, "teardown")
+    _take_the_minicluster_down_after_its_tier(item, nextitem)
+    return result
