@@ -11,8 +11,8 @@ host time is what is left to see. DDP's bucket cap is set so that the 40 layers'
 
 Arms, each its own DDP model in the same process: `bare` (no instrument), `attached` (the
 instrument without telemetry and trace, every step's collectives timed: `collective_timing_every=1`)
-and `sampled` (the same at the default `collective_timing_every=10`: the first 10 steady steps and
-then every 10th timed, the other steps on DDP's own C++ all-reduce path). A block
+and `sampled` (the same at the default `collective_timing_every`, 50: the first 10 steady steps and
+then every 50th timed, the other steps on DDP's own C++ all-reduce path). A block
 runs 10 steps of every (size, arm) in a rotating order, each arm's steps one epoch as long as the
 benchmark (a job's epoch holds hundreds of steps or more: the work at an epoch's start and end, about
 0.1 ms, is not a cost of each step); per block and size, an arm's extra time per step is its mean
@@ -50,6 +50,7 @@ def build(buckets: int, arm: str):
     from torch.nn.parallel import DistributedDataParallel
 
     from scaling import instrument
+    from scaling.instrument.settings import InstrumentSettings
 
     torch.manual_seed(0)
     module = nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
@@ -63,7 +64,7 @@ def build(buckets: int, arm: str):
             optimizer,
             telemetry_interval_s=0,
             trace_steps=0,
-            collective_timing_every=10 if arm == "sampled" else 1,
+            collective_timing_every=InstrumentSettings.collective_timing_every if arm == "sampled" else 1,
         )
     return model, optimizer, meter
 

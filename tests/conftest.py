@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import shutil
@@ -237,7 +238,10 @@ def minicluster(netns_capable):
         down = run_cli("minicluster", "down", "--name", MINICLUSTER_NAME)
         assert down.returncode == 0, down.stderr
         assert not minicluster_leftovers(MINICLUSTER_NAME)
-        assert main(["minicluster", "status", "--name", MINICLUSTER_NAME]) == 2  # gone for the CLI too
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            status = main(["minicluster", "status", "--name", MINICLUSTER_NAME])
+        assert status == 2 and "no minicluster named" in said.getvalue(), said.getvalue()  # gone for the CLI too
 
     _MINICLUSTER_DOWN.append(take_down)
     try:

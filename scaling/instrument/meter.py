@@ -103,7 +103,7 @@ from scaling.instrument.backends import detect
 from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
 from scaling.instrument.recorder import RunRecorder
-from scaling.instrument.settings import InstrumentSettings, LaunchedRun
+from scaling.instrument.settings import FIRST_TIMED_STEPS, InstrumentSettings, LaunchedRun
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
 from scaling.results import COMPUTE_PROFILE_JSON, JOB_JSON
@@ -573,12 +573,12 @@ class StepMeter:
                 self._end_training()
 
     def _times_collectives(self, step: int) -> bool:
-        """Whether training step `step` times its collectives: every warm-up step, the first N steady ones,
-        then every Nth, N = `collective_timing_every` (settings.py)."""
+        """Whether training step `step` times its collectives: every warm-up step, the first N steady ones (at
+        most `FIRST_TIMED_STEPS`), then every Nth, N = `collective_timing_every` (settings.py)."""
         if not self.backend.samples_collectives:
             return True
         steady, every = step - self.settings.warmup_steps, self.settings.collective_timing_every
-        return steady < every or steady % every == 0
+        return steady < min(every, FIRST_TIMED_STEPS) or steady % every == 0
 
     def _end_micro_batch(self, request) -> bool:
         """The batch in progress ends at `request`: whether the next batch continues its step (rule, module docstring)."""

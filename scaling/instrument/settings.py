@@ -26,6 +26,11 @@ from typing import Literal
 LAUNCHED_RUN_ENV = "SCALING_INSTRUMENT_RUN"
 
 
+# The steady-state steps timed first, whatever `collective_timing_every` (a short run's communication figures rest on
+# at least these): a timed step costs the instrument a Python call per gradient bucket (docs/benchmarks.md).
+FIRST_TIMED_STEPS = 10
+
+
 @dataclass
 class InstrumentSettings:
     """What the instrument measures and injects; the defaults are the lab's."""
@@ -48,13 +53,13 @@ class InstrumentSettings:
     """Training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none."""
     step_timing: bool = True
     """Per-step records and the A/B window; False = epoch timing only (to measure the instrument's own cost)."""
-    collective_timing_every: int = 10
+    collective_timing_every: int = 50
     """Time each collective (DDP's per-bucket all-reduces) on every warm-up step, every A/B step, the first N
-    training steps after the warm-up, then every Nth (as DDP's own logger samples its first iterations, then every
-    Nth); the other steps record their phases only, their communication columns empty (NaN), and run DDP's own
-    C++ all-reduce path, no Python per bucket. 1 = every step. The communication figures then rest on the timed
-    steps, whose count the summary gives (`comm_timed_steps`); docs/method.md, and docs/benchmarks.md for what
-    each choice costs."""
+    training steps after the warm-up (at most `FIRST_TIMED_STEPS`), then every Nth (as DDP's own logger times its
+    first 10 iterations, then every 100th); the other steps record their phases only, their communication columns
+    empty (NaN), and run DDP's own C++ all-reduce path, no Python per bucket. 1 = every step. The communication
+    figures then rest on the timed steps, whose count the summary gives (`comm_timed_steps`); docs/method.md, and
+    docs/benchmarks.md for what each choice costs."""
     telemetry_interval_s: float = 1.0
     """GPU telemetry (NVML) sampling period, seconds; 0 = off."""
 
