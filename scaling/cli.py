@@ -234,6 +234,11 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--out", type=Path, metavar="DIR", help="report directory (default: SWEEP_DIR/report; required for several)"
     )
+    report.add_argument(
+        "--no-figures",
+        action="store_true",
+        help="the tables only: report.md without the figures, whose drawing is most of a report's time",
+    )
 
     project = _command(
         commands,
@@ -1073,7 +1078,7 @@ def _cmd_sweep(args) -> int:
 def _cmd_report(args) -> int:
     from scaling.report import write_report
 
-    path = write_report(args.sweep_dirs, output_console(), out=args.out)
+    path = write_report(args.sweep_dirs, output_console(), out=args.out, figures=not args.no_figures)
     print(f"report: {path}")
     return 0
 

@@ -463,13 +463,16 @@ def _header(dirs: list[Path], runs: pd.DataFrame, incomplete: list[str], target:
 TERMINAL_RUN_ROWS = 40  # the terminal's Runs table stops here (report.md lists every run)
 
 
-def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None, warnings_console=None) -> Path:
+def write_report(
+    sweep_dirs, console=None, out: str | os.PathLike | None = None, warnings_console=None, figures: bool = True
+) -> Path:
     """Print the tables and write the report directory (report.md and the figures); returns report.md's path.
 
     sweep_dirs: one sweep directory (the report goes to SWEEP/report/) or several, merged into
     one report (scaling.results.read_sweeps), which then needs `out`. The tables and claims go to
     `console` (stdout by default), the warnings to `warnings_console` (stderr by default), so a
-    piped report holds only the report.
+    piped report holds only the report. `figures=False` (`scaling report --no-figures`): the tables only,
+    without the figures, whose drawing is most of a report's time.
     """
     from rich.console import Console
     from rich.markup import escape
@@ -513,16 +516,16 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None,
 
     out = Path(out) if out is not None else SweepDir(dirs[0]).report_path
     out.mkdir(parents=True, exist_ok=True)
-    figures = _figures(table, curves, spread, target, st.bandwidth_series(table))
-    if not ranks.empty:
+    drawn = _figures(table, curves, spread, target, st.bandwidth_series(table)) if figures else {}
+    if figures and not ranks.empty:
         from scaling.plots.figures import who_waits_figure
 
-        figures["who_waits"] = (
+        drawn["who_waits"] = (
             who_waits_figure,
             ranks,
             f"{largest['run_key']} ({int(largest['num_workers'])} workers)",
         )
-    for stem, (draw, *data) in figures.items():
+    for stem, (draw, *data) in drawn.items():
         save(draw(*data), out / stem)
 
     sections = [
@@ -583,8 +586,9 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None,
         ]
         for claim in claims:
             console.print(f"[bold]{escape(claim)}[/bold]")
-    md += ["## Figures", "", "Each figure is also written as SVG beside the PNG.", ""]
-    if not projected.empty:
+    md += ["## Figures", ""]
+    md += ["Each figure is also written as SVG beside the PNG.", ""] if figures else ["Not drawn (`--no-figures`).", ""]
+    if figures and not projected.empty:
         md += [
             "Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
             "at the measured worker counts, from each series' smallest-worker run:",
@@ -592,7 +596,7 @@ def write_report(sweep_dirs, console=None, out: str | os.PathLike | None = None,
             *[f"- {note}" for note in projection_notes],
             "",
         ]
-    for stem, (draw, *_) in figures.items():
+    for stem, (draw, *_) in drawn.items():
         md += [f"### {draw.heading}", "", f"![{draw.heading}]({stem}.png)", "", draw.caption, ""]
     md += ["## Tables", ""]
     key_headers = {header for _, header, _ in _key_columns(keys)}  # repeated in each part of a folded table

@@ -148,7 +148,7 @@ def _folded_rows(text: str) -> list[str]:
 
 def test_report_rows_are_not_folded_off_a_terminal(tmp_path, capsys):
     sweep = make_fake_sweep(tmp_path)
-    assert main(["report", str(sweep)]) == 0
+    assert main(["report", str(sweep), "--no-figures"]) == 0
     out = capsys.readouterr().out  # captured: not a terminal, as a log, a pipe or CI
     assert out.count("┏") >= 5, "the report's tables are printed"
     assert not _folded_rows(out), "\n".join(_folded_rows(out)[:5])

@@ -1,10 +1,13 @@
-"""Horovod as a second backend (issue 5): a 2-process Horovod job on gloo, placed by Ray Train
-V2's TorchTrainer, with Horovod's rendezvous set up by scaling.train.horovod_backend.
+"""Horovod as a second backend (issue 5): a 2-process Horovod job on gloo, with Horovod's rendezvous
+set up by scaling.train.horovod_backend over the job's torch.distributed group.
 
-One Ray job (module fixture) runs, on both workers: the same tiny model trained for a few
-steps with DDP and with Horovod from the same (deliberately rank-different) initialisation and
-the same per-rank data; a backward under `no_sync`; then shuts Horovod down so that rank 0's
-timeline is complete. The tests check what it returned.
+One pair of processes (module fixture: the plain launcher's, `scaling.launch.local.start_workers`)
+runs, on both ranks: the same tiny model trained for a few steps with DDP and with Horovod from the
+same (deliberately rank-different) initialisation and the same per-rank data; a backward under
+`no_sync`; then shuts Horovod down so that rank 0's timeline is complete. The tests check what it
+returned. The same job placed by Ray Train V2's TorchTrainer on two minicluster nodes, its
+rendezvous over Ray Train's group: `test_two_nodes_of_the_minicluster`; the lab's own Horovod runs
+under Ray Train: tests/test_horovod_run.py.
 
 Needs Horovod (`make horovod`); the Horovod tests skip with the reason when it does not import.
 """
@@ -68,11 +71,11 @@ def _flat(tensors):
     return torch.cat([t.detach().reshape(-1).clone() for t in tensors])
 
 
-def _job(config: dict):
+def _job(rank: int, world: int, local_rank: int, local_world: int, node_rank: int, timeline: str) -> list[dict]:
+    """Both ranks' results (every rank returns them all), on an initialised torch.distributed group."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    import ray.train
     from torch.nn.parallel import DistributedDataParallel
 
     from scaling.instrument.backends.horovod import HorovodCommTimer, horovod_no_sync
@@ -80,8 +83,6 @@ def _job(config: dict):
     from scaling.train import horovod_backend as hb
 
     torch.set_num_threads(1)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     batches = _batches(rank, STEPS + 1)
     out: dict = {"rank": rank}
 
@@ -101,19 +102,13 @@ def _job(config: dict):
 
     # Horovod, rendezvous through this torch.distributed group.
     ranks = hb.setup_horovod_env_and_init(
-        rank,
-        world,
-        ctx.get_local_rank(),
-        ctx.get_local_world_size(),
-        ctx.get_node_rank(),
-        None,
-        tuning=hb.HorovodTuning(FUSION_BYTES, CYCLE_MS, config["timeline"]),
+        rank, world, local_rank, local_world, node_rank, None, tuning=hb.HorovodTuning(FUSION_BYTES, CYCLE_MS, timeline)
     )
     import horovod.torch as hvd
 
     ours = (ranks.rank, ranks.size, ranks.local_rank, ranks.cross_rank)
     out["ranks"] = (ours, (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_rank()))
-    out["node_rank"] = ctx.get_node_rank()
+    out["node_rank"] = node_rank
     out["env"] = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
 
     model = _model(1000 + rank)
@@ -177,6 +172,20 @@ def _job(config: dict):
     return gathered
 
 
+def _ray_train_job(config: dict) -> list[dict]:
+    import ray.train
+
+    ctx = ray.train.get_context()
+    return _job(
+        ctx.get_world_rank(),
+        ctx.get_world_size(),
+        ctx.get_local_rank(),
+        ctx.get_local_world_size(),
+        ctx.get_node_rank(),
+        config["timeline"],
+    )
+
+
 def _fit(timeline: str, storage: str) -> list[dict]:
     """Run `_job` on 2 Ray Train workers of the connected cluster; every rank's results."""
     import ray.cloudpickle
@@ -185,7 +194,7 @@ def _fit(timeline: str, storage: str) -> list[dict]:
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
     trainer = TorchTrainer(
-        train_loop_per_worker=_job,
+        train_loop_per_worker=_ray_train_job,
         train_loop_config={"timeline": timeline},
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
@@ -194,20 +203,46 @@ def _fit(timeline: str, storage: str) -> list[dict]:
     return trainer.fit().return_value
 
 
+TIMELINE, RESULTS = "timeline.json", "ranks.pkl"
+
+
+def _plain_job(rank: int, port: int, tmp: str) -> None:
+    """`_job` on one machine's 2 processes (the plain launcher's); rank 0 writes the results."""
+    import pickle
+
+    import torch.distributed as dist
+
+    from scaling.launch.local import exit_without_finalization, release_process_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    results = _job(rank, 2, rank, 2, 0, os.path.join(tmp, TIMELINE))
+    if rank == 0:
+        with open(os.path.join(tmp, RESULTS), "wb") as f:
+            pickle.dump(results, f)
+    release_process_group()
+    exit_without_finalization()
+
+
 @pytest.fixture(scope="module")
-def hvd_job(ray_connected, tmp_path_factory):
+def hvd_job(tmp_path_factory):
+    import pickle
+
+    from scaling.launch.local import start_workers
+    from scaling.testbed.local_cluster import free_port
+
     if not HOROVOD_OK:
         pytest.skip(HOROVOD_WHY)
     tmp = tmp_path_factory.mktemp("horovod")
-    timeline = tmp / "timeline.json"
-    return _fit(str(timeline), str(tmp / "ray")), timeline
+    start_workers(_plain_job, (free_port(), str(tmp)), 2)
+    return pickle.loads((tmp / RESULTS).read_bytes()), tmp / TIMELINE
 
 
 # --- tests -----------------------------------------------------------------------------------
 
 
 @needs_horovod
-def test_rendezvous_through_ray_gives_the_torch_ranks(hvd_job):
+def test_rendezvous_over_the_torch_group_gives_its_ranks(hvd_job):
     outs, _ = hvd_job
     assert [o["rank"] for o in outs] == [0, 1]
     for o in outs:

@@ -342,7 +342,7 @@ def test_two_sweeps_of_the_same_setup_are_told_apart_by_sweep(tmp_path):
     first, second = make_fake_sweep(tmp_path, name="monday"), make_fake_sweep(tmp_path, name="tuesday")
     runs = read_sweeps([first, second]).runs
     assert group_keys(runs) == ("num_workers", "sweep")
-    path = write_report([first, second], _console(), out=tmp_path / "both")
+    path = write_report([first, second], _console(), out=tmp_path / "both", figures=False)  # the tables'
     assert "| sweep |" in _table_rows(path.read_text(), "Scaling: time per epoch")[0]
 
 
@@ -355,8 +355,9 @@ def test_several_sweeps_need_out_and_distinct_dirs(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
     assert main(["report", str(ddp), str(ddp), "--out", str(tmp_path / "x")]) == 2
     assert "twice" in capsys.readouterr().err
-    assert main(["report", str(ddp), str(hvd), "--out", str(tmp_path / "both")]) == 0
-    assert (tmp_path / "both" / "report.md").exists()
+    assert main(["report", str(ddp), str(hvd), "--out", str(tmp_path / "both"), "--no-figures"]) == 0
+    assert (tmp_path / "both" / "report.md").exists() and not list((tmp_path / "both").glob("*.png"))
+    assert "Not drawn (`--no-figures`)." in (tmp_path / "both" / "report.md").read_text()
 
 
 # ---------------------------------------------------------------------------- report.md cells by hand
@@ -444,7 +445,7 @@ def _parsed_table(report_md: str, title: str) -> tuple[list[str], dict[str, list
 
 
 def test_report_md_cells_by_hand(tmp_path):
-    path = write_report(make_known_sweep(tmp_path, KNOWN_RUNS), _console())
+    path = write_report(make_known_sweep(tmp_path, KNOWN_RUNS), _console(), figures=False)  # cells only
     text = path.read_text()
 
     headers, rows = _parsed_table(text, "Scaling: time per epoch")
