@@ -9,7 +9,8 @@ layers 64 wide, batch 8, a 1-rank gloo DDP group, which DDP all-reduces through 
 host time is what is left to see. DDP's bucket cap is set so that the 40 layers' gradients make
 1, 5, 20 or 40 buckets, which separates a per-step part from a per-bucket part.
 
-Arms, each its own DDP model in the same process: `bare` (no instrument), `attached` (the
+Arms, each its own DDP models in the same process (`INSTANCES` of each, one per block in turn, so that
+what sets one instance apart from another, tens of microseconds here, lands in the interval, not in the median): `bare` (no instrument), `attached` (the
 instrument without telemetry and trace, every step's collectives timed: `collective_timing_every=1`)
 and `sampled` (the same at the default `collective_timing_every`, 50: the first 10 steady steps and
 then every 50th timed, the other steps on DDP's own C++ all-reduce path). A block
@@ -41,6 +42,9 @@ import benchlib as bl  # noqa: E402
 SIZES = (1, 5, 20, 40)
 ARMS = ("bare", "attached", "sampled")
 LAYERS, WIDTH, BATCH, STEPS_PER_BLOCK = 40, 64, 8, 10
+# Models of each (size, arm), one per block in turn: two instances of one model step apart by tens of microseconds
+# for reasons of their own (where their tensors lie), a bias no interval over one instance's blocks would show.
+INSTANCES = 3
 STEP_BUDGET_US, BUCKET_BUDGET_US = 250.0, 10.0
 
 
@@ -106,24 +110,25 @@ def main() -> int:
     jobs = {}
     for size in SIZES:
         for arm in ARMS:
-            model, optimizer, meter = build(size, arm)
-            # one epoch per arm, as long as the benchmark: a job's per-epoch work is not a per-step cost
-            batches = meter.batches(itertools.count()) if meter else itertools.count()
-            jobs[(size, arm)] = (model, optimizer, batches, meter)
+            for instance in range(INSTANCES):
+                model, optimizer, meter = build(size, arm)
+                # one epoch per job, as long as the benchmark: a job's per-epoch work is not a per-step cost
+                batches = meter.batches(itertools.count()) if meter else itertools.count()
+                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
     batch = torch.randn(BATCH, WIDTH)
-    keys = list(jobs)
+    keys = [(size, arm) for size in SIZES for arm in ARMS]
     windows = bl.StepWindows()
-    warmup_blocks = 2
+    warmup_blocks = 2 * INSTANCES  # every instance's first steps
     for block in range(blocks + warmup_blocks):
         order = keys[block % len(keys) :] + keys[: block % len(keys)]
-        for key in order if block % 2 == 0 else order[::-1]:
-            run_block(jobs[key], batch, windows, block, f"{key[0]}:{key[1]}")
+        for size, arm in order if block % 2 == 0 else order[::-1]:
+            run_block(jobs[(size, arm, block % INSTANCES)], batch, windows, block, f"{size}:{arm}")
         if block % 10 == 0:
             print(f"[instrument_host_cost] block {block + 1}/{blocks + warmup_blocks}", flush=True)
     windows.close()
     resolve_us = {}  # (size, arm) -> the epoch-end resolution of its records, per step recorded
-    for (size, arm), (_, _, _, meter) in jobs.items():
-        if meter is not None:
+    for (size, arm, instance), (_, _, _, meter) in jobs.items():
+        if meter is not None and instance == 0:
             recorder = meter.recorder
             started_resolve = time.perf_counter()
             rows = [recorder._resolved(marks) for marks in recorder._pending]

@@ -22,6 +22,7 @@ a probe (tests/conftest.py) finds none, fails where `.ci/run` requires it.
 import os
 
 import pandas as pd
+import pytest
 
 from scaling.cli import main
 from tests.conftest import run_cli
@@ -115,3 +116,63 @@ def test_without_root_one_line(monkeypatch, capsys):
     assert main(["minicluster", "up", "--nodes", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "needs root" in err
+
+
+class _StartedRay:
+    """A `ray start --block` as `_wait_for_nodes` sees it: running (None), or exited with `code`."""
+
+    def __init__(self, code=None):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+def _one_starting_node(monkeypatch, failing_starts: int) -> tuple:
+    """A 2-node cluster whose node 1 is starting; each start of it exits until `failing_starts` have, the next
+    joins. Returns the cluster and the list of node indices started again."""
+    from scaling.testbed import minicluster as mc
+
+    cluster = mc.MiniCluster(
+        name="r1",
+        subnet="10.9.0.0/24",
+        bridge="smr1br",
+        bridge_ip="10.9.0.1",
+        bandwidth=None,
+        cpus_per_node=1,
+        nodes=[
+            mc.Node(index=0, namespace="scaling-r1-n0", ip="10.9.0.10", host_iface="smr1h0"),
+            mc.Node(index=1, namespace="scaling-r1-n1", ip="10.9.0.11", host_iface="smr1h1"),
+        ],
+        temp_dir="/tmp/smc-r1",
+    )
+    restarts, alive = [], {"count": 1}
+
+    def start_again(_, node):
+        restarts.append(node.index)
+        if len(restarts) + 1 > failing_starts:  # the first start is the caller's
+            alive["count"] = 2
+            return _StartedRay()
+        return _StartedRay(code=1)
+
+    monkeypatch.setattr(mc, "alive_nodes", lambda _: alive["count"])
+    monkeypatch.setattr(mc, "_namespace_pids", lambda namespace: [])
+    monkeypatch.setattr(mc, "_wait_until_empty", lambda *args: None)
+    monkeypatch.setattr(mc, "_start_worker_node", start_again)
+    return cluster, restarts
+
+
+def test_a_node_whose_ray_exits_at_its_start_is_started_again(monkeypatch):
+    """A raylet can give up at its start under load (its dashboard agent late to write its port): the node's
+    `ray start` exits, and the node is started again rather than waited on until the deadline."""
+    from scaling.testbed import minicluster as mc
+
+    said = []
+    cluster, restarts = _one_starting_node(monkeypatch, failing_starts=2)
+    mc._wait_for_nodes(cluster, 2, {1: _StartedRay(code=1)}, said.append)
+    assert restarts == [1, 1] and len(said) == 2 and "starting it again" in said[0]
+
+    cluster, restarts = _one_starting_node(monkeypatch, failing_starts=99)
+    with pytest.raises(RuntimeError, match=f"exited at its start {mc.NODE_START_ATTEMPTS} times"):
+        mc._wait_for_nodes(cluster, 2, {1: _StartedRay(code=1)})
+    assert restarts == [1] * (mc.NODE_START_ATTEMPTS - 1)

@@ -333,17 +333,18 @@ def _start_ray(cluster: MiniCluster, log) -> None:
     head.pid = process.pid
     _save(cluster)
     _wait_for_head(cluster, process)
+    starting = {}
     for node in cluster.nodes[1:]:
         log(f"starting node {node.index} in {node.namespace} ({node.ip})")
-        _start_worker_node(cluster, node)
-    _wait_for_nodes(cluster, len(cluster.nodes))
+        starting[node.index] = _start_worker_node(cluster, node)
+    _wait_for_nodes(cluster, len(cluster.nodes), starting, log)
 
 
 def _ray_start_options(cluster: MiniCluster) -> list[str]:
     return [f"--num-cpus={cluster.cpus_per_node}", "--num-gpus=0", "--disable-usage-stats", "--block"]
 
 
-def _start_worker_node(cluster: MiniCluster, node: Node) -> None:
+def _start_worker_node(cluster: MiniCluster, node: Node) -> subprocess.Popen:
     """`ray start` in a non-head node's namespace, joining the head; its process id recorded."""
     worker = subprocess.Popen(
         [
@@ -364,11 +365,35 @@ def _start_worker_node(cluster: MiniCluster, node: Node) -> None:
     )
     node.pid = worker.pid
     _save(cluster)
+    return worker
 
 
-def _wait_for_nodes(cluster: MiniCluster, count: int) -> None:
+# A node's `ray start --block` exits when its raylet does, and a raylet gives up at its start when its dashboard agent
+# (a Python process) has not written its port in time ("Timed out waiting for file .../metrics_agent_port_*", seen on
+# a 2-core machine under load): such a node is started again, as an autoscaler retries a node, this many times in all.
+NODE_START_ATTEMPTS = 3
+
+
+def _wait_for_nodes(cluster: MiniCluster, count: int, starting: dict | None = None, log=None) -> None:
+    """Until the head counts `count` nodes alive; `starting`: {node index: its `ray start`}, restarted if it exits."""
     deadline = time.time() + START_TIMEOUT_S
+    starting = dict(starting or {})
+    attempts = dict.fromkeys(starting, 1)
     while (alive := alive_nodes(cluster)) < count:
+        for index, process in list(starting.items()):
+            if process.poll() is None:
+                continue
+            node = cluster.nodes[index]
+            if attempts[index] >= NODE_START_ATTEMPTS:
+                raise RuntimeError(
+                    f"node {index}'s Ray exited at its start {attempts[index]} times (last exit {process.returncode})"
+                )
+            attempts[index] += 1
+            if log is not None:
+                log(f"node {index}'s Ray exited at its start (exit {process.returncode}): starting it again")
+            _kill(_namespace_pids(node.namespace), signal.SIGKILL)  # whatever of it is left
+            _wait_until_empty([node.namespace], 10, 0.2)
+            starting[index] = _start_worker_node(cluster, node)
         if time.time() > deadline:
             raise RuntimeError(f"only {alive} of {count} Ray nodes alive within {START_TIMEOUT_S} s")
         time.sleep(0.2)  # each look is one HTTP request (`alive_nodes`): look often, return when the node is in
@@ -415,8 +440,7 @@ def rejoin(name: str, node_index: int) -> MiniCluster:
     _in_ns(node.namespace, "ip", "link", "set", NODE_IFACE, "up")
     # the default route left with the link; the address stayed
     _in_ns(node.namespace, "ip", "route", "replace", "default", "via", cluster.bridge_ip)
-    _start_worker_node(cluster, node)
-    _wait_for_nodes(cluster, len(cluster.nodes))
+    _wait_for_nodes(cluster, len(cluster.nodes), {node_index: _start_worker_node(cluster, node)})
     return cluster
 
 
