@@ -10,8 +10,9 @@ host time is what is left to see. DDP's bucket cap is set so that the 40 layers'
 1, 5, 20 or 40 buckets, which separates a per-step part from a per-bucket part.
 
 Arms, each its own DDP models in the same process (`INSTANCES` of each, one per block in turn, so that
-what sets one instance apart from another, tens of microseconds here, lands in the interval, not in the median): `bare` (no instrument), `attached` (the
-instrument without telemetry and trace, every step's collectives timed: `collective_timing_every=1`)
+what sets one instance apart from another, tens of microseconds here, lands in the interval, not in the
+median): `bare` (no instrument), `attached` (the instrument without telemetry and trace, every step's
+collectives timed: `collective_timing_every=1`)
 and `sampled` (the same at the default `collective_timing_every`, 50: the first 10 steady steps and
 then every 50th timed, the other steps on DDP's own C++ all-reduce path). A block
 runs 10 steps of every (size, arm) in a rotating order, each arm's steps one epoch as long as the
