@@ -48,30 +48,57 @@ LAYERS, WIDTH, BATCH, STEPS_PER_BLOCK = 40, 64, 8, 10
 INSTANCES = 3
 STEP_BUDGET_US, BUCKET_BUDGET_US = 250.0, 10.0
 
+LAB_EPOCHS, LAB_STEPS_PER_EPOCH = 8, 96  # per run; each run's first epoch is left out
+FSDP_BLOCKS = 48
+
+
+def lab_model(num_classes: int):
+    """The benchmark's model as a lab model (`model.name=instrument_host_cost:lab_model`): the same
+    `LAYERS` linear layers, fed the first `WIDTH` values of each image, its logits the first
+    `num_classes` outputs."""
+    import torch
+    from torch import nn
+
+    class HostCostMlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return self.layers(images.flatten(1)[:, :WIDTH])[:, :num_classes]
+
+    return HostCostMlp()
+
+
+def bucket_cap_mb(buckets: int) -> float:
+    """DDP's bucket cap that packs the `LAYERS` equal layers' gradients into `buckets` buckets."""
+    return WIDTH * WIDTH * 4 / 2**20 * (LAYERS // buckets) * 1.001
+
 
 def build(buckets: int, arm: str):
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
+    torch.manual_seed(0)
+    module = nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
+    model = DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb(buckets))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    return model, optimizer, attached(model, optimizer, arm)
+
+
+def attached(model, optimizer, arm: str, parts=None):
+    """The arm's meter: none (`bare`), every step's collectives timed (`attached`), or the default sampling
+    (`sampled`); telemetry and trace off."""
     from scaling import instrument
     from scaling.instrument.settings import InstrumentSettings
 
-    torch.manual_seed(0)
-    module = nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
-    layer_mb = WIDTH * WIDTH * 4 / 2**20
-    model = DistributedDataParallel(module, bucket_cap_mb=layer_mb * (LAYERS // buckets) * 1.001)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    meter = None
-    if arm != "bare":
-        meter = instrument.attach(
-            model,
-            optimizer,
-            telemetry_interval_s=0,
-            trace_steps=0,
-            collective_timing_every=InstrumentSettings.collective_timing_every if arm == "sampled" else 1,
-        )
-    return model, optimizer, meter
+    if arm == "bare":
+        return None
+    every = InstrumentSettings.collective_timing_every if arm == "sampled" else 1
+    return instrument.attach(
+        model, optimizer, telemetry_interval_s=0, trace_steps=0, collective_timing_every=every, parts=parts
+    )
 
 
 def run_block(job, batch, windows: bl.StepWindows, block: int, key: str) -> None:
@@ -85,18 +112,158 @@ def run_block(job, batch, windows: bl.StepWindows, block: int, key: str) -> None
     windows.add(block, key, start, windows.now())
 
 
+def lab_config(buckets: int, epochs: int):
+    """The quickstart's config, as the lab's loop trains `lab_model` at `buckets` DDP buckets: epochs of
+    `LAB_STEPS_PER_EPOCH` steps, evaluations only at epochs' ends, no A/B calibration."""
+    from scaling.config import load_config
+
+    overrides = [
+        *bl.steady_run_overrides(epochs, quick=False),
+        "train.eval_every=1",
+        "data.val_samples=64",
+        f"data.train_samples={LAB_STEPS_PER_EPOCH * BATCH}",
+        f"train.per_worker_batch={BATCH}",
+        "model.name=instrument_host_cost:lab_model",
+        f"instrument.ddp_bucket_cap_mb={bucket_cap_mb(buckets)}",
+    ]
+    return load_config(bl.REPO / "experiments/quickstart.yaml", overrides=overrides, num_workers=1)
+
+
+def measure_lab(instances: int, epochs: int) -> dict:
+    """The lab's loop against a bare DDP loop (bench/instrumentation_overhead.py's `BareDdp`), their steps
+    interleaved (bench/benchlib.py `lab_with_bare_steps`), on this process's 1-rank gloo group; the lab's loop
+    given its DDP backend at one worker, where a run of one trains the plain model. Per size, the runs' blocks
+    (epochs), each run's first left out."""
+    from instrumentation_overhead import BareDdp
+
+    import scaling.train.loop as lab_loop
+    from scaling.train.backends import for_choice
+    from scaling.train.loop import WorkerContext, set_up_worker
+
+    import tempfile
+
+    import torch
+
+    ctx = WorkerContext(rank=0, world_size=1, local_rank=0, node_rank=0, device=torch.device("cpu"))
+    for_run = lab_loop.for_run
+    lab_loop.for_run = lambda cfg, world_size: for_choice(cfg.backend)
+    blocks: dict[int, list[dict]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-host-lab-") as tmp:
+            # the sizes in a rotating order, so that no size always runs first
+            for instance in range(instances):
+                for k in range(len(SIZES)):
+                    size = SIZES[(instance + k) % len(SIZES)]
+                    cfg = lab_config(size, epochs)
+                    set_up_worker(cfg, ctx)
+                    windows = bl.StepWindows()
+                    run_dir = Path(tmp) / f"lab-{size}-{instance}"
+                    bl.lab_with_bare_steps(cfg, ctx, run_dir, lambda dataset: BareDdp(cfg, ctx, dataset), windows)
+                    windows.close()
+                    runs = [b for b in bl.block_means([windows.rows], ("lab", "bare")) if b["block"] > 1]
+                    blocks.setdefault(size, []).extend(runs)
+                    print(f"[instrument_host_cost] lab: {size} buckets, run {instance + 1}/{instances}", flush=True)
+    finally:
+        lab_loop.for_run = for_run
+    return blocks
+
+
+def build_fsdp(units: int, arm: str):
+    """The `LAYERS` layers in `units` FSDP2 units (each `fully_shard`ed, then the root), SGD, and the arm's
+    instrument as `build`'s, told it is rank 0 of 1 (`measure_fsdp`)."""
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from scaling.instrument import Identity, Parts
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)]
+    per_unit = LAYERS // units
+    model = nn.Sequential(*[nn.Sequential(*layers[i : i + per_unit]) for i in range(0, LAYERS, per_unit)])
+    for unit in model:
+        fully_shard(unit)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    return model, optimizer, attached(model, optimizer, arm, parts=Parts(identity=Identity(0, 1, 0, 0)))
+
+
+def measure_fsdp(blocks: int) -> tuple[list[dict], dict]:
+    """The FSDP2 part, on torch's fake process group of 2 ranks (every collective issued as on two ranks, and
+    returned at once: what is left is host time). The meter is told it is rank 0 of 1, since a 2-rank meter makes
+    a gloo group for its clock alignment, which the fake group's store cannot; what a step runs is the same, and
+    FSDP2's adapter told it communicates alone, so the timer is installed. Returns the blocks of mean steps (each
+    arm's window `STEPS_PER_BLOCK` steps) and, per "size:arm", what its records say."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from scaling.instrument.backends.fsdp import FSDPBackend
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    FSDPBackend.communicates_alone = True
+    jobs = {}
+    for size in SIZES:
+        for arm in ARMS:
+            for instance in range(INSTANCES):
+                model, optimizer, meter = build_fsdp(size, arm)
+                batches = meter.batches(itertools.count()) if meter else itertools.count()
+                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
+    windows = run_blocks(jobs, ARMS, blocks, "fsdp")
+    records = {}
+    for (size, arm, instance), (_, _, _, meter) in jobs.items():
+        if meter is not None and instance == 0:
+            resolved = [meter.recorder._resolved(marks) for marks in meter.recorder._pending]
+            rows = [r for r in resolved if r["kind"] == "train" and not r["warmup"]]
+            timed = [r for r in rows if r["comm_timed"]]
+            records[f"{size}:{arm}"] = {
+                "collectives_per_step": bl.median([r["allgathers"] + r["reducescatters"] for r in timed]),
+                "self_reported_us": bl.median([r["instrument_host_s"] * 1e6 for r in rows]),
+            }
+    dist.destroy_process_group()
+    keys = tuple(f"{size}:{arm}" for size in SIZES for arm in ARMS)
+    means = [b for b in bl.block_means([windows.rows], keys) if b["block"] >= 2 * INSTANCES]
+    return means, records
+
+
+def run_blocks(jobs: dict, arms: tuple[str, ...], blocks: int, label: str) -> bl.StepWindows:
+    """`blocks` blocks (after 2 x `INSTANCES` of warm-up), each `STEPS_PER_BLOCK` steps of every (size, arm) in a
+    rotating order, alternately reversed; the block's instance of each job in turn."""
+    import torch
+
+    batch = torch.randn(BATCH, WIDTH)
+    keys = [(size, arm) for size in SIZES for arm in arms]
+    windows = bl.StepWindows()
+    warmup_blocks = 2 * INSTANCES  # every instance's first steps
+    for block in range(blocks + warmup_blocks):
+        order = keys[block % len(keys) :] + keys[: block % len(keys)]
+        for size, arm in order if block % 2 == 0 else order[::-1]:
+            run_block(jobs[(size, arm, block % INSTANCES)], batch, windows, block, f"{size}:{arm}")
+        if block % 10 == 0:
+            print(f"[instrument_host_cost] {label}: block {block + 1}/{blocks + warmup_blocks}", flush=True)
+    windows.close()
+    return windows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog="exit status: 0 measured (whatever the verdicts), 2 bad arguments"
     )
-    parser.add_argument("--quick", action="store_true", help="fewer blocks (bench/results/quick/)")
+    parser.add_argument("--quick", action="store_true", help="fewer blocks and runs (bench/results/quick/)")
     parser.add_argument(
-        "--blocks", type=int, default=None, help="blocks of steps (default 240, about 4 min here; quick 16)"
+        "--blocks", type=int, default=None, help="blocks of steps of the attach part (default 240; quick 16)"
+    )
+    parser.add_argument(
+        "--fsdp-blocks",
+        type=int,
+        default=None,
+        help=f"blocks of steps of the FSDP2 part (default {FSDP_BLOCKS}; quick 8)",
     )
     args = parser.parse_args()
     blocks = args.blocks if args.blocks is not None else (16 if args.quick else 240)
-    if blocks < 6:
-        parser.error("--blocks must be >= 6 (the 95% interval of a median needs 6 values)")
+    fsdp_blocks = args.fsdp_blocks if args.fsdp_blocks is not None else (8 if args.quick else FSDP_BLOCKS)
+    if min(blocks, fsdp_blocks) < 6:
+        parser.error("--blocks and --fsdp-blocks must be >= 6 (the 95% interval of a median needs 6 values)")
+    lab_instances, lab_epochs = (1, 3) if args.quick else (INSTANCES, LAB_EPOCHS)
     started, load_start = time.time(), bl.load_average()
 
     import warnings
@@ -109,105 +276,56 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    jobs = {}
-    for size in SIZES:
-        for arm in ARMS:
-            for instance in range(INSTANCES):
-                model, optimizer, meter = build(size, arm)
-                # one epoch per job, as long as the benchmark: a job's per-epoch work is not a per-step cost
-                batches = meter.batches(itertools.count()) if meter else itertools.count()
-                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
-    batch = torch.randn(BATCH, WIDTH)
-    keys = [(size, arm) for size in SIZES for arm in ARMS]
-    windows = bl.StepWindows()
-    warmup_blocks = 2 * INSTANCES  # every instance's first steps
-    for block in range(blocks + warmup_blocks):
-        order = keys[block % len(keys) :] + keys[: block % len(keys)]
-        for size, arm in order if block % 2 == 0 else order[::-1]:
-            run_block(jobs[(size, arm, block % INSTANCES)], batch, windows, block, f"{size}:{arm}")
-        if block % 10 == 0:
-            print(f"[instrument_host_cost] block {block + 1}/{blocks + warmup_blocks}", flush=True)
-    windows.close()
-    resolve_us = {}  # (size, arm) -> the epoch-end resolution of its records, per step recorded
-    for (size, arm, instance), (_, _, _, meter) in jobs.items():
-        if meter is not None and instance == 0:
-            recorder = meter.recorder
-            started_resolve = time.perf_counter()
-            rows = [recorder._resolved(marks) for marks in recorder._pending]
-            resolve_us[(size, arm)] = (time.perf_counter() - started_resolve) / len(rows) * 1e6
-
-    per_block: dict[int, dict[str, dict]] = {}
-    for row in windows.rows:
-        if row["block"] >= warmup_blocks:
-            per_block.setdefault(row["block"], {})[row["arm"]] = row
-    extra = {}  # (size, arm, clock) -> [us per step, one per block]
-    for rows in per_block.values():
-        for size in SIZES:
-            bare = rows[f"{size}:bare"]
-            for arm in ARMS[1:]:
-                mine = rows[f"{size}:{arm}"]
-                for clock in ("wall_s", "cpu_s"):
-                    extra.setdefault((size, arm, clock), []).append((mine[clock] - bare[clock]) / STEPS_PER_BLOCK * 1e6)
-    bare_step = {
-        size: bl.median([rows[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6 for rows in per_block.values()])
-        for size in SIZES
-    }
-
-    def verdict(values, budget):
-        lo, hi = bl.median_order_interval(values)
-        return bl.median(values), lo, hi, bl.interval_verdict(lo, hi, budget)
-
-    comparisons, table = [], []
+    dist.init_process_group("gloo", rank=0, world_size=1)  # the DDP parts' group; the FSDP2 part has its own
+    attach_table, comparisons = measure_attach(blocks)
+    print("[instrument_host_cost] the lab's loop", flush=True)
+    lab_blocks = measure_lab(lab_instances, lab_epochs)
+    dist.destroy_process_group()
+    lab_table, lab_comparisons = figures_of(
+        "lab's loop",
+        {
+            (size, clock): [(b["lab"][key] - b["bare"][key]) * 1e6 for b in lab_blocks[size]]
+            for size in SIZES
+            for clock, key in (("wall", "wall_s"), ("CPU", "cpu_s"))
+        },
+        {size: bl.median([b["bare"]["wall_s"] * 1e6 for b in lab_blocks[size]]) for size in SIZES},
+        "buckets",
+        {size: SIZES[-1] - SIZES[0] for size in SIZES},
+        STEP_BUDGET_US,
+        BUCKET_BUDGET_US,
+    )
+    print("[instrument_host_cost] FSDP2", flush=True)
+    fsdp_means, fsdp_records = measure_fsdp(fsdp_blocks)
+    collectives = {size: fsdp_records[f"{size}:attached"]["collectives_per_step"] for size in SIZES}
+    fsdp_table, fsdp_comparisons = [], []
     for arm in ARMS[1:]:
-        for clock, label in (("wall_s", "wall"), ("cpu_s", "CPU")):
-            for size in SIZES:
-                value, lo, hi, _ = verdict(extra[(size, arm, clock)], STEP_BUDGET_US)
-                table.append(
-                    {
-                        "arm": arm,
-                        "clock": label,
-                        "buckets": size,
-                        "extra_us_per_step": value,
-                        "lo": lo,
-                        "hi": hi,
-                        "bare_us_per_step": bare_step[size],
-                        "resolve_us_per_step": resolve_us[(size, arm)],
-                    }
-                )
-            at20 = extra[(20, arm, clock)]
-            value, lo, hi, v = verdict(at20, STEP_BUDGET_US)
-            comparisons.append(
-                _row(
-                    f"{arm}, 20 buckets, extra {label} per step",
-                    arm,
-                    value,
-                    lo,
-                    hi,
-                    v,
-                    STEP_BUDGET_US,
-                    "us per step",
-                    bare_step[20],
-                )
+        arm_table, arm_comparisons = figures_of(
+            f"FSDP2 {arm}",
+            {
+                (size, clock): [
+                    (b[f"{size}:{arm}"][key] - b[f"{size}:bare"][key]) / STEPS_PER_BLOCK * 1e6 for b in fsdp_means
+                ]
+                for size in SIZES
+                for clock, key in (("wall", "wall_s"), ("CPU", "cpu_s"))
+            },
+            {
+                size: bl.median([b[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6 for b in fsdp_means])
+                for size in SIZES
+            },
+            "units",
+            {size: collectives[SIZES[-1]] - collectives[SIZES[0]] for size in SIZES},
+            STEP_BUDGET_US,
+            BUCKET_BUDGET_US,
+            per_what="collective",
+        )
+        for row in arm_table:
+            row.update(
+                collectives_per_step=collectives[row["buckets"]],
+                self_reported_us=fsdp_records[f"{row['buckets']}:{arm}"]["self_reported_us"],
             )
-            slope = [
-                (a - b) / (SIZES[-1] - SIZES[0])
-                for a, b in zip(extra[(SIZES[-1], arm, clock)], extra[(SIZES[0], arm, clock)])
-            ]
-            value, lo, hi, v = verdict(slope, BUCKET_BUDGET_US)
-            comparisons.append(
-                _row(
-                    f"{arm}, extra {label} per extra bucket",
-                    arm,
-                    value,
-                    lo,
-                    hi,
-                    v,
-                    BUCKET_BUDGET_US,
-                    "us per bucket",
-                    None,
-                )
-            )
+        fsdp_table += arm_table
+        fsdp_comparisons += arm_comparisons
+    comparisons += lab_comparisons + fsdp_comparisons
     path = bl.write_result(
         "instrument_host_cost",
         __doc__,
@@ -220,21 +338,131 @@ def main() -> int:
         layers=LAYERS,
         width=WIDTH,
         batch=BATCH,
-        by_size=table,
+        by_size=attach_table,
+        lab_runs=lab_instances * len(SIZES),
+        lab_epochs_per_run=lab_epochs,
+        lab_steps_per_epoch=LAB_STEPS_PER_EPOCH,
+        lab_by_size=lab_table,
+        fsdp_blocks=fsdp_blocks,
+        fsdp_by_size=fsdp_table,
     )
     bl.print_comparisons(comparisons)
-    for row in table:
-        print(
-            f"  {row['arm']:9s} {row['clock']:4s} {row['buckets']:2d} buckets: "
-            f"+{row['extra_us_per_step']:.0f} us/step [{row['lo']:.0f}, {row['hi']:.0f}] "
-            f"(bare step {row['bare_us_per_step']:.0f} us; records resolved at the epoch's end "
-            f"{row['resolve_us_per_step']:.0f} us per step)"
-        )
+    for job, table in (("attach", attach_table), ("lab", lab_table), ("fsdp", fsdp_table)):
+        for row in table:
+            interval = f" [{row['lo']:.0f}, {row['hi']:.0f}]" if row["lo"] is not None else ""
+            print(
+                f"  {job:6s} {row['arm']:15s} {row['clock']:4s} {row['buckets']:2d}: "
+                f"+{row['extra_us_per_step']:.0f} us/step{interval} (bare step {row['bare_us_per_step']:.0f} us)",
+                flush=True,
+            )
     print(f"wrote {path}")
     return 0
 
 
-def _row(name, arm, value, lo, hi, verdict, budget, unit, bare_us):
+def measure_attach(blocks: int) -> tuple[list[dict], list[dict]]:
+    """The DDP part: every (buckets, arm) job in this process on its 1-rank gloo group; its table and verdicts."""
+    jobs = {}
+    for size in SIZES:
+        for arm in ARMS:
+            for instance in range(INSTANCES):
+                model, optimizer, meter = build(size, arm)
+                # one epoch per job, as long as the benchmark: a job's per-epoch work is not a per-step cost
+                batches = meter.batches(itertools.count()) if meter else itertools.count()
+                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
+    windows = run_blocks(jobs, ARMS, blocks, "attach")
+    resolve_us, self_reported_us = {}, {}  # (size, arm) -> per step recorded
+    for (size, arm, instance), (_, _, _, meter) in jobs.items():
+        if meter is not None and instance == 0:
+            recorder = meter.recorder
+            started_resolve = time.perf_counter()
+            rows = [recorder._resolved(marks) for marks in recorder._pending]
+            resolve_us[(size, arm)] = (time.perf_counter() - started_resolve) / len(rows) * 1e6
+            self_reported_us[(size, arm)] = bl.median(
+                [r["instrument_host_s"] * 1e6 for r in rows if r["kind"] == "train" and not r["warmup"]]
+            )
+
+    per_block: dict[int, dict[str, dict]] = {}
+    for row in windows.rows:
+        if row["block"] >= 2 * INSTANCES:
+            per_block.setdefault(row["block"], {})[row["arm"]] = row
+    table, comparisons = [], []
+    for arm in ARMS[1:]:
+        extra = {
+            (size, clock): [
+                (rows[f"{size}:{arm}"][key] - rows[f"{size}:bare"][key]) / STEPS_PER_BLOCK * 1e6
+                for rows in per_block.values()
+            ]
+            for size in SIZES
+            for clock, key in (("wall", "wall_s"), ("CPU", "cpu_s"))
+        }
+        bare_step = {
+            size: bl.median([rows[f"{size}:bare"]["wall_s"] / STEPS_PER_BLOCK * 1e6 for rows in per_block.values()])
+            for size in SIZES
+        }
+        arm_table, arm_comparisons = figures_of(
+            arm,
+            extra,
+            bare_step,
+            "buckets",
+            {size: SIZES[-1] - SIZES[0] for size in SIZES},
+            STEP_BUDGET_US,
+            BUCKET_BUDGET_US,
+        )
+        for row in arm_table:
+            row.update(
+                resolve_us_per_step=resolve_us[(row["buckets"], arm)],
+                self_reported_us=self_reported_us[(row["buckets"], arm)],
+            )
+        table += arm_table
+        comparisons += arm_comparisons
+    return table, comparisons
+
+
+def figures_of(
+    arm: str,
+    extra: dict,
+    bare_step: dict,
+    unit: str,
+    slope_over: dict,
+    step_budget: float | None,
+    slope_budget: float | None,
+    per_what: str = "bucket",
+) -> tuple[list[dict], list[dict]]:
+    """Per clock: a table row per size (median extra us per step, its interval) and two verdicts, the extra per step
+    at 20 and the extra per extra `per_what` ((extra at the largest size - at the smallest) / `slope_over`, block by
+    block)."""
+    table, comparisons = [], []
+    for clock in ("wall", "CPU"):
+        for size in SIZES:
+            values = extra[(size, clock)]
+            lo, hi = bl.median_order_interval(values)
+            table.append(
+                {
+                    "arm": arm,
+                    "clock": clock,
+                    "buckets": size,
+                    "extra_us_per_step": bl.median(values),
+                    "lo": lo,
+                    "hi": hi,
+                    "bare_us_per_step": bare_step[size],
+                }
+            )
+        name = f"{arm}, 20 {unit}, extra {clock} per step"
+        comparisons.append(_row(name, arm, extra[(20, clock)], step_budget, "us per step", bare_step[20]))
+        slope = [
+            (large - small) / slope_over[SIZES[-1]]
+            for large, small in zip(extra[(SIZES[-1], clock)], extra[(SIZES[0], clock)])
+        ]
+        name = f"{arm}, extra {clock} per extra {per_what}"
+        comparisons.append(_row(name, arm, slope, slope_budget, f"us per {per_what}", None))
+    return table, comparisons
+
+
+def _row(name: str, arm: str, values: list[float], budget: float | None, unit: str, bare_us) -> dict:
+    """A comparison row (bench/benchlib.py's shape): the median of `values` and its 95% interval, against `budget`."""
+    value = bl.median(values)
+    lo, hi = bl.median_order_interval(values)
+    verdict = bl.interval_verdict(lo, hi, budget) if budget is not None else None
     return {
         "name": name,
         "a": arm,
@@ -248,16 +476,19 @@ def _row(name, arm, value, lo, hi, verdict, budget, unit, bare_us):
         "ratio_definition": "",
         "budget": budget,
         "budget_on": "a",
-        "budget_definition": f"the median's 95% order-statistic interval [lo, hi] at most {budget:g} {unit}",
+        "budget_definition": (
+            f"the median's 95% order-statistic interval [lo, hi] at most {budget:g} {unit}"
+            if budget is not None
+            else "no budget: measured to be known"
+        ),
         "interval": "95% order-statistic interval of the median over blocks",
         "verdict": verdict,
         "pass": {"pass": True, "miss": False}.get(verdict),
         "within_noise": None,
         "budget_within_noise": None,
-        "pairs": None,
+        "pairs": len(values),
         "note": (
-            f"median {value:.1f} {unit}, 95% interval [{lo:.1f}, {hi:.1f}] over blocks of "
-            f"{STEPS_PER_BLOCK} steps per arm"
+            f"median {value:.1f} {unit}, 95% interval [{lo:.1f}, {hi:.1f}] over {len(values)} blocks"
             if lo is not None
             else ""
         ),

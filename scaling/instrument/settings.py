@@ -54,12 +54,13 @@ class InstrumentSettings:
     step_timing: bool = True
     """Per-step records and the A/B window; False = epoch timing only (to measure the instrument's own cost)."""
     collective_timing_every: int = 50
-    """Time each collective (DDP's per-bucket all-reduces) on every warm-up step, every A/B step, the first N
-    training steps after the warm-up (at most `FIRST_TIMED_STEPS`), then every Nth (as DDP's own logger times its
-    first 10 iterations, then every 100th); the other steps record their phases only, their communication columns
-    empty (NaN), and run DDP's own C++ all-reduce path, no Python per bucket. 1 = every step. The communication
-    figures then rest on the timed steps, whose count the summary gives (`comm_timed_steps`); docs/method.md, and
-    docs/benchmarks.md for what each choice costs."""
+    """Time each collective (DDP's per-bucket all-reduces, FSDP2's all-gathers and reduce-scatters) on every
+    warm-up step, every A/B step, the first N training steps after the warm-up (at most `FIRST_TIMED_STEPS`), then
+    every Nth (as DDP's own logger times its first 10 iterations, then every 100th); the other steps record their
+    phases only, their communication columns empty (NaN), and run the framework's own path, no Python of the
+    instrument's per collective (DDP's C++ all-reduce, FSDP2's own collective objects). Horovod's are timed on every
+    step. 1 = every step. The communication figures then rest on the timed steps, whose count the summary gives
+    (`comm_timed_steps`); docs/method.md, and docs/benchmarks.md for what each choice costs."""
     telemetry_interval_s: float = 1.0
     """GPU telemetry (NVML) sampling period, seconds; 0 = off."""
 

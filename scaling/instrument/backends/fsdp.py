@@ -14,7 +14,12 @@ torch/distributed/fsdp/_fully_shard/_fsdp_api.py).
 How it is timed. `install_timer` wraps every parameter group's two objects (FSDP's own, or those
 the job set before attaching: attach after configuring FSDP's communication) in timed ones that
 call them and mark each collective (`BucketMarks`, one per collective: `kind`, `nbytes`,
-`module`, `backward`): issued (`handed_over`) and done (`completed`) on the run's clock.
+`module`, `backward`): issued (`handed_over`) and done (`completed`) on the run's clock. Only on
+the steps the meter samples (`collective_timing_every`, as DDP's buckets): on the others FSDP's
+own objects and wait methods are back in place (`ShardedCommTimer.set_timed`), so the instrument
+runs no Python per collective, or, with a ground-truth delay to hold, the timed objects call
+through unmarked; the step's communication columns are empty. The timer books its own Python around each marked
+collective into the step's `instrument_host_s`.
 - CPU (gloo): FSDP calls both synchronously (`async_op=False`) on the training thread, so the
   marks before and after the call are its true start and end, and the thread computed nothing
   in between. An asynchronous unshard (`FSDPModule.unshard(async_op=True)`) returns a Work; its
@@ -163,6 +168,7 @@ class FSDPBackend(Backend):
     choices = ("fsdp",)  # FSDP2 on the run's process group: nccl on GPU, gloo on CPU
     injectable = ("gradients", "parameters")
     sharded = True
+    samples_collectives = True
 
     def __init__(self, model, optimizer):
         super().__init__(model, optimizer)
@@ -234,6 +240,16 @@ class FSDPBackend(Backend):
 
     def take(self) -> list[BucketMarks]:
         return self._timer.take() if self._timer is not None else []
+
+    def time_collectives(self, timed: bool) -> None:
+        if self._timer is not None:
+            self._timer.set_timed(timed)
+
+    def take_host_s(self) -> float:
+        if self._timer is None:
+            return 0.0
+        host_s, self._timer.host_s = self._timer.host_s, 0.0
+        return host_s
 
     def observed_backend(self) -> str:
         return "fsdp"
@@ -353,6 +369,11 @@ class ShardedCommTimer:
         self._last_reduce_scatter = None  # the module whose reduce-scatter came last in the previous backward
         self._parameters_injected = False
         self._in_flight = 1
+        # False on a step the meter does not sample (`collective_timing_every`, `set_timed`)
+        self.timed = True
+        self.host_s = 0.0  # this timer's own Python around the collectives it marked, since the last take
+        # per parameter group: (group, its timed all-gather, its timed reduce-scatter, the waits' holder)
+        self._installed: list[tuple] = []
         # FSDP all-gathers under no_grad: whether a forward trains is read as the model's forward
         # starts (first among its pre-hooks, before FSDP's own all-gathers the root's parameters)
         self._training_forward = False
@@ -383,17 +404,24 @@ class ShardedCommTimer:
                     param_group._reduce_scatter_comm = TimedReduceScatter(self, group, param_group._reduce_scatter_comm)
                 else:
                     param_group._reduce_scatter_comm.timer = self
-                self._wrap_waits(param_group, group)
+                holder = self._wrap_waits(param_group, group)
+                self._installed.append(
+                    (param_group, param_group._all_gather_comm, param_group._reduce_scatter_comm, holder)
+                )
                 self._in_flight = max(1, int(getattr(param_group.comm_ctx, "reduce_scatter_max_input_buffers", 1)))
 
-    def _wrap_waits(self, param_group, group: _Group) -> None:
-        """Mark where compute waits for this group's collectives (instance attributes over FSDP's methods)."""
-        if getattr(param_group, "_scaling_timer_waits", None) is not None:
-            param_group._scaling_timer_waits[0] = self
-            return
-        holder = [self]  # a later attach on the same model re-points it
-        param_group._scaling_timer_waits = holder
+    def _wrap_waits(self, param_group, group: _Group) -> list:
+        """Mark where compute waits for this group's collectives (instance attributes over FSDP's methods).
+        Returns the holder kept on the group: [timer, timed wait_for_unshard, timed post_backward, FSDP's
+        wait_for_unshard, FSDP's post_backward]; a later attach on the same model re-points its timer."""
+        holder = getattr(param_group, "_scaling_timer_waits", None)
+        if holder is not None:
+            holder[0] = self
+            param_group.wait_for_unshard, param_group.post_backward = holder[1], holder[2]
+            return holder
         wait_for_unshard, post_backward = param_group.wait_for_unshard, param_group.post_backward
+        holder = [self, None, None, wait_for_unshard, post_backward]
+        param_group._scaling_timer_waits = holder
 
         def timed_wait_for_unshard(*args, **kwargs):
             timer = holder[0]
@@ -406,7 +434,7 @@ class ShardedCommTimer:
 
         def timed_post_backward(*args, **kwargs):
             timer = holder[0]
-            if timer.stream_ordered:
+            if timer.stream_ordered and timer.timed:
                 # compute stream: this group's gradients are computed; FSDP makes compute wait
                 # here for the oldest reduce-scatters beyond its in-flight cap
                 mark = timer.clock.mark()
@@ -416,8 +444,26 @@ class ShardedCommTimer:
                     pending.pop(0).waited_from = mark
             return post_backward(*args, **kwargs)
 
+        holder[1:3] = [timed_wait_for_unshard, timed_post_backward]
         param_group.wait_for_unshard = timed_wait_for_unshard
         param_group.post_backward = timed_post_backward
+        return holder
+
+    def set_timed(self, timed: bool) -> None:
+        """Time the collectives from the next on, or not. Untimed, FSDP's own objects and methods go back in
+        place of the timed ones (an attribute each per parameter group, only when the choice changes), so an
+        untimed step runs no Python of the instrument's per collective; with a ground-truth delay to hold,
+        the timed ones stay, calling through unmarked."""
+        if timed == self.timed:
+            return
+        self.timed = timed
+        if self.inject_delay_s:
+            return
+        for param_group, all_gather, reduce_scatter, holder in self._installed:
+            param_group._all_gather_comm = all_gather if timed else all_gather.inner
+            param_group._reduce_scatter_comm = reduce_scatter if timed else reduce_scatter.inner
+            param_group.wait_for_unshard = holder[1] if timed else holder[3]
+            param_group.post_backward = holder[2] if timed else holder[4]
 
     def _on_forward(self, module, args) -> None:
         self._training_forward = module.training and torch.is_grad_enabled()
@@ -425,16 +471,46 @@ class ShardedCommTimer:
     def _recording(self, backward: bool) -> bool:
         return backward or self._training_forward
 
-    def _delay(self, marks: BucketMarks) -> None:
-        """The ground truth's delay, inside the collective's call (module docstring)."""
-        before = self.clock.mark()
+    def _delay(self, marks: BucketMarks | None) -> None:
+        """The ground truth's delay, inside the collective's call (module docstring); `marks` None: an untimed step's."""
+        before = self.clock.mark() if marks is not None else None
         if self.clock.cuda:
             torch.cuda._sleep(self.spin_cycles)  # device work on the collective's stream
         else:
             time.sleep(self.inject_delay_s)
-        marks.injected = (before, self.clock.mark())
+        if marks is not None:
+            marks.injected = (before, self.clock.mark())
+
+    def _holds_parameters(self, backward: bool) -> bool:
+        """Whether this synchronous all-gather gets the "parameters" delay: the first of a training forward."""
+        return (
+            bool(self.inject_delay_s)
+            and self.inject_into == "parameters"
+            and not backward
+            and not self._parameters_injected
+        )
+
+    def _holds_gradients(self, comm: TimedReduceScatter) -> bool:
+        """Whether this synchronous reduce-scatter gets the "gradients" delay: the last one of a backward."""
+        return (
+            bool(self.inject_delay_s)
+            and self.inject_into == "gradients"
+            and comm.group.label == self._last_reduce_scatter
+        )
 
     def all_gather(self, comm: TimedAllGather, output_tensor, input_tensor, group, async_op):
+        if not self.timed:
+            work = comm.inner(output_tensor, input_tensor, group, async_op)
+            if (
+                work is None
+                and self.inject_delay_s
+                and self._training_forward
+                and self._holds_parameters(_in_backward())
+            ):
+                self._parameters_injected = True
+                self._delay(None)
+            return work
+        entered = time.perf_counter()
         backward = _in_backward()
         if not self._recording(backward):
             return comm.inner(output_tensor, input_tensor, group, async_op)
@@ -450,24 +526,24 @@ class ShardedCommTimer:
             backward=backward,
         )
         self._marks.append(marks)
+        called = time.perf_counter()
         work = comm.inner(output_tensor, input_tensor, group, async_op)
         if work is None:  # synchronous: done when the call returns
-            if (
-                self.inject_delay_s
-                and self.inject_into == "parameters"
-                and not backward
-                and not self._parameters_injected
-            ):
+            if self._holds_parameters(backward):
                 self._parameters_injected = True
                 self._delay(marks)
             marks.completed = clock.mark()
+            returned = time.perf_counter()
             if not self.stream_ordered:
                 marks.waited_from = marks.handed_over  # the training thread waited in the call
+                self.host_s += called - entered + time.perf_counter() - returned
                 return None
         else:
+            returned = time.perf_counter()
             self._observe_completion(marks, work)
         comm.group.pending_all_gathers.append(marks)
         self._waiting_groups.append(comm.group)
+        self.host_s += called - entered + time.perf_counter() - returned
         return work
 
     def _observe_completion(self, marks: BucketMarks, work) -> None:
@@ -483,6 +559,12 @@ class ShardedCommTimer:
             marks.completion_known = False
 
     def reduce_scatter(self, comm: TimedReduceScatter, output_tensor, input_tensor, group, op, async_op):
+        if not self.timed:
+            work = comm.inner(output_tensor, input_tensor, group, op, async_op)
+            if work is None and self._holds_gradients(comm):
+                self._delay(None)
+            return work
+        entered = time.perf_counter()
         clock = self.clock
         if self.rule.ranks is None:
             self.rule.ranks = group.size()
@@ -495,13 +577,17 @@ class ShardedCommTimer:
             backward=True,
         )
         self._marks.append(marks)
+        called = time.perf_counter()
         work = comm.inner(output_tensor, input_tensor, group, op, async_op)
+        returned = time.perf_counter()
         if work is not None:
             self._observe_completion(marks, work)
             marks.waited_from = comm.group.gradients_ready if self.stream_ordered else None
+            self.host_s += called - entered + time.perf_counter() - returned
             return work
-        if self.inject_delay_s and self.inject_into == "gradients" and comm.group.label == self._last_reduce_scatter:
+        if self._holds_gradients(comm):
             self._delay(marks)
+            returned = time.perf_counter()
         marks.completed = clock.mark()
         if self.stream_ordered:
             # compute waits for it at a later post-backward, or at the end of backward from its
@@ -510,6 +596,7 @@ class ShardedCommTimer:
             self._pending_reduce_scatters.append(marks)
         else:
             marks.waited_from = marks.handed_over  # the training thread waited in the call
+        self.host_s += called - entered + time.perf_counter() - returned
         return None
 
     def take(self) -> list[BucketMarks]:
