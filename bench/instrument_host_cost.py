@@ -1,31 +1,44 @@
 """The instrument's host cost per optimizer step, in microseconds: a user's DDP job whose compute is
 negligible, with and without `attach`, at 1, 5, 20 and 40 gradient buckets, its steps interleaved in
-one process.
+one process; the lab's own loop on that job; an FSDP2 job at 1, 5, 20 and 40 units, per collective.
 
 Why this shape: on a GPU the host runs ahead of the device, and every microsecond of Python the
-instrument spends on the training thread (its hooks, DDP's comm hook per bucket, its records)
+instrument spends on the training thread (its hooks, its Python per collective, its records)
 delays a launch-bound step by as much. On a CPU with the compute made negligible (40 linear
-layers 64 wide, batch 8, a 1-rank gloo DDP group, which DDP all-reduces through alone) the same
-host time is what is left to see. DDP's bucket cap is set so that the 40 layers' gradients make
-1, 5, 20 or 40 buckets, which separates a per-step part from a per-bucket part.
+layers 64 wide, batch 8) the same host time is what is left to see. The layers' gradients make
+1, 5, 20 or 40 DDP buckets (the bucket cap) or FSDP2 units, which separates a per-step part from
+a per-bucket (per-collective) part.
 
-Arms, each its own DDP models in the same process (`INSTANCES` of each, one per block in turn, so that
-what sets one instance apart from another, tens of microseconds here, lands in the interval, not in the
-median): `bare` (no instrument), `attached` (the instrument without telemetry and trace, every step's
-collectives timed: `collective_timing_every=1`)
-and `sampled` (the same at the default `collective_timing_every`, 50: the first 10 steady steps and
-then every 50th timed, the other steps on DDP's own C++ all-reduce path). A block
-runs 10 steps of every (size, arm) in a rotating order, each arm's steps one epoch as long as the
-benchmark (a job's epoch holds hundreds of steps or more: the work at an epoch's start and end, about
-0.1 ms, is not a cost of each step); per block and size, an arm's extra time per step is its mean
-step minus bare's mean step of the same block (wall clock, and the process's CPU time, every
-thread's). Figures are medians over blocks with the 95% order-statistic interval; the per-bucket
-part of a block is (extra at 40 - extra at 1) / 39.
-Budgets (decided by the interval, as the other cost benchmarks): at most 250 us per step at 20
-buckets and at most 10 us per extra bucket. The step records are resolved into rows at the epoch's
-end, off the steps' path (on a GPU, while the device is idle): that work is measured after the
-blocks, per step recorded (`resolve_us_per_step`, no budget).
-Run: `.venv/bin/python bench/instrument_host_cost.py`.
+Three parts, one process:
+- `attach` (a 1-rank gloo DDP group, which DDP all-reduces through alone). Arms, each its own DDP
+  models (`INSTANCES` of each, one per block in turn, so that what sets one instance apart from
+  another, tens of microseconds here, lands in the interval, not in the median): `bare` (no
+  instrument), `attached` (the instrument without telemetry and trace, every step's collectives
+  timed: `collective_timing_every=1`) and `sampled` (the same at the default
+  `collective_timing_every`, 50: the first 10 steady steps and then every 50th timed, the others on
+  DDP's own C++ all-reduce path). A block runs 10 steps of every (size, arm) in a rotating order,
+  each arm's steps one epoch as long as the benchmark (a job's epoch holds hundreds of steps or
+  more: the work at an epoch's start and end, about 0.1 ms, is not a cost of each step).
+- `lab`: the lab's loop (scaling/train/loop.py `train_worker`, at its defaults but the A/B
+  calibration, off) training the same layers (`lab_model`) on the same group, with DDP at one
+  worker (where a run of one would train the plain model), against a bare DDP loop stepping before
+  each of its batches (bench/benchlib.py `lab_with_bare_steps`, bench/instrumentation_overhead.py
+  `BareDdp`); a block is an epoch of `LAB_STEPS_PER_EPOCH` steps, each run's first left out;
+  `INSTANCES` runs per size.
+- `fsdp`: the layers in FSDP2 units on torch's fake process group of two ranks (every collective
+  issued as on two ranks and returned at once: what remains is host time), arms and blocks as
+  `attach`'s; the per-collective part is (extra at 40 units - extra at 1) / the collectives it adds,
+  counted from the records.
+Per block and size, an arm's extra time per step is its mean step minus bare's mean step of the
+same block (wall clock, and the process's CPU time, every thread's). Figures are medians over
+blocks with the 95% order-statistic interval; the per-bucket part of a block is (extra at 40 -
+extra at 1) / 39. Budgets (decided by the interval, as the other cost benchmarks), on every arm:
+at most 250 us per step at 20 buckets (units) and at most 10 us per extra bucket (collective). The
+step records are resolved into rows at the epoch's end, off the steps' path (on a GPU, while the
+device is idle): that work is measured after the blocks, per step recorded (`resolve_us_per_step`,
+no budget); the table also gives what the instrument measured of itself (`self_reported_us`, the
+summary's `instrument_host_s`).
+Run: `.venv/bin/python bench/instrument_host_cost.py` (about 2 to 5 minutes on a 2-core machine).
 """
 
 from __future__ import annotations
