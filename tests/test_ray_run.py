@@ -198,7 +198,8 @@ def test_exports_dawnbench_and_mlperf(ray_run):
     run_dir, summary = ray_run
     tsv = pd.read_csv(run_dir / "dawnbench.tsv", sep="\t")
     assert list(tsv.columns) == ["epoch", "hours", "top1Accuracy", "top5Accuracy"] and len(tsv) == summary["epochs_run"]
-    assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_epoch_end_s"], rel=1e-3)  # DAWNBench's rule
+    # DAWNBench's rule; hours are written to 6 decimals, 1.8 ms, which a short run's TTA can feel
+    assert tsv["hours"].iloc[-1] * 3600 == pytest.approx(summary["tta_epoch_end_s"], rel=1e-3, abs=1.8e-3)
     assert json.loads((run_dir / "dawnbench.json").read_text())["model"] == "small_cnn"
     events = [
         json.loads(line.split(":::MLLOG", 1)[1])
