@@ -1108,6 +1108,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from scaling.analysis.run_metrics import COLLECTIVE_KINDS, SHARDED_KINDS
+
     console = output_console()
     # escaped: "[failed]" is otherwise read as a style tag and vanishes from the title
     table = Table(title=escape(f"run {summary['run_id']}  [{summary['status']}]"), show_header=False, box=None)
@@ -1180,13 +1182,15 @@ def print_summary(summary: dict, run_dir: Path) -> None:
                 _fmt(summary["comm_pct"], ".1f", "% of step")
                 + " with a collective in flight ("
                 + _fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step")
-                + "; all-gather "
-                + _fmt(summary.get("allgather_pct"), ".1f", " %")
-                + ", reduce-scatter "
-                + _fmt(summary.get("reducescatter_pct"), ".1f", " %")
+                + "; "
+                + ", ".join(
+                    f"{COLLECTIVE_KINDS[kind]} " + _fmt(summary.get(f"{kind}_pct"), ".1f", " %")
+                    for kind in SHARDED_KINDS
+                )
                 + ")"
             )
-            if summary.get("comm_pct") is not None and summary.get("allgather_pct") is not None
+            if summary.get("comm_pct") is not None
+            and any(summary.get(f"{kind}_pct") is not None for kind in SHARDED_KINDS)
             else absent("allreduce_pct")
             or _fmt(summary.get("allreduce_pct"), ".1f", "% of step")
             + " with an all-reduce in flight ("

@@ -66,10 +66,6 @@ def index_has_sm70(torch_version: str, index_url: str | None) -> bool:
     return cuda <= (12, 8)
 
 
-def yaml_paths() -> list[Path]:
-    return sorted(CLUSTER.glob("aws-*.yaml"))
-
-
 def load(path: Path) -> dict:
     return yaml.safe_load(path.read_text())  # as ray up loads it
 

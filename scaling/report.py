@@ -33,6 +33,7 @@ import pandas as pd
 from scaling.analysis import attribution as at
 from scaling.analysis import intervals as iv
 from scaling.analysis import scaling_tables as st
+from scaling.analysis.run_metrics import COLLECTIVE_KINDS, REGATHER, SHARDED_KINDS
 from scaling.errors import UsageError
 from scaling.results import RunDir, SweepDir, read_sweeps, write_text_atomic
 
@@ -99,13 +100,12 @@ COMM_FIGURES = (
     ("exposed_comm_pct", "exposed comm (% of step)"),
     ("comm_overhead_pct", "comm overhead A/B (% of step)"),
 )
-# A sharded backend's (FSDP's) collectives by kind, beside the all-reduce: shown where a run has them.
+# A sharded backend's (FSDP's) collectives by kind (run_metrics.SHARDED_KINDS), beside the all-reduce: shown where a
+# run has them.
 KIND_FIGURES = (
-    ("allgather_pct", "communicating: all-gather in flight (% of step)"),
-    ("regather_pct", "of which backward re-gathers (% of step)"),
-    ("reducescatter_pct", "communicating: reduce-scatter in flight (% of step)"),
-    ("exposed_allgather_pct", "exposed all-gather (% of step)"),
-    ("exposed_reducescatter_pct", "exposed reduce-scatter (% of step)"),
+    *((f"{kind}_pct", f"communicating: {COLLECTIVE_KINDS[kind]} in flight (% of step)") for kind in SHARDED_KINDS),
+    (f"{REGATHER}_pct", "backward re-gathers, among the all-gathers (% of step)"),
+    *((f"exposed_{kind}_pct", f"exposed {COLLECTIVE_KINDS[kind]} (% of step)") for kind in SHARDED_KINDS),
 )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -31,7 +32,6 @@ from scaling.cluster_check import (  # noqa: E402
     WORKER,
     SHARED_MOUNT,
     index_has_sm70,
-    yaml_paths,
     load,
     ray_checks,
     resource_problems,
@@ -45,6 +45,11 @@ from scaling.cluster_check import (  # noqa: E402
     SPOT_WORKER,
     _mount_commands,
 )
+
+
+def yaml_paths() -> list[Path]:
+    """The committed cluster YAMLs, cluster/aws-*.yaml."""
+    return sorted(CLUSTER.glob("aws-*.yaml"))
 
 
 # ---- tests ------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from pathlib import Path
 import pytest
 
 from scaling import dashboard
-from scaling.launch.live_metrics import BUCKETS, COLLECTIVE_COLUMN, GAUGES, HISTOGRAMS, bucket_quantile, epoch_figures
+from scaling.launch.live_metrics import BUCKETS, COLLECTIVE_COLUMN, GAUGES, HISTOGRAMS, epoch_figures
 from tests.conftest import REPO, prometheus_capability
 from tests.held_model import hold, release
 
@@ -62,6 +62,28 @@ RAY_METRICS = {"ray_train_report_total_blocked_time_s"}
 SCRAPE_INTERVAL_S = 1
 # Ray Train's start (under 10 s here), three epochs, Ray's export period and a scrape, with room for a loaded machine.
 DEADLINE_S = 240.0
+
+
+def bucket_quantile(values, q: float, bounds=BUCKETS) -> float:
+    """The q-quantile of `values` as Prometheus' `histogram_quantile` computes it from a histogram
+    with upper bounds `bounds` (inclusive, plus +Inf): linear inside the bucket that holds the
+    rank q x count, from the bucket's lower bound (0 for the first); the highest finite bound when
+    that bucket is +Inf (promql/quantile.go, Prometheus 2.42). NaN values (a step whose collectives were
+    not timed) are left out, as `scaling.launch.live_metrics.step_observations` never observes them."""
+    values = sorted(v for v in map(float, values) if math.isfinite(v))
+    if not values:
+        return math.nan
+    counts, i = [], 0
+    for bound in bounds:
+        while i < len(values) and values[i] <= bound:
+            i += 1
+        counts.append(i)
+    rank = q * len(values)
+    b = next((k for k, c in enumerate(counts) if c >= rank), len(counts))
+    if b == len(counts):  # the +Inf bucket
+        return bounds[-1]
+    start, below = (bounds[b - 1], counts[b - 1]) if b > 0 else (0.0, 0)
+    return start + (bounds[b] - start) * (rank - below) / (counts[b] - below)
 
 
 # --- the shipped JSON and the install, in process ------------------------------------------------------------

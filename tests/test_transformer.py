@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,7 +30,7 @@ from torch import nn
 from scaling.analysis.run_metrics import summarize_run
 from scaling.config import ConfigError, load_config
 from scaling.data import DatasetError, check_dataset, load_dataset
-from scaling.data.tokens import TokenFile, make_token_rule, rule_loss_floor, write_token_file
+from scaling.data.tokens import LLMC_HEADER_INTS, LLMC_MAGIC, TokenFile, make_token_rule
 from scaling.instrument.flops import training_flops_per_sample
 from scaling.models import build_model, context_length
 from scaling.models.gpt import GPT2_SMALL
@@ -37,6 +38,28 @@ from tests.conftest import REPO
 from tests.one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread)
 
 GPT2_TINY_YAML = REPO / "experiments" / "gpt2-tiny.yaml"
+
+
+def rule_loss_floor(vocab: int, noise: float) -> float:
+    """The lowest expected cross-entropy (nats per token) on `make_token_rule`'s data: the entropy of the next token
+    given the previous one (scaling/data/tokens.py's docstring; docs/models-and-data.md quotes it)."""
+    right = 1.0 - noise + noise / vocab
+    other = noise / vocab
+    return -(right * math.log(right) + ((vocab - 1) * other * math.log(other) if other > 0 else 0.0))
+
+
+def write_token_file(path: str | Path, ids, llmc_header: bool = False) -> Path:
+    """Write `ids` as uint16 token ids: nanoGPT's raw layout, or llm.c's with its header."""
+    path = Path(path)
+    ids = np.asarray(ids)
+    assert not ids.size or 0 <= ids.min() <= ids.max() <= np.iinfo(np.uint16).max
+    with path.open("wb") as handle:
+        if llmc_header:
+            header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
+            header[:3] = (LLMC_MAGIC, 1, ids.size)
+            handle.write(header.tobytes())
+        handle.write(ids.astype("<u2").tobytes())
+    return path
 
 
 def _parameters(model: nn.Module) -> int:

@@ -146,14 +146,19 @@ import math
 import pandas as pd
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
-# Per collective kind, where the backend has more than one (FSDP: scaling/instrument/backends/fsdp.py)
+# The collective kinds, declared once: the column stem of each and what it is, in words. A kind's time in flight per
+# step is `<kind>_s`, a share of the step `<kind>_pct`; the report's tables, the figures and a run's screen name each
+# kind from here.
+COLLECTIVE_KINDS = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter"}
+# A sharded backend's kinds (FSDP: scaling/instrument/backends/fsdp.py), each with its exposed part
+# (`exposed_<kind>_s`), beside `comm_s` (any collective in flight) and the re-gathers among the all-gathers.
+SHARDED_KINDS = ("allgather", "reducescatter")
+REGATHER = "regather"  # backward's re-gathers of resharded parameters: a part of `allgather_s`
 KIND_FIELDS = (
     "comm_s",
-    "allgather_s",
-    "regather_s",
-    "reducescatter_s",
-    "exposed_allgather_s",
-    "exposed_reducescatter_s",
+    *(f"{kind}_s" for kind in SHARDED_KINDS),
+    f"{REGATHER}_s",
+    *(f"exposed_{kind}_s" for kind in SHARDED_KINDS),
     "exposed_forward_comm_s",
 )
 STEP_FIELDS = PHASES + (

@@ -83,7 +83,6 @@ from scaling.analysis.run_metrics import KIND_FIELDS, node_cost_usd
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
 # `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
 EXTRA_KEYS = ("backend", "global_batch", "num_nodes", "sweep")
-STEP_PARTS = ("data_s", "forward_compute_s", "backward_compute_s", "exposed_comm_s", "optimizer_s")
 SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
 # Per collective kind (run_metrics.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
 KIND_PCTS = tuple(kind.removesuffix("_s") + "_pct" for kind in KIND_FIELDS)

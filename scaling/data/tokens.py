@@ -8,8 +8,7 @@ one token (next-token prediction); `data.num_classes` is the vocabulary (ids in 
   except that each token is, with probability `noise`, a uniformly drawn one instead. The rule
   is what a model learns; the noise sets the loss no model can beat: the entropy of the next
   token given the previous one, (1 - noise + noise/V) on the rule's token and noise/V on each
-  other (`rule_loss_floor`: 0.88 nats at V = 256 and noise 0.1, against ln V = 5.55 for a
-  uniform guess).
+  other (0.88 nats at V = 256 and noise 0.1, against ln V = 5.55 for a uniform guess).
 - `tokens_file` (`TokenFile`): a local file of uint16 token ids, as nanoGPT's prepare.py writes
   them (raw ids, `train.bin` / `val.bin`) and llm.c's (a 256 x int32 header: magic 20240520,
   version 1, token count; then the ids), read through numpy's memmap: nothing is loaded whole.
@@ -22,7 +21,6 @@ one token (next-token prediction); `data.num_classes` is the vocabulary (ids in 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,13 +54,6 @@ def make_token_rule(
         sequences[:, t] = torch.where(noisy, drawn, ruled)
     x, y = sequences[:, :-1].contiguous(), sequences[:, 1:].contiguous()
     return x[:train_samples], y[:train_samples], x[train_samples:], y[train_samples:]
-
-
-def rule_loss_floor(vocab: int, noise: float) -> float:
-    """The lowest expected cross-entropy (nats per token) on `make_token_rule`'s data (module docstring)."""
-    right = 1.0 - noise + noise / vocab
-    other = noise / vocab
-    return -(right * math.log(right) + ((vocab - 1) * other * math.log(other) if other > 0 else 0.0))
 
 
 def _ids(path: Path) -> np.memmap:
@@ -156,18 +147,3 @@ class TokenFile:
         indices = np.asarray(val_shard(self.val_windows, rank, world_size), dtype=np.int64) + self.val_start
         for start in range(0, len(indices), batch_size):
             yield self._batch(self.val_ids, indices[start : start + batch_size])
-
-
-def write_token_file(path: str | Path, ids, llmc_header: bool = False) -> Path:
-    """Write `ids` as uint16 token ids (nanoGPT's raw layout, or llm.c's with its header): for tests and trials."""
-    path = Path(path)
-    ids = np.asarray(ids)
-    if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.uint16).max):
-        raise ValueError("token ids must lie in [0, 65535] to be stored as uint16")
-    with path.open("wb") as handle:
-        if llmc_header:
-            header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
-            header[:3] = (LLMC_MAGIC, 1, ids.size)
-            handle.write(header.tobytes())
-        handle.write(ids.astype("<u2").tobytes())
-    return path

@@ -54,8 +54,8 @@ Per step, histograms (this rank's steady-state steps, cumulative over the worker
     ray_scaling_waiting_duration_seconds
 
 A quantile of a histogram (`histogram_quantile` in PromQL) is interpolated inside its bucket, so
-it can be off the exact quantile by up to a bucket's width (19% here); `bucket_quantile` is the
-same interpolation applied to a list of values (what the records give, to compare).
+it can be off the exact quantile by up to a bucket's width (19% here); tests/test_dashboard.py
+applies the same interpolation to the records' values, to compare.
 
 Ray exports a worker's metrics on its node's metrics endpoint (`ray start
 --metrics-export-port`) every few seconds while the worker lives, where Prometheus scrapes them
@@ -206,28 +206,6 @@ def step_observations(rows: list[dict] | None) -> list[tuple]:
             if values:
                 observed.append((name, tags, values))
     return observed
-
-
-def bucket_quantile(values, q: float, bounds=BUCKETS) -> float:
-    """The q-quantile of `values` as Prometheus' `histogram_quantile` computes it from a histogram
-    with upper bounds `bounds` (inclusive, plus +Inf): linear inside the bucket that holds the
-    rank q x count, from the bucket's lower bound (0 for the first); the highest finite bound when
-    that bucket is +Inf (promql/quantile.go, Prometheus 2.42). NaN values (a step whose collectives were
-    not timed) are left out, as `step_observations` never observes them."""
-    values = sorted(v for v in map(float, values) if math.isfinite(v))
-    if not values:
-        return math.nan
-    counts, i = [], 0
-    for bound in bounds:
-        while i < len(values) and values[i] <= bound:
-            i += 1
-        counts.append(i)
-    rank = q * len(values)
-    b = next((k for k, c in enumerate(counts) if c >= rank), len(counts))
-    if b == len(counts):  # the +Inf bucket
-        return bounds[-1]
-    start, below = (bounds[b - 1], counts[b - 1]) if b > 0 else (0.0, 0)
-    return start + (bounds[b] - start) * (rank - below) / (counts[b] - below)
 
 
 def _train_context_tags() -> dict:

@@ -19,8 +19,6 @@ from scaling.errors import UsageError
 from scaling.launch.finish import write_summary
 from scaling.results import RESULTS_ROOT_ENV, RunDir, write_text_atomic
 
-LAUNCHERS = ("ray", "local")
-
 
 def resolve_out(out: Path | None, default_name: str) -> Path:
     """Where results go. A relative --out is taken under $SCALING_RESULTS_DIR when that is set:

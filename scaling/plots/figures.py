@@ -28,6 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator, PercentFormatter
 
+from scaling.analysis.run_metrics import COLLECTIVE_KINDS
 from scaling.analysis.scaling_tables import SPEEDUP_METRICS, group_columns
 from scaling.results import write_atomic
 
@@ -74,11 +75,18 @@ PHASES = (  # column, legend label, colour: bottom of the stack first
     ("optimizer_s", "optimizer", "#F0E442"),
 )
 COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR = "#CC79A7", "#D55E00", "#0072B2"
-# Time in flight per collective kind: DDP's and Horovod's all-reduce; FSDP's all-gathers and reduce-scatters
-IN_FLIGHT = (  # column, legend label, colour, marker
-    ("allreduce_pct", "communicating: all-reduce in flight / t_step", COMM_IN_FLIGHT_COLOUR, "^"),
-    ("allgather_pct", "communicating: all-gather in flight (re-gathers too) / t_step", "#56B4E9", "v"),
-    ("reducescatter_pct", "communicating: reduce-scatter in flight / t_step", "#009E73", "D"),
+# Time in flight per collective kind (run_metrics.COLLECTIVE_KINDS): DDP's and Horovod's all-reduce; FSDP's
+# all-gathers (backward re-gathers included) and reduce-scatters. A kind without a style of its own gets
+# KIND_STYLE_ELSE.
+KIND_STYLE = {  # colour, marker
+    "allreduce": (COMM_IN_FLIGHT_COLOUR, "^"),
+    "allgather": ("#56B4E9", "v"),
+    "reducescatter": ("#009E73", "D"),
+}
+KIND_STYLE_ELSE = ("#777777", "P")
+IN_FLIGHT = tuple(  # column, legend label, colour, marker
+    (f"{kind}_pct", f"communicating: {name} in flight / t_step", *KIND_STYLE.get(kind, KIND_STYLE_ELSE))
+    for kind, name in COLLECTIVE_KINDS.items()
 )
 # Projected curves (scaling/projection/overlay.py) over measured points: thin, dotted, grey-toned.
 PROJECTED_LINE = dict(linestyle=":", linewidth=1.4, marker="x", markersize=6, zorder=5)
@@ -234,9 +242,7 @@ def _errorbars(ax, xs, values, yerr, colour) -> None:
 
 
 COMM_SHORT_NAMES = {
-    "allreduce_pct": "all-reduce in flight",
-    "allgather_pct": "all-gather in flight",
-    "reducescatter_pct": "reduce-scatter in flight",
+    **{f"{kind}_pct": f"{name} in flight" for kind, name in COLLECTIVE_KINDS.items()},
     "comm_overhead_pct": "A/B overhead",
     "exposed_comm_pct": "exposed",
 }

@@ -11,6 +11,17 @@ model and optimizer the lab's loop trains with.
 from __future__ import annotations
 
 
+def unchecked_gpu_injection(cfg, checked: bool) -> str | None:
+    """The preflight's refusal of a GPU run's injected delay where the instrument adapter's device-side injection
+    has not yet run on a GPU (`checked`: the adapter's GPU_INJECTION_CHECKED), or None."""
+    if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu and not checked:
+        return (
+            "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
+            "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now"
+        )
+    return None
+
+
 class LabBackend:
     """One backend as the lab runs it; the defaults are a backend without settings of its own."""
 

@@ -15,7 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from scaling.instrument import timing
-from scaling.train.backends.base import LabBackend
+from scaling.train.backends.base import LabBackend, unchecked_gpu_injection
 
 COMPRESSION_HOOKS = {
     "none": default_hooks.allreduce_hook,
@@ -35,12 +35,7 @@ NO_BUFFER_SYNC_IN_FORWARD = (
 
 class DDP(LabBackend):
     def preflight(self, cfg) -> str | None:
-        if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu and not timing.GPU_INJECTION_CHECKED:
-            return (
-                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
-                "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now"
-            )
-        return None
+        return unchecked_gpu_injection(cfg, timing.GPU_INJECTION_CHECKED)
 
     def communication_bytes(self, cfg, parameter_bytes: int) -> tuple[int, str]:
         return parameter_bytes, "DDP's gradient buckets"  # a copy of the gradients

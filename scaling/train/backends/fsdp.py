@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from scaling.instrument.backends import fsdp as fsdp_instrument
-from scaling.train.backends.base import LabBackend
+from scaling.train.backends.base import LabBackend, unchecked_gpu_injection
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -72,11 +72,9 @@ class FSDP(LabBackend):
     sharded = True
 
     def preflight(self, cfg) -> str | None:
-        if cfg.instrument.inject_comm_delay_s > 0 and cfg.workers.use_gpu and not fsdp_instrument.GPU_INJECTION_CHECKED:
-            return (
-                "instrument.inject_comm_delay_s on GPU runs is refused until the device-side injection has run on a "
-                "GPU (scripts/gpu_first_contact.py, docs/gpu.md); run the ground truth on CPU workers (gloo) for now"
-            )
+        refusal = unchecked_gpu_injection(cfg, fsdp_instrument.GPU_INJECTION_CHECKED)
+        if refusal:
+            return refusal
         if cfg.fsdp.shard == "blocks" and not shard_units(_meta_model(cfg), "blocks"):
             return (
                 f"backend fsdp with fsdp.shard: blocks shards each module of the model's nn.ModuleLists, and model "
