@@ -15,6 +15,7 @@ quick: bench/results/quick/README.md).
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -36,20 +37,31 @@ BENCHMARKS = (
     "horovod_cycle_ground_truth",
     "fsdp_overhead",
     "projection_vs_minicluster_fsdp",
-)  # root: a minicluster of network namespaces, about 17 minutes
+)
+ROOT_BENCHMARKS = ("projection_vs_minicluster_fsdp",)  # a minicluster of network namespaces: root
 # A benchmark that is another's script with arguments: name -> (script, arguments).
 VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["--job", "own"])}
+
+
+def committed_minutes(names) -> str:
+    """What the committed results of `names` took together (their `wall_s`), in whole minutes; "?" if one is absent."""
+    try:
+        seconds = sum(json.loads((BENCH / "results" / f"{name}.json").read_text())["wall_s"] for name in names)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
+    return f"{seconds / 60:.0f}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="A full run takes about 51 minutes on 2 CPUs (each benchmark's own time: docs/benchmarks.md) and\n"
-        "overwrites the committed results, bench/results/<name>.json, and the tables bench/summarize.py\n"
-        "writes into README.md and docs/*.md; --quick writes to bench/results/quick/ instead. One benchmark,\n"
-        "projection_vs_minicluster_fsdp (about 17 minutes), builds a minicluster of network namespaces\n"
-        "and needs root; without it that benchmark fails and the others still run.\n\n"
+        epilog=f"A full run takes about {committed_minutes(BENCHMARKS)} minutes: what the committed results took\n"
+        "together, on 2 CPUs (each benchmark's time, machine and date: docs/benchmarks.md). It overwrites\n"
+        "the committed results, bench/results/<name>.json, and the tables and figures bench/summarize.py\n"
+        "writes into README.md and docs/*.md; --quick writes to bench/results/quick/ instead.\n"
+        f"{', '.join(ROOT_BENCHMARKS)} (about {committed_minutes(ROOT_BENCHMARKS)} minutes) builds a minicluster of "
+        "network\nnamespaces and needs root; without it that benchmark fails and the others still run.\n\n"
         "exit status: 0 every benchmark ran, 1 one or more failed, 2 bad arguments",
     )
     parser.add_argument("--quick", action="store_true", help="the few-minute variant of every benchmark")

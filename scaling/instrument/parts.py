@@ -32,7 +32,14 @@ PARTS_ENTRY_POINTS = "scaling.instrument.parts"
 
 @dataclass(frozen=True)
 class Identity:
-    """Where this process sits in the job."""
+    """Where this process sits in the job.
+
+    Attributes:
+        rank: the process's rank, 0 to world_size - 1.
+        world_size: the number of processes in the job.
+        local_rank: its rank among the job's processes on its node.
+        node_rank: its node's rank among the job's nodes.
+    """
 
     rank: int
     world_size: int
@@ -67,9 +74,19 @@ class Finisher(Protocol):
 
 @dataclass(frozen=True)
 class Parts:
-    identity: Identity | None = None  # None: identity_from_environment()
-    live_metrics: Callable[[str, Identity], LiveMetrics] | None = None  # None: no live metrics
-    finisher: Finisher | None = None  # None: finish() writes no summary
+    """What `attach(..., parts=...)` takes from outside the instrument; a part left None falls back.
+
+    Attributes:
+        identity: this process's place in the job; None: `identity_from_environment()`.
+        live_metrics: a factory `(run name, identity) -> object with update(step_rows, epoch_row)`,
+            called at every epoch's end; None: no live metrics.
+        finisher: writes summary.json when a job that runs on its own calls `finish()`; None:
+            `finish()` writes nothing beyond the records.
+    """
+
+    identity: Identity | None = None
+    live_metrics: Callable[[str, Identity], LiveMetrics] | None = None
+    finisher: Finisher | None = None
 
 
 def installed_parts() -> Parts:

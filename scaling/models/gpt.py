@@ -22,7 +22,7 @@ The vocabulary is padded to a multiple of 64 (`VOCAB_MULTIPLE`; 50,257 -> 50,304
 does): the token embedding and the tied output layer have `padded_vocab` rows, so the output
 projection and its gradients are matrix multiplies of friendly shapes. 50,257 is odd, and on an
 H200 (bf16, 8 x 1,024 tokens) a GPT-2 small step took 40.5 ms with it against 28.3 ms padded
-(a bare loop outside the lab, issue 47). The padding rows are no part of the model: they start at zero, no token id
+(a bare loop outside the lab). The padding rows are no part of the model: they start at zero, no token id
 indexes them, and `forward` returns the logits of the real vocabulary only (`vocab` columns, a
 view of the padded product), so a padding id can never be predicted, and the loss, its gradients
 and the accuracy are those of the unpadded model with the same weights (tests/test_gpt_speed_paths.py).

@@ -1,4 +1,4 @@
-"""Horovod as the lab's second communication backend (`backend: horovod`, issue 5).
+"""Horovod as the lab's second communication backend (`backend: horovod`).
 
 Ray Train 2.60 runs Train V2, which refuses `HorovodTrainer`. So the lab keeps one launcher:
 Ray's `TorchTrainer` places the worker processes and sets up a torch.distributed (gloo) group

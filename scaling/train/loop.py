@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -346,11 +347,12 @@ def train_worker(
         # Under Ray only the workers see their GPUs; the plain launcher refused this at preflight.
         problem = bf16_problem(torch.cuda.get_device_name(ctx.device), torch.cuda.get_device_capability(ctx.device))
         if problem:
-            print(f"warning: {problem}", flush=True)
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
     if ctx.rank == 0 and ctx.device.type == "cpu" and cfg.train.precision == "fp16":
         print(
             "note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
             "bf16 is the CPU's mixed precision (train.precision=bf16)",
+            file=sys.stderr,
             flush=True,
         )
     if ctx.rank == 0 and cfg.instrument.telemetry_interval_s > 0:
