@@ -1,16 +1,20 @@
 """The trainers' callbacks (scaling/integrations/) on real transformers and Lightning jobs, 2 gloo ranks.
 
 One pair of spawned processes runs every case of tests/trainer_jobs.py (a tiny GPT-2 through the
-Hugging Face Trainer, a tiny classifier through Lightning's DDP strategy; each with dropout, 2
-micro-batches per optimizer step, 6 optimizer steps), without the callback, with it, and with a
-delay D injected into every synchronised all-reduce. What is proven, for each trainer:
+Hugging Face Trainer, a tiny classifier through Lightning's DDP strategy and through its
+ModelParallelStrategy with FSDP2; each with dropout, 2 micro-batches per optimizer step, 6 optimizer
+steps), without the callback, with it, and with a delay D injected into every synchronised
+all-reduce (FSDP2: into each backward's last reduce-scatter). What is proven, for each trainer:
 - **nothing changes in the training**: the trained parameters are the same, bit for bit, with and
   without the callback (the HF one runs its A/B calibration on the Trainer's own batches);
 - **a step is an optimizer step** with the trainer's accumulation: 6 step records per rank, each
-  of 2 micro-batches, 1 synchronised, phases that tile the step;
+  of 2 micro-batches, 1 synchronised (both under FSDP2: Lightning blocks gradient sync for DDP
+  only), phases that tile the step;
 - **the ground truth**: D shows in the exposed communication per optimizer step (+-15%, the
-  fastest steady step, as tests/test_real_jobs.py), and PyTorch DDP's own timers agree with the
-  instrument's (the summary's `ddp_comm_ratio` within 15%);
+  fastest steady step, as tests/test_real_jobs.py; FSDP2: D per synchronised micro-batch), and
+  PyTorch DDP's own timers agree with the instrument's (the summary's `ddp_comm_ratio` within 15%);
+- FSDP2 under Lightning: every unit's all-gathers and reduce-scatters recorded per module, the
+  validation's all-gathers not among them;
 - the figures a user asks for: tokens/s, FLOPs and MFU for the HF model, TTA to an eval loss,
   the Trainer's token all-gather (once per optimizer step) in its own column;
 - the precision: bf16 for the HF Trainer's `bf16=True` (autocast that Accelerate enters inside the
@@ -60,19 +64,23 @@ def _summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("trainer", ["hf", "pl"])
+TRAINERS = ["hf", "pl", "pl_fsdp2"]
+SYNCED = {"hf": 1, "pl": 1, "pl_fsdp2": trainer_jobs.ACCUMULATE}  # synchronised micro-batches per step
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
 def test_the_callback_changes_nothing_in_the_training(world, trainer):
     assert world[f"{trainer}_plain"][0]["parameters"] == world[trainer][0]["parameters"]
     assert world[f"{trainer}_plain"][0]["parameters"] == world[f"{trainer}_delay"][0]["parameters"]
 
 
-@pytest.mark.parametrize("trainer", ["hf", "pl"])
+@pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_step_is_an_optimizer_step_with_the_trainers_accumulation(world, trainer):
     run_dir = world[trainer][1]
     train = _train(run_dir)
     assert len(train) == 2 * trainer_jobs.OPTIMIZER_STEPS  # ranks x optimizer steps
     assert (train["micro_batches"] == trainer_jobs.ACCUMULATE).all()
-    assert (train["synced_micro_batches"] == 1).all() and (train["optimizer_steps"] == 1).all()
+    assert (train["synced_micro_batches"] == SYNCED[trainer]).all() and (train["optimizer_steps"] == 1).all()
     phases = train[["data_s", "forward_s", "backward_s", "optimizer_s"]]
     assert (phases >= 0).all().all() and (train["forward_s"] > 0).all() and (train["backward_s"] > 0).all()
     assert (phases.sum(axis=1) - train["step_s"]).abs().max() < EPS_S
@@ -80,21 +88,23 @@ def test_a_step_is_an_optimizer_step_with_the_trainers_accumulation(world, train
     assert (epochs["steps"] == trainer_jobs.OPTIMIZER_STEPS).all()
     assert (epochs["samples"] == trainer_jobs.SAMPLES).all()
     summary = _summary(run_dir)
-    assert summary["micro_batches"] == 2 and summary["synced_micro_batches"] == 1
+    assert summary["micro_batches"] == 2 and summary["synced_micro_batches"] == SYNCED[trainer]
     assert summary["status"] == "reached_target" and summary["tta_s"] > 0  # target_loss 10: the first eval
 
 
-@pytest.mark.parametrize("trainer", ["hf", "pl"])
+@pytest.mark.parametrize("trainer", TRAINERS)
 def test_injected_delay_shows_in_exposed_communication_per_optimizer_step(world, trainer):
     def fastest(run_dir):
         train = _train(run_dir)
         return train.loc[~train["warmup"], "exposed_comm_s"].min()
 
+    injected = trainer_jobs.DELAY_S * SYNCED[trainer]
     growth = fastest(world[f"{trainer}_delay"][1]) - fastest(world[trainer][1])
-    print(f"{trainer}: injected {trainer_jobs.DELAY_S} s per optimizer step; exposed grew {growth:.4f} s")
-    assert growth == pytest.approx(trainer_jobs.DELAY_S, rel=0.15)
+    print(f"{trainer}: injected {injected} s per optimizer step; exposed grew {growth:.4f} s")
+    assert growth == pytest.approx(injected, rel=0.15)
     summary = _summary(world[f"{trainer}_delay"][1])
-    assert summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.15) and not summary["ddp_disagrees"]
+    if trainer != "pl_fsdp2":  # DDP's own timers: none under FSDP2
+        assert summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.15) and not summary["ddp_disagrees"]
 
 
 def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):
@@ -117,3 +127,24 @@ def test_lightning_gets_its_validation_loss_precision_and_mfu(world):
     assert summary["model"] == "Classifier" and summary["precision"] == "fp32"
     assert summary["per_worker_batch"] == trainer_jobs.BATCH
     assert summary["train_flops_per_sample"] > 0 and summary["mfu"] > 0, summary["not_measured"]
+
+
+def test_lightning_fsdp2_records_every_units_collectives_and_no_validations(world):
+    run_dir = world["pl_fsdp2"][1]
+    summary = _summary(run_dir)
+    assert summary["backend"] == "fsdp" and summary["precision"] == "fp32"
+    collectives = pd.read_parquet(run_dir / "collectives.parquet")
+    trained = collectives[collectives["step_kind"] == "train"]
+    # the two linear layers (units) and the network: each all-gathered in forward, the units reduce-scattered
+    modules = set(trained["module"])
+    assert {"module.net.0", "module.net.3"} <= modules, modules
+    per_step = trained.groupby(["rank", "step"])["collective"].value_counts().unstack(fill_value=0)
+    assert (per_step["reduce_scatter"] >= 2 * SYNCED["pl_fsdp2"]).all()  # each unit, each synchronised pass
+    train = _train(run_dir)
+    # what a step records is what its collectives say: no validation forward's all-gathers among them
+    timed = train[train["comm_timed"]]
+    counted = trained.groupby(["rank", "step"]).size()
+    assert (
+        timed.set_index(["rank", "step"])["num_buckets"] == counted.reindex(timed.set_index(["rank", "step"]).index)
+    ).all()
+    assert pd.read_parquet(run_dir / "epochs.parquet")["val_loss"].notna().all()

@@ -30,7 +30,8 @@ SETTINGS = {"warmup_steps": 1, "calibration_pairs": 4, "telemetry_interval_s": 0
 def _parameters_hash(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for parameter in model.parameters():
-        digest.update(parameter.detach().cpu().numpy().tobytes())
+        whole = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter  # FSDP2's shards
+        digest.update(whole.detach().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -88,10 +89,13 @@ def hf_job(run_dir: str | None, **callback_settings) -> dict:
 # --- Lightning -----------------------------------------------------------------------------------
 
 
-def lightning_job(run_dir: str | None, **callback_settings) -> dict:
-    """A tiny classifier through lightning.Trainer (DDP strategy on the spawned group); the callback when `run_dir`."""
+def lightning_job(run_dir: str | None, strategy: str = "ddp", **callback_settings) -> dict:
+    """A tiny classifier through lightning.Trainer on the spawned group: DDPStrategy, or `strategy="fsdp2"`
+    ModelParallelStrategy with `fully_shard` on each linear layer and the network in `configure_model`;
+    the callback when `run_dir`."""
     import lightning as L
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+    from torch.distributed.fsdp import fully_shard
 
     from scaling.integrations.lightning import ScalingCallback
 
@@ -101,6 +105,13 @@ def lightning_job(run_dir: str | None, **callback_settings) -> dict:
             self.net = torch.nn.Sequential(
                 torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
             )
+
+        def configure_model(self):
+            if strategy == "fsdp2":
+                mesh = self.device_mesh["data_parallel"]
+                for layer in (self.net[0], self.net[3]):
+                    fully_shard(layer, mesh=mesh)
+                fully_shard(self.net, mesh=mesh)
 
         def forward(self, x):
             return self.net(x)
@@ -127,7 +138,9 @@ def lightning_job(run_dir: str | None, **callback_settings) -> dict:
         accelerator="cpu",
         devices=2,
         num_nodes=1,
-        strategy=DDPStrategy(),
+        strategy=DDPStrategy()
+        if strategy == "ddp"
+        else ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         max_epochs=1,
         accumulate_grad_batches=ACCUMULATE,
         callbacks=callbacks,
@@ -148,6 +161,11 @@ CASES = {
     "pl_plain": lambda tmp: lightning_job(None),
     "pl": lambda tmp: lightning_job(os.path.join(tmp, "pl")),
     "pl_delay": lambda tmp: lightning_job(os.path.join(tmp, "pl_delay"), inject_comm_delay_s=DELAY_S),
+    "pl_fsdp2_plain": lambda tmp: lightning_job(None, "fsdp2"),
+    "pl_fsdp2": lambda tmp: lightning_job(os.path.join(tmp, "pl_fsdp2"), "fsdp2"),
+    "pl_fsdp2_delay": lambda tmp: lightning_job(
+        os.path.join(tmp, "pl_fsdp2_delay"), "fsdp2", inject_comm_delay_s=DELAY_S
+    ),
 }
 
 

@@ -10,6 +10,14 @@ What Lightning does, and where the callback marks it (lightning 2.6):
   (`trainer.strategy.model`, whose forward is the LightningModule's `training_step`), counting
   FLOPs on the LightningModule's own `forward` (`flops_module`; a module whose forward is not
   the model has no MFU, with the reason in the summary);
+- FSDP2: `ModelParallelStrategy`, whose `configure_model` the user writes with `fully_shard`
+  (Lightning's FSDP2 strategy), calls `training_step` and `validation_step` on the LightningModule
+  itself, through no wrapper's forward. The callback makes them the forward of a module of its own
+  around the LightningModule (`_StepsAsForward`, as DDP's wrapper is), attaches to that module, and
+  the instrument's FSDP2 adapter times every unit's all-gathers and reduce-scatters
+  (scaling/instrument/backends/fsdp.py). The same holds for a LightningModule on one device.
+  Lightning's `FSDPStrategy` wraps with FSDP1, which the instrument does not time: refused in one
+  line;
 - a step is an optimizer step, under Lightning's closure: forward and backward run *inside*
   `optimizer.step(closure)`, so the torch optimizer's step hooks fire before the forward and
   would cut the phases wrongly. The instrument watches a stand-in optimizer instead, stepped at
@@ -30,11 +38,12 @@ What Lightning does, and where the callback marks it (lightning 2.6):
   its metrics; pass `forward_backward=` and `calibration_data=` (attach's) to have one.
 
 Under Ray Train (`ray.train.lightning`: RayDDPStrategy, prepare_trainer) and `scaling run`, the
-run directory comes from the launcher: pass none. FSDP strategies are not measured (refused in one
-line): Lightning's FSDP wraps with FSDP1, which the instrument's FSDP2 backend does not time.
+run directory comes from the launcher: pass none.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from lightning.pytorch import Callback
@@ -74,13 +83,14 @@ class ScalingCallback(Callback):
         # what the instrument sees step: Lightning steps the real optimizer inside its closure (module docstring)
         self._stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
         self._samples = 0
+        self._steps: _StepsAsForward | None = None  # where the strategy calls the steps on the module itself
 
     def setup(self, trainer, pl_module, stage):
         strategy = trainer.strategy
         if isinstance(strategy, FSDPStrategy):
             raise ValueError(
                 "scaling ScalingCallback: Lightning's FSDPStrategy wraps with FSDP1, which the instrument "
-                "does not time; use DDPStrategy, or fully_shard (FSDP2) in a loop of your own with attach"
+                "does not time; use ModelParallelStrategy with fully_shard (FSDP2) in configure_model, or DDPStrategy"
             )
         if stage != "fit" or not isinstance(strategy, DDPStrategy) or strategy._ddp_comm_hook is None:
             return
@@ -96,7 +106,9 @@ class ScalingCallback(Callback):
         strategy._ddp_comm_hook = strategy._ddp_comm_wrapper = None
 
     def on_fit_start(self, trainer, pl_module):
-        model = trainer.strategy.model  # DDP(_LightningModuleWrapperBase) under DDP; the module on one device
+        model = trainer.strategy.model  # DDP(_LightningModuleWrapperBase) under DDP
+        if model is pl_module:  # ModelParallelStrategy (FSDP2), one device: the steps called on the module itself
+            model = self._steps = _StepsAsForward(pl_module)
         self.meter = instrument.attach(
             model,
             self._stand_in,
@@ -151,10 +163,54 @@ class ScalingCallback(Callback):
 
     def on_fit_end(self, trainer, pl_module):
         self.meter.finish()
+        self._restore_steps()
 
     def on_exception(self, trainer, pl_module, exception):
         if self.meter is not None and not self.meter._finished:
             self.meter.finish(status="failed", error=f"{type(exception).__name__}: {exception}".splitlines()[0])
+        self._restore_steps()
+
+    def _restore_steps(self) -> None:
+        if self._steps is not None:
+            self._steps.restore()
+            self._steps = None
+
+
+class _StepsAsForward(torch.nn.Module):
+    """The LightningModule's `training_step` and `validation_step`, called by the strategy on the module
+    itself, made this module's forward, so that the instrument's forward hooks see each step as they see
+    DDP's wrapper's forward: the module's mode follows the LightningModule's at each call (a validation
+    step is an eval-mode forward, which the meter takes out of training time, and whose all-gathers the
+    FSDP2 adapter does not record). The LightningModule is registered inside it: the same parameters."""
+
+    STEPS = ("training_step", "validation_step")
+
+    def __init__(self, pl_module):
+        super().__init__()
+        self.module = pl_module
+        self._step = None
+        for name in self.STEPS:
+            step = getattr(pl_module, name)
+
+            # a function (not a partial): Lightning's is_overridden reads the step's code
+            @functools.wraps(step)
+            def through_forward(*args, _step=step, **kwargs):
+                return self._call(_step, *args, **kwargs)
+
+            setattr(pl_module, name, through_forward)  # an instance attribute over the class's method
+
+    def _call(self, step, *args, **kwargs):
+        self.training = self.module.training
+        self._step = step
+        return self(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._step(*args, **kwargs)
+
+    def restore(self) -> None:
+        """The LightningModule's own steps back (the instance attributes removed)."""
+        for name in self.STEPS:
+            self.module.__dict__.pop(name, None)
 
 
 def _follow_module_mode(model, pl_module) -> None:
