@@ -149,17 +149,27 @@ PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
 # The collective kinds, declared once: the column stem of each and what it is, in words. A kind's time in flight per
 # step is `<kind>_s`, a share of the step `<kind>_pct`; the report's tables, the figures and a run's screen name each
 # kind from here.
-COLLECTIVE_KINDS = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter"}
+COLLECTIVE_KINDS = {
+    "allreduce": "all-reduce",
+    "allgather": "all-gather",
+    "reducescatter": "reduce-scatter",
+    "token_allgather": "token all-gather",
+}
 # A sharded backend's kinds (FSDP: scaling/instrument/backends/fsdp.py), each with its exposed part
 # (`exposed_<kind>_s`), beside `comm_s` (any collective in flight) and the re-gathers among the all-gathers.
 SHARDED_KINDS = ("allgather", "reducescatter")
 REGATHER = "regather"  # backward's re-gathers of resharded parameters: a part of `allgather_s`
+# Collectives a job runs beside its gradients', timed on the host by its integration on every step
+# (StepMeter.record_job_collective): the HF Trainer's all-gather of the step's token count. Outside
+# `allreduce_s` and `exposed_comm_s`, which are the gradients'.
+JOB_KINDS = ("token_allgather",)
 KIND_FIELDS = (
     "comm_s",
     *(f"{kind}_s" for kind in SHARDED_KINDS),
     f"{REGATHER}_s",
     *(f"exposed_{kind}_s" for kind in SHARDED_KINDS),
     "exposed_forward_comm_s",
+    *(f"{kind}_s" for kind in JOB_KINDS),
 )
 STEP_FIELDS = PHASES + (
     "step_s",

@@ -202,6 +202,7 @@ class _OpenStep:
         "forwarded",
         "stepped",
         "comm_timed",
+        "job_collectives",
     )
 
     def __init__(self, start, index: int, samples: int, comm_timed: bool):
@@ -213,6 +214,7 @@ class _OpenStep:
         self.optimizer_end = None
         # the batch in progress: the phase it is in, whether it ran a training forward and an optimizer step
         self.phase, self.forwarded, self.stepped = "data", False, False
+        self.job_collectives: dict | None = None  # kind -> [seconds, count]: record_job_collective
 
     def boundary(self, phase: str, mark) -> None:
         self.segments.append((phase, mark))
@@ -649,6 +651,7 @@ class StepMeter:
                 comm_rule=self.backend.comm_rule,
                 comm_timed=step.comm_timed,
                 instrument_host_s=host_s,
+                job_collectives=step.job_collectives,
             )
         )
 
@@ -761,6 +764,20 @@ class StepMeter:
             if self.clock.cuda:
                 torch.cuda.synchronize()
             self._end_pause()
+
+    def record_job_collective(self, kind: str, seconds: float) -> None:
+        """A collective the job runs beside its gradients' (the HF Trainer's token all-gather), timed on the host by
+        its caller: added to the step in progress as `<kind>_s` (seconds, summed) and `<kind>s` (how many), on
+        every step, sampled or not. `kind` is one of scaling/analysis/run_metrics.py's `JOB_KINDS`, whose figures
+        the summary gives; nothing is recorded outside a training step."""
+        step = self._step
+        if step is None:
+            return
+        if step.job_collectives is None:
+            step.job_collectives = {}
+        total = step.job_collectives.setdefault(kind, [0.0, 0])
+        total[0] += seconds
+        total[1] += 1
 
     def record_eval(self, val_accuracy: float | None, epoch_progress: float, **columns) -> None:
         """An evaluation's result, with the training time up to it (evals.parquet; TTA's first-eval rule).

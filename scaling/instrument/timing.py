@@ -451,6 +451,9 @@ class StepMarks:
     # every communication column is NaN, never a zero; its phases are measured as on any step
     comm_timed: bool = True
     instrument_host_s: float = float("nan")  # the instrument's own Python inside the step (meter.py)
+    # collectives the job runs beside its gradients', each timed on the host by the job's integration
+    # (`StepMeter.record_job_collective`): kind -> [seconds, count], the columns `<kind>_s` and `<kind>s`
+    job_collectives: dict | None = None
 
     @classmethod
     def single(
@@ -552,6 +555,11 @@ class StepMarks:
             "injected_s": injected_s,
             "comm_timed": self.comm_timed,
             "instrument_host_s": self.instrument_host_s,
+            **{
+                column: value
+                for kind, (seconds, count) in (self.job_collectives or {}).items()
+                for column, value in ((f"{kind}_s", seconds), (f"{kind}s", float(count)))
+            },
             **comm,  # a rule's own columns (the sharded one's per collective kind: backends/fsdp.py)
             # moments on rank 0's clock (s), for attribution across ranks (recorder.py):
             # the step's start, this rank's last bucket handed over (its backward compute done)

@@ -18,8 +18,10 @@ What the Trainer does, and where the callback marks it (transformers 5.24, train
   the fetching and the token all-gather, `backward_s` ends at the optimizer step (clipping in it);
 - the token all-gather (`average_tokens_across_devices`) is a collective of its own, not a
   gradient's: it is timed on the host around Accelerate's `gather` (on a GPU, the time to enqueue
-  it) and recorded per epoch as `token_allgather_s` and `token_allgathers` in epochs.parquet
-  (the step records have no column for it: the comm figures stay the gradients');
+  it) and recorded per step as `token_allgather_s` and `token_allgathers` (a collective kind of its
+  own, `StepMeter.record_job_collective`, on every step; the summary's `token_allgather_s` and
+  `token_allgather_pct`); it lies in the step's `data_s`, outside the gradients' `allreduce_s`
+  and `exposed_comm_s`;
 - evaluation pauses the training clock (eval-mode forwards, meter.py); each `eval_loss` is an
   evaluation record (`val_loss`) and the epoch's last one the epoch's, so `target_loss` gives
   TTA to an eval loss. The epoch ends (`end_epoch`) once the Trainer's epoch-end evaluation ran;
@@ -113,7 +115,6 @@ class ScalingCallback(TrainerCallback):
         self._val_loss = float("nan")
         self._samples = 0  # micro-batch samples this rank trained this epoch
         self._counting_tokens = False
-        self._token_gather_s, self._token_gathers = 0.0, 0
 
     # --- what the callback wraps on the Trainer (instance attributes, removed at the end) ----------
 
@@ -143,8 +144,7 @@ class ScalingCallback(TrainerCallback):
             try:
                 return gather(tensor)
             finally:
-                self._token_gather_s += time.perf_counter() - start
-                self._token_gathers += 1
+                self.meter.record_job_collective("token_allgather", time.perf_counter() - start)
 
         trainer.training_step, trainer._get_num_items_in_batch = counted_training_step, timed_count
         trainer.accelerator.gather = timed_gather
@@ -186,7 +186,6 @@ class ScalingCallback(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._end_epoch()
         self._epoch_open, self._val_loss, self._samples = True, float("nan"), 0
-        self._token_gather_s, self._token_gathers = 0.0, 0
         self._requests.request()
 
     def on_substep_end(self, args, state, control, **kwargs):
@@ -234,8 +233,6 @@ class ScalingCallback(TrainerCallback):
             self.meter.end_epoch(
                 samples=self._samples * self.meter.world_size,
                 val_loss=self._val_loss,
-                token_allgather_s=self._token_gather_s,
-                token_allgathers=self._token_gathers,
             )
         finally:
             if use_cache is False:
