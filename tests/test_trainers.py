@@ -2,7 +2,7 @@
 
 One pair of spawned processes runs every case of tests/trainer_jobs.py (a tiny GPT-2 through the
 Hugging Face Trainer, a tiny classifier through Lightning's DDP strategy and through its
-ModelParallelStrategy with FSDP2; each with dropout, 2 micro-batches per optimizer step, 6 optimizer
+ModelParallelStrategy with FSDP2, and examples/trainers/accelerate_job.py's Accelerate loop; each with dropout, 2 micro-batches per optimizer step, 6 optimizer
 steps), without the callback, with it, and with a delay D injected into every synchronised
 all-reduce (FSDP2: into each backward's last reduce-scatter). What is proven, for each trainer:
 - **nothing changes in the training**: the trained parameters are the same, bit for bit, with and
@@ -152,3 +152,12 @@ def test_lightning_fsdp2_records_every_units_collectives_and_no_validations(worl
         timed.set_index(["rank", "step"])["num_buckets"] == counted.reindex(timed.set_index(["rank", "step"]).index)
     ).all()
     assert pd.read_parquet(run_dir / "epochs.parquet")["val_loss"].notna().all()
+
+
+def test_accelerate_used_directly_makes_a_step_of_its_accumulation(world):
+    run_dir = world["accelerate"][1]
+    train = _train(run_dir)
+    # 1024 samples, batches of 32 on each of 2 ranks, gradient_accumulation_steps=2: 8 optimizer steps per rank
+    assert len(train) == 2 * 8 and set(train["rank"]) == {0, 1}
+    assert (train["micro_batches"] == 2).all() and (train["synced_micro_batches"].dropna() == 1).all()
+    assert _summary(run_dir)["status"] == "max_epochs" and _summary(run_dir)["exposed_comm_s"] is not None

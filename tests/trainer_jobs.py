@@ -166,7 +166,17 @@ CASES = {
     "pl_fsdp2_delay": lambda tmp: lightning_job(
         os.path.join(tmp, "pl_fsdp2_delay"), "fsdp2", inject_comm_delay_s=DELAY_S
     ),
+    # last: Accelerate's end_training may release the process group
+    "accelerate": lambda tmp: accelerate_job(os.path.join(tmp, "accelerate")),
 }
+
+
+def accelerate_job(run_dir: str) -> dict:
+    """examples/trainers/accelerate_job.py's job (Accelerate's own loop, `accelerator.accumulate`, attach), 1 epoch."""
+    from examples.trainers.accelerate_job import train
+
+    train(run_dir, epochs=1)
+    return {}
 
 
 def world_job(rank: int, port: int, tmp: str, cases: list[str]) -> None:

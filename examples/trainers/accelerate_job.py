@@ -26,6 +26,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="the run directory the instrument writes")
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
+    train(os.path.abspath(args.out), args.epochs)
+
+
+def train(run_dir: str, epochs: int) -> None:
+    """The job: Accelerate's loop, measured by attach (tests/test_trainers.py runs it on its gloo group)."""
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     torch.manual_seed(0)
     x = torch.randn(1024, 64)
@@ -34,8 +39,8 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    with instrument.attach(model, optimizer.optimizer, run_dir=os.path.abspath(args.out)) as meter:  # scaling
-        for _ in range(args.epochs):
+    with instrument.attach(model, optimizer.optimizer, run_dir=run_dir) as meter:  # scaling
+        for _ in range(epochs):
             for inputs, labels in meter.batches(loader):  # scaling: was `in loader`
                 with accelerator.accumulate(model):
                     accelerator.backward(torch.nn.functional.cross_entropy(model(inputs), labels))

@@ -95,9 +95,11 @@ def _worker(rank: int, world_size: int, config: dict, run_dir: str, port: int) -
 
 def release_process_group() -> None:
     """Let go of this process's process group while Python is fully alive: DDP's reducer (in
-    reference cycles) holds it until a collection."""
+    reference cycles) holds it until a collection. None to let go of where the job released it itself
+    (Accelerate's `end_training` does)."""
     gc.collect()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def exit_without_finalization() -> None:
