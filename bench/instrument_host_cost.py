@@ -1,6 +1,7 @@
 """The instrument's host cost per optimizer step, in microseconds: a user's DDP job whose compute is
 negligible, with and without `attach`, at 1, 5, 20 and 40 gradient buckets, its steps interleaved in
-one process; the lab's own loop on that job; an FSDP2 job at 1, 5, 20 and 40 units, per collective.
+one process; the lab's own loop on that job; an FSDP2 job at 1, 5, 20 and 40 units, per collective;
+the Hugging Face Trainer's and Lightning's callbacks.
 
 Why this shape: on a GPU the host runs ahead of the device, and every microsecond of Python the
 instrument spends on the training thread (its hooks, its Python per collective, its records)
@@ -9,7 +10,7 @@ layers 64 wide, batch 8) the same host time is what is left to see. The layers' 
 1, 5, 20 or 40 DDP buckets (the bucket cap) or FSDP2 units, which separates a per-step part from
 a per-bucket (per-collective) part.
 
-Three parts, one process:
+Four parts, one process:
 - `attach` (a 1-rank gloo DDP group, which DDP all-reduces through alone). Arms, each its own DDP
   models (`INSTANCES` of each, one per block in turn, so that what sets one instance apart from
   another, tens of microseconds here, lands in the interval, not in the median): `bare` (no
@@ -29,6 +30,13 @@ Three parts, one process:
   issued as on two ranks and returned at once: what remains is host time), arms and blocks as
   `attach`'s; the per-collective part is (extra at 40 units - extra at 1) / the collectives it adds,
   counted from the records.
+- `trainers`: a tiny GPT-2 through `transformers.Trainer` and a tiny LightningModule through
+  `lightning.Trainer` (one process, one CPU thread), each run `TRAINER_STEPS` optimizer steps with
+  its `ScalingCallback` (scaling/integrations/) or without, runs in pairs ABBA; a run's mean step is
+  read from a clock callback present in both arms (the first `TRAINER_SKIPPED` steps left out), a
+  pair's extra the measured run's mean minus the bare one's: what a trainer's job pays for one
+  callback line, the meter it drives included. Whole runs, not interleaved steps (a trainer owns
+  its loop): their spread is the interval's.
 Per block and size, an arm's extra time per step is its mean step minus bare's mean step of the
 same block (wall clock, and the process's CPU time, every thread's). Figures are medians over
 blocks with the 95% order-statistic interval; the per-bucket part of a block is (extra at 40 -
@@ -46,7 +54,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -238,6 +248,123 @@ def measure_fsdp(blocks: int) -> tuple[list[dict], dict]:
     return means, records
 
 
+# --- the trainers' callbacks --------------------------------------------------------------------------------------
+
+TRAINER_PAIRS, TRAINER_STEPS, TRAINER_SKIPPED = 12, 200, 20  # pairs of runs; steps per run; first steps left out
+
+
+def _step_clock(kind: str):
+    """A callback of the trainer `kind` ("hf" or "lightning") that marks each optimizer step's end (wall, CPU): in
+    both arms, so that what it costs cancels."""
+    marks = []
+
+    def mark(*args, **kwargs):
+        marks.append((time.perf_counter(), time.process_time()))
+
+    if kind == "hf":
+        from transformers import TrainerCallback
+
+        clock = type("StepClock", (TrainerCallback,), {"on_step_end": mark})()
+    else:
+        from lightning.pytorch import Callback
+
+        clock = type("StepClock", (Callback,), {"on_train_batch_end": mark})()
+    return clock, marks
+
+
+def trainer_run(kind: str, measured: bool, tmp: str) -> tuple[float, float]:
+    """One run of `TRAINER_STEPS` optimizer steps of a tiny job through the trainer `kind`, with its ScalingCallback
+    (`measured`) or without; its mean step after the first `TRAINER_SKIPPED`: (wall, CPU) seconds."""
+    import torch
+
+    settings = {"telemetry_interval_s": 0, "trace_steps": 0}
+    clock, marks = _step_clock(kind)
+    torch.manual_seed(0)
+    run_dir = tempfile.mkdtemp(dir=tmp)
+    if kind == "hf":
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+        from scaling.integrations.hf import ScalingCallback
+
+        ids = torch.randint(0, 64, (TRAINER_STEPS * BATCH, 8))
+        data = [{"input_ids": row, "labels": row} for row in ids]
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=8, n_embd=32, n_layer=1, n_head=2))
+        args = TrainingArguments(
+            output_dir=run_dir,
+            per_device_train_batch_size=BATCH,
+            num_train_epochs=1,
+            save_strategy="no",
+            logging_strategy="no",
+            eval_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        )
+        callbacks = [clock] + ([ScalingCallback(run_dir, ab_calibration=False, **settings)] if measured else [])
+        Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
+    else:
+        import lightning as L
+
+        from scaling.integrations.lightning import ScalingCallback
+
+        class Job(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(4)])
+
+            def training_step(self, batch, batch_idx):
+                return self.net(batch[0]).square().mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+        data = torch.utils.data.TensorDataset(torch.randn(TRAINER_STEPS * BATCH, WIDTH))
+        callbacks = [clock] + ([ScalingCallback(run_dir, **settings)] if measured else [])
+        L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_epochs=1,
+            callbacks=callbacks,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        ).fit(Job(), torch.utils.data.DataLoader(data, batch_size=BATCH))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    (wall_0, cpu_0), (wall_1, cpu_1) = marks[TRAINER_SKIPPED], marks[-1]
+    steps = len(marks) - 1 - TRAINER_SKIPPED
+    return (wall_1 - wall_0) / steps, (cpu_1 - cpu_0) / steps
+
+
+def measure_trainers(pairs: int) -> dict:
+    """Per trainer and clock, the callback's extra microseconds per optimizer step, one value per pair of runs
+    (bare, measured in turn, ABBA), and the bare runs' mean steps."""
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="bench-host-trainers-") as tmp:
+        for kind in ("hf", "lightning"):
+            extra, bare_steps = {"wall": [], "CPU": []}, []
+            trainer_run(kind, True, tmp)  # a first run of each: imports, caches
+            for pair in range(pairs):
+                order = (False, True) if pair % 2 == 0 else (True, False)
+                result = {measured: trainer_run(kind, measured, tmp) for measured in order}
+                for index, clock in enumerate(("wall", "CPU")):
+                    extra[clock].append((result[True][index] - result[False][index]) * 1e6)
+                bare_steps.append(result[False][0] * 1e6)
+                print(
+                    f"[instrument_host_cost] {kind}: pair {pair + 1}/{pairs}, callback +{extra['wall'][-1]:.0f} us "
+                    f"per step (bare {bare_steps[-1]:.0f} us)",
+                    flush=True,
+                )
+            out[kind] = (extra, bl.median(bare_steps))
+    return out
+
+
 def run_blocks(jobs: dict, arms: tuple[str, ...], blocks: int, label: str) -> bl.StepWindows:
     """`blocks` blocks (after 2 x `INSTANCES` of warm-up), each `STEPS_PER_BLOCK` steps of every (size, arm) in a
     rotating order, alternately reversed; the block's instance of each job in turn."""
@@ -338,7 +465,27 @@ def main() -> int:
             )
         fsdp_table += arm_table
         fsdp_comparisons += arm_comparisons
-    comparisons += lab_comparisons + fsdp_comparisons
+    print("[instrument_host_cost] the trainers' callbacks", flush=True)
+    trainers = measure_trainers(2 if args.quick else TRAINER_PAIRS)
+    trainer_table, trainer_comparisons = [], []
+    for kind, label in (("hf", "HF Trainer callback"), ("lightning", "Lightning callback")):
+        extra, bare_us = trainers[kind]
+        for clock in ("wall", "CPU"):
+            lo, hi = bl.median_order_interval(extra[clock])
+            trainer_table.append(
+                {
+                    "arm": label,
+                    "clock": clock,
+                    "extra_us_per_step": bl.median(extra[clock]),
+                    "lo": lo,
+                    "hi": hi,
+                    "bare_us_per_step": bare_us,
+                    "pairs": extra[clock],
+                }
+            )
+            name = f"{label}, extra {clock} per step"
+            trainer_comparisons.append(_row(name, label, extra[clock], STEP_BUDGET_US, "us per step", bare_us))
+    comparisons += lab_comparisons + fsdp_comparisons + trainer_comparisons
     path = bl.write_result(
         "instrument_host_cost",
         __doc__,
@@ -358,13 +505,15 @@ def main() -> int:
         lab_by_size=lab_table,
         fsdp_blocks=fsdp_blocks,
         fsdp_by_size=fsdp_table,
+        trainer_runs={"pairs": 2 if args.quick else TRAINER_PAIRS, "steps": TRAINER_STEPS, "skipped": TRAINER_SKIPPED},
+        trainers=trainer_table,
     )
     bl.print_comparisons(comparisons)
-    for job, table in (("attach", attach_table), ("lab", lab_table), ("fsdp", fsdp_table)):
+    for job, table in (("attach", attach_table), ("lab", lab_table), ("fsdp", fsdp_table), ("trainer", trainer_table)):
         for row in table:
             interval = f" [{row['lo']:.0f}, {row['hi']:.0f}]" if row["lo"] is not None else ""
             print(
-                f"  {job:6s} {row['arm']:15s} {row['clock']:4s} {row['buckets']:2d}: "
+                f"  {job:7s} {row['arm']:19s} {row['clock']:4s} {row.get('buckets', '-'):>2}: "
                 f"+{row['extra_us_per_step']:.0f} us/step{interval} (bare step {row['bare_us_per_step']:.0f} us)",
                 flush=True,
             )
