@@ -8,9 +8,10 @@ are checked for sense (`validate`). The resolved tree is written into every run 
     cfg = load_config("experiments/quickstart.yaml", overrides=["optim.lr=0.2"])
 
 This module is data and shape only: closed choices are `Literal` types (or a registry's values:
-the backends) refused when the tree is built, `validate` checks values against each other, and
-nothing here reads a file other than the config itself, imports a user's code, or asks the
-machine or the cluster anything. Whatever looks
+the backends) refused when the tree is built, `validate` checks values against each other (a
+backend's own settings, and what it cannot run, beside the backend: its adapter's
+`config_problems`, scaling/instrument/backends/), and nothing here reads a file other than the
+config itself, imports a user's code, or asks the machine or the cluster anything. Whatever looks
 at the world (datasets, import paths, cluster YAMLs, Horovod, GPUs, capacity) is the preflight,
 `scaling/launch/preflight.py`, which runs before any file of a run is written.
 """
@@ -402,28 +403,12 @@ def _check_tokens(cfg: ExperimentConfig, require) -> None:
         )
 
 
-def _check_sharded(cfg: ExperimentConfig, require) -> None:
-    """What the lab's loop cannot run on a backend that shards the parameters (the adapter's
-    `sharded`: scaling/instrument/backends/base.py); the model's shape is the preflight's."""
-    require(
-        cfg.train.precision != "fp16",
-        "train.precision=fp16 scales the loss with GradScaler, whose inf check each shard would make alone "
-        f"(torch's ShardedGradScaler is not used by the lab's loop): with backend {cfg.backend} use train.precision "
-        "bf16 or fp32 (or fsdp.param_dtype bfloat16)",
-    )
-    require(
-        cfg.data.val_samples >= cfg.workers.num_workers,
-        f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each needs a "
-        f"validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers "
-        f"({cfg.workers.num_workers})",
-    )
-
-
 def validate(cfg: ExperimentConfig) -> None:
     """Refuse values that cannot give a meaningful run, naming the key and the fix.
 
-    Shape only: values against their ranges and against each other. A model or dataset named by
-    import path is checked by the preflight (scaling/launch/preflight.py), which imports it."""
+    Shape only: values against their ranges and against each other; the selected backend's adapter
+    says what of its own it cannot run (`config_problems`). A model or dataset named by import path
+    is checked by the preflight (scaling/launch/preflight.py), which imports it."""
     from scaling.data import dataset_names
     from scaling.import_path import is_import_path
     from scaling.models import model_names
@@ -451,17 +436,6 @@ def validate(cfg: ExperimentConfig) -> None:
         cfg.instrument.grad_compression in backend.compressions,
         f"backend {cfg.backend} compresses gradients as {' or '.join(backend.compressions)}, "
         f"got instrument.grad_compression={cfg.instrument.grad_compression!r}",
-    )
-    require(
-        cfg.instrument.horovod_fusion_threshold_mb >= 0,
-        f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}",
-    )
-    require(
-        cfg.instrument.horovod_cycle_time_ms > 0,
-        f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}",
-    )
-    require(
-        not (cfg.resolved_backend == "nccl" and not cfg.workers.use_gpu), "backend nccl needs workers.use_gpu: true"
     )
     require(cfg.workers.num_workers >= 1, f"workers must be >= 1, got {cfg.workers.num_workers}")
     require(
@@ -555,12 +529,10 @@ def validate(cfg: ExperimentConfig) -> None:
         f"instrument.inject_comm_delay_into={cfg.instrument.inject_comm_delay_into} is not offered by backend "
         f"{cfg.backend} ({backend.wraps}): it injects into {' or '.join(backend.injectable)}",
     )
-    if backend.sharded:
-        _check_sharded(cfg, require)
-    require(
-        cfg.instrument.ddp_bucket_cap_mb > 0,
-        f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}",
-    )
+    # The selected backend's own settings, and what it cannot run (its adapter's `config_problems`:
+    # DDP's process group and buckets, Horovod's tuning, what a sharding backend cannot run).
+    for problem in backend.config_problems(cfg):
+        require(False, problem)
     # GradScaler multiplies the loss (65536x at the start) and the compression hooks cast the
     # scaled fp32 gradients to fp16 before averaging: above 65504 they become inf, every such
     # step is skipped and the scale pushed down, a different training from the uncompressed one.

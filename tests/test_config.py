@@ -142,6 +142,37 @@ def test_defaults_are_a_valid_config():
 
 
 @pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["backend=nccl"], "backend nccl needs workers.use_gpu: true"),
+        (["instrument.ddp_bucket_cap_mb=0"], "instrument.ddp_bucket_cap_mb must be > 0, got 0.0"),
+        (
+            ["backend=horovod", "instrument.horovod_fusion_threshold_mb=-1"],
+            "instrument.horovod_fusion_threshold_mb must be >= 0, got -1.0",
+        ),
+        (
+            ["backend=horovod", "instrument.horovod_cycle_time_ms=0"],
+            "instrument.horovod_cycle_time_ms must be > 0, got 0.0",
+        ),
+    ],
+)
+def test_a_backends_own_settings_are_checked_by_its_adapter(overrides, message):
+    """Each backend's config checks sit beside it (its adapter's `config_problems`); `validate` asks the
+    selected backend's, so another backend's settings are not its business."""
+    from scaling.config import apply_overrides
+    from scaling.instrument.backends import for_choice
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(QUICKSTART, overrides=overrides)
+    assert str(refused.value) == message
+    cfg = from_dict(apply_overrides({}, overrides))  # the defaults with the overrides, not validated
+    assert for_choice(cfg.backend).config_problems(cfg) == [message]
+    if cfg.backend == "horovod":  # Horovod's tuning is no concern of DDP's
+        cfg.backend = "auto"
+        assert for_choice(cfg.backend).config_problems(cfg) == []
+
+
+@pytest.mark.parametrize(
     "args, needle",
     [
         (["--set", "optim.lrr=0.1"], "optim.lrr"),

@@ -36,7 +36,7 @@ class Backend:
     injectable: tuple[str, ...] = ("gradients",)
     # Each rank holds only its shard of the parameters (FSDP): a forward gathers them with every
     # rank, and a gradient scaler's inf check would see only this rank's shard. The lab's config
-    # refuses the settings that cannot work then (scaling/config.py `_check_sharded`).
+    # refuses the settings that cannot work then (`config_problems`).
     sharded = False
     # Its collectives can go untimed on the steps the meter does not sample (DDP's comm hook:
     # scaling/instrument/timing.py `CommTimingHook`); otherwise every step's are timed.
@@ -51,6 +51,13 @@ class Backend:
     def process_group(cls, choice: str, use_gpu: bool) -> str:
         """The torch.distributed process-group backend its workers start with, for the run's `choice`."""
         return "nccl" if use_gpu else "gloo"
+
+    @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        """What of a lab run's config (scaling/config.py's tree, handed in: nothing here imports it) this
+        backend cannot run, one line each naming the key; the config's `validate` refuses the first of the
+        selected backend's. None here; the model's shape is the preflight's (scaling/train/backends/)."""
+        return []
 
     @classmethod
     def claims(cls, model, optimizer) -> bool:
@@ -107,7 +114,8 @@ class Backend:
         return 0.0
 
     def second_opinion(self, warmup_steps: int):
-        """The framework's own communication timers (`before_forward()`, `after_forward()`, `epoch_figures()`), or None."""
+        """The framework's own communication timers (`before_forward()`, `after_forward()`,
+        `epoch_figures()`), or None."""
         return None
 
     def compute_dtype(self) -> torch.dtype | None:

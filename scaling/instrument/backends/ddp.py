@@ -47,6 +47,15 @@ class DDPBackend(Backend):
         return choice if choice != "auto" else super().process_group(choice, use_gpu)
 
     @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        problems = super().config_problems(cfg)
+        if cls.process_group(cfg.backend, cfg.workers.use_gpu) == "nccl" and not cfg.workers.use_gpu:
+            problems.append("backend nccl needs workers.use_gpu: true")
+        if not cfg.instrument.ddp_bucket_cap_mb > 0:  # NaN too
+            problems.append(f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
+        return problems
+
+    @classmethod
     def claims(cls, model, optimizer) -> bool:
         return isinstance(model, DistributedDataParallel)
 

@@ -33,6 +33,17 @@ class HorovodBackend(Backend):
         self._timer: HorovodCommTimer | None = None
 
     @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        problems = super().config_problems(cfg)
+        if not cfg.instrument.horovod_fusion_threshold_mb >= 0:  # NaN too
+            problems.append(
+                f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}"
+            )
+        if not cfg.instrument.horovod_cycle_time_ms > 0:
+            problems.append(f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
+        return problems
+
+    @classmethod
     def claims(cls, model, optimizer) -> bool:
         return hasattr(optimizer, "_allreduce_grad_async") and hasattr(optimizer, "synchronize")
 
