@@ -671,7 +671,7 @@ def test_interference_stretches_backward_by_hand():
     assert sched.backward_s == pytest.approx(0.11)
     assert sched.exposed_s == pytest.approx(0.01)
     assert sched.interference_s == pytest.approx(0.01)
-    assert sched.ab_overhead_s == pytest.approx(0.02)
+    assert sched.exposed_s + sched.interference_s == pytest.approx(0.02)  # t_sync - t_no_sync of the lab's A/B
     assert sched.busy_s == pytest.approx(0.04)
     # no slowdown: exactly the plain bucket schedule
     plain = schedule_buckets([0.02, 0.1], [0.03, 0.01], backward_s=0.1)

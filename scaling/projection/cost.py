@@ -226,11 +226,6 @@ class Schedule:
         base = self.backward_s if self.compute_backward_s is None else self.compute_backward_s
         return max(0.0, self.backward_s - base)
 
-    @property
-    def ab_overhead_s(self) -> float:
-        """t_sync - t_no_sync of the lab's A/B: exposed communication + interference."""
-        return self.exposed_s + self.interference_s
-
 
 def schedule_buckets(ready_s: Sequence[float], cost_s: Sequence[float], backward_s: float) -> Schedule:
     """All-reduce the buckets in order, one at a time: start_k = max(ready_k, finish_{k-1})."""
