@@ -261,7 +261,7 @@ def contention_note(runs: list[dict]) -> str:
 
 class TreeCpu:
     """CPU time of process trees, from /proc, split into the training workers (Ray's
-    `ray::RayTrainWorker` actors; the plain launcher's spawned processes) and everything else
+    `ray::RayTrainWorker` actors; the plain launcher's processes, forked by its fork server) and everything else
     under the roots (the driver; a Ray head's GCS, raylet, dashboard, Train controller and helper
     actors), plus the whole machine's busy CPU (/proc/stat).
 
@@ -306,25 +306,32 @@ class TreeCpu:
         rest = stat[stat.rindex(")") + 2 :].split()
         return (int(rest[11]) + int(rest[12])) / cls.TICK  # utime + stime
 
-    @staticmethod
-    def kind(cmd: str) -> str:
-        return "train_workers" if cmd.startswith("ray::RayTrainWorker") or "spawn_main" in cmd else "other"
+    FORK_SERVER = "from multiprocessing.forkserver import main"
+
+    @classmethod
+    def kind(cls, cmd: str, parent_cmd: str = "") -> str:
+        """A training worker: Ray Train's actor, a spawned process, or a process a fork server forked
+        (the plain launcher's, scaling/launch/local.py: it carries the server's command line, and
+        its parent is the server); anything else is "other"."""
+        if cmd.startswith("ray::RayTrainWorker") or "spawn_main" in cmd:
+            return "train_workers"
+        return "train_workers" if cls.FORK_SERVER in cmd and cls.FORK_SERVER in parent_cmd else "other"
 
     def _discover(self) -> None:
-        todo, seen = list(self.roots), set()
+        todo, seen = [(root, "") for root in self.roots], set()
         while todo:
-            pid = todo.pop()
+            pid, parent_cmd = todo.pop()
             if pid in seen:
                 continue
             seen.add(pid)
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 for task in os.scandir(f"/proc/{pid}/task"):
-                    todo += [int(c) for c in Path(f"{task.path}/children").read_text().split()]
+                    todo += [(int(c), cmd) for c in Path(f"{task.path}/children").read_text().split()]
             except OSError:
                 continue
             if pid not in self.kinds or self.kinds[pid] == "other":  # the title of a Ray actor is set after start
-                self.kinds[pid] = self.kind(cmd)
+                self.kinds[pid] = self.kind(cmd, parent_cmd)
 
     def _run(self) -> None:
         count = 0

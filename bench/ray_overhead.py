@@ -6,9 +6,23 @@ Arms (each run is the CLI, a fresh process, exactly as a user types it):
   A "ray"    scaling run experiments/quickstart.yaml --launcher ray   --workers 2 --set ... --out DIR
   B "local"  scaling run experiments/quickstart.yaml --launcher local --workers 2 --set ... --out DIR
 with `train.target_accuracy=1.0` (every run trains `--epochs` epochs), `instrument.calibration_pairs=0`
-and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A ... (`--pairs`
-pairs; quick: `data.train_samples=2048` too); each records the mean number of runnable tasks while
-it ran (bench/benchlib.py `RunQueue`), to show contention.
+and `data.val_samples=512` (neither is inside `train_s`). Runs alternate A B B A ... (at least
+`--pairs` pairs; quick: `data.train_samples=2048` too); each records the mean number of runnable
+tasks while it ran (bench/benchlib.py `RunQueue`), to show contention.
+
+Why whole runs, and how they are judged. The other cost benchmarks interleave their arms' steps
+in the same processes (bench/instrumentation_overhead.py, bench/fsdp_overhead.py: the machine's
+speed moves from one stretch of seconds to the next, and steps taken turn about see the same
+stretches). Here the arms are two launchers: a process is started by one or the other, so the
+closest they can be is whole runs back to back, alternating A B B A so that a drift in the
+machine's speed falls on both arms alike. Each pair (adjacent runs) gives one ratio, and the
+verdict is the interval's, as in the step-interleaved benchmarks: the median pair ratio and its
+95% order-statistic (sign-test) interval (bench/benchlib.py `median_order_interval`: it holds for
+any spread of the ratios, a disturbed run included, and exists from 6 pairs on); "pass" when its
+upper end is <= 1.05, "miss" when its lower end is > 1.05, else "undecided: more pairs needed",
+in which case another pair runs, up to `--max-minutes` from the start. Ray's share of the step,
+(ray - local) / ray = 1 - 1 / ratio, is written beside it (`ray_share_of_step`), with the same
+interval.
 
 - Steady-state step time: per run, the median over the epochs after the first of `train_s / steps`
   (epochs.parquet). Headline: median over adjacent (ray, local) pairs of ray / local.
@@ -44,10 +58,11 @@ it ran (bench/benchlib.py `RunQueue`), to show contention.
   --head` until `ray status` and the dashboard answer. A run on a new cluster pays about this on
   top of the warm start-up.
 
-    .venv/bin/python bench/ray_overhead.py            # 4 pairs x 3 epochs (about 6.5 min here)
+    .venv/bin/python bench/ray_overhead.py
+        # 6 pairs x 3 epochs (about 4 min on 2 CPUs), more while a verdict is undecided, at most 25 min
     .venv/bin/python bench/ray_overhead.py --workers 1 --pairs 4   # a core left to Ray: ray_overhead_w1.json
     .venv/bin/python bench/ray_overhead.py --workers 1 --pin       # Ray on its own CPU: ray_overhead_w1_pinned.json
-    .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs
+    .venv/bin/python bench/ray_overhead.py --quick    # 1 pair x 2 epochs (no interval: a check that it runs)
 """
 
 from __future__ import annotations
@@ -71,7 +86,10 @@ from scaling.testbed.local_cluster import BIN, PrivateRayHead, ray_env
 
 NAME = "ray_overhead"
 DEFAULT_WORKERS = 2
-DEFAULT_PAIRS = 4  # 2 pairs gave 0.873 once and 4 pairs 1.113 the same afternoon: the pair spread is about +-15%
+# The fewest pairs with a 95% order-statistic interval of the median ratio (then [min, max]); pairs of
+# runs have spread about +-15% on a busy 2-CPU VM, so more are added while the verdict is undecided.
+DEFAULT_PAIRS = 6
+DEFAULT_MAX_MINUTES = 25.0
 STEP_BUDGET = 1.05
 SETTLE_S = 3.0  # after the head answers, before the first run: its start-up work (dashboard, agent) settles
 
@@ -124,7 +142,16 @@ def training_thread(epochs, global_batch: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs, one ray.init probe")
-    parser.add_argument("--pairs", type=int, help=f"A/B pairs (default {DEFAULT_PAIRS}; quick 1)")
+    parser.add_argument(
+        "--pairs", type=int, help=f"A/B pairs before the verdict is first judged (default {DEFAULT_PAIRS}; quick 1)"
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=DEFAULT_MAX_MINUTES,
+        help=f"while the step-time verdict is undecided, another pair runs unless it would end after this many "
+        f"minutes from the start (default {DEFAULT_MAX_MINUTES:g}; quick: no more pairs)",
+    )
     parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
     parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
     parser.add_argument(
@@ -144,7 +171,7 @@ def main() -> None:
     cpus = os.cpu_count() or 1
     if args.pin and args.workers >= cpus:
         parser.error(f"--pin leaves the last CPU to Ray: use --workers {cpus - 1} or fewer on this {cpus}-CPU machine")
-    pairs = args.pairs or (1 if args.quick else DEFAULT_PAIRS)
+    pairs = max(1, args.pairs or (1 if args.quick else DEFAULT_PAIRS))
     epochs = args.epochs or (2 if args.quick else 3)
     probes = args.init_probes if args.init_probes is not None else (1 if args.quick else 2)
     started, load_start = time.time(), bl.load_average()
@@ -169,7 +196,8 @@ def main() -> None:
         head.start()
         print(f"[{NAME}] private Ray head at {head.address} (up in {head.start_s:.1f} s)", flush=True)
         env = {**head.env, "RAY_ADDRESS": head.address}
-        for i, arm in enumerate(bl.abba(pairs, "ray", "local")):
+
+        def run_one(i: int, arm: str) -> None:
             run_dir = Path(tmp) / f"run{i:02d}-{arm}"
             command = [
                 *taskset,
@@ -184,7 +212,7 @@ def main() -> None:
                 "--out",
                 str(run_dir),
             ]
-            print(f"[{NAME}] run {i + 1}/{2 * pairs}: {arm}", flush=True)
+            print(f"[{NAME}] run {i + 1} (pair {i // 2 + 1}): {arm}", flush=True)
             log = Path(tmp) / f"run{i:02d}-{arm}.log"
             with open(log, "w") as out, bl.RunQueue() as rq, bl.TreeCpu([head.process.pid]) as cpu:
                 launch_unix = time.time()
@@ -228,6 +256,36 @@ def main() -> None:
                 f"{steady['cores']})",
                 flush=True,
             )
+
+        def undecided() -> bool:
+            """Whether a verdict by the order-statistic interval over the pairs so far is still open."""
+            verdicts = [
+                bl.interval_verdict(
+                    *bl.median_order_interval(a / b for a, b in bl.adjacent_pairs(seq, "ray", "local") if a and b),
+                    STEP_BUDGET,
+                )
+                for seq in (sequence_step, sequence_cpu)
+            ]
+            return bl.UNDECIDED in verdicts
+
+        measured, pairs_started = 0, time.time()
+        while True:
+            if measured >= pairs:
+                if args.quick or not undecided():
+                    break
+                elapsed, per_pair = time.time() - started, (time.time() - pairs_started) / measured
+                if elapsed + per_pair > 60 * args.max_minutes:
+                    print(
+                        f"[{NAME}] undecided after {measured} pairs, and one more would end after "
+                        f"{args.max_minutes:g} min: stopping",
+                        flush=True,
+                    )
+                    break
+            # A B, then B A: over two pairs each arm runs first and second once (ABBA)
+            for arm in ("ray", "local") if measured % 2 == 0 else ("local", "ray"):
+                run_one(len(runs), arm)
+            measured += 1
+        pairs = measured
     finally:
         head.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -295,6 +353,7 @@ def main() -> None:
             STEP_BUDGET,
             "ray / local <= 1.05",
             pair_ratios=step_pairs,
+            decided_by_interval=True,
             note=f"{where}; ratio of arm medians {bl.ratio(step_a, step_b):.3f}; pair ratios "
             f"{', '.join(f'{r:.3f}' for r in step_pairs)}; {bl.contention_note(runs)}",
         ),
@@ -310,6 +369,7 @@ def main() -> None:
             STEP_BUDGET,
             "the step-time budget, applied to CPU time (little moved by other jobs)",
             pair_ratios=cpu_pairs,
+            decided_by_interval=True,
             note=f"{where}; /proc CPU time of the training worker processes in the epochs after the first, training "
             f"only; pair ratios {', '.join(f'{r:.3f}' for r in cpu_pairs)}",
         ),
@@ -360,6 +420,20 @@ def main() -> None:
             f"`ray start --head` until `ray status` and the dashboard answered took {head.start_s:.1f} s",
         ),
     ]
+    step_row = comparisons[0]
+
+    def share(ratio_value):
+        return None if ratio_value is None else 1.0 - 1.0 / ratio_value
+
+    # Ray's share of the step under Ray: (ray - local) / ray, a monotone function of the ratio, so
+    # the ratio's interval maps onto it end to end.
+    ray_share_of_step = {
+        "median": share(step_row["ratio"]),
+        "lo": share(step_row["ratio_lo"]),
+        "hi": share(step_row["ratio_hi"]),
+        "definition": "(ray - local) / ray steady-state step time = 1 - 1 / ratio, at the median pair ratio and at "
+        "the ends of its 95% order-statistic interval",
+    }
     cli = (
         " ".join(taskset + [""])
         + f".venv/bin/scaling run {args.config} --workers {args.workers} "
@@ -387,6 +461,8 @@ def main() -> None:
         "for Ray it includes the driver's connection to the warm cluster, the Train controller and "
         "worker-group creation (worker actors, torch process group)",
         step_pair_ratios=step_pairs,
+        ray_share_of_step=ray_share_of_step,
+        max_minutes=args.max_minutes,
         startup_pair_ratios=start_pairs,
         ray_head={
             "start_s": head.start_s,
