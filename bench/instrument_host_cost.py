@@ -46,7 +46,7 @@ step records are resolved into rows at the epoch's end, off the steps' path (on 
 device is idle): that work is measured after the blocks, per step recorded (`resolve_us_per_step`,
 no budget); the table also gives what the instrument measured of itself (`self_reported_us`, the
 summary's `instrument_host_s`).
-Run: `.venv/bin/python bench/instrument_host_cost.py` (about 2 to 5 minutes on a 2-core machine).
+Run: `.venv/bin/python bench/instrument_host_cost.py` (about 5 minutes on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ INSTANCES = 3
 STEP_BUDGET_US, BUCKET_BUDGET_US = 250.0, 10.0
 
 LAB_EPOCHS, LAB_STEPS_PER_EPOCH = 8, 96  # per run; each run's first epoch is left out
-FSDP_BLOCKS = 48
+FSDP_BLOCKS = 96
 
 
 def lab_model(num_classes: int):
@@ -250,7 +250,7 @@ def measure_fsdp(blocks: int) -> tuple[list[dict], dict]:
 
 # --- the trainers' callbacks --------------------------------------------------------------------------------------
 
-TRAINER_PAIRS, TRAINER_STEPS, TRAINER_SKIPPED = 12, 200, 20  # pairs of runs; steps per run; first steps left out
+TRAINER_PAIRS, TRAINER_STEPS, TRAINER_SKIPPED = 24, 400, 20  # pairs of runs; steps per run; first steps left out
 
 
 def _step_clock(kind: str):
