@@ -2,9 +2,10 @@
 
 One pair of spawned processes runs every case of tests/trainer_jobs.py (a tiny GPT-2 through the
 Hugging Face Trainer, a tiny classifier through Lightning's DDP strategy and through its
-ModelParallelStrategy with FSDP2, and examples/trainers/accelerate_job.py's Accelerate loop; each with dropout, 2 micro-batches per optimizer step, 6 optimizer
-steps), without the callback, with it, and with a delay D injected into every synchronised
-all-reduce (FSDP2: into each backward's last reduce-scatter). What is proven, for each trainer:
+ModelParallelStrategy with FSDP2, each with dropout, 2 micro-batches per optimizer step, 6
+optimizer steps; and examples/trainers/accelerate_job.py's Accelerate loop), without the callback,
+with it, and with a delay D injected into every synchronised all-reduce (FSDP2: into each
+backward's last reduce-scatter). What is proven, for each trainer:
 - **nothing changes in the training**: the trained parameters are the same, bit for bit, with and
   without the callback (the HF one runs its A/B calibration on the Trainer's own batches);
 - **a step is an optimizer step** with the trainer's accumulation: 6 step records per rank, each

@@ -18,8 +18,8 @@ call them and mark each collective (`BucketMarks`, one per collective: `kind`, `
 the steps the meter samples (`collective_timing_every`, as DDP's buckets): on the others FSDP's
 own objects and wait methods are back in place (`ShardedCommTimer.set_timed`), so the instrument
 runs no Python per collective, or, with a ground-truth delay to hold, the timed objects call
-through unmarked; the step's communication columns are empty. The timer books its own Python around each marked
-collective into the step's `instrument_host_s`.
+through unmarked; the step's communication columns are empty. The timer books its own Python
+around each marked collective into the step's `instrument_host_s`.
 - CPU (gloo): FSDP calls both synchronously (`async_op=False`) on the training thread, so the
   marks before and after the call are its true start and end, and the thread computed nothing
   in between. An asynchronous unshard (`FSDPModule.unshard(async_op=True)`) returns a Work; its
@@ -490,7 +490,8 @@ class ShardedCommTimer:
         return backward or self._training_forward
 
     def _delay(self, marks: BucketMarks | None) -> None:
-        """The ground truth's delay, inside the collective's call (module docstring); `marks` None: an untimed step's."""
+        """The ground truth's delay, inside the collective's call (module docstring); `marks` None: an
+        untimed step's."""
         before = self.clock.mark() if marks is not None else None
         if self.clock.cuda:
             torch.cuda._sleep(self.spin_cycles)  # device work on the collective's stream
