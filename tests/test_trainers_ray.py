@@ -25,7 +25,8 @@ pytest.importorskip("lightning")
 
 SWEEP = REPO / "examples" / "trainers" / "hf_sweep.yaml"
 JOBS = {
-    "hf": ["train.max_epochs=1", "train.function_config.num_train=256"],
+    # two epochs: the second epoch's first step fetches its batches after the first epoch's evaluation
+    "hf": ["train.max_epochs=2", "train.function_config.num_train=128"],
     "lightning": [
         "train.function=examples.trainers.lightning_job:train_func",
         "train.max_epochs=1",
@@ -65,6 +66,8 @@ def test_the_hf_trainer_under_ray_train_gets_tokens_mfu_and_its_token_all_gather
     run_dir, summary = runs["hf"]
     assert summary["throughput_tokens_per_s"] > 0 and summary["mfu"] > 0
     train = pd.read_parquet(run_dir / "steps.parquet").query("kind == 'train'")
+    # one per optimizer step, the second epoch's first step too (its fetch follows an evaluation)
+    assert set(train["epoch"]) == {1, 2}
     assert (train["token_allgathers"] == 1).all() and summary["token_allgather_s"] > 0
 
 

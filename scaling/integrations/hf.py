@@ -119,7 +119,7 @@ class ScalingCallback(TrainerCallback):
     # --- what the callback wraps on the Trainer (instance attributes, removed at the end) ----------
 
     def _wrap_trainer(self, trainer: Trainer, keep: int) -> None:
-        training_step, count_items = trainer.training_step, trainer._get_num_items_in_batch
+        training_step, fetch_batches = trainer.training_step, trainer.get_batch_samples
         gather = trainer.accelerator.gather
 
         def counted_training_step(model, inputs, *args, **kwargs):
@@ -129,11 +129,13 @@ class ScalingCallback(TrainerCallback):
                 self._calibration_batches.append(inputs)
             return training_step(model, inputs, *args, **kwargs)
 
-        def timed_count(*args, **kwargs):
-            # the training's count (an evaluation's prediction_step counts too, with the model in eval mode)
-            self._counting_tokens = trainer.model.training
+        def fetching(*args, **kwargs):
+            # the training loop's fetch of a step's micro-batches, where it counts their tokens (an evaluation's
+            # prediction_step counts too, not through here); not the model's mode, which an epoch's first fetch
+            # finds in eval after the previous epoch's evaluation
+            self._counting_tokens = True
             try:
-                return count_items(*args, **kwargs)
+                return fetch_batches(*args, **kwargs)
             finally:
                 self._counting_tokens = False
 
@@ -146,13 +148,13 @@ class ScalingCallback(TrainerCallback):
             finally:
                 self.meter.record_job_collective("token_allgather", time.perf_counter() - start)
 
-        trainer.training_step, trainer._get_num_items_in_batch = counted_training_step, timed_count
+        trainer.training_step, trainer.get_batch_samples = counted_training_step, fetching
         trainer.accelerator.gather = timed_gather
 
     def _unwrap_trainer(self) -> None:
         for owner, name in (
             (self._trainer, "training_step"),
-            (self._trainer, "_get_num_items_in_batch"),
+            (self._trainer, "get_batch_samples"),
             (self._trainer.accelerator, "gather"),
         ):
             owner.__dict__.pop(name, None)
