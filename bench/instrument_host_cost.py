@@ -224,13 +224,7 @@ def measure_fsdp(blocks: int) -> tuple[list[dict], dict]:
 
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     FSDPBackend.communicates_alone = True
-    jobs = {}
-    for size in SIZES:
-        for arm in ARMS:
-            for instance in range(INSTANCES):
-                model, optimizer, meter = build_fsdp(size, arm)
-                batches = meter.batches(itertools.count()) if meter else itertools.count()
-                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
+    jobs = make_jobs(build_fsdp)
     windows = run_blocks(jobs, ARMS, blocks, "fsdp")
     records = {}
     for (size, arm, instance), (_, _, _, meter) in jobs.items():
@@ -363,6 +357,19 @@ def measure_trainers(pairs: int) -> dict:
                 )
             out[kind] = (extra, bl.median(bare_steps))
     return out
+
+
+def make_jobs(build_job) -> dict:
+    """(size, arm, instance) -> (model, optimizer, batches, meter) of `build_job(size, arm)`, `INSTANCES` of each.
+    One epoch per job, as long as the benchmark: a job's per-epoch work is not a per-step cost."""
+    jobs = {}
+    for size in SIZES:
+        for arm in ARMS:
+            for instance in range(INSTANCES):
+                model, optimizer, meter = build_job(size, arm)
+                batches = meter.batches(itertools.count()) if meter else itertools.count()
+                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
+    return jobs
 
 
 def run_blocks(jobs: dict, arms: tuple[str, ...], blocks: int, label: str) -> bl.StepWindows:
@@ -523,14 +530,7 @@ def main() -> int:
 
 def measure_attach(blocks: int) -> tuple[list[dict], list[dict]]:
     """The DDP part: every (buckets, arm) job in this process on its 1-rank gloo group; its table and verdicts."""
-    jobs = {}
-    for size in SIZES:
-        for arm in ARMS:
-            for instance in range(INSTANCES):
-                model, optimizer, meter = build(size, arm)
-                # one epoch per job, as long as the benchmark: a job's per-epoch work is not a per-step cost
-                batches = meter.batches(itertools.count()) if meter else itertools.count()
-                jobs[(size, arm, instance)] = (model, optimizer, batches, meter)
+    jobs = make_jobs(build)
     windows = run_blocks(jobs, ARMS, blocks, "attach")
     resolve_us, self_reported_us = {}, {}  # (size, arm) -> per step recorded
     for (size, arm, instance), (_, _, _, meter) in jobs.items():
