@@ -301,3 +301,27 @@ def test_failed_run_leaves_failed_summary(ray_connected, tmp_path):
     assert "injected failure at step 10" in summary["error"]
     assert summary["epochs_run"] == 1  # epoch 1 (steps 0-7) was recorded before the failure
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_head_the_lab_starts_itself_is_in_token_mode_as_ray_sees_it(tmp_path):
+    # Ray reads RAY_AUTH_MODE when imported; setting it later without a refresh left ray.init in disabled mode
+    # (no token made) while the GCS it started read token mode and died on a machine without ~/.ray/auth_token.
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import ray\n"
+        "from ray._raylet import AuthenticationMode, get_authentication_mode\n"
+        "from scaling.launch.ray_train import decide_own_head_auth\n"
+        "decide_own_head_auth()\n"
+        "print(get_authentication_mode() == AuthenticationMode.TOKEN)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
+    seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=REPO)
+    assert seen.stdout.strip() == "True", seen.stderr
+    caller = subprocess.run(
+        [sys.executable, "-c", probe], env=env | {"RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, cwd=REPO
+    )
+    assert caller.stdout.strip() == "False", caller.stderr  # a caller's setting wins

@@ -66,6 +66,24 @@ def starts_own_head(address: str | None) -> bool:
     return canonicalize_bootstrap_address(address) is None
 
 
+def decide_own_head_auth() -> None:
+    """The setting of a head the lab starts itself: token authentication, Ray 2.60's default for such heads,
+    set explicitly so that Ray does not open every run with a warning about its default. A caller's
+    RAY_AUTH_MODE wins (the tests' private heads: disabled)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    # Ray read its configuration when it was imported: refreshed, so that ray.init sees token mode and creates
+    # ~/.ray/auth_token where none exists (else its GCS starts in token mode with no token, and dies: a machine
+    # that never ran Ray). What Ray's own default does (ray/_private/authentication/authentication_token_setup.py).
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except (ImportError, AttributeError):  # another Ray version: its own default applies
+        pass
+
+
 def connect(log_to_driver: bool = True) -> None:
     """Attach to (or start) the Ray cluster; one clear error when it cannot be reached."""
     import ray
@@ -76,10 +94,7 @@ def connect(log_to_driver: bool = True) -> None:
     address = os.environ.get("RAY_ADDRESS")
     check_reachable(address)
     if starts_own_head(address):
-        # The lab decides the setting of a head it starts itself: token authentication, Ray 2.60's
-        # default for such heads, set explicitly so that Ray does not open every run with a warning
-        # about its default. A caller's RAY_AUTH_MODE wins (the tests' private heads: disabled).
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        decide_own_head_auth()
     try:
         ray.init(
             address=address,
