@@ -951,6 +951,9 @@ class StepMeter:
             "bytes_method": traffic["method"],
             **flops.device_roofs(self.device, self._precision, threads, measure=self.rank == 0),
         }
+        units = self.backend.sharded_units()
+        if units:
+            profile["sharded_units"] = [list(unit) for unit in units]
         self.recorder.flops_per_sample = profile["train_flops"]
         self.recorder.write_json(COMPUTE_PROFILE_JSON, profile)
 

@@ -12,7 +12,8 @@ cluster presets and the overlap and FSDP schedules every other projection uses. 
 
 - **the model's size**: compute_profile.json's `parameters` (trainable) and, per FSDP2 unit, the
   run's collectives.parquet (`reduce_scatter` bytes per module: the unit's gradients; their issue
-  order is the units' order). DDP buckets: DDP's own assignment (layers.py) over the gradients in
+  order is the units' order), or, where it issued none (FSDP2 on one worker), compute_profile.json's
+  `sharded_units` (each `fully_shard`ed module's parameters, as the instrument found them). DDP buckets: DDP's own assignment (layers.py) over the gradients in
   equal tensors of at most 1 MiB, each ready in proportion to its bytes through backward, unless the
   run wrote buckets.parquet (measured bytes and ready times). FSDP2 compute per unit is split in
   proportion to its parameters. A run without FSDP2 records needs `fsdp_units` (its blocks, split evenly).
@@ -56,6 +57,7 @@ from scaling.projection.compute import (
     TRANSFORMER_MFU,
     StepCompute,
     adamw_estimate_s,
+    compute_from_concurrent_runs,
     compute_from_run,
 )
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, MIB
@@ -116,10 +118,18 @@ def _fsdp_units(run, profile: dict, reduce_bytes: int, fsdp_units: int | None) -
             f"{len(units)} FSDP2 units and their parameters from the run's collectives.parquet "
             f"(reduce-scatter bytes per module / {reduce_bytes} bytes per gradient element)"
         )
+    recorded = profile.get("sharded_units")
+    if recorded and fsdp_units is None:
+        # a run that issued no collectives (FSDP2 on one worker): the units as the instrument found them
+        units = [(str(unit[0]), int(unit[1])) for unit in recorded]
+        return units, (
+            f"{len(units)} FSDP2 units and their parameters from the run's compute_profile.json "
+            "sharded_units (the run issued no collectives)"
+        )
     if fsdp_units is None:
         raise UsageError(
-            f"{run}: no FSDP2 per-module records (collectives.parquet); give --fsdp-units N (the "
-            "model's blocks, each sharded) to split its parameters evenly"
+            f"{run}: no FSDP2 per-module records (collectives.parquet, compute_profile.json sharded_units); "
+            "give --fsdp-units N (the model's blocks, each sharded) to split its parameters evenly"
         )
     if not (isinstance(fsdp_units, int) and fsdp_units >= 1):
         raise UsageError(f"--fsdp-units must be a positive integer, got {fsdp_units!r}")
@@ -189,6 +199,21 @@ def run_layer_table(
     return table, units_source
 
 
+def reshard_policy(units: list | None) -> str | None:
+    """run_projection's `reshard_after_forward` for the units an instrument recorded ([module, parameters,
+    resharded], the root first); None where they do not say, or say a policy it has no name for."""
+    if not units or any(len(unit) < 3 for unit in units):
+        return None
+    root, blocks = bool(units[0][2]), [bool(unit[2]) for unit in units[1:]]
+    if all(blocks):
+        return "all-and-root" if root else "all"
+    if not root and not any(blocks):
+        return "none"
+    if not root and blocks and not blocks[-1] and all(blocks[:-1]):
+        return "all-but-last"
+    return None
+
+
 def _same_device(run_device: str | None, target: str | None) -> bool:
     """Whether the run's GPU (its name as CUDA reports it) is the cluster's device (a devices.yaml key)."""
     return bool(run_device and target) and match_device(run_device) == target
@@ -196,6 +221,7 @@ def _same_device(run_device: str | None, target: str | None) -> bool:
 
 def _target_compute(
     run,
+    concurrent: list,
     summary: dict,
     profile: dict,
     steps: pd.DataFrame,
@@ -203,9 +229,10 @@ def _target_compute(
     precision: str | None,
     compute_ms: float | None,
     mfu: float | None,
+    same_device: bool,
 ) -> tuple[StepCompute, list[tuple[str, str, str]]]:
     """One GPU's step on the target, and (parameter, value, set by) for each of its parts."""
-    base = compute_from_run(run)
+    base = compute_from_concurrent_runs(concurrent) if len(concurrent) > 1 else compute_from_run(run)
     hardware = summary.get("hardware") or {}
     run_device = hardware.get("gpu_name")
     means = {k: float(steps[k].mean()) for k in ("data_s", "forward_s", "backward_compute_s", "optimizer_s")}
@@ -213,24 +240,29 @@ def _target_compute(
     measured_on = run_device or hardware.get("cpu_model") or "an unknown device"
     params = [("data wait", f"{1e3 * means['data_s']:.2f} ms", f"the run's data_s (mean of {len(steps)} steps)")]
     spec = load_devices().get(cluster.device) or {} if cluster.device else {}
-    same = _same_device(run_device, cluster.device) and compute_ms is None and mfu is None
+    same = (same_device or _same_device(run_device, cluster.device)) and compute_ms is None and mfu is None
     if same:
         if precision is not None and normalize_precision(precision) != base.precision:
             raise UsageError(
                 f"the run ran at {base.precision} on {run_device}; --precision {precision} needs another run"
             )
-        compute = replace(
-            base,
-            data_s=means["data_s"],
-            forward_s=means["forward_s"],
-            backward_s=means["backward_compute_s"],
-            optimizer_s=means["optimizer_s"],
-        )
+        if len(concurrent) > 1:  # the phases over the epochs every run trained in (compute.py)
+            compute = base
+            params[0] = ("data wait", f"{1e3 * base.data_s:.2f} ms", base.source)
+            params.append(("straggler wait", f"{1e3 * base.straggler_s:.2f} ms", base.source))
+        else:
+            compute = replace(
+                base,
+                data_s=means["data_s"],
+                forward_s=means["forward_s"],
+                backward_s=means["backward_compute_s"],
+                optimizer_s=means["optimizer_s"],
+            )
         params += [
             (
                 "forward + backward compute",
                 f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
-                f"the run's forward_s and backward_s less exposed_comm_s, measured on {run_device} (the target's "
+                f"the run's forward_s and backward_s less exposed_comm_s, measured on {measured_on} (the target's "
                 f"device)",
             ),
             ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s"),
@@ -343,13 +375,18 @@ def project_run(
     mfu: float | None = None,
     precision: str | None = None,
     fsdp_units: int | None = None,
+    same_device: bool = False,
     **kwargs,
 ) -> pd.DataFrame:
     """run_projection's rows for the run's job (module docstring), with `<figure>_lo` / `_hi` columns.
 
-    run: its RunDir. gpus: GPU counts (a count up to a node's GPUs stays in one node). backend: ddp or
+    run: its RunDir, or the RunDirs of one-worker runs of the job made at the same time, one per
+    node (their compute under each other's load, and the wait for the slower one they measure:
+    compute.compute_from_concurrent_runs; their steps pooled for the interval). gpus: GPU counts (a count up to a node's GPUs stays in one node). backend: ddp or
     fsdp. compute_ms, mfu, precision: how the compute transfers to the target (module docstring).
-    fsdp_units: blocks to split the model into where the run has no FSDP2 records. kwargs go to
+    fsdp_units: blocks to split the model into where the run has no FSDP2 records. same_device: the
+    cluster's workers are the run's own device (a minicluster of the machine it ran on), so its
+    compute and jitter are taken as measured, whatever the cluster's device. kwargs go to
     run_projection (bucket_cap_mb, reshard_after_forward, fsdp_reduce_dtype, ...).
     """
     from scaling.projection.project import run_projection
@@ -358,14 +395,18 @@ def project_run(
         raise UsageError(f"a run's projection has backends {', '.join(BACKENDS)}, got {backend!r}")
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
+    concurrent = list(run) if isinstance(run, (list, tuple)) else [run]
+    run = concurrent[0]
     try:
         summary = run.summary()
     except (OSError, ValueError):
         raise UsageError(f"{run}: no readable summary.json (give a finished run directory)") from None
     profile = _profile(run)
     workers = int(summary.get("num_workers") or 1)
-    steps = _steps(run, workers)
-    compute, parameters = _target_compute(run, summary, profile, steps, cluster, precision, compute_ms, mfu)
+    steps = pd.concat([_steps(r, workers) for r in concurrent], ignore_index=True)
+    compute, parameters = _target_compute(
+        run, concurrent, summary, profile, steps, cluster, precision, compute_ms, mfu, same_device
+    )
     reduce_dtype = kwargs.get("fsdp_reduce_dtype") or summary.get("fsdp_reduce_dtype") or "fp32"
     table, units_source = run_layer_table(
         run,
@@ -402,7 +443,7 @@ def project_run(
     if (
         compute_ms is None
         and mfu is None
-        and _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device)
+        and (same_device or _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device))
     ):
         cluster = replace(cluster, step_jitter_cv=cv)
         parameters.append(
@@ -421,8 +462,14 @@ def project_run(
             )
         )
     reshard = summary.get("fsdp_reshard_after_forward")
-    if backend == "fsdp" and "reshard_after_forward" not in kwargs and reshard is not None:
-        kwargs["reshard_after_forward"] = "all" if reshard else "none"
+    if backend == "fsdp" and "reshard_after_forward" not in kwargs:
+        if reshard is not None:  # the lab's loop: its config's fsdp.reshard_after_forward
+            kwargs["reshard_after_forward"] = "all" if reshard else "none"
+        elif policy := reshard_policy(profile.get("sharded_units")):
+            kwargs["reshard_after_forward"] = policy
+            parameters.append(
+                ("resharded after forward", policy, "compute_profile.json sharded_units, each unit's as FSDP2 ran it")
+            )
     if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in ("fp32", "bf16"):
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
     kwargs.setdefault("activation_checkpointing", "none")
@@ -449,7 +496,7 @@ def project_run(
             f"{len(steps)} steady-state steps' compute over their mean",
         )
     )
-    df.attrs.update(parameters=parameters, run=str(run), tokens=table["seq_len"] > 1)
+    df.attrs.update(parameters=parameters, run=", ".join(map(str, concurrent)), tokens=table["seq_len"] > 1)
     return df
 
 

@@ -123,6 +123,13 @@ class Backend:
         the parameters' own, or autocast's, which the meter sees itself."""
         return None
 
+    def sharded_units(self) -> list[tuple[str, int, bool]] | None:
+        """(module, parameters, resharded after forward) of each unit the backend shards and gathers
+        as one (FSDP2's `fully_shard`ed modules, the root first); None: nothing is sharded. Recorded in
+        compute_profile.json, so a projection knows the units of a run that issued no collectives
+        (FSDP2 on one worker)."""
+        return None
+
     def observed_backend(self) -> str:
         """The communication backend a run's records name (job.json, summary.json)."""
         return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"

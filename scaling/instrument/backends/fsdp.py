@@ -207,6 +207,18 @@ class FSDPBackend(Backend):
         dtypes = {group.mp_policy.param_dtype for group in self._groups()} - {None}
         return dtypes.pop() if len(dtypes) == 1 else None
 
+    def sharded_units(self) -> list[tuple[str, int, bool]]:
+        # labelled as the timer labels the units' collectives (collectives.parquet's `module`); read
+        # after the first forward, when FSDP has decided that the root keeps its parameters
+        units = []
+        for name, module in _fsdp_modules(self.model):
+            groups = _param_groups(module) or []
+            for i, group in enumerate(groups):
+                label = (name or "root") + (f"[{i}]" if len(groups) > 1 else "")
+                params = sum(p._orig_size.numel() for p in group.fsdp_params)
+                units.append((label, params, group.post_forward_mesh_info is not None))
+        return sorted(units, key=lambda unit: unit[0] != "root")
+
     def gradients_cleared(self) -> bool:
         # accumulating without synchronisation, FSDP keeps the gradients on its unsharded
         # parameters: the sharded one's .grad stays None until a reduce-scatter
