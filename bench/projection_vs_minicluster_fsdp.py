@@ -148,10 +148,10 @@ def _tc(namespace: str, *args: str) -> str:
     return result.stdout
 
 
-def cap_links(cap: str | None) -> str:
-    """Every node's egress capped at `cap` with a LINK_BURST_BYTES token bucket (None: uncapped); returns
-    node 0's qdisc as tc shows it."""
-    cluster = mc.set_bandwidth(cap, NAME)  # the testbed's cap first: the cluster's state records it for the runs
+def cap_links(cap: str | None, name: str = NAME) -> str:
+    """Every node's egress of cluster `name` capped at `cap` with a LINK_BURST_BYTES token bucket (None:
+    uncapped); returns node 0's qdisc as tc shows it."""
+    cluster = mc.set_bandwidth(cap, name)  # the testbed's cap first: the cluster's state records it for the runs
     if cap is None:
         return "uncapped"
     for node in cluster.nodes:

@@ -106,6 +106,10 @@ def test_every_collective_is_recorded_per_module_and_pass(world):
     ).abs().max() < 1e-9
     assert (train["exposed_comm_s"] <= train["forward_s"] + train["backward_s"] + 1e-9).all()
     assert (train["allgather_busbw_bytes_per_s"] > 0).all() and (train["reducescatter_busbw_bytes_per_s"] > 0).all()
+    # the units as a projection reads them where a run issued no collectives: the root (keeping its
+    # parameters after forward) first, then each block (resharded), as the collectives name them
+    units = json.loads((run_dir / "compute_profile.json").read_text())["sharded_units"]
+    assert units == [["root", root // 4, False]] + [[f"blocks.{i}", block // 4, True] for i in range(BLOCKS)]
     # the A/B's no_sync half all-gathers as a synchronised one and reduce-scatters nothing. The
     # evaluation's forward after training (no_grad, eval mode) is not recorded; FSDP keeps the root
     # gathered after it, and the window reshards it (the job's gradients are on the sharded

@@ -231,6 +231,14 @@ def test_fit_alpha_beta_recovers_alpha_and_beta():
         fit_alpha_beta([1e6, 2e6], [1e-3, 1e-3], 1)
     with pytest.raises(UsageError, match="do not grow"):
         fit_alpha_beta([1e6, 2e6, 4e6], [3e-3, 2e-3, 1e-3], 4)
+    # an all-gather: half a ring all-reduce's steps and bytes, (n-1) alpha + (n-1)/n S / bandwidth
+    gathers = [reduce_scatter_s(s, n, alpha, bandwidth) for s in sizes]
+    gather = fit_alpha_beta(sizes, gathers, n, collective="all_gather")
+    assert gather.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert gather.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=1e-6)
+    assert gather.predict_s(sizes[5]) == pytest.approx(gathers[5])
+    with pytest.raises(UsageError, match="collective"):
+        fit_alpha_beta(sizes, gathers, n, collective="broadcast")
 
 
 def test_projection_from_fitted_alpha_beta():

@@ -173,3 +173,77 @@ def test_the_cli_prints_the_curve_with_intervals_and_the_sources(tmp_path, capsy
     assert '"step_s_lo"' in capsys.readouterr().out
     assert cli.main(["project", str(tmp_path / "nothing"), "--cluster", "p5.48xlarge", "--gpus", "8"]) == 2
     assert "summary.json" in capsys.readouterr().err
+
+
+def _one_worker_fsdp_run(path, seed=0):
+    """A 1-worker FSDP2 run: no collectives, its units as the instrument records them (compute_profile.json
+    `sharded_units`: module, parameters, resharded after forward), on a CPU whose copy bandwidth it measured."""
+    run = _job_run(path, seed=seed)
+    profile = run.compute_profile()
+    profile["sharded_units"] = [["root", 2_000_000, False]] + [[f"layers.{i}", 3_000_000, True] for i in range(4)]
+    profile["mem_bytes_per_s"] = 40e9
+    write_json_atomic(path / COMPUTE_PROFILE_JSON, profile)
+    summary = run.summary()
+    summary.update(backend="gloo", fsdp_reshard_after_forward=None, fsdp_reduce_dtype=None)
+    write_json_atomic(path / SUMMARY_JSON, summary)
+    # two epochs of training, 20 s each, from a shared clock: runs made at the same time overlap
+    write_parquet_atomic(
+        path / EPOCHS_PARQUET,
+        pd.DataFrame(
+            {
+                "epoch": [1, 2],
+                "samples": [BATCH * 20] * 2,
+                "train_s": [20.0, 20.0],
+                "first_step_unix": [1_000.0, 1_000.0],
+                "elapsed_wall_s": [20.0, 40.0],
+            }
+        ),
+    )
+    return RunDir(path)
+
+
+def test_a_one_worker_fsdp2_run_projects_onto_a_minicluster_of_its_own_machine(tmp_path):
+    from scaling.projection.compute import jitter_straggler_s
+    from scaling.projection.from_run import reshard_policy
+    from scaling.projection.project import cluster_from_alpha_beta
+
+    run = _one_worker_fsdp_run(tmp_path / "solo")
+    cluster = cluster_from_alpha_beta(0.0, 12.5e6, gpus_per_node=1)  # 100 Mbit/s, no device: the run's own CPU
+    with pytest.raises(UsageError, match="--mfu"):  # another device's compute is not the run's
+        project_run(run, cluster, [2], backend="fsdp")
+    df = project_run(run, cluster, [1, 2], backend="fsdp", same_device=True, fsdp_process_group="gloo")
+    said = {name: (value, source) for name, value, source in df.attrs["parameters"]}
+    assert "sharded_units" in said["FSDP units"][0] and said["resharded after forward"][0] == "all"
+    steps = run.steps()
+    steps = steps[~steps["warmup"]]
+    assert df["forward_s"].iloc[0] == pytest.approx(steps["forward_s"].mean())  # measured, not transferred
+    # the optimizer's bytes shrink with the shards, its per-tensor remainder does not
+    moved = 28 * PARAMETERS / 40e9
+    assert df["optimizer_s"].iloc[1] == pytest.approx(0.01 - moved + moved / 2)
+    # gloo: each of the step's K collectives waits for the slower rank: sqrt(K) x the step's wait
+    compute = steps["data_s"].mean() + steps["forward_s"].mean() + steps["backward_s"].mean()
+    cv = float((steps["data_s"] + steps["forward_s"] + steps["backward_s"] + steps["optimizer_s"]).std())
+    cv /= float((steps["data_s"] + steps["forward_s"] + steps["backward_s"] + steps["optimizer_s"]).mean())
+    collectives = int(df["num_buckets"].iloc[1])
+    assert collectives == 5 + 4 + 5  # all-gathers, re-gathers of the 4 resharded blocks, reduce-scatters
+    expected_wait = jitter_straggler_s(compute, cv, 2) * collectives**0.5
+    assert df["straggler_s"].iloc[1] == pytest.approx(expected_wait, rel=1e-6)
+    # an all-gather measured apart at half the all-reduce's bus bandwidth takes twice as long
+    slow = cluster_from_alpha_beta(0.0, 12.5e6, gpus_per_node=1, allgather_alpha_s=0.0, allgather_bytes_per_s=6.25e6)
+    halved = project_run(run, slow, [1, 2], backend="fsdp", same_device=True, fsdp_process_group="gloo")
+    assert halved["allgather_s"].iloc[1] == pytest.approx(2 * df["allgather_s"].iloc[1])
+    assert halved["reducescatter_s"].iloc[1] == pytest.approx(df["reducescatter_s"].iloc[1])
+
+    # two 1-worker runs made at the same time: their compute under each other's load and the wait they measure
+    pair = [_one_worker_fsdp_run(tmp_path / f"pair{i}", seed=1 + i) for i in range(2)]
+    both = project_run(pair, cluster, [1, 2], backend="fsdp", same_device=True, fsdp_process_group="gloo")
+    said = {name: (value, source) for name, value, source in both.attrs["parameters"]}
+    assert "2 concurrent 1-worker runs" in said["straggler wait"][1]
+    assert "pair0" in both.attrs["run"] and "pair1" in both.attrs["run"]
+
+    assert reshard_policy([["root", 1, False], ["a", 1, True], ["b", 1, True]]) == "all"
+    assert reshard_policy([["root", 1, True], ["a", 1, True]]) == "all-and-root"
+    assert reshard_policy([["root", 1, False], ["a", 1, True], ["b", 1, False]]) == "all-but-last"
+    assert reshard_policy([["root", 1, False], ["a", 1, False]]) == "none"
+    assert reshard_policy([["root", 1, True], ["a", 1, False]]) is None
+    assert reshard_policy([["root", 1]]) is None

@@ -300,8 +300,17 @@ class StepMeter:
                 f"inject_comm_delay_into={settings.inject_comm_delay_into!r} is not offered by "
                 f"{self.backend.wraps} (it offers {', '.join(self.backend.injectable)})"
             )
-        if self.timing and communicates:
+        self._pace_s = settings.pace_idle_s
+        if self._pace_s and (self.world_size > 1 or not self.timing):
+            raise ValueError(
+                "pace_idle_s is for a 1-worker run with step timing (a projection's baseline): at more workers "
+                "the collectives themselves wait"
+            )
+        paces_itself = bool(self._pace_s) and self.backend.paces_collectives
+        if self.timing and (communicates or paces_itself):
             self.backend.install_timer(self.clock, settings.inject_comm_delay_s, settings.inject_comm_delay_into)
+            if paces_itself:
+                self.backend.set_pace(self._pace)
         elif settings.inject_comm_delay_s:
             raise ValueError(
                 "inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)"
@@ -475,7 +484,9 @@ class StepMeter:
                 return
             waited = time.perf_counter()
             self.backend.wait_after_backward()
-            entered += time.perf_counter() - waited  # communication's time (Horovod's), not the instrument's
+            if self._pace_s and not self.backend.paces_collectives:
+                self._pace()  # where the gradients' all-reduce would be waited for
+            entered += time.perf_counter() - waited  # communication's (or its stand-in's) time, not the instrument's
             step = self._step
             if step is not None:
                 self._end_evaluation()
@@ -484,6 +495,16 @@ class StepMeter:
                     step.phase = "optimizer"
         finally:
             self._host_s += time.perf_counter() - entered
+
+    def _pace(self) -> None:
+        """A paced 1-worker run (`pace_idle_s`): idle where a collective would be waited for, inside a
+        training step only, the idle a pause of the step (out of its phases, in `paused_s`)."""
+        step = self._step
+        if step is None or self._calibrating or self._pause is not None or step.phase == "optimizer":
+            return
+        start = self.clock.mark()
+        time.sleep(self._pace_s)
+        step.pauses.append((start, self.clock.mark()))
 
     def _on_step_end(self, optimizer, args, kwargs):
         entered = time.perf_counter()

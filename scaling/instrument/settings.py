@@ -45,6 +45,11 @@ class InstrumentSettings:
     """Where `inject_comm_delay_s` goes: gradients = the collective that synchronises them, once per
     synchronised backward (DDP's last bucket, Horovod's wait, FSDP's last reduce-scatter); parameters =
     FSDP's first all-gather of every training forward (the A/B cannot see it: backends/fsdp.py)."""
+    pace_idle_s: float = 0.0
+    """One worker only: idle this long wherever the job at more workers would wait on a collective (after
+    backward; with FSDP2, at each unit's all-gather and reduce-scatter), each idle taken out of the step's
+    phases as a pause (`paused_s`). The baseline of a projection onto CPU nodes, whose compute resumes
+    slower after each wait (docs/projection.md); 0 = off."""
     inject_straggler_s: float = 0.0
     """Ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler)."""
     straggler_rank: int = 0
@@ -71,6 +76,7 @@ class InstrumentSettings:
             "calibration_pairs",
             "inject_comm_delay_s",
             "inject_straggler_s",
+            "pace_idle_s",
             "straggler_rank",
             "trace_steps",
             "telemetry_interval_s",

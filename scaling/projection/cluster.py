@@ -80,6 +80,9 @@ class Cluster:
     collective_latency_s: float = 0.0  # fixed cost of every all-reduce (cost.py)
     overlap_slowdown: float = 0.0  # backward compute slowdown while an all-reduce is in flight (cost.py)
     step_jitter_cv: float = 0.0  # coefficient of variation of a rank's step compute (compute.py)
+    # the link an all-gather sees (its own fitted alpha and bus bandwidth, every hop), where all-gathers were
+    # measured apart from all-reduces (nccl-tests reports each collective's); None: the all-reduce's links
+    allgather_link: Link | None = None
 
     def with_algorithm(self, algorithm: str | None) -> "Cluster":
         if algorithm is None:
@@ -220,11 +223,15 @@ def cluster_from_alpha_beta(
     inter_bytes_per_s: float | None = None,
     device: str | None = None,
     name: str = "fitted alpha-beta",
+    allgather_alpha_s: float | None = None,
+    allgather_bytes_per_s: float | None = None,
 ) -> Cluster:
     """A cluster whose links are fitted alpha (s) and bandwidth (bytes/s), e.g. from `fit_alpha_beta`.
 
     One (alpha, bandwidth) for every link unless the inter-node pair is given separately;
-    flat ring all-reduce (what a ring fitted over all ranks measured).
+    flat ring all-reduce (what a ring fitted over all ranks measured). allgather_alpha_s and
+    allgather_bytes_per_s: all-gathers fitted apart (`fit_alpha_beta(..., collective="all_gather")`),
+    both or neither; by default an all-gather runs on the all-reduce's alpha and bandwidth.
     """
     where = "cluster_from_alpha_beta"
     _number(alpha_s, "alpha_s", where, positive=False)
@@ -234,6 +241,11 @@ def cluster_from_alpha_beta(
         _number(inter_alpha_s, "inter_alpha_s", where, positive=False)
     if inter_bytes_per_s is not None:
         _number(inter_bytes_per_s, "inter_bytes_per_s", where)
+    if (allgather_alpha_s is None) != (allgather_bytes_per_s is None):
+        raise UsageError(f"{where}: give allgather_alpha_s and allgather_bytes_per_s together, or neither")
+    if allgather_bytes_per_s is not None:
+        _number(allgather_alpha_s, "allgather_alpha_s", where, positive=False)
+        _number(allgather_bytes_per_s, "allgather_bytes_per_s", where)
     intra = Link(float(beta_bytes_per_s), float(alpha_s), "fitted")
     inter = Link(
         float(inter_bytes_per_s or beta_bytes_per_s),
@@ -248,6 +260,11 @@ def cluster_from_alpha_beta(
         allreduce="ring",
         device=device,
         source=name,
+        allgather_link=(
+            Link(float(allgather_bytes_per_s), float(allgather_alpha_s), "fitted all-gather")
+            if allgather_bytes_per_s is not None
+            else None
+        ),
     )
 
 
@@ -257,6 +274,7 @@ def describe_terms(cluster: Cluster) -> str:
         f"collective latency {cluster.collective_latency_s * 1e6:.3g} us per all-reduce; backward slowed "
         f"{100 * cluster.overlap_slowdown:.3g}% while an all-reduce overlaps it; step jitter "
         f"{100 * cluster.step_jitter_cv:.3g}% (CV)"
+        + (f"; {describe_link(cluster.allgather_link, 'all-gathers')}" if cluster.allgather_link else "")
     )
 
 

@@ -103,6 +103,9 @@ class StepCompute:
     grad_compression: str | None = None  # a run's instrument.grad_compression
     straggler_s: float = 0.0  # wait for the slowest rank per synchronous step (concurrent runs; 0 otherwise)
     straggler_ranks: int | None = None  # how many concurrent runs measured straggler_s
+    # of optimizer_s, what does not shrink when each GPU steps only its shard (FSDP): the per-tensor
+    # launches and Python of a step that is not memory-bound (a small model's); 0: all of it shrinks
+    optimizer_unsharded_s: float = 0.0
 
     @property
     def step_s(self) -> float:

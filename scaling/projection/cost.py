@@ -392,25 +392,36 @@ def _horovod_step(
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """A fitted ring all-reduce: T(S) = 2(n-1) alpha + 2(n-1)/n S / bandwidth."""
+    """A fitted ring all-reduce, T(S) = 2(n-1) alpha + 2(n-1)/n S / bandwidth, or all-gather,
+    T(S) = (n-1) alpha + (n-1)/n S / bandwidth (S: the gathered buffer)."""
 
     alpha_s: float
     bandwidth_bytes_per_s: float
     n: int
     rms_relative_error: float
+    collective: str = "all_reduce"
 
     @property
     def beta_s_per_byte(self) -> float:
         return 1.0 / self.bandwidth_bytes_per_s
 
     def predict_s(self, nbytes: float) -> float:
+        if self.collective == "all_gather":
+            return reduce_scatter_s(nbytes, self.n, self.alpha_s, self.bandwidth_bytes_per_s)
         return ring_allreduce_s(nbytes, self.n, self.alpha_s, self.bandwidth_bytes_per_s)
 
 
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: int, relative: bool = True) -> AlphaBeta:
-    """Least squares of the ring formula to measured all-reduce times over `n` ranks.
+def fit_alpha_beta(
+    sizes_bytes: Sequence[float],
+    times_s: Sequence[float],
+    n: int,
+    relative: bool = True,
+    collective: str = "all_reduce",
+) -> AlphaBeta:
+    """Least squares of the ring formula to measured all-reduce (or all-gather) times over `n` ranks.
 
-    T = a x + b y with x = 2(n-1), y = 2(n-1)/n S, unknowns a = alpha and b = 1/bandwidth.
+    T = a x + b y with x = 2(n-1), y = 2(n-1)/n S (an all-gather: x = n-1, y = (n-1)/n S),
+    unknowns a = alpha and b = 1/bandwidth, the bus bandwidth of nccl-tests' definitions.
     `relative=True` (default) minimises the relative error, sum((T_fit - T)/T)^2: measured
     sizes span orders of magnitude, and plain least squares would fit the largest messages
     only and leave alpha to chance. alpha is kept >= 0 (refitted with alpha = 0 when the free
@@ -426,8 +437,11 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: in
         raise UsageError("fit_alpha_beta needs two equally long lists of at least 2 sizes and times")
     if not (np.all(np.isfinite(sizes)) and np.all(np.isfinite(times)) and np.all(sizes >= 0) and np.all(times > 0)):
         raise UsageError("fit_alpha_beta: sizes must be >= 0 and times > 0, all finite")
-    x = np.full_like(sizes, 2.0 * (n - 1))
-    y = 2.0 * (n - 1) / n * sizes
+    if collective not in ("all_reduce", "all_gather"):
+        raise UsageError(f"fit_alpha_beta: collective must be all_reduce or all_gather, got {collective!r}")
+    passes = 2.0 if collective == "all_reduce" else 1.0  # a ring all-reduce: a reduce-scatter and an all-gather
+    x = np.full_like(sizes, passes * (n - 1))
+    y = passes * (n - 1) / n * sizes
     w = 1.0 / times if relative else np.ones_like(times)
     design = np.column_stack([x * w, y * w])
     (alpha, beta), *_ = np.linalg.lstsq(design, times * w, rcond=None)
@@ -438,7 +452,13 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], n: in
         raise UsageError("fit_alpha_beta: the times do not grow with the message size; no bandwidth to fit")
     fitted = alpha * x + beta * y
     rms = float(math.sqrt(np.mean(((fitted - times) / times) ** 2)))
-    return AlphaBeta(alpha_s=float(alpha), bandwidth_bytes_per_s=float(1.0 / beta), n=int(n), rms_relative_error=rms)
+    return AlphaBeta(
+        alpha_s=float(alpha),
+        bandwidth_bytes_per_s=float(1.0 / beta),
+        n=int(n),
+        rms_relative_error=rms,
+        collective=collective,
+    )
 
 
 # ---------------------------------------------------------------------------- FSDP

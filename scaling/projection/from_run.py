@@ -267,6 +267,19 @@ def _target_compute(
             ),
             ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s"),
         ]
+        bandwidth = profile.get("mem_bytes_per_s")
+        if bandwidth:
+            # what a sharded step saves is its bytes: the rest (per-tensor launches) every shard pays
+            moved = adamw_estimate_s(float(profile["parameters"]), float(bandwidth))
+            compute = replace(compute, optimizer_unsharded_s=max(0.0, compute.optimizer_s - moved))
+            params.append(
+                (
+                    "optimizer, not shrinking with shards",
+                    f"{1e3 * compute.optimizer_unsharded_s:.2f} ms",
+                    f"the run's optimizer_s less AdamW's bytes (28 per parameter) at the run's measured memory "
+                    f"bandwidth, {float(bandwidth) / 1e9:.3g} GB/s (compute_profile.json mem_bytes_per_s)",
+                )
+            )
         return compute, params
     fb_measured = means["forward_s"] + means["backward_compute_s"]
     forward_share = means["forward_s"] / fb_measured if fb_measured > 0 else 1 / 3

@@ -24,10 +24,14 @@ The model, per worker count (weak scaling: the per-GPU batch is fixed, the globa
   reduced in fp32 (torchtitan's MixedPrecisionPolicy default; `fsdp_reduce_dtype`).
   `fsdp_process_group` "gloo" (FSDP2 on CPUs): every collective holds the training thread (no
   overlap, no prefetch ahead of compute) and a reduce-scatter costs a ring all-reduce of the
-  buffer (gloo implements it so; cost.py). Backend
+  buffer (gloo implements it so; cost.py); each collective is then a barrier, and the wait for
+  the slower rank is paid at each of the step's K collectives: sqrt(K) x straggler_s (the step's
+  spread shared over K independent segments). An all-gather runs on the cluster's
+  `allgather_link` where all-gathers were measured apart, else on the all-reduce's links. Backend
   "hsdp": sharded inside a node, replicated across nodes (all-gather inside the node;
   reduce-scatter inside it, then an all-reduce of the shards across nodes). The optimizer steps
-  its shard: 1/(GPUs sharding) of the one-GPU optimizer time. exposed_comm_s = the time compute
+  its shard: 1/(GPUs sharding) of the one-GPU optimizer time, less what does not shrink with the
+  shard (StepCompute.optimizer_unsharded_s: a small model's per-tensor launches). exposed_comm_s = the time compute
   waited on a collective (and for the last reduce-scatter); allreduce_s = time communicating (any
   collective in flight); comm_overhead_pct = what the lab's FSDP A/B measures: the step less the
   step without reduce-scatters (the all-gathers cannot be turned off), / step; the wait for the
@@ -499,6 +503,7 @@ def run_projection(
         raise UsageError(
             f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}"
         )
+    wait_given = straggler_s is not None  # as the caller says it, per step: not spread over collectives below
     if straggler_s is None and compute.straggler_ranks:
         straggler_s = compute.straggler_s
     elif straggler_s is not None and not (
@@ -520,6 +525,13 @@ def run_projection(
             f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
             f"per rank and step), the expected wait for the slowest of n ranks, growing with n"
         )
+    if (
+        backend == "fsdp"
+        and fsdp_process_group == "gloo"
+        and not wait_given
+        and (straggler_s or cluster.step_jitter_cv)
+    ):
+        notes.append("gloo: the wait for the slower rank paid at each collective, sqrt(K) x a step's for K of them")
     # the two assumptions a half-precision projection rests on that a user's job decides (_half_precision_caveats)
     wire_assumed = grad_compression is None and compute.grad_compression is None and from_run is None
     wait_assumed = straggler_s is None and from_run is None
@@ -684,6 +696,12 @@ def run_projection(
         step = compute.step_s + interference + exposed
         optimizer = compute.optimizer_s
         extra = {}
+        if fsdp_row is not None and fsdp["process_group"] == "gloo" and n > 1 and not wait_given:
+            # every gloo collective holds both ranks' training threads: a barrier. The compute between
+            # two of them diverges independently on each rank, so the wait for the slower rank is paid at
+            # each of the step's K collectives; with the step's spread shared over K segments (sigma /
+            # sqrt(K) each), K expected waits sum to sqrt(K) x the one a step measures
+            wait *= math.sqrt(fsdp_row["collectives"])
         if fsdp_row is not None:
             optimizer = fsdp_row["optimizer_s"]
             exposed = fsdp_row["exposed_s"] + (wait if n > 1 else 0.0)
@@ -951,7 +969,10 @@ def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, 
                 cluster.collective_latency_s,
             )
 
-    g_cost = [gather(b, *link) if n > 1 else 0.0 for b in plan["gather_bytes"]]
+    # an all-gather on its own fitted link where the cluster measured it apart from the all-reduce
+    own = cluster.allgather_link
+    gather_link = (n_nodes, per_node, own, own, cluster.collective_latency_s) if own else link
+    g_cost = [gather(b, *gather_link) if n > 1 else 0.0 for b in plan["gather_bytes"]]
     s_cost = [scatter(b, *link) if n > 1 else 0.0 for b in plan["scatter_bytes"]]
     sched = fsdp_schedule(plan["forward"], plan["backward"], g_cost, s_cost, plan["flags"], synchronous=gloo)
     without = fsdp_schedule(
@@ -963,7 +984,7 @@ def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, 
         "exposed_s": sched.exposed_s if n > 1 else 0.0,
         "busy_s": sched.busy_s if n > 1 else 0.0,
         "ab_s": max(0.0, sched.end_s - without.end_s) if n > 1 else 0.0,
-        "optimizer_s": plan["optimizer_s"] / shards,
+        "optimizer_s": compute.optimizer_unsharded_s + (plan["optimizer_s"] - compute.optimizer_unsharded_s) / shards,
         "allgather_s": sched.seconds("all_gather"),
         "regather_s": sched.seconds("re_gather"),
         "reducescatter_s": sched.seconds("reduce_scatter"),

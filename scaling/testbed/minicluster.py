@@ -690,9 +690,16 @@ class AllreduceProbe:
     def _error(self) -> str:
         return self.processes[0].stderr.read()[-400:].strip()
 
-    def measure(self, sizes, iters: int = 3) -> list[dict]:
-        """Per size (bytes): {"bytes", "seconds": [...], "median_s"} (allreduce_probe.py)."""
-        line = json.dumps({"sizes": [int(s) for s in sizes], "iters": iters}) + "\n"
+    def measure(
+        self, sizes, iters: int = 3, collective: str = "all_reduce", interleaved: dict | None = None
+    ) -> list[dict]:
+        """Per size (bytes): {"bytes", "seconds": [...], "median_s"} of `collective`, all_reduce or
+        all_gather; with `interleaved` ({"compute_s", "segments"}) the collective timed between
+        compute, as a training step issues it (allreduce_probe.py `time_interleaved`)."""
+        request = {"sizes": [int(s) for s in sizes], "iters": iters, "collective": collective}
+        if interleaved:
+            request["interleaved"] = interleaved
+        line = json.dumps(request) + "\n"
         for process in self.processes:
             process.stdin.write(line)
             process.stdin.flush()

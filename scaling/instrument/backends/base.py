@@ -27,6 +27,9 @@ class Backend:
     # A 1-rank job of this kind still communicates, and its communication is timed (DDP on a
     # 1-rank group: the GPU ground truth, docs/gpu.md). Otherwise only > 1 rank communicates.
     communicates_alone = False
+    # Whether the backend idles a paced 1-worker run (`pace_idle_s`) at its own collective points
+    # (`set_pace`); otherwise the meter idles once per step, after backward.
+    paces_collectives = False
     # The wait for backward's communication moves to the optimizer step's start even when steps
     # are not timed (Horovod: its step would otherwise all-reduce a second time).
     waits_at_step = False
@@ -122,6 +125,10 @@ class Backend:
         """The dtype the backend makes the model compute in (FSDP2's mixed-precision policy); None:
         the parameters' own, or autocast's, which the meter sees itself."""
         return None
+
+    def set_pace(self, pace) -> None:
+        """Call `pace()` wherever the job at more workers would wait on a collective (paces_collectives)."""
+        raise NotImplementedError
 
     def sharded_units(self) -> list[tuple[str, int, bool]] | None:
         """(module, parameters, resharded after forward) of each unit the backend shards and gathers

@@ -169,6 +169,7 @@ class FSDPBackend(Backend):
     injectable = ("gradients", "parameters")
     sharded = True
     samples_collectives = True
+    paces_collectives = True
 
     def __init__(self, model, optimizer):
         super().__init__(model, optimizer)
@@ -270,6 +271,9 @@ class FSDPBackend(Backend):
 
     def take(self) -> list[BucketMarks]:
         return self._timer.take() if self._timer is not None else []
+
+    def set_pace(self, pace) -> None:
+        self._timer.pace = pace
 
     def time_collectives(self, timed: bool) -> None:
         if self._timer is not None:
@@ -401,6 +405,7 @@ class ShardedCommTimer:
         self._in_flight = 1
         # False on a step the meter does not sample (`collective_timing_every`, `set_timed`)
         self.timed = True
+        self.pace = None  # a paced 1-worker run's idle (the meter's), at each unshard and reduce-scatter point
         self.host_s = 0.0  # this timer's own Python around the collectives it marked, since the last take
         # per parameter group: (group, its timed all-gather, its timed reduce-scatter, the waits' holder)
         self._installed: list[tuple] = []
@@ -455,6 +460,8 @@ class ShardedCommTimer:
 
         def timed_wait_for_unshard(*args, **kwargs):
             timer = holder[0]
+            if timer.pace is not None and getattr(param_group, "_all_gather_result", None) is not None:
+                timer.pace()  # an unshard that would all-gather (a unit kept gathered waits for nothing)
             if group.pending_all_gathers:  # issued beside compute: compute waits from here
                 mark = timer.clock.mark()
                 for marks in group.pending_all_gathers:
@@ -464,6 +471,8 @@ class ShardedCommTimer:
 
         def timed_post_backward(*args, **kwargs):
             timer = holder[0]
+            if timer.pace is not None:
+                timer.pace()
             if timer.stream_ordered and timer.timed:
                 # compute stream: this group's gradients are computed; FSDP makes compute wait
                 # here for the oldest reduce-scatters beyond its in-flight cap
@@ -487,7 +496,7 @@ class ShardedCommTimer:
         if timed == self.timed:
             return
         self.timed = timed
-        if self.inject_delay_s:
+        if self.inject_delay_s or self.pace is not None:
             return
         for param_group, all_gather, reduce_scatter, holder in self._installed:
             param_group._all_gather_comm = all_gather if timed else all_gather.inner
