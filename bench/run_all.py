@@ -36,9 +36,9 @@ BENCHMARKS = (
     "cpu_scaling",
     "horovod_cycle_ground_truth",
     "fsdp_overhead",
-    "projection_vs_minicluster_fsdp",
+    "projection_own_jobs",
 )
-ROOT_BENCHMARKS = ("projection_vs_minicluster_fsdp",)  # a minicluster of network namespaces: root
+ROOT_BENCHMARKS = ("projection_own_jobs",)  # a minicluster of network namespaces: root
 # A benchmark that is another's script with arguments: name -> (script, arguments).
 VARIANTS = {"instrumentation_overhead_own_job": ("instrumentation_overhead", ["--job", "own"])}
 

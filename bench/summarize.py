@@ -15,9 +15,8 @@ the median ratio with its 95% interval, the budget and the verdict, what each ro
 under the table each file's date, machine, command and wall time), `make-bench` (what `make
 bench` runs and what each of those benchmarks took), `anchors` (the projection against
 published measurements), `torchtitan [short]` (the FSDP projection against torchtitan's Llama
-3.1 8B weak scaling; `short`: the table alone), `projection-vs-minicluster`, `projection-vs-minicluster-fsdp`
-(its FSDP half; "not yet measured" until its result is committed),
-`minicluster-bandwidth`, `interference`, `figure NAME` (bench/results/NAME.png copied to
+3.1 8B weak scaling; `short`: the table alone), `projection-vs-minicluster`, `projection-own-jobs` (`scaling
+project` from the user's own 1-worker runs against their 2-worker runs), `minicluster-bandwidth`, `interference`, `figure NAME` (bench/results/NAME.png copied to
 docs/figures/bench/, so that the site, which only sees docs/, shows the committed figure).
 README.md is rendered as the docs pages are. So every number of a benchmark is written once, by
 this script, from its results file, with the machine and the date beside it; `make bench` ends
@@ -278,53 +277,6 @@ def block_projection_vs_minicluster(folder: Path, names: list[str]) -> list[str]
     ]
 
 
-def block_projection_vs_minicluster_fsdp(folder: Path, names: list[str]) -> list[str]:
-    """The FSDP half of the minicluster proof; until its result is committed, how to make it."""
-    name = "projection_vs_minicluster_fsdp"
-    if not (folder / f"{name}.json").exists():
-        return [
-            f"Not yet measured: `.venv/bin/python bench/{name}.py` (root; about 17 minutes on a quiet machine) "
-            f"writes `bench/results/{name}.json`."
-        ]
-    record = load(folder, name)
-    head = record["goal"]["judged_on"]
-    lines = [
-        "| cap | collectives per step: fitted / in the run | step: predicted / measured (error) | "
-        "exposed communication: predicted / measured (error) | A/B (reduce-scatters): predicted / measured | "
-        "measured step per repeat |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for row in record["comparison"]:
-        measured = record["measured"].get(row["cap"]) or {}
-        if row.get("measured_step_s") is None:
-            lines.append(f"| {row['cap']} | — | {1e3 * row[f'predicted_step_s[{head}]']:.1f} / — ms | — | — | — |")
-            continue
-        predicted = record["predictions"][row["cap"]][head]
-        fitted = predicted["allgather_s"] + predicted["regather_s"] + predicted["reducescatter_s"]
-        in_run = measured["diagnosis"]["transfer_s"]
-        repeats = ", ".join(f"{1e3 * r['step_s']:.1f}" for r in measured.get("per_repeat", []))
-        lines.append(
-            f"| {row['cap']} | {1e3 * fitted:.1f} / {1e3 * in_run:.1f} ms "
-            f"| {1e3 * row[f'predicted_step_s[{head}]']:.1f} / {1e3 * row['measured_step_s']:.1f} ms "
-            f"({row[f'step_error_pct[{head}]']:+.1f}%{'' if row['step_pass'] else ', **misses**'}) "
-            f"| {row[f'predicted_exposed_comm_pct[{head}]']:.1f} / {row['measured_exposed_comm_pct']:.1f}% "
-            f"({row[f'exposed_error_pp[{head}]']:+.1f} pp{'' if row['exposed_pass'] else ', **misses**'}) "
-            f"| {row['predicted_comm_overhead_pct']:.1f} / {row['measured_comm_overhead_pct']:.1f}% | {repeats} ms |"
-        )
-    goal = record["goal"]
-    return [
-        *lines,
-        "",
-        f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and exposed communication within "
-        f"{goal['exposed_comm_pp']:g} pp at every cap: **{'met' if record['goal_met'] else 'not met'}**. "
-        f"Predictions written {record['predicted_at'][:16].replace('T', ' ')}, before the first 2-worker run; "
-        f"{record['repeats_per_cap']} runs per cap, compared by their median.",
-        "",
-        f"- {provenance(record, name)}",
-        *(["", *block_figure(folder, [name])] if (folder / f"{name}.png").exists() else []),
-    ]
-
-
 def block_projection_own_jobs(folder: Path, names: list[str]) -> list[str]:
     """`scaling project` from the user's own 1-worker runs against their 2-worker runs on the minicluster."""
     name = "projection_own_jobs"
@@ -351,7 +303,7 @@ def block_projection_own_jobs(folder: Path, names: list[str]) -> list[str]:
                 f"({row[f'step_error_pct[{head}]']:+.1f}%{'' if row['step_pass'] else ', **misses**'}) "
                 f"| {row[f'predicted_exposed_comm_pct[{head}]']:.1f} / {row['measured_exposed_comm_pct']:.1f}% "
                 f"({row[f'exposed_error_pp[{head}]']:+.1f} pp{'' if row['exposed_pass'] else ', **misses**'}) "
-                f"| {row['step_error_pct[concurrent, unpaced]']:+.1f}% | {repeats} ms |"
+                f"| {row['step_error_pct[unpaced]']:+.1f}% | {repeats} ms |"
             )
     goal = record["goal"]
     return [
@@ -442,7 +394,6 @@ BLOCKS = {
     "anchors": block_anchors,
     "torchtitan": block_torchtitan,
     "projection-vs-minicluster": block_projection_vs_minicluster,
-    "projection-vs-minicluster-fsdp": block_projection_vs_minicluster_fsdp,
     "projection-own-jobs": block_projection_own_jobs,
     "minicluster-bandwidth": block_minicluster_bandwidth,
     "interference": block_interference,
