@@ -1,8 +1,8 @@
 """Benchmark: `scaling project` from a user's own 1-worker run, against that job's 2-worker runs on the capped 2-node minicluster (root).
 
-    .venv/bin/python bench/projection_own_jobs.py            # both jobs, about 25 minutes
+    .venv/bin/python bench/projection_own_jobs.py            # both jobs, about 18 minutes
     .venv/bin/python bench/projection_own_jobs.py --jobs fsdp
-    .venv/bin/python bench/projection_own_jobs.py --quick    # about 8 minutes: the pieces run, no measurement
+    .venv/bin/python bench/projection_own_jobs.py --quick    # about 7 minutes: the pieces run, no measurement
 
 The projection is what a user gets from `scaling project RUN_DIR` (scaling/projection/from_run.py
 `project_run`), here on jobs nobody on the project wrote the model of: the own-job example
@@ -171,7 +171,7 @@ MEASURED_FIELDS = (
 # seconds per phase, for the printed estimate (this machine, 2 shared cores): a Ray run's start and
 # finish, an epoch at 1 and 2 workers (with the A/B pairs and the evaluation), bringing the cluster up
 # and down, one cap's fit
-START_S, EPOCH_1W_S, EPOCH_2W_S, UP_DOWN_S, FIT_S = 40, 4, 6, 90, 25
+START_S, EPOCH_1W_S, EPOCH_2W_S, UP_DOWN_S, FIT_S = 25, 3, 6, 90, 30
 
 
 # ---------------------------------------------------------------------------- runs inside the cluster

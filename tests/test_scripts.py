@@ -109,7 +109,9 @@ def test_help_starts_nothing_and_does_nothing_else(script, tmp_path):
     assert _namespaces() <= namespaces_before
 
 
-@pytest.mark.parametrize("script", ["bench/minicluster_bandwidth.py", "bench/projection_vs_minicluster.py"])
+@pytest.mark.parametrize(
+    "script", ["bench/minicluster_bandwidth.py", "bench/projection_vs_minicluster.py", "bench/projection_own_jobs.py"]
+)
 def test_minicluster_scripts_refuse_an_unknown_argument(script, tmp_path, monkeypatch, capsys):
     """Run as __main__ in this process (unit tier: the guard refuses any process start, so the refusal
     comes before anything is built), with the minicluster state kept under tmp_path."""
