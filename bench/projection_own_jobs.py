@@ -25,17 +25,17 @@ one Ray node each) and, in this order:
    jobs' buffers all-reduced and all-gathered right after compute, as a synchronous step issues
    them (the probe's `time_interleaved`): the FSDP2 job's links are fitted over its own sizes so
    timed (`job_link_fits`);
-3. per job and cap, `project_run` on the job's run directories, onto the cluster of the fitted
-   alpha and beta (`cluster_from_alpha_beta`, one worker per node) with `same_device` (the
-   minicluster is the machine the runs ran on: their compute is taken as measured). A rank of a
-   2-worker run idles through every collective, and on this machine a step's compute resumes
-   slower after an idle (a 25 ms idle per step made the own-job step 21% slower): so per cap the
-   concurrent pair runs again, paced (`instrument.pace_idle_s`: idle at each point the job would
-   wait on a collective, as long as the projection from the unpaced pair says one takes there),
-   and the headline projects from the paced pair; the unpaced pair's and the solo run's beside it. FSDP2 with `fsdp_process_group="gloo"`
-   (every collective holds the training thread). The units, their sizes and their resharding
-   come from the run (compute_profile.json `sharded_units`), not from a table. Every prediction
-   is written to the results file before any 2-worker run starts;
+3. per job and cap, `project_run` on the job's run directories, onto the cluster of the fitted alpha
+   and beta (`cluster_from_alpha_beta`, one worker per node) with `same_device` (the minicluster is
+   the machine the runs ran on: their compute is taken as measured). A rank of a 2-worker run idles
+   through every collective, and on this machine a step's compute resumes slower after an idle (a 25
+   ms idle per step made the own-job step 21% slower): so per cap the concurrent pair runs again,
+   paced (`instrument.pace_idle_s`: idle at each point the job would wait on a collective, as long
+   as the projection from the unpaced pair says one takes there), and the headline projects from the
+   paced pair; the unpaced pair's and the solo run's beside it. FSDP2 with
+   `fsdp_process_group="gloo"` (every collective holds the training thread). The units, their sizes
+   and their resharding come from the run (compute_profile.json `sharded_units`), not from a table.
+   Every prediction is written to the results file before any 2-worker run starts;
 4. per job and cap, `--repeats` 2-worker runs (3 by default), each one's step_s and
    exposed_comm_pct from its summary, the median over repeats; the median repeat's step cut
    into compute, transfers and the wait for the slower rank (steps.parquet, collectives.parquet);
@@ -712,7 +712,8 @@ def main() -> int:
     write(record, out_json)
     print()
     print(
-        f"{'job':>5} {'cap':>9} {'pred step':>10} {'meas step':>10} {'err':>7} {'pred exp':>9} {'meas exp':>9} {'diff':>7}"
+        f"{'job':>5} {'cap':>9} {'pred step':>10} {'meas step':>10} {'err':>7} {'pred exp':>9} "
+        f"{'meas exp':>9} {'diff':>7}"
     )
     for name, rows in comparison.items():
         for r in rows:
@@ -723,7 +724,8 @@ def main() -> int:
                 f"{name:>5} {r['cap']:>9} {1e3 * r[f'predicted_step_s[{HEADLINE}]']:8.1f}ms "
                 f"{1e3 * r['measured_step_s']:8.1f}ms {r[f'step_error_pct[{HEADLINE}]']:+6.1f}% "
                 f"{r[f'predicted_exposed_comm_pct[{HEADLINE}]']:8.1f}% {r['measured_exposed_comm_pct']:8.1f}% "
-                f"{r[f'exposed_error_pp[{HEADLINE}]']:+6.1f}pp {'PASS' if r['step_pass'] and r['exposed_pass'] else 'MISS'}"
+                f"{r[f'exposed_error_pp[{HEADLINE}]']:+6.1f}pp "
+                f"{'PASS' if r['step_pass'] and r['exposed_pass'] else 'MISS'}"
                 "  by term (ms): " + ", ".join(f"{k} {v:+.1f}" for k, v in r["error_by_term_ms"].items())
             )
     print(

@@ -15,9 +15,10 @@ the median ratio with its 95% interval, the budget and the verdict, what each ro
 under the table each file's date, machine, command and wall time), `make-bench` (what `make
 bench` runs and what each of those benchmarks took), `anchors` (the projection against
 published measurements), `torchtitan [short]` (the FSDP projection against torchtitan's Llama
-3.1 8B weak scaling; `short`: the table alone), `projection-vs-minicluster`, `projection-own-jobs` (`scaling
-project` from the user's own 1-worker runs against their 2-worker runs), `minicluster-bandwidth`, `interference`, `figure NAME` (bench/results/NAME.png copied to
-docs/figures/bench/, so that the site, which only sees docs/, shows the committed figure).
+3.1 8B weak scaling; `short`: the table alone), `projection-vs-minicluster`,
+`projection-own-jobs` (`scaling project` from the user's own 1-worker runs against their
+2-worker runs), `minicluster-bandwidth`, `interference`, `figure NAME` (bench/results/NAME.png
+copied to docs/figures/bench/, so that the site, which only sees docs/, shows the committed figure).
 README.md is rendered as the docs pages are. So every number of a benchmark is written once, by
 this script, from its results file, with the machine and the date beside it; `make bench` ends
 by running it.

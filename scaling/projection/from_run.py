@@ -13,9 +13,10 @@ cluster presets and the overlap and FSDP schedules every other projection uses. 
 - **the model's size**: compute_profile.json's `parameters` (trainable) and, per FSDP2 unit, the
   run's collectives.parquet (`reduce_scatter` bytes per module: the unit's gradients; their issue
   order is the units' order), or, where it issued none (FSDP2 on one worker), compute_profile.json's
-  `sharded_units` (each `fully_shard`ed module's parameters, as the instrument found them). DDP buckets: DDP's own assignment (layers.py) over the gradients in
-  equal tensors of at most 1 MiB, each ready in proportion to its bytes through backward, unless the
-  run wrote buckets.parquet (measured bytes and ready times). FSDP2 compute per unit is split in
+  `sharded_units` (each `fully_shard`ed module's parameters, as the instrument found them). DDP
+  buckets: DDP's own assignment (layers.py) over the gradients in equal tensors of at most 1 MiB,
+  each ready in proportion to its bytes through backward, unless the run wrote buckets.parquet
+  (measured bytes and ready times). FSDP2 compute per unit is split in
   proportion to its parameters. A run without FSDP2 records needs `fsdp_units` (its blocks, split evenly).
 - **the compute**: the run's steady-state training steps (steps.parquet: `data_s`, `forward_s`,
   `backward_s` less `exposed_comm_s`, `optimizer_s`). A run on the target's GPU is taken as measured.
@@ -395,12 +396,13 @@ def project_run(
 
     run: its RunDir, or the RunDirs of one-worker runs of the job made at the same time, one per
     node (their compute under each other's load, and the wait for the slower one they measure:
-    compute.compute_from_concurrent_runs; their steps pooled for the interval). gpus: GPU counts (a count up to a node's GPUs stays in one node). backend: ddp or
-    fsdp. compute_ms, mfu, precision: how the compute transfers to the target (module docstring).
-    fsdp_units: blocks to split the model into where the run has no FSDP2 records. same_device: the
-    cluster's workers are the run's own device (a minicluster of the machine it ran on), so its
-    compute and jitter are taken as measured, whatever the cluster's device. kwargs go to
-    run_projection (bucket_cap_mb, reshard_after_forward, fsdp_reduce_dtype, ...).
+    compute.compute_from_concurrent_runs; their steps pooled for the interval). gpus: GPU counts (a
+    count up to a node's GPUs stays in one node). backend: ddp or fsdp. compute_ms, mfu, precision:
+    how the compute transfers to the target (module docstring). fsdp_units: blocks to split the
+    model into where the run has no FSDP2 records. same_device: the cluster's workers are the run's
+    own device (a minicluster of the machine it ran on), so its compute and jitter are taken as
+    measured, whatever the cluster's device. kwargs go to run_projection (bucket_cap_mb,
+    reshard_after_forward, fsdp_reduce_dtype, ...).
     """
     from scaling.projection.project import run_projection
 

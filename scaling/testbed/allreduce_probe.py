@@ -11,8 +11,9 @@ parameters) once to warm up (buffers, connections, a token bucket's state), then
 after a barrier so that every rank starts together and the time is the collective's. With
 "interleaved": {"compute_s": c, "segments": m}, each size is timed as a training step issues it:
 m times compute of about c seconds then the collective, against the same compute alone
-(`time_interleaved`): what a collective costs inside a loop that back-to-back timing does not show. Rank 0 answers each request with one JSON line {"results": [{"bytes",
-"seconds": [...], "median_s"}, ...]}. An empty line or the end of input ends the group.
+(`time_interleaved`): what a collective costs inside a loop that back-to-back timing does not
+show. Rank 0 answers each request with one JSON line {"results": [{"bytes", "seconds": [...],
+"median_s"}, ...]}. An empty line or the end of input ends the group.
 
 The process stays alive across requests, so a sweep over sizes and link caps pays torch's
 import and gloo's rendezvous once. The driver that starts one rank per node and talks to
