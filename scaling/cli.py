@@ -571,9 +571,10 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reshard-after-forward",
         choices=("all-but-last", "all", "none"),
-        default="all-but-last",
+        default=None,
         help="--backend fsdp/hsdp: the blocks freed after forward and gathered again for backward "
-        "(default all-but-last, torchtitan's; all: FSDP2's default; none: kept to backward)",
+        "(default: a run directory's own, as FSDP2 ran it, else all-but-last, torchtitan's; all: FSDP2's "
+        "default; none: kept to backward)",
     )
     parser.add_argument(
         "--fsdp-param-dtype",
@@ -815,7 +816,7 @@ def _cmd_project(args) -> int:
         overlap_slowdown=args.overlap_slowdown,
         mfu=args.mfu,
         activation_checkpointing=args.activation_checkpointing,
-        reshard_after_forward=args.reshard_after_forward,
+        reshard_after_forward=args.reshard_after_forward or "all-but-last",
         fsdp_reduce_dtype=args.fsdp_reduce_dtype,
         fsdp_param_dtype=args.fsdp_param_dtype,
     )

@@ -211,9 +211,13 @@ def test_a_one_worker_fsdp2_run_projects_onto_a_minicluster_of_its_own_machine(t
     cluster = cluster_from_alpha_beta(0.0, 12.5e6, gpus_per_node=1)  # 100 Mbit/s, no device: the run's own CPU
     with pytest.raises(UsageError, match="--mfu"):  # another device's compute is not the run's
         project_run(run, cluster, [2], backend="fsdp")
-    df = project_run(run, cluster, [1, 2], backend="fsdp", same_device=True, fsdp_process_group="gloo")
+    # the CLI passes its unset options as None: the run's own resharding still applies
+    df = project_run(
+        run, cluster, [1, 2], backend="fsdp", same_device=True, fsdp_process_group="gloo", reshard_after_forward=None
+    )
     said = {name: (value, source) for name, value, source in df.attrs["parameters"]}
     assert "sharded_units" in said["FSDP units"][0] and said["resharded after forward"][0] == "all"
+    assert any("4 blocks resharded" in note and "(all)" in note for note in df.attrs["notes"])
     steps = run.steps()
     steps = steps[~steps["warmup"]]
     assert df["forward_s"].iloc[0] == pytest.approx(steps["forward_s"].mean())  # measured, not transferred

@@ -408,6 +408,7 @@ def project_run(
 
     if backend not in BACKENDS:
         raise UsageError(f"a run's projection has backends {', '.join(BACKENDS)}, got {backend!r}")
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: not given (the CLI's unset options)
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     concurrent = list(run) if isinstance(run, (list, tuple)) else [run]

@@ -916,8 +916,9 @@ def _fsdp_plan(
     optimizer_note = "the optimizer: the one-GPU step (compute, above) over the GPU's shard"
     resharded = sum(flags[1:])
     notes = [
-        f"backend {backend}: {len(units)} units (root: {', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
-        f"of {units[1]['params'] / 1e6:.1f}M parameters); all-gather in {param_dtype} "
+        f"backend {backend}: {len(units)} units (the root{': ' if units[0].get('holds') else ''}"
+        f"{', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
+        f"of {units[1]['params'] / 1e6:.3g}M parameters); all-gather in {param_dtype} "
         f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
         f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks{' and the root' if flags[0] else ''} resharded "
         "after forward and gathered again for backward "
