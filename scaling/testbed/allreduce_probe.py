@@ -35,22 +35,23 @@ import torch.distributed as dist
 DEFAULT_PORT = 29511
 
 
-def time_collective(nbytes: int, iters: int, collective: str = "all_reduce") -> dict:
-    """{"bytes", "seconds", "median_s"}: `iters` timed all-reduces of an fp32 tensor of `nbytes`, or
-    all-gathers into one (module docstring)."""
+def _collective(nbytes: int, collective: str):
+    """A call of `collective` on an fp32 tensor of `nbytes`: all_reduce it, or all_gather it from every
+    rank's 1/N (module docstring)."""
     tensor = torch.ones(int(nbytes) // 4)
     if collective == "all_gather":
         shard = torch.ones(len(tensor) // dist.get_world_size())
         tensor = tensor[: len(shard) * dist.get_world_size()]
+        return lambda: dist.all_gather_into_tensor(tensor, shard)
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(tensor)
+    raise ValueError(f"collective must be all_reduce or all_gather, got {collective!r}")
 
-        def run():
-            dist.all_gather_into_tensor(tensor, shard)
-    elif collective == "all_reduce":
 
-        def run():
-            dist.all_reduce(tensor)
-    else:
-        raise ValueError(f"collective must be all_reduce or all_gather, got {collective!r}")
+def time_collective(nbytes: int, iters: int, collective: str = "all_reduce") -> dict:
+    """{"bytes", "seconds", "median_s"}: `iters` timed all-reduces of an fp32 tensor of `nbytes`, or
+    all-gathers into one (module docstring)."""
+    run = _collective(nbytes, collective)
     dist.barrier()
     run()  # warm-up
     seconds = []
@@ -80,18 +81,7 @@ def time_interleaved(nbytes: int, iters: int, collective: str, compute_s: float,
     _busy_compute(50, matrix)
     repeats = max(1, round(compute_s / ((time.perf_counter() - start) / 50)))
     repeats = int(_agreed_max(repeats))  # every rank computes the same amount
-    tensor = torch.ones(int(nbytes) // 4)
-    if collective == "all_gather":
-        shard = torch.ones(len(tensor) // dist.get_world_size())
-        tensor = tensor[: len(shard) * dist.get_world_size()]
-
-        def run():
-            dist.all_gather_into_tensor(tensor, shard)
-    else:
-
-        def run():
-            dist.all_reduce(tensor)
-
+    run = _collective(nbytes, collective)
     alone, computes, collectives = [], [], []
     for _ in range(iters):
         dist.barrier()
