@@ -330,6 +330,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     mini_up.add_argument("--cpus-per-node", type=int, default=1, help="CPUs each node's Ray offers (default: 1)")
     mini_up.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="hold each node's processes to its own --cpus-per-node CPUs of this machine, as separate machines are",
+    )
+    mini_up.add_argument(
+        "--head-cpus",
+        type=int,
+        default=None,
+        help="CPUs the head's Ray offers (default: --cpus-per-node); 0: a head that runs no workers",
+    )
+    mini_up.add_argument(
         "--subnet", default="10.213.0.0/24", help="private subnet of the nodes (default: 10.213.0.0/24)"
     )
     mini_up.add_argument("--name", default="lab", help=name_help)
@@ -976,13 +987,22 @@ def _cmd_minicluster(args) -> int:
         return mc.exec_in(command, args.name, args.node)
     if args.action == "up":
         with mc.signals_raise():  # SIGTERM mid-way: `up` removes what it made, as on Ctrl-C
-            cluster = mc.up(args.nodes, args.bandwidth, args.cpus_per_node, args.name, args.subnet)
+            cluster = mc.up(
+                args.nodes,
+                args.bandwidth,
+                args.cpus_per_node,
+                args.name,
+                args.subnet,
+                pin_cpus=args.pin_cpus,
+                head_cpus=args.head_cpus,
+            )
         cap = f", each link capped at {cluster.bandwidth}" if cluster.bandwidth else ", uncapped"
-        print(f"minicluster {cluster.name!r} up: {len(cluster.nodes)} nodes{cap}")
+        pinned = "".join(f", node {i} on CPUs {cpus}" for i, cpus in enumerate(cluster.node_cpus) if cpus)
+        print(f"minicluster {cluster.name!r} up: {len(cluster.nodes)} nodes{cap}{pinned}")
         print(f"  head {cluster.address}  dashboard/jobs {cluster.dashboard}")
         print(
             "  run inside it: scaling minicluster exec -- scaling sweep experiments/quickstart.yaml --workers "
-            f"{len(cluster.nodes)}"
+            f"{len(cluster.nodes) - (cluster.head_cpus == 0)}"
         )
         return 0
     if args.action == "status":

@@ -19,12 +19,15 @@ and the run's fastest transfer per step 46.1 ms for its 46.2 ms bound, both abov
 a probe (tests/conftest.py) finds none, fails where `.ci/run` requires it.
 """
 
+import dataclasses
 import os
+import threading
 
 import pandas as pd
 import pytest
 
 from scaling.cli import main
+from scaling.errors import UsageError
 from tests.conftest import run_cli
 
 CAP = "200mbit"
@@ -176,3 +179,46 @@ def test_a_node_whose_ray_exits_at_its_start_is_started_again(monkeypatch):
     with pytest.raises(RuntimeError, match=f"exited at its start {mc.NODE_START_ATTEMPTS} times"):
         mc._wait_for_nodes(cluster, 2, {1: _StartedRay(code=1)})
     assert restarts == [1] * (mc.NODE_START_ATTEMPTS - 1)
+
+
+def test_pinned_nodes_each_hold_their_own_cpus(monkeypatch):
+    """`pin_cpus`: node i on the next cpus_per_node of this process's CPUs (wrapping around), and a node's
+    `ray start` (so all it starts) held to them from its first instruction."""
+    from scaling.testbed import minicluster as mc
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert mc.node_cpu_sets(2, 1) == [[0], [1]]
+    assert mc.node_cpu_sets(2, 2) == [[0, 1], [2, 3]]
+    assert mc.node_cpu_sets(3, 3) == [[0, 1, 2], [3, 0, 1], [2, 3, 0]]
+    monkeypatch.undo()
+
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    nodes = [mc.Node(index=i, namespace=f"n{i}", ip=f"10.9.0.{10 + i}", host_iface=f"h{i}") for i in range(2)]
+    cluster = mc.MiniCluster("p", "10.9.0.0/24", "br", "10.9.0.1", None, 1, nodes, node_cpus=[[cpu], [cpu]])
+    seen = []
+
+    def as_the_node_starts():  # in a thread of its own: Linux holds the calling thread, not this process
+        mc._node_affinity(cluster, nodes[1])()
+        seen.append(sorted(os.sched_getaffinity(0)))
+
+    thread = threading.Thread(target=as_the_node_starts)
+    thread.start()
+    thread.join()
+    assert seen == [[cpu]]
+    assert mc._node_affinity(dataclasses.replace(cluster, node_cpus=[]), nodes[1]) is None  # unpinned
+
+
+def test_a_head_that_runs_no_workers_is_left_unpinned_and_offers_no_cpus(monkeypatch):
+    """`head_cpus=0`: the head's Ray offers no CPUs (no worker runs there) and, with `pin_cpus`, is not held to
+    a core: its work spreads over all of them, while the worker nodes take the CPUs from the first on."""
+    from scaling.testbed import minicluster as mc
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert mc.node_cpu_sets(3, 1, pin_head=False) == [[], [0], [1]]
+    nodes = [mc.Node(index=i, namespace=f"n{i}", ip=f"10.9.0.{10 + i}", host_iface=f"h{i}") for i in range(3)]
+    cluster = mc.MiniCluster("p", "10.9.0.0/24", "br", "10.9.0.1", None, 1, nodes, [[], [0], [1]], head_cpus=0)
+    assert mc._node_affinity(cluster, nodes[0]) is None and mc._node_affinity(cluster, nodes[2]) is not None
+    assert [mc._ray_start_options(cluster, n)[0] for n in nodes] == ["--num-cpus=0", "--num-cpus=1", "--num-cpus=1"]
+    monkeypatch.setattr(mc, "_require_root", lambda: None)  # the refusal comes before anything is built
+    with pytest.raises(UsageError, match="head-cpus"):
+        mc.up(1, head_cpus=0, name="p")

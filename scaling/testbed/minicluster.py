@@ -89,6 +89,10 @@ class MiniCluster:
     bandwidth: str | None  # tc rate, e.g. "1gbit"; None = uncapped
     cpus_per_node: int
     nodes: list[Node] = field(default_factory=list)
+    # per node, the CPUs its processes are held to (`pin_cpus`), as processes of different machines
+    # never share a core; an empty list (or none at all) = the kernel places them
+    node_cpus: list[list[int]] = field(default_factory=list)
+    head_cpus: int | None = None  # CPUs the head's Ray offers; None: cpus_per_node; 0: a head running no workers
     temp_dir: str = ""
     created_at: float = 0.0
 
@@ -244,12 +248,23 @@ def up(
     name: str = "lab",
     subnet: str = "10.213.0.0/24",
     log=print,
+    pin_cpus: bool = False,
+    head_cpus: int | None = None,
 ) -> MiniCluster:
-    """Build the cluster; on any failure, remove what was made so far and raise."""
+    """Build the cluster; on any failure, remove what was made so far and raise.
+
+    `pin_cpus`: each node's Ray (and so every worker it starts) held to its own `cpus_per_node` CPUs
+    of this machine; unpinned, a rank that wakes from a collective may resume on the core another
+    node's rank just used. `head_cpus=0`: a head that offers no CPUs, so no worker runs there, as
+    on a production cluster's dedicated head: the head's processes and each run's controller
+    actors (Ray Train's) stay off the workers' nodes, and with `pin_cpus` the head is not pinned
+    and its work spreads over every CPU rather than landing on one node's."""
     _require_root()
     _check_name(name)
     if nodes < 1 or nodes > 50:
         raise UsageError(f"--nodes must be between 1 and 50, got {nodes}")
+    if head_cpus is not None and (head_cpus < 0 or (head_cpus == 0 and nodes < 2)):
+        raise UsageError(f"--head-cpus must be >= 0, and 0 only with a node besides the head; got {head_cpus}")
     if bandwidth is not None:
         rate_bits_per_s(bandwidth)
     if _state_path(name).exists():
@@ -272,7 +287,10 @@ def up(
         temp_dir=f"/tmp/smc-{name}",
         created_at=time.time(),
         nodes=[Node(i, f"scaling-{name}-n{i}", str(hosts[9 + i]), f"sm{name}h{i}") for i in range(nodes)],
+        head_cpus=head_cpus,
     )
+    if pin_cpus:
+        cluster.node_cpus = node_cpu_sets(nodes, cpus_per_node, pin_head=head_cpus != 0)
     _save(cluster)  # first: whatever happens next, `down` knows what to remove
     try:
         _build_network(cluster)
@@ -281,6 +299,23 @@ def up(
         down(name, log=lambda *_: None)
         raise
     return cluster
+
+
+def node_cpu_sets(nodes: int, cpus_per_node: int, pin_head: bool = True) -> list[list[int]]:
+    """Each node's CPUs: the next `cpus_per_node` of this process's allowed CPUs, wrapping around;
+    `pin_head` False: the head none (it runs no workers), the first worker node from the first CPU."""
+    allowed = sorted(os.sched_getaffinity(0))
+    pinned = range(nodes) if pin_head else range(nodes - 1)
+    sets = [[allowed[(i * cpus_per_node + k) % len(allowed)] for k in range(cpus_per_node)] for i in pinned]
+    return sets if pin_head else [[], *sets]
+
+
+def _node_affinity(cluster: MiniCluster, node: Node):
+    """The `preexec_fn` that holds a node's `ray start` (and all it starts) to its CPUs; None unpinned."""
+    if not cluster.node_cpus or not cluster.node_cpus[node.index]:
+        return None
+    cpus = set(cluster.node_cpus[node.index])
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def _build_network(cluster: MiniCluster) -> None:
@@ -305,7 +340,7 @@ def _build_network(cluster: MiniCluster) -> None:
 
 def _start_ray(cluster: MiniCluster, log) -> None:
     env = cluster.env()
-    common = _ray_start_options(cluster)
+    common = _ray_start_options(cluster, cluster.head)
     head = cluster.head
     Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
     log(f"starting the head in {head.namespace} ({head.ip})")
@@ -329,6 +364,7 @@ def _start_ray(cluster: MiniCluster, log) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_node_affinity(cluster, head),
     )
     head.pid = process.pid
     _save(cluster)
@@ -340,8 +376,9 @@ def _start_ray(cluster: MiniCluster, log) -> None:
     _wait_for_nodes(cluster, len(cluster.nodes), starting, log)
 
 
-def _ray_start_options(cluster: MiniCluster) -> list[str]:
-    return [f"--num-cpus={cluster.cpus_per_node}", "--num-gpus=0", "--disable-usage-stats", "--block"]
+def _ray_start_options(cluster: MiniCluster, node: Node) -> list[str]:
+    cpus = cluster.head_cpus if node.index == 0 and cluster.head_cpus is not None else cluster.cpus_per_node
+    return [f"--num-cpus={cpus}", "--num-gpus=0", "--disable-usage-stats", "--block"]
 
 
 def _start_worker_node(cluster: MiniCluster, node: Node) -> subprocess.Popen:
@@ -356,12 +393,13 @@ def _start_worker_node(cluster: MiniCluster, node: Node) -> subprocess.Popen:
             "start",
             f"--address={cluster.address}",
             f"--node-ip-address={node.ip}",
-            *_ray_start_options(cluster),
+            *_ray_start_options(cluster, node),
         ],
         env=cluster.env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_node_affinity(cluster, node),
     )
     node.pid = worker.pid
     _save(cluster)
@@ -577,11 +615,14 @@ def running(
     name: str = "lab",
     subnet: str = "10.213.0.0/24",
     log=print,
+    pin_cpus: bool = False,
+    head_cpus: int | None = None,
 ):
     """`up`, the block, then `down`, whichever way the block ends: returning, raising, or this
     process receiving SIGTERM or SIGINT (`signals_raise`); a signal during `down` waits for it."""
     with signals_raise() as shield:
-        cluster = up(nodes, bandwidth, cpus_per_node, name, subnet, log=log)  # removes a half-built cluster itself
+        # `up` removes a half-built cluster itself
+        cluster = up(nodes, bandwidth, cpus_per_node, name, subnet, log=log, pin_cpus=pin_cpus, head_cpus=head_cpus)
         try:
             yield cluster
         finally:
@@ -610,6 +651,7 @@ def status(name: str = "lab") -> dict:
                 "namespace_exists": node.namespace in existing,
                 "ray_process_alive": _pid_alive(node.pid),
                 "egress_cap": rate.group(1) if rate else "uncapped",
+                "cpus": cluster.node_cpus[node.index] if cluster.node_cpus else "any",
             }
         )
     return {
@@ -650,15 +692,20 @@ def exec_in(command: list[str], name: str = "lab", node: int = 0) -> int:
 
 
 class AllreduceProbe:
-    """Ranks of scaling/testbed/allreduce_probe.py, one on each of the first `nodes` nodes, alive
-    across link-cap changes (`set_bandwidth`): `measure(sizes, iters)` times gloo all-reduces of
-    each size between them. A context manager; `close()` ends the process group."""
+    """Ranks of scaling/testbed/allreduce_probe.py, one on each of `nodes` nodes from `first_node` on
+    (1: past a head that runs no workers), alive across link-cap changes (`set_bandwidth`):
+    `measure(sizes, iters)` times gloo all-reduces of each size between them. A context manager;
+    `close()` ends the process group."""
 
-    def __init__(self, name: str = "lab", nodes: int = 2, port: int | None = None):
+    def __init__(self, name: str = "lab", nodes: int = 2, port: int | None = None, first_node: int = 0):
         from scaling.testbed.allreduce_probe import DEFAULT_PORT
 
         _require_root()
         cluster = load(name)
+        if first_node < 0 or first_node + nodes > len(cluster.nodes):
+            raise UsageError(
+                f"the probe's {nodes} nodes from node {first_node} on: the cluster has {len(cluster.nodes)}"
+            )
         env = cluster.env()
         self.processes = [
             subprocess.Popen(
@@ -670,18 +717,19 @@ class AllreduceProbe:
                     sys.executable,
                     "-m",
                     "scaling.testbed.allreduce_probe",
-                    f"--rank={node.index}",
+                    f"--rank={node.index - first_node}",
                     f"--world={nodes}",
-                    f"--master={cluster.head.ip}",
+                    f"--master={cluster.nodes[first_node].ip}",
                     f"--port={port or DEFAULT_PORT}",
                 ],
                 env=env,
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if node.index == first_node else subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
+                preexec_fn=_node_affinity(cluster, node),  # on its node's CPUs, as the node's workers
             )
-            for node in cluster.nodes[:nodes]
+            for node in cluster.nodes[first_node : first_node + nodes]
         ]
         if not self.processes[0].stdout.readline().strip():
             self.close()
