@@ -29,6 +29,7 @@ BENCHMARKS = (
     "projection_torchtitan",
     "allreduce",
     "analysis_speed",
+    "ddp_own_work",
     "instrumentation_overhead",
     "instrumentation_overhead_own_job",
     "instrument_host_cost",

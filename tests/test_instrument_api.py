@@ -212,6 +212,7 @@ def test_phases_hooks_and_records_of_a_users_ddp_loop(runs):
     assert json.load(open(os.path.join(run_dir, "summary.json"))) == summary
     assert summary["num_workers"] == 2 and summary["model"] == "SlowForward" and summary["launcher"] == "own"
     assert summary["per_worker_batch"] == 8 and summary["ab_calibration"] is True
+    assert summary["data_parallel"] == "ddp"
     assert summary["comm_delta_s"] is not None and summary["comm_overhead_note"] is None
     assert summary["step_s"] == pytest.approx(train[~train["warmup"]]["step_s"].mean())
 

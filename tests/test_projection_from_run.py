@@ -251,3 +251,18 @@ def test_a_one_worker_fsdp2_run_projects_onto_a_minicluster_of_its_own_machine(t
     assert reshard_policy([["root", 1, False], ["a", 1, False]]) == "none"
     assert reshard_policy([["root", 1, True], ["a", 1, False]]) is None
     assert reshard_policy([["root", 1]]) is None
+
+
+def test_a_bare_model_at_one_worker_is_said_to_lack_ddps_own_work(tmp_path):
+    """Ray's prepare_model wraps DDP only at 2+ workers: a DDP projection from a 1-worker run of the bare model
+    says that DDP's own per-step work is not in it; from a run wrapped at one worker, it says nothing."""
+    from scaling.projection.from_run import BARE_MODEL_NOTE
+
+    for data_parallel, said in (("local", True), ("ddp", False)):
+        run = _job_run(tmp_path / data_parallel)
+        write_json_atomic(run.path / "job.json", {"model": "MyTransformer", "data_parallel": data_parallel})
+        notes = project_run(run, "p5.48xlarge", [8]).attrs["notes"]
+        assert (BARE_MODEL_NOTE in notes) is said
+    fsdp = _job_run(tmp_path / "fsdp", backend="fsdp")
+    write_json_atomic(fsdp.path / "job.json", {"model": "MyTransformer", "data_parallel": "local"})
+    assert BARE_MODEL_NOTE not in project_run(fsdp, "p5.48xlarge", [8], backend="fsdp").attrs.get("notes", [])

@@ -40,6 +40,8 @@ def train_func(config: dict):
     train_set, val_set = make_datasets(num_train=config.get("num_train", 2048), seed=config.get("seed", 0))
     model = TinyViT(num_classes=10)
     model = ray.train.torch.prepare_model(model)
+    if ray.train.get_context().get_world_size() == 1:  # scaling: DDP's own work in the 1-worker run too
+        model = torch.nn.parallel.DistributedDataParallel(model)  # scaling: (prepare_model wraps only at 2+)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     train_loader = DataLoader(train_set, batch_size=config["batch_size"], shuffle=True, drop_last=True)

@@ -983,6 +983,7 @@ class StepMeter:
         return {
             "model": type(self.flops_module).__name__,
             "backend": self.backend.observed_backend(),
+            "data_parallel": self.backend.kind,
             "precision": self._precision,
             "per_worker_batch": self._per_rank_batch,
             "ab_calibration": bool(

@@ -155,6 +155,7 @@ def _write_summary(cfg, run_dir, launcher, status, error, started_at, wall_s, li
             dataset="own (train.function)",
             precision=observed["precision"],
             ab_calibration=observed["ab_calibration"],
+            data_parallel=observed.get("data_parallel"),  # absent from job.json before 2026-11-29
         )
     return write_summary(run_dir, description, status=status, error=error, started_at=started_at, wall_s=wall_s)
 

@@ -513,7 +513,18 @@ def project_run(
         )
     )
     df.attrs.update(parameters=parameters, run=", ".join(map(str, concurrent)), tokens=table["seq_len"] > 1)
+    if backend == "ddp" and (run.job() or {}).get("data_parallel") == "local":
+        df.attrs["notes"] = [*df.attrs.get("notes", []), BARE_MODEL_NOTE]
     return df
+
+
+# A 1-worker run under Ray's `prepare_model` trains the bare model: DDP wraps it only at 2+ workers.
+BARE_MODEL_NOTE = (
+    "DDP's own work per step (its forward checks, gradient hooks and bucket copies) is not in this run: its "
+    "1 worker trained the bare model. On a GPU that work runs on the host ahead of the device; on CPU nodes it "
+    "lengthens the step. To measure it, wrap the model in DistributedDataParallel at one worker too "
+    "(docs/own-job.md)"
+)
 
 
 def _scaled(compute: StepCompute, factor: float) -> StepCompute:

@@ -18,6 +18,7 @@ from scaling.instrument.timing import ALL_REDUCE_RULE, BucketMarks, Clock, CommR
 class Backend:
     """One job's data-parallel framework, as the instrument sees it."""
 
+    kind = ""  # its short name in a run's job.json `data_parallel` (ddp, fsdp, horovod, local)
     wraps = ""  # what the adapter claims, for the refusal of a job none claims ("a DistributedDataParallel model")
     # How a run names it: the values of a config's `backend` key that select it (the lab's
     # config asks the registry, scaling/instrument/backends/__init__.py), with what it offers there.

@@ -29,6 +29,7 @@ from scaling.instrument.timing import BucketMarks, Clock, CommTimingHook, Timing
 class DDPBackend(Backend):
     """A DistributedDataParallel model (see the module docstring for the comm-hook rule)."""
 
+    kind = "ddp"
     wraps = "a DistributedDataParallel model"
     choices = ("auto", "gloo", "nccl")  # DDP on that process group; auto: nccl on GPU, gloo on CPU
     compressions = ("none", "fp16", "bf16")  # PyTorch's compression hooks

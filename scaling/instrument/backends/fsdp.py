@@ -164,6 +164,7 @@ def _param_groups(module: FSDPModule) -> list | None:
 class FSDPBackend(Backend):
     """A model whose modules were sharded with `fully_shard` (see the module docstring)."""
 
+    kind = "fsdp"
     wraps = "a model sharded with fully_shard (FSDP2)"
     choices = ("fsdp",)  # FSDP2 on the run's process group: nccl on GPU, gloo on CPU
     injectable = ("gradients", "parameters")

@@ -22,6 +22,7 @@ from scaling.instrument.timing import BucketMarks, Clock
 class HorovodBackend(Backend):
     """A horovod.torch DistributedOptimizer (see the module docstring)."""
 
+    kind = "horovod"
     wraps = "Horovod's DistributedOptimizer"
     # The lab runs Horovod's rendezvous over a torch.distributed group (gloo, NCCL on GPU).
     choices = ("horovod",)

@@ -14,6 +14,7 @@ from scaling.instrument.backends.base import Backend
 class LocalBackend(Backend):
     """One process: nothing is communicated, nothing to time."""
 
+    kind = "local"
     wraps = "a plain module at world size 1"
 
     @classmethod
