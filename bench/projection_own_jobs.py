@@ -1,18 +1,22 @@
 """Benchmark: `scaling project` from a user's own 1-worker run, against that job's 2-worker runs on the capped 2-node minicluster (root).
 
-    .venv/bin/python bench/projection_own_jobs.py            # both jobs, about 18 minutes
+    .venv/bin/python bench/projection_own_jobs.py            # both jobs, about 27 minutes
     .venv/bin/python bench/projection_own_jobs.py --jobs fsdp
     .venv/bin/python bench/projection_own_jobs.py --quick    # about 7 minutes: the pieces run, no measurement
 
 The projection is what a user gets from `scaling project RUN_DIR` (scaling/projection/from_run.py
 `project_run`), here on jobs nobody on the project wrote the model of: the own-job example
-(examples/own_job/train.py: a small ViT under Ray Train's `prepare_model`, DDP) and an FSDP2 job on
-a Hugging Face GPT-2 (examples/own_job/gpt2_fsdp.py: each block `fully_shard`ed, then the root;
-the job shards at one worker too, so its 1-worker run holds FSDP2's own work per step). Each is
-measured with `attach`, as its file shows, and driven by the lab (`scaling run CONFIG`).
+(examples/own_job/train.py: a small ViT under Ray Train's `prepare_model`, DDP, which it wraps at one
+worker too, so its 1-worker run holds DDP's own work per step) and an FSDP2 job on a Hugging Face
+GPT-2 (examples/own_job/gpt2_fsdp.py: each block `fully_shard`ed, then the root; the job shards at
+one worker too, so its 1-worker run holds FSDP2's own work per step). Each is measured with
+`attach`, as its file shows, and driven by the lab (`scaling run CONFIG`).
 
-The script brings up a 2-node minicluster (network namespaces "pown", 10.218.0.0/24, one CPU and
-one Ray node each) and, in this order:
+The script brings up a minicluster (network namespaces "pown", 10.218.0.0/24) of a head that runs no
+workers and 2 worker nodes, each of one CPU and held to its own core (`minicluster.up` `pin_cpus`,
+`head_cpus=0`: the head's processes and each run's Ray Train controller spread over both cores,
+as they would sit on a machine of their own; two 1-worker runs at once put two controllers where a
+2-worker run puts one), and, in this order:
 1. per job, its 1-worker runs, links uncapped (they do not communicate): one alone (`solo`), then
    two at once, one per node (`concurrent`): each computes under the other's load, as the ranks
    of a 2-worker run do on this machine's 2 shared cores, and together they measure the wait for
@@ -117,7 +121,7 @@ JOBS = {
         "backend": "ddp",
         "settings": {},
         "solo_epochs": 4,
-        "pair_epochs": 14,
+        "pair_epochs": 36,
         "epochs": 3,
     },
     "fsdp": {
@@ -246,7 +250,7 @@ def _tc(namespace: str, *args: str) -> str:
 
 def cap_links(cap: str | None, name: str = NAME) -> str:
     """Every node's egress of cluster `name` capped at `cap` with a LINK_BURST_BYTES token bucket (None:
-    uncapped); returns node 0's qdisc as tc shows it."""
+    uncapped); returns a worker node's qdisc as tc shows it."""
     cluster = mc.set_bandwidth(cap, name)  # the testbed's cap first: the cluster's state records it for the runs
     if cap is None:
         return "uncapped"
@@ -266,12 +270,12 @@ def cap_links(cap: str | None, name: str = NAME) -> str:
             "latency",
             "200ms",
         )
-    return _tc(cluster.nodes[0].namespace, "qdisc", "show", "dev", mc.NODE_IFACE).strip()
+    return _tc(cluster.nodes[1].namespace, "qdisc", "show", "dev", mc.NODE_IFACE).strip()
 
 
 def fit_caps(caps: list[str], buffers: list[int]) -> dict:
     sizes = sorted(set(FIT_SIZES) | set(buffers))
-    probe = mc.AllreduceProbe(NAME, N, port=PROBE_PORT)
+    probe = mc.AllreduceProbe(NAME, N, port=PROBE_PORT, first_node=1)
     fits = {}
     try:
         for cap in caps:
@@ -615,10 +619,11 @@ def main() -> int:
     log(f"expected duration: about {expected_minutes(jobs, len(caps), repeats, args.quick):.0f} minutes")
     sampler = LoadSampler().start()
     baselines, meas = {}, {name: {} for name in jobs}
-    log(f"minicluster {NAME!r} up (2 nodes, 1 CPU each, {SUBNET}); runs under {work}")
+    log(f"minicluster {NAME!r} up (a head and 2 nodes, each on its own CPU, {SUBNET}); runs under {work}")
     sampler.phase = "up"
     try:
-        with mc.running(N, None, 1, NAME, SUBNET, log=lambda m: None):
+        with mc.running(N + 1, None, 1, NAME, SUBNET, log=lambda m: None, pin_cpus=True, head_cpus=0) as cluster:
+            record["node_cpus"] = cluster.node_cpus
             cap_links(None, NAME)  # 1-worker runs do not communicate; no cap
             for name in jobs:
                 job = JOBS[name]
