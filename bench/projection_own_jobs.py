@@ -18,9 +18,9 @@ workers and 2 worker nodes, each of one CPU and held to its own core (`miniclust
 as they would sit on a machine of their own; two 1-worker runs at once put two controllers where a
 2-worker run puts one), and, in this order:
 1. per job, its 1-worker runs, links uncapped (they do not communicate): one alone (`solo`), then
-   two at once, one per node (`concurrent`): each computes under the other's load, as the ranks
-   of a 2-worker run do on this machine's 2 shared cores, and together they measure the wait for
-   the slower one (scaling/projection/compute.py `compute_from_concurrent_runs`);
+   two at once, one per node (`concurrent`): each computes beside the other and the head's work,
+   as the ranks of a 2-worker run do on this machine's 2 cores, and together they measure the wait
+   for the slower one (scaling/projection/compute.py `compute_from_concurrent_runs`);
 2. at every cap, each node's egress capped with a tc token bucket of 4 KB (below: why not the
    testbed's 64 KB), gloo
    all-reduces of 16 KB .. 2 MB and of each job's own buffers (its DDP bucket, each FSDP2 unit)
@@ -40,7 +40,7 @@ as they would sit on a machine of their own; two 1-worker runs at once put two c
    `fsdp_process_group="gloo"` (every collective holds the training thread). The units, their sizes
    and their resharding come from the run (compute_profile.json `sharded_units`), not from a table.
    Every prediction is written to the results file before any 2-worker run starts;
-4. per job and cap, `--repeats` 2-worker runs (3 by default), each one's step_s and
+4. per job and cap, `--repeats` 2-worker runs (3 by default; the committed result: 5), each one's step_s and
    exposed_comm_pct from its summary, the median over repeats; the median repeat's step cut
    into compute, transfers and the wait for the slower rank (steps.parquet, collectives.parquet);
 5. takes the cluster down (always, on SIGTERM and Ctrl-C too: minicluster.running), writes

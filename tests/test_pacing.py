@@ -2,8 +2,8 @@
 
 At one worker nothing is communicated, but a rank of a multi-worker run idles through every
 collective, and a CPU's compute resumes slower after an idle (docs/projection.md). A paced run
-idles wherever the job at more workers would wait on a collective: a plain model once per step,
-after backward (its gradients' all-reduce); an FSDP2 model at each unit's all-gather and
+idles wherever the job at more workers would wait on a collective: a plain model, or one wrapped
+in DDP at one worker, once per step, after backward (its gradients' all-reduce); an FSDP2 model at each unit's all-gather and
 reduce-scatter point, as many as the model issues at two ranks (tests/test_fsdp.py counts
 those). Each idle is a pause of the step (`paused_s`), out of its phases; the job computes the
 same losses paced or not.
@@ -32,11 +32,15 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def _train(run_dir, sharded: bool, pace_s: float) -> list[float]:
+def _train(run_dir, kind: str, pace_s: float) -> list[float]:
     from scaling import instrument
 
     torch.manual_seed(0)
-    model = fsdp_jobs.sharded(fsdp_jobs.Blocks()) if sharded else fsdp_jobs.Blocks()
+    model = fsdp_jobs.Blocks()
+    if kind == "fsdp2":
+        model = fsdp_jobs.sharded(model)
+    elif kind == "ddp":  # as examples/own_job/train.py wraps it at one worker
+        model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     losses = []
@@ -53,16 +57,16 @@ def _train(run_dir, sharded: bool, pace_s: float) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["plain", "fsdp2"])
-def test_a_paced_run_idles_at_each_collective_point_outside_its_phases(one_rank_group, tmp_path, sharded):
-    paced = _train(tmp_path / "paced", sharded, PACE_S)
-    assert paced == _train(tmp_path / "unpaced", sharded, 0.0)  # the job computes the same
+@pytest.mark.parametrize("kind", ["plain", "ddp", "fsdp2"])
+def test_a_paced_run_idles_at_each_collective_point_outside_its_phases(one_rank_group, tmp_path, kind):
+    paced = _train(tmp_path / "paced", kind, PACE_S)
+    assert paced == _train(tmp_path / "unpaced", kind, 0.0)  # the job computes the same
     steps = pd.read_parquet(tmp_path / "paced" / "steps.parquet")
     train = steps[steps["kind"] == "train"].sort_values("step")
     assert len(train) == STEPS
     # as many idles as the job at two ranks waits on collectives: FSDP2 gathers every unit in forward,
     # each resharded block again in backward, and reduce-scatters every unit (tests/test_fsdp.py)
-    points = (fsdp_jobs.BLOCKS + 1) + fsdp_jobs.BLOCKS + (fsdp_jobs.BLOCKS + 1) if sharded else 1
+    points = (fsdp_jobs.BLOCKS + 1) + fsdp_jobs.BLOCKS + (fsdp_jobs.BLOCKS + 1) if kind == "fsdp2" else 1
     assert ((train["paused_s"] / PACE_S).median() // 1) == points, train["paused_s"].tolist()
     # out of the phases: a step's span (start to the next's start) is its phases and its idles, no more
     span = train["start_t"].diff().shift(-1).dropna()
