@@ -1,9 +1,10 @@
-"""Benchmark: DDP's own work per step at one worker, on the own-job example's model: its step wrapped in DistributedDataParallel against the bare model, steps interleaved in one process.
+"""Benchmark: DDP's own work per step at one worker on the own-job example's model, wrapped against bare.
 
     .venv/bin/python bench/ddp_own_work.py            # about 30 seconds
     .venv/bin/python bench/ddp_own_work.py --quick
 
-Why: Ray's `prepare_model` wraps the model in DDP only at 2 or more workers, so a 1-worker run of a
+Its step wrapped in DistributedDataParallel against the bare model's, steps interleaved in one
+process. Why: Ray's `prepare_model` wraps the model in DDP only at 2 or more workers, so a 1-worker run of a
 job written as Ray's quickstart trains the bare model, and a projection from it lacks DDP's own
 work per step (forward checks, gradient hooks, bucket copies). On a CPU that work is part of every
 step; this measures how much, on the job the projection proof uses (examples/own_job: `TinyViT`,

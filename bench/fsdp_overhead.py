@@ -229,7 +229,8 @@ def _phases_worker(rank: int, world_size: int, port: int, config: dict, spec: di
 
 
 def measure_pair(index: int, cfg, spec: dict, tmp: str) -> dict[str, list[dict]]:
-    """One pair of processes through both phases: per phase, the blocks (epochs after the first) with each arm's mean step."""
+    """One pair of processes through both phases: per phase, the blocks (epochs after the first) with each
+    arm's mean step."""
     import torch.multiprocessing as mp
 
     from scaling.testbed.local_cluster import free_port

@@ -1,4 +1,4 @@
-"""Benchmark: the scaling projection, calibrated on this machine, against measured 2-node minicluster runs at several link caps (root).
+"""Benchmark: the projection, calibrated on this machine, against 2-node minicluster runs at several link caps (root).
 
     .venv/bin/python bench/projection_vs_minicluster.py
 
@@ -501,7 +501,10 @@ def figure(rows: list[dict], fits: dict, meas: dict, path: Path, load: dict | No
     ax_ar.yaxis.set_major_locator(FixedLocator([10, 20, 50, 100, 200, 500]))
     ax_ar.yaxis.set_major_formatter(ScalarFormatter())
     ax_ar.yaxis.set_minor_formatter(NullFormatter())
-    title = "small_cnn, batch 64 per worker, 2 workers on 2 minicluster nodes: projection (predicted before the runs) vs measured"
+    title = (
+        "small_cnn, batch 64 per worker, 2 workers on 2 minicluster nodes: projection (predicted before the runs) "
+        "vs measured"
+    )
     if load:
         phases = (("baseline_concurrent", "concurrent baseline"), ("sweep", "2-worker sweep"))
         title += "\nmachine load (1-min load average, 2 cores): " + ", ".join(

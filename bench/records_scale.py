@@ -248,7 +248,8 @@ summary = write_summary(run_dir, {"name": "generated", "model": "resnet50", "dat
                                   "launcher": "ray", "num_workers": n, "per_worker_batch": 256, "global_batch": 256 * n,
                                   "seed": 0, "target_accuracy": 0.749, "target_metric": "top1"},
                         status=None, error=None, started_at=dt.datetime.now(dt.timezone.utc), wall_s=0.0)
-print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": peak,
                   "step_s": summary["step_s"], "num_nodes": summary["num_nodes"]}))
 """
 
@@ -258,7 +259,8 @@ from rich.console import Console
 from scaling.report import write_report
 start = time.perf_counter()
 write_report(sys.argv[1], Console(file=open("/dev/null", "w")))
-print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}))
 """
 
 

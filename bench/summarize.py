@@ -410,7 +410,8 @@ def render_page(text: str, folder: Path, page: Path) -> str:
                 f"summarize: {page.relative_to(bl.REPO)} asks for an unknown block {kind!r}; known: {', '.join(BLOCKS)}"
             )
         body = "\n".join(BLOCKS[kind](folder, names))
-        return f"<!-- begin bench/summarize.py: {match['key']} -->\n{body}\n<!-- end bench/summarize.py: {match['key']} -->"
+        key = match["key"]
+        return f"<!-- begin bench/summarize.py: {key} -->\n{body}\n<!-- end bench/summarize.py: {key} -->"
 
     return MARKER.sub(replace, text)
 

@@ -241,7 +241,10 @@ def test_inputs_not_understood_give_a_reason_and_the_true_precision(tmp_path):
         autocast=True,
         call=lambda batch: model(left=batch[0], right=batch[1]).float().pow(2).mean(),
     )
-    reason = "input not understood: the model's first training forward got no positional tensor and no input_ids, only left=, right="
+    reason = (
+        "input not understood: the model's first training forward got no positional tensor and no input_ids, "
+        "only left=, right="
+    )
     assert profile["error"].startswith(reason) and profile["precision"] == "bf16"
     assert summary["precision"] == "bf16"  # autocast's, though the input is not known
     for figure in ("train_flops_per_sample", "achieved_flops_per_s", "mfu"):

@@ -2,11 +2,11 @@
 
 At one worker nothing is communicated, but a rank of a multi-worker run idles through every
 collective, and a CPU's compute resumes slower after an idle (docs/projection.md). A paced run
-idles wherever the job at more workers would wait on a collective: a plain model, or one wrapped
-in DDP at one worker, once per step, after backward (its gradients' all-reduce); an FSDP2 model at each unit's all-gather and
-reduce-scatter point, as many as the model issues at two ranks (tests/test_fsdp.py counts
-those). Each idle is a pause of the step (`paused_s`), out of its phases; the job computes the
-same losses paced or not.
+idles wherever the job at more workers would wait on a collective: a plain model, or one
+wrapped in DDP at one worker, once per step, after backward (its gradients' all-reduce); an
+FSDP2 model at each unit's all-gather and reduce-scatter point, as many as the model issues at
+two ranks (tests/test_fsdp.py counts those). Each idle is a pause of the step (`paused_s`), out
+of its phases; the job computes the same losses paced or not.
 """
 
 from __future__ import annotations

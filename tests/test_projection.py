@@ -438,7 +438,8 @@ def test_straggler_wait_by_hand():
 
 
 def _fake_concurrent_run(path, compute_s, start_unix, epochs=3, steps=10):
-    """A 1-worker small_cnn run whose steady-state steps take `compute_s` (data + forward + backward) + 5 ms optimizer."""
+    """A 1-worker small_cnn run whose steady-state steps take `compute_s` (data + forward + backward) + 5 ms
+    optimizer."""
     path.mkdir()
     summary = {
         "model": "small_cnn",

@@ -122,7 +122,8 @@ class UsersLanguageModel(nn.Module):
 
 def test_a_users_model_of_token_ids_is_counted_with_a_loss_per_token():
     counts = training_flops_per_sample(UsersLanguageModel(), (8,), 32, input_dtype=torch.int64)
-    # per token: mix and out, forward 2·(16·16 + 16·32), backward twice that (the embedding's output needs a gradient)
+    # per token: mix and out, forward 2·(16·16 + 16·32), backward twice that (the embedding's output needs a
+    # gradient)
     assert counts["train_flops_per_token"] == 3 * 2 * (16 * 16 + 16 * 32)
     assert counts["tokens_per_sample"] == 8
     # float inputs of the same shape are what failed before: the embedding refuses them

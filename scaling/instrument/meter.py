@@ -604,7 +604,8 @@ class StepMeter:
         return steady < min(every, FIRST_TIMED_STEPS) or steady % every == 0
 
     def _end_micro_batch(self, request) -> bool:
-        """The batch in progress ends at `request`: whether the next batch continues its step (rule, module docstring)."""
+        """The batch in progress ends at `request`: whether the next batch continues its step (rule, module
+        docstring)."""
         step = self._step
         if step is None:
             return False

@@ -326,9 +326,8 @@ def speedup_figure(table: pd.DataFrame) -> Figure:
                 yerr[:, keep] if yerr is not None else None,
                 METRIC_LINE[metric].get("color", METRIC_COLOUR[metric]),
             )
-        _projected(
-            ax, part, "projected_speedup_throughput", "throughput, projected (α–β model)", METRIC_COLOUR["throughput"]
-        )
+        label = "throughput, projected (α–β model)"
+        _projected(ax, part, "projected_speedup_throughput", label, METRIC_COLOUR["throughput"])
         if log:
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))

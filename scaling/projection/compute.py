@@ -155,7 +155,8 @@ def compute_from_device(
                 f"give --from-run DIR (a 1-worker run) or --samples-per-s N"
             )
         throughput = float(entry["samples_per_s"])
-        source = f"{device} {precision}: {throughput:g} samples/s at batch {entry['batch']} ({entry.get('source', 'devices.yaml')})"
+        where = entry.get("source", "devices.yaml")
+        source = f"{device} {precision}: {throughput:g} samples/s at batch {entry['batch']} ({where})"
     step = per_worker_batch / throughput
     spec = load_devices().get(device) if device else None
     if spec:

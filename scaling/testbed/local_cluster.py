@@ -144,10 +144,12 @@ class PrivateRayHead:
             if time.time() > deadline or self.process.poll() is not None:
                 exited = self.process.poll()
                 self.stop()
-                raise RuntimeError(
-                    "private Ray head did not start: "
-                    f"{'its `ray start` exited with status ' + str(exited) if exited is not None else f'no answer from {self.dashboard} within {self.timeout_s:g} s'}"
+                why = (
+                    f"its `ray start` exited with status {exited}"
+                    if exited is not None
+                    else f"no answer from {self.dashboard} within {self.timeout_s:g} s"
                 )
+                raise RuntimeError(f"private Ray head did not start: {why}")
             time.sleep(0.2)
         self.start_s = time.time() - t0
         time.sleep(self.settle_s)

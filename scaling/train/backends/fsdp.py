@@ -1,4 +1,4 @@
-"""FSDP2 as the lab runs it (`backend: fsdp`): `fully_shard` on the run's process group, with the config's `fsdp:` settings.
+"""FSDP2 as the lab runs it (`backend: fsdp`): `fully_shard` on the run's process group, by its `fsdp:` settings.
 
 What is sharded (`fsdp.shard`): `blocks` gives `fully_shard` each module of the model's
 outermost `nn.ModuleList`s that holds parameters (a transformer's blocks: this lab's GPT's
