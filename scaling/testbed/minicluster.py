@@ -651,7 +651,7 @@ def status(name: str = "lab") -> dict:
                 "namespace_exists": node.namespace in existing,
                 "ray_process_alive": _pid_alive(node.pid),
                 "egress_cap": rate.group(1) if rate else "uncapped",
-                "cpus": cluster.node_cpus[node.index] if cluster.node_cpus else "any",
+                "cpus": (cluster.node_cpus[node.index] if cluster.node_cpus else None) or "any",
             }
         )
     return {
@@ -659,6 +659,7 @@ def status(name: str = "lab") -> dict:
         "address": cluster.address,
         "dashboard": cluster.dashboard,
         "bandwidth": cluster.bandwidth,
+        "head_cpus": cluster.cpus_per_node if cluster.head_cpus is None else cluster.head_cpus,
         "ray_nodes_alive": alive_nodes(cluster),
         "nodes": rows,
     }
