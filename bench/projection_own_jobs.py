@@ -1,6 +1,6 @@
 """Benchmark: `scaling project` from a user's own 1-worker run against its 2-worker runs on the minicluster (root).
 
-    .venv/bin/python bench/projection_own_jobs.py            # both jobs, about 27 minutes
+    .venv/bin/python bench/projection_own_jobs.py            # both jobs, about 40 minutes
     .venv/bin/python bench/projection_own_jobs.py --jobs fsdp
     .venv/bin/python bench/projection_own_jobs.py --quick    # about 7 minutes: the pieces run, no measurement
 
@@ -22,28 +22,32 @@ as they would sit on a machine of their own; two 1-worker runs at once put two c
    as the ranks of a 2-worker run do on this machine's 2 cores, and together they measure the wait
    for the slower one (scaling/projection/compute.py `compute_from_concurrent_runs`);
 2. at every cap, each node's egress capped with a tc token bucket of 4 KB (below: why not the
-   testbed's 64 KB), gloo
-   all-reduces of 16 KB .. 2 MB and of each job's own buffers (its DDP bucket, each FSDP2 unit)
-   timed between the nodes and the ring's alpha and beta fitted (`fit_alpha_beta`), all-reduces
-   and all-gathers apart (nccl-tests, too, report each collective's bus bandwidth), and each of the
-   jobs' buffers all-reduced and all-gathered right after compute, as a synchronous step issues
-   them (the probe's `time_interleaved`): the FSDP2 job's links are fitted over its own sizes so
-   timed (`job_link_fits`);
-3. per job and cap, `project_run` on the job's run directories, onto the cluster of the fitted alpha
-   and beta (`cluster_from_alpha_beta`, one worker per node) with `same_device` (the minicluster is
-   the machine the runs ran on: their compute is taken as measured). A rank of a 2-worker run idles
+   testbed's 64 KB), gloo all-reduces of 16 KB .. 2 MB and of each job's own buffers (its DDP
+   bucket, each FSDP2 unit) timed between the nodes and the ring's alpha and beta fitted over their
+   means (`fit_alpha_beta`; a step's time is a mean, so it holds each collective's mean, tail
+   included), all-reduces and all-gathers apart (nccl-tests, too, report each collective's bus
+   bandwidth), and each of the jobs' buffers all-reduced and all-gathered right after compute, as a
+   synchronous step issues them (the probe's `time_interleaved`): the FSDP2 job's links are fitted
+   over its own sizes so timed (`job_link_fits`);
+3. per cap (the links capped from here on) and job, `project_run` on the job's run directories,
+   onto the cluster of the fitted alpha and beta (`cluster_from_alpha_beta`, one worker per node)
+   with `same_device` (the minicluster is the machine the runs ran on: their compute is taken as
+   measured): the unpaced pair's and the solo run's projections. A rank of a 2-worker run idles
    through every collective, and on this machine a step's compute resumes slower after an idle (a 25
-   ms idle per step made the own-job step 21% slower): so per cap the concurrent pair runs again,
-   paced (`instrument.pace_idle_s`: idle at each point the job would wait on a collective, as long
-   as the projection from the unpaced pair says one takes there), twice, one pair after the other,
-   and the headline is the mean of the two paced pairs' projections (`mean_prediction`); the
-   unpaced pair's and the solo run's beside it. FSDP2 with
-   `fsdp_process_group="gloo"` (every collective holds the training thread). The units, their sizes
-   and their resharding come from the run (compute_profile.json `sharded_units`), not from a table.
-   Every prediction is written to the results file before any 2-worker run starts;
-4. per job and cap, `--repeats` 2-worker runs (3 by default; the committed result: 5), each one's step_s and
-   exposed_comm_pct from its summary, the median over repeats; the median repeat's step cut
-   into compute, transfers and the wait for the slower rank (steps.parquet, collectives.parquet);
+   ms idle per step made the own-job step 21% slower): so the concurrent pair runs again, paced
+   (`instrument.pace_idle_s`: idle at each point the job would wait on a collective, as long as the
+   unpaced pair's projection says one takes there). FSDP2 with `fsdp_process_group="gloo"` (every
+   collective holds the training thread). The units, their sizes and their resharding come from
+   the run (compute_profile.json `sharded_units`), not from a table;
+4. per job and cap, `--rounds` rounds (4 by default), each a paced pair, its projection written to
+   the results file, then one 2-worker run: prediction and measurement alternate, as an A/B
+   comparison on a shared machine must (the 2-worker step of the same job and cap moved 5% within
+   minutes, and three runs of a script that made every prediction first, then every 2-worker run,
+   met the goal at 4, 3 and 0 of its 4 points). The headline prediction is the median over rounds
+   of each figure (`median_prediction`), the measurement the median of the 2-worker runs' step_s
+   and exposed_comm_pct (their summaries), and each round's own error is kept beside them; the
+   median run's step is cut into compute, transfers and the wait for the slower rank
+   (steps.parquet, collectives.parquet);
 5. takes the cluster down (always, on SIGTERM and Ctrl-C too: minicluster.running), writes
    bench/results/projection_own_jobs.json and .png (`--quick`: bench/results/quick/).
 
@@ -100,22 +104,23 @@ KINDS = ("all_gather", "re_gather", "reduce_scatter")  # FSDP2's collectives, as
 LINK_BURST_BYTES = 4096  # the token bucket of every cap (module docstring: why not the testbed's)
 PROBE_PORT = 29516  # the lab's other minicluster benches take 29512 and 29514
 FIT_SIZES = (16_384, 32_768, 65_536, 131_072, 262_144, 524_288, 1_048_576, 2_097_152)
-PROBE_ITERS = 9
-INTERLEAVED, INTERLEAVED_ITERS = {"compute_s": 0.005, "segments": 8}, 6  # a step's pattern (probe's time_interleaved)
-PACED_PAIRS = 2  # paced pairs per job and cap, run one after the other: the headline is their projections' mean
+PROBE_ITERS = 30  # enough for a mean with its tail: the fits are over means (fit_caps)
+INTERLEAVED, INTERLEAVED_ITERS = {"compute_s": 0.005, "segments": 8}, 8  # a step's pattern (probe's time_interleaved)
 RUN_TIMEOUT_S = 480  # a run (or the pair) that has not finished by then is stopped (Ray can hang fetching an object)
 GOAL_STEP_REL = 0.05
 GOAL_EXPOSED_PP = 3.0
 HEADLINE = "paced"
 MODELS = {
-    HEADLINE: "headline: the mean of `project_run` on each of two pairs of concurrent 1-worker runs paced for the "
-    "cap (instrument.pace_idle_s: idle at each collective point for the projected collective's mean time): their "
-    "compute as it runs between waits, and the wait for the slower one they measure",
+    HEADLINE: "headline: the median over rounds of `project_run` on a pair of concurrent 1-worker runs paced for "
+    "the cap (instrument.pace_idle_s: idle at each collective point for the projected collective's mean time), each "
+    "pair run just before its round's 2-worker run: their compute as it runs between waits, and the wait for the "
+    "slower one they measure",
     "unpaced": "`project_run` on two concurrent 1-worker runs that never idle",
     "solo": "`project_run` on the 1-worker run alone (the wait from its steps' spread)",
 }
-# per job: its lab config, the projection's backend and settings, epochs of the 1-worker runs (the pair
-# long enough to overlap despite Ray's start-up skew of up to 16 s) and of the 2-worker runs
+# per job: its lab config, the projection's backend and settings, epochs of the 1-worker runs (each pair
+# long enough to overlap despite Ray's start-up skew of up to 16 s; a paced epoch is longer) and of the
+# 2-worker runs
 JOBS = {
     "ddp": {
         "config": "examples/own_job/sweep.yaml",
@@ -124,6 +129,7 @@ JOBS = {
         "settings": {},
         "solo_epochs": 4,
         "pair_epochs": 36,
+        "paced_epochs": 20,
         "epochs": 3,
     },
     "fsdp": {
@@ -134,6 +140,7 @@ JOBS = {
         "settings": {"fsdp_process_group": "gloo"},
         "solo_epochs": 3,
         "pair_epochs": 10,
+        "paced_epochs": 6,
         "epochs": 3,
     },
 }
@@ -240,6 +247,16 @@ def job_buffers(run: RunDir, backend: str) -> list[int]:
     return [4 * int(profile["parameters"])]
 
 
+def two_worker_run(job: dict, run_dir: Path, logs: Path, seed: int) -> Path | None:
+    """A 2-worker run of the job, once more if it fails or hangs; its directory, or None."""
+    for attempt in (1, 2):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if lab_run(job["config"], N, run_dir, job["epochs"], logs / f"{run_dir.name}.attempt{attempt}.log", seed):
+            return run_dir
+        log(f"{run_dir.name} failed or hung (attempt {attempt}); log in {logs}")
+    return None
+
+
 # ---------------------------------------------------------------------------- the links and their fit
 
 
@@ -282,10 +299,15 @@ def fit_caps(caps: list[str], buffers: list[int]) -> dict:
     try:
         for cap in caps:
             qdisc = cap_links(cap, NAME)
+            # a step's time is a mean, so it holds each collective's mean, tail included: over the capped
+            # link the DDP job's 288 KB all-reduce averaged 1.4 ms above its median (60 timed), and 14% of
+            # its 2-worker steps ran 5 ms or more long in backward, where the all-reduce is
             results = probe.measure(sizes, PROBE_ITERS)
             medians = {r["bytes"]: r["median_s"] for r in results}
-            fit = fit_alpha_beta(sizes, [medians[s] for s in sizes], N)
-            gathers = {r["bytes"]: r["median_s"] for r in probe.measure(sizes, PROBE_ITERS, "all_gather")}
+            means = {r["bytes"]: r["mean_s"] for r in results}
+            fit = fit_alpha_beta(sizes, [means[s] for s in sizes], N)
+            gathered = probe.measure(sizes, PROBE_ITERS, "all_gather")
+            gathers = {r["bytes"]: r["mean_s"] for r in gathered}
             # over every size, for the record: gloo's all-gather strays from one line (predict() fits the
             # job's own sizes)
             gather_fit = fit_alpha_beta(sizes, [gathers[s] for s in sizes], N, collective="all_gather")
@@ -301,17 +323,19 @@ def fit_caps(caps: list[str], buffers: list[int]) -> dict:
                 "line_rate_bytes_per_s": line_rate,
                 "sizes_bytes": sizes,
                 "median_s": [medians[s] for s in sizes],
+                "mean_s": [means[s] for s in sizes],
                 "alpha_s": fit.alpha_s,
                 "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
                 "fit_rms_relative_error": fit.rms_relative_error,
                 "bandwidth_over_line_rate": fit.bandwidth_bytes_per_s / line_rate,
-                "allgather_median_s": [gathers[s] for s in sizes],
+                "allgather_median_s": [r["median_s"] for r in gathered],
+                "allgather_mean_s": [gathers[s] for s in sizes],
                 "allgather_alpha_s": gather_fit.alpha_s,
                 "allgather_bandwidth_bytes_per_s": gather_fit.bandwidth_bytes_per_s,
                 "allgather_fit_rms_relative_error": gather_fit.rms_relative_error,
                 "interleaved": interleaved,
                 "buffers": {
-                    str(b): {"allreduce_fitted_s": fit.predict_s(b), "allreduce_probe_s": medians[b]} for b in buffers
+                    str(b): {"allreduce_fitted_s": fit.predict_s(b), "allreduce_probe_s": means[b]} for b in buffers
                 },
             }
             log(
@@ -338,17 +362,17 @@ def pace_s(predicted: dict) -> float:
 
 def job_link_fits(job: dict, fit: dict) -> dict | None:
     """An FSDP2 job on gloo: its all-reduces (gloo's reduce-scatter) and all-gathers fitted apart, each
-    over the job's own buffer sizes as timed right after compute (`time_interleaved`), the way its
-    synchronous collectives are issued: in that pattern a 200 KB all-gather took about 2 ms more than
-    back to back, and gloo's all-gather follows no one line from 16 KB to 2 MB (a 200 KB and a 260 KB
-    gather took the same time). None for a DDP job: its bucket goes to gloo's own thread during
-    backward, and the all-reduce line over every size is the one it meets."""
+    over the job's own buffer sizes as timed right after compute (`time_interleaved`, their means),
+    the way its synchronous collectives are issued: in that pattern a 200 KB all-gather took about 2
+    ms more than back to back, and gloo's all-gather follows no one line from 16 KB to 2 MB (a 200 KB
+    and a 260 KB gather took the same time). None for a DDP job: its bucket goes to gloo's own thread
+    during backward, and the all-reduce line over every size is the one it meets."""
     sizes = job["buffers"]
     if job["backend"] != "fsdp" or len(sizes) < 2:
         return None
     fits = {}
     for kind in ("all_reduce", "all_gather"):
-        timed = {r["bytes"]: r["collective_interleaved_s"] for r in fit["interleaved"][kind]}
+        timed = {r["bytes"]: r["collective_interleaved_mean_s"] for r in fit["interleaved"][kind]}
         fits[kind] = fit_alpha_beta(sizes, [timed[s] for s in sizes], N, collective=kind)
     return fits
 
@@ -383,38 +407,43 @@ def predict(job: dict, fit: dict, runs) -> dict:
     return out
 
 
-def mean_prediction(predictions: list[dict]) -> dict:
-    """The mean of several pairs' projections, figure by figure (each pair's own under `pairs`): a
-    pair's compute moved by 3 ms between two runs of the script, as much as the FSDP2 job's 5% goal."""
-    mean = dict(predictions[0])
+def median_prediction(rounds: list[dict]) -> dict:
+    """The median over the rounds' projections, figure by figure, as the measurement is the median of
+    the rounds' 2-worker runs (a round's paced pair moved by 3 ms from one run of the script to the
+    next, as much as the FSDP2 job's 5% goal). The parameters and notes are the first round's."""
+    import statistics
+
+    median = dict(rounds[0])
     for key in PREDICTED:
-        values = [p[key] for p in predictions if isinstance(p.get(key), (int, float))]
+        values = [p[key] for p in rounds if isinstance(p.get(key), (int, float))]
         if values:
-            mean[key] = sum(values) / len(values)
-    mean["pairs"] = [{key: p.get(key) for key in PREDICTED} for p in predictions]
-    return mean
+            median[key] = statistics.median(values)
+    return median
 
 
 # ---------------------------------------------------------------------------- measurements
 
 
-def measured(job: dict, run_dirs: list[Path]) -> dict:
-    """The median over the runs of each figure, each run's own step and exposed communication, and the
-    decomposition of the run whose step time is the median."""
+def measured(job: dict, run_dirs: dict[int, Path]) -> dict:
+    """The median over the runs (by round) of each figure, each run's own step and exposed
+    communication, and the decomposition of the run whose step time is the median."""
     import statistics
 
-    summaries = {d: RunDir(d).summary() for d in run_dirs}
+    summaries = {d: RunDir(d).summary() for d in run_dirs.values()}
     row = {}
     for key in MEASURED_FIELDS:
         values = [s[key] for s in summaries.values() if isinstance(s.get(key), (int, float))]
         row[key] = statistics.median(values) if values else None
-    middle = min(run_dirs, key=lambda d: abs(summaries[d]["step_s"] - row["step_s"]))
+    middle = min(summaries, key=lambda d: abs(summaries[d]["step_s"] - row["step_s"]))
     decompose = decompose_fsdp if job["backend"] == "fsdp" else decompose_ddp
     row.update(
         repeats=len(run_dirs),
         run_dir=str(middle),
         diagnosis=decompose(middle),
-        per_repeat=[{"step_s": s["step_s"], "exposed_comm_pct": s["exposed_comm_pct"]} for s in summaries.values()],
+        per_round={
+            str(r): {"step_s": summaries[d]["step_s"], "exposed_comm_pct": summaries[d]["exposed_comm_pct"]}
+            for r, d in run_dirs.items()
+        },
     )
     return row
 
@@ -480,8 +509,9 @@ def error_by_term_ms(job: dict, p: dict, d: dict) -> dict:
 
 def compare(job: dict, preds: dict, meas: dict) -> list[dict]:
     rows = []
-    for cap, by_model in preds.items():
+    for cap, entry in preds.items():
         row = {"cap": cap}
+        by_model = {model: entry[model] for model in MODELS if model in entry}
         for model, p in by_model.items():
             row[f"predicted_step_s[{model}]"] = p["step_s"]
             row[f"predicted_exposed_comm_pct[{model}]"] = p["exposed_comm_pct"]
@@ -499,6 +529,12 @@ def compare(job: dict, preds: dict, meas: dict) -> list[dict]:
         for model, p in by_model.items():
             row[f"step_error_pct[{model}]"] = 100 * (p["step_s"] - m["step_s"]) / m["step_s"]
             row[f"exposed_error_pp[{model}]"] = p["exposed_comm_pct"] - m["exposed_comm_pct"]
+        # each round's prediction against its own 2-worker run: the spread the headline's median sits in
+        by_round = [
+            (entry["rounds"][int(r)], got) for r, got in m["per_round"].items() if int(r) < len(entry["rounds"])
+        ]
+        row["step_error_pct_by_round"] = [100 * (p["step_s"] - got["step_s"]) / got["step_s"] for p, got in by_round]
+        row["exposed_error_pp_by_round"] = [p["exposed_comm_pct"] - got["exposed_comm_pct"] for p, got in by_round]
         row["step_pass"] = abs(row[f"step_error_pct[{HEADLINE}]"]) <= 100 * GOAL_STEP_REL
         row["exposed_pass"] = abs(row[f"exposed_error_pp[{HEADLINE}]"]) <= GOAL_EXPOSED_PP
         row["error_by_term_ms"] = error_by_term_ms(job, head, m["diagnosis"])
@@ -564,7 +600,7 @@ def figure(record: dict, path: Path) -> None:
             ax.legend(fontsize=7)
     fig.suptitle(
         "the user's own jobs, 2 workers on 2 minicluster nodes:\n`scaling project` from 1-worker runs "
-        "(written before the 2-worker runs) vs measured (median of the repeats)",
+        "(median over rounds, each written before its round's 2-worker run) vs measured (median of the rounds)",
         fontsize=10,
     )
     fig.savefig(path, dpi=120)
@@ -573,13 +609,13 @@ def figure(record: dict, path: Path) -> None:
 # ---------------------------------------------------------------------------- main
 
 
-def expected_minutes(jobs: list[str], caps: int, repeats: int, quick: bool) -> float:
+def expected_minutes(jobs: list[str], caps: int, rounds: int) -> float:
     seconds = UP_DOWN_S + FIT_S * caps
     for name in jobs:
         job = JOBS[name]
-        pairs = 1 + caps * PACED_PAIRS
-        seconds += (1 + pairs) * START_S + EPOCH_1W_S * (job["solo_epochs"] + pairs * job["pair_epochs"])
-        seconds += caps * repeats * (START_S + EPOCH_2W_S * job["epochs"])
+        seconds += 2 * START_S + EPOCH_1W_S * (job["solo_epochs"] + job["pair_epochs"])
+        # a paced epoch idles about as long as a 2-worker epoch communicates
+        seconds += caps * rounds * (2 * START_S + EPOCH_2W_S * (job["paced_epochs"] + job["epochs"]))
     return seconds / 60
 
 
@@ -587,7 +623,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="ddp,fsdp", help="which jobs, comma-separated: ddp, fsdp (default both)")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="2-worker runs per job and cap; their median is compared"
+        "--rounds",
+        type=int,
+        default=4,
+        help="rounds per job and cap, each a paced pair of 1-worker runs (a prediction) then a 2-worker run; "
+        "the medians are compared (default 4)",
     )
     parser.add_argument(
         "--work", type=Path, default=None, help="where the runs go (default results/projection-own-jobs/<time>)"
@@ -603,15 +643,15 @@ def main() -> int:
     unknown = [j for j in jobs if j not in JOBS]
     if unknown or not jobs:
         parser.error(f"--jobs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(JOBS)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     started = time.time()
     load_start = bl.load_average()
     caps = list(CAPS[:1] if args.quick else CAPS)
-    repeats = 1 if args.quick else args.repeats
+    rounds = 1 if args.quick else args.rounds
     if args.quick:
         for name in jobs:
-            JOBS[name].update(solo_epochs=1, pair_epochs=8, epochs=1)
+            JOBS[name].update(solo_epochs=1, pair_epochs=8, paced_epochs=4, epochs=1)
     out_json = bl.results_dir(args.quick) / f"{RESULT}.json"
     out_png = out_json.with_suffix(".png")
     work = (args.work or REPO / "results" / "projection-own-jobs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -625,13 +665,13 @@ def main() -> int:
         "jobs": {name: {k: v for k, v in JOBS[name].items()} for name in jobs},
         "caps": caps,
         "link_burst_bytes": 4096,
-        "repeats_per_cap": repeats,
+        "rounds_per_cap": rounds,
         "goal": {"step_time_relative": GOAL_STEP_REL, "exposed_comm_pp": GOAL_EXPOSED_PP, "judged_on": HEADLINE},
         "models": MODELS,
         "work_dir": str(work),
         "status": "started",
     }
-    log(f"expected duration: about {expected_minutes(jobs, len(caps), repeats, args.quick):.0f} minutes")
+    log(f"expected duration: about {expected_minutes(jobs, len(caps), rounds):.0f} minutes")
     sampler = LoadSampler().start()
     baselines, meas = {}, {name: {} for name in jobs}
     log(f"minicluster {NAME!r} up (a head and 2 nodes, each on its own CPU, {SUBNET}); runs under {work}")
@@ -663,59 +703,47 @@ def main() -> int:
             record["fits"] = fits
             cap_links(None, NAME)
             predictions, paces = {name: {} for name in jobs}, {name: {} for name in jobs}
-            for name in jobs:
-                job = JOBS[name]
-                for cap, fit in fits.items():
+            record.update(paced_baselines=paces, predictions=predictions, status="rounds")
+            for cap, fit in fits.items():
+                log(f"{cap}: {cap_links(cap, NAME)}")
+                for name in jobs:
+                    job = JOBS[name]
                     unpaced = predict(job, fit, [RunDir(d) for d in baselines[name]["pair"]])
                     # the pair again, idling at each collective point as long as the projection says a
                     # collective there takes (its mean): their compute as it runs between waits
                     pace = pace_s(unpaced)
-                    sampler.phase = "baseline_paced"
-                    pairs = []
-                    for k in range(PACED_PAIRS):
-                        pairs.append([work / f"{name}-w1-paced-{cap}-{k}{s}" for s in "ab"])
-                        log(f"{name}: two 1-worker runs at once, paced by {1e3 * pace:.1f} ms for {cap} ({k + 1})")
-                        one_worker_runs(job["config"], pairs[-1], job["pair_epochs"], logs, pace_s=pace)
-                    paces[name][cap] = {"pace_s": pace, "runs": [run_figures(d) for pair in pairs for d in pair]}
-                    predictions[name][cap] = {
-                        HEADLINE: mean_prediction([predict(job, fit, [RunDir(d) for d in pair]) for pair in pairs]),
+                    entry = predictions[name][cap] = {
                         "unpaced": unpaced,
                         "solo": predict(job, fit, RunDir(baselines[name]["solo"])),
+                        "rounds": [],
                     }
-            record["paced_baselines"] = paces
-            record["predictions"] = predictions
-            record["status"] = "predicted"
-            record["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-            write(record, out_json)  # the predictions are on disk before any 2-worker run starts
-            for name in jobs:
-                for cap in caps:
-                    p = record["predictions"][name][cap][HEADLINE]
-                    log(
-                        f"{name} predicted at {cap}: step {1e3 * p['step_s']:.1f} ms "
-                        f"[{1e3 * p['step_s_lo']:.1f}, {1e3 * p['step_s_hi']:.1f}], exposed "
-                        f"{p['exposed_comm_pct']:.1f}%"
-                    )
-            sampler.phase = "runs"
-            for cap in caps:
-                log(f"{cap}: {cap_links(cap, NAME)}")
-                for name in jobs:
-                    job, done = JOBS[name], []
-                    for repeat in range(repeats):
-                        run_dir = work / f"{name}-w2-{cap}-r{repeat}"
-                        for attempt in (1, 2):
-                            shutil.rmtree(run_dir, ignore_errors=True)
-                            log_path = logs / f"{run_dir.name}.attempt{attempt}.log"
-                            if lab_run(job["config"], N, run_dir, job["epochs"], log_path, seed=repeat):
-                                summary = RunDir(run_dir).summary()
-                                log(
-                                    f"{name} {cap} repeat {repeat}: step {1e3 * summary['step_s']:.1f} ms, exposed "
-                                    f"{summary['exposed_comm_pct']:.1f}%"
-                                )
-                                done.append(run_dir)
-                                break
-                            log(f"{name} {cap} repeat {repeat} failed or hung (attempt {attempt}); log in {logs}")
-                    if done:
-                        meas[name][cap] = measured(job, done)
+                    paced, two_worker = [], {}
+                    for r in range(rounds):
+                        sampler.phase = "baseline_paced"
+                        pair = [work / f"{name}-w1-paced-{cap}-{r}{s}" for s in "ab"]
+                        log(
+                            f"{name} {cap} round {r + 1}/{rounds}: two 1-worker runs at once, paced by {1e3 * pace:.1f} ms"
+                        )
+                        one_worker_runs(job["config"], pair, job["paced_epochs"], logs, pace_s=pace)
+                        paced += pair
+                        prediction = predict(job, fit, [RunDir(d) for d in pair])
+                        prediction["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+                        entry["rounds"].append(prediction)
+                        write(record, out_json)  # the round's prediction is on disk before its 2-worker run
+                        sampler.phase = "runs"
+                        run_dir = two_worker_run(job, work / f"{name}-w2-{cap}-r{r}", logs, seed=r)
+                        if run_dir:
+                            two_worker[r] = run_dir
+                            got = RunDir(run_dir).summary()
+                            log(
+                                f"{name} {cap} round {r + 1}: predicted {1e3 * prediction['step_s']:.1f} ms, "
+                                f"{prediction['exposed_comm_pct']:.1f}% exposed; measured {1e3 * got['step_s']:.1f} "
+                                f"ms, {got['exposed_comm_pct']:.1f}%"
+                            )
+                    entry[HEADLINE] = median_prediction(entry["rounds"])
+                    paces[name][cap] = {"pace_s": pace, "runs": [run_figures(d) for d in paced]}
+                    if two_worker:
+                        meas[name][cap] = measured(job, two_worker)
             sampler.phase = "down"
     finally:
         sampler.stop()

@@ -285,26 +285,25 @@ def block_projection_own_jobs(folder: Path, names: list[str]) -> list[str]:
     head = record["goal"]["judged_on"]
     lines = [
         "| job | cap | pace | step: predicted [interval] / measured (error) | exposed communication: predicted / "
-        "measured (error) | unpaced baseline's step error | measured step per repeat |",
+        "measured (error) | unpaced baseline's step error | step error per round |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
     for job, rows in record["comparison"].items():
         for row in rows:
             cap = row["cap"]
             pace = record["paced_baselines"][job][cap]["pace_s"]
-            measured = record["measured"][job].get(cap) or {}
             low, high = row["predicted_step_interval_s"]
             predicted = f"{1e3 * row[f'predicted_step_s[{head}]']:.1f} [{1e3 * low:.1f}, {1e3 * high:.1f}]"
             if row.get("measured_step_s") is None:
                 lines.append(f"| {job} | {cap} | {1e3 * pace:.1f} ms | {predicted} / — ms | — | — | — |")
                 continue
-            repeats = ", ".join(f"{1e3 * r['step_s']:.1f}" for r in measured.get("per_repeat", []))
+            by_round = ", ".join(f"{e:+.1f}" for e in row.get("step_error_pct_by_round", []))
             lines.append(
                 f"| {job} | {cap} | {1e3 * pace:.1f} ms | {predicted} / {1e3 * row['measured_step_s']:.1f} ms "
                 f"({row[f'step_error_pct[{head}]']:+.1f}%{'' if row['step_pass'] else ', **misses**'}) "
                 f"| {row[f'predicted_exposed_comm_pct[{head}]']:.1f} / {row['measured_exposed_comm_pct']:.1f}% "
                 f"({row[f'exposed_error_pp[{head}]']:+.1f} pp{'' if row['exposed_pass'] else ', **misses**'}) "
-                f"| {row['step_error_pct[unpaced]']:+.1f}% | {repeats} ms |"
+                f"| {row['step_error_pct[unpaced]']:+.1f}% | {by_round} % |"
             )
     goal = record["goal"]
     return [
@@ -312,9 +311,9 @@ def block_projection_own_jobs(folder: Path, names: list[str]) -> list[str]:
         "",
         f"Goal: step time within {100 * goal['step_time_relative']:.0f}% and exposed communication within "
         f"{goal['exposed_comm_pp']:g} pp at every cap, both jobs: **{'met' if record['goal_met'] else 'not met'}**. "
-        f"Predictions written {record['predicted_at'][:16].replace('T', ' ')}, before the first 2-worker run; "
-        f"{record['repeats_per_cap']} runs per job and cap, compared by their median. Pace: each paced 1-worker run's "
-        "idle per collective point.",
+        f"{record['rounds_per_cap']} rounds per job and cap, each a paced pair of 1-worker runs, its prediction "
+        "written, then a 2-worker run; the headline compares the medians over rounds. Pace: each paced 1-worker "
+        "run's idle per collective point.",
         "",
         f"- {provenance(record, name)}",
         "",

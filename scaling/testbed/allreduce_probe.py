@@ -13,7 +13,8 @@ after a barrier so that every rank starts together and the time is the collectiv
 m times compute of about c seconds then the collective, against the same compute alone
 (`time_interleaved`): what a collective costs inside a loop that back-to-back timing does not
 show. Rank 0 answers each request with one JSON line {"results": [{"bytes", "seconds": [...],
-"median_s"}, ...]}. An empty line or the end of input ends the group.
+"median_s", "mean_s"}, ...]}: the median for a link's typical collective, the mean (its tail
+included) for what a mean step spends in it. An empty line or the end of input ends the group.
 
 The process stays alive across requests, so a sweep over sizes and link caps pays torch's
 import and gloo's rendezvous once. The driver that starts one rank per node and talks to
@@ -49,8 +50,8 @@ def _collective(nbytes: int, collective: str):
 
 
 def time_collective(nbytes: int, iters: int, collective: str = "all_reduce") -> dict:
-    """{"bytes", "seconds", "median_s"}: `iters` timed all-reduces of an fp32 tensor of `nbytes`, or
-    all-gathers into one (module docstring)."""
+    """{"bytes", "seconds", "median_s", "mean_s"}: `iters` timed all-reduces of an fp32 tensor of
+    `nbytes`, or all-gathers into one (module docstring)."""
     run = _collective(nbytes, collective)
     dist.barrier()
     run()  # warm-up
@@ -60,7 +61,12 @@ def time_collective(nbytes: int, iters: int, collective: str = "all_reduce") -> 
         start = time.perf_counter()
         run()
         seconds.append(time.perf_counter() - start)
-    return {"bytes": int(nbytes), "seconds": seconds, "median_s": statistics.median(seconds)}
+    return {
+        "bytes": int(nbytes),
+        "seconds": seconds,
+        "median_s": statistics.median(seconds),
+        "mean_s": statistics.fmean(seconds),
+    }
 
 
 def _busy_compute(repeats: int, matrix: torch.Tensor) -> torch.Tensor:
@@ -75,7 +81,8 @@ def time_interleaved(nbytes: int, iters: int, collective: str, compute_s: float,
     collective of `nbytes`), `iters` times, against the same compute without collectives. Per segment,
     medians: "compute_alone_s", "compute_interleaved_s" (the compute that follows a collective), and
     "collective_interleaved_s" (the collective there, the shorter of the ranks' durations: the rank
-    that arrived last spent only the transfer in it); "collective_alone_s" as `time_collective` times it."""
+    that arrived last spent only the transfer in it), with its mean "collective_interleaved_mean_s";
+    "collective_alone_s" as `time_collective` times it."""
     matrix = torch.randn(128, 128, generator=torch.Generator().manual_seed(0)) / 16
     start = time.perf_counter()
     _busy_compute(50, matrix)
@@ -107,6 +114,7 @@ def time_interleaved(nbytes: int, iters: int, collective: str, compute_s: float,
         "compute_alone_s": statistics.median(alone),
         "compute_interleaved_s": statistics.median(computes),
         "collective_interleaved_s": statistics.median(shortest),
+        "collective_interleaved_mean_s": statistics.fmean(shortest),
         "collective_alone_s": time_collective(nbytes, iters, collective)["median_s"],
     }
 

@@ -742,7 +742,7 @@ class AllreduceProbe:
     def measure(
         self, sizes, iters: int = 3, collective: str = "all_reduce", interleaved: dict | None = None
     ) -> list[dict]:
-        """Per size (bytes): {"bytes", "seconds": [...], "median_s"} of `collective`, all_reduce or
+        """Per size (bytes): {"bytes", "seconds": [...], "median_s", "mean_s"} of `collective`, all_reduce or
         all_gather; with `interleaved` ({"compute_s", "segments"}) the collective timed between
         compute, as a training step issues it (allreduce_probe.py `time_interleaved`)."""
         request = {"sizes": [int(s) for s in sizes], "iters": iters, "collective": collective}
