@@ -721,9 +721,7 @@ def main() -> int:
                     for r in range(rounds):
                         sampler.phase = "baseline_paced"
                         pair = [work / f"{name}-w1-paced-{cap}-{r}{s}" for s in "ab"]
-                        log(
-                            f"{name} {cap} round {r + 1}/{rounds}: two 1-worker runs at once, paced by {1e3 * pace:.1f} ms"
-                        )
+                        log(f"{name} {cap} round {r + 1}/{rounds}: a pair paced by {1e3 * pace:.1f} ms")
                         one_worker_runs(job["config"], pair, job["paced_epochs"], logs, pace_s=pace)
                         paced += pair
                         prediction = predict(job, fit, [RunDir(d) for d in pair])
