@@ -410,7 +410,8 @@ def predict(job: dict, fit: dict, runs) -> dict:
 def median_prediction(rounds: list[dict]) -> dict:
     """The median over the rounds' projections, figure by figure, as the measurement is the median of
     the rounds' 2-worker runs (a round's paced pair moved by 3 ms from one run of the script to the
-    next, as much as the FSDP2 job's 5% goal). The parameters and notes are the first round's."""
+    next, as much as the FSDP2 job's 5% goal). The parameters, notes and
+    `predicted_at` are the first round's (each round's own are under the entry's `rounds`)."""
     import statistics
 
     median = dict(rounds[0])
@@ -664,7 +665,7 @@ def main() -> int:
         "quick": args.quick,
         "jobs": {name: {k: v for k, v in JOBS[name].items()} for name in jobs},
         "caps": caps,
-        "link_burst_bytes": 4096,
+        "link_burst_bytes": LINK_BURST_BYTES,
         "rounds_per_cap": rounds,
         "goal": {"step_time_relative": GOAL_STEP_REL, "exposed_comm_pp": GOAL_EXPOSED_PP, "judged_on": HEADLINE},
         "models": MODELS,
