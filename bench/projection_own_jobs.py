@@ -21,33 +21,36 @@ as they would sit on a machine of their own; two 1-worker runs at once put two c
    two at once, one per node (`concurrent`): each computes beside the other and the head's work,
    as the ranks of a 2-worker run do on this machine's 2 cores, and together they measure the wait
    for the slower one (scaling/projection/compute.py `compute_from_concurrent_runs`);
-2. at every cap, each node's egress capped with a tc token bucket of 4 KB (below: why not the
-   testbed's 64 KB), gloo all-reduces of 16 KB .. 2 MB and of each job's own buffers (its DDP
-   bucket, each FSDP2 unit) timed between the nodes and the ring's alpha and beta fitted over their
-   means (`fit_alpha_beta`; a step's time is a mean, so it holds each collective's mean, tail
-   included), all-reduces and all-gathers apart (nccl-tests, too, report each collective's bus
-   bandwidth), and each of the jobs' buffers all-reduced and all-gathered right after compute, as a
-   synchronous step issues them (the probe's `time_interleaved`): the FSDP2 job's links are fitted
-   over its own sizes so timed (`job_link_fits`);
-3. per cap (the links capped from here on) and job, `project_run` on the job's run directories,
-   onto the cluster of the fitted alpha and beta (`cluster_from_alpha_beta`, one worker per node)
-   with `same_device` (the minicluster is the machine the runs ran on: their compute is taken as
-   measured): the unpaced pair's and the solo run's projections. A rank of a 2-worker run idles
-   through every collective, and on this machine a step's compute resumes slower after an idle (a 25
-   ms idle per step made the own-job step 21% slower): so the concurrent pair runs again, paced
+2. per cap, `--rounds` rounds (4 by default); in each, first the links as they are now: each node's
+   egress capped with a tc token bucket of 4 KB (below: why not the testbed's 64 KB), gloo
+   all-reduces of 16 KB .. 2 MB and of each job's own buffers (its DDP bucket, each FSDP2 unit) timed
+   between the nodes and the ring's alpha and beta fitted over their means (`fit_links`; a step's time
+   is a mean, so it holds each collective's mean, tail included), all-reduces and all-gathers apart
+   (nccl-tests, too, report each collective's bus bandwidth), and each of the jobs' buffers
+   all-reduced and all-gathered right after compute, as a synchronous step issues them (the probe's
+   `time_interleaved`): the FSDP2 job's links are fitted over its own sizes so timed
+   (`job_link_fits`). The links are probed in every round, as the compute is: a capped link's mean
+   drifts as the machine does (the DDP bucket's all-reduce averaged 13.5 ms in one run's 2-worker runs
+   where a probe 20-40 minutes before them gave 14.2 ms), and a median over rounds that share one probe
+   cannot remove that probe's error;
+3. then per job, `project_run` on the job's run directories, onto the cluster of the round's fitted
+   alpha and beta (`cluster_from_alpha_beta`, one worker per node) with `same_device` (the minicluster
+   is the machine the runs ran on: their compute is taken as measured). In the first round, the
+   unpaced pair's and the solo run's projections. A rank of a 2-worker run idles through every
+   collective, and on this machine a step's compute resumes slower after an idle (a 25 ms idle per
+   step made the own-job step 21% slower): so the concurrent pair runs again, paced
    (`instrument.pace_idle_s`: idle at each point the job would wait on a collective, as long as the
    unpaced pair's projection says one takes there). FSDP2 with `fsdp_process_group="gloo"` (every
-   collective holds the training thread). The units, their sizes and their resharding come from
-   the run (compute_profile.json `sharded_units`), not from a table;
-4. per job and cap, `--rounds` rounds (4 by default), each a paced pair, its projection written to
-   the results file, then one 2-worker run: prediction and measurement alternate, as an A/B
-   comparison on a shared machine must (the 2-worker step of the same job and cap moved 5% within
-   minutes, and three runs of a script that made every prediction first, then every 2-worker run,
-   met the goal at 4, 3 and 0 of its 4 points). The headline prediction is the median over rounds
-   of each figure (`median_prediction`), the measurement the median of the 2-worker runs' step_s
-   and exposed_comm_pct (their summaries), and each round's own error is kept beside them; the
-   median run's step is cut into compute, transfers and the wait for the slower rank
-   (steps.parquet, collectives.parquet);
+   collective holds the training thread). The units, their sizes and their resharding come from the
+   run (compute_profile.json `sharded_units`), not from a table;
+4. each round, per job: a paced pair, its projection written to the results file, then one 2-worker
+   run: prediction and measurement alternate, as an A/B comparison on a shared machine must (the
+   2-worker step of the same job and cap moved 5% within minutes, and three runs of a script that
+   made every prediction first, then every 2-worker run, met the goal at 4, 3 and 0 of its 4
+   points). The headline prediction is the median over rounds of each figure (`median_prediction`),
+   the measurement the median of the 2-worker runs' step_s and exposed_comm_pct (their summaries),
+   and each round's own error is kept beside them; the median run's step is cut into compute,
+   transfers and the wait for the slower rank (steps.parquet, collectives.parquet);
 5. takes the cluster down (always, on SIGTERM and Ctrl-C too: minicluster.running), writes
    bench/results/projection_own_jobs.json and .png (`--quick`: bench/results/quick/).
 
@@ -183,7 +186,7 @@ MEASURED_FIELDS = (
 )
 # seconds per phase, for the printed estimate (this machine, 2 shared cores): a Ray run's start and
 # finish, an epoch at 1 and 2 workers (with the A/B pairs and the evaluation), bringing the cluster up
-# and down, one cap's fit
+# and down, one round's probe of a cap's links
 START_S, EPOCH_1W_S, EPOCH_2W_S, UP_DOWN_S, FIT_S = 25, 3, 6, 90, 30
 
 
@@ -292,61 +295,56 @@ def cap_links(cap: str | None, name: str = NAME) -> str:
     return _tc(cluster.nodes[1].namespace, "qdisc", "show", "dev", mc.NODE_IFACE).strip()
 
 
-def fit_caps(caps: list[str], buffers: list[int]) -> dict:
+def fit_links(cap: str, buffers: list[int], round_index: int) -> dict:
+    """The links under `cap` as they are now: all-reduces and all-gathers of 16 KB .. 2 MB and of the jobs'
+    own buffers timed between the nodes (a probe of this round's own), the ring's alpha and beta fitted
+    over their means, and each buffer's collectives timed right after compute."""
     sizes = sorted(set(FIT_SIZES) | set(buffers))
-    probe = mc.AllreduceProbe(NAME, N, port=PROBE_PORT, first_node=1)
-    fits = {}
-    try:
-        for cap in caps:
-            qdisc = cap_links(cap, NAME)
-            # a step's time is a mean, so it holds each collective's mean, tail included: over the capped
-            # link the DDP job's 288 KB all-reduce averaged 1.4 ms above its median (60 timed), and 14% of
-            # its 2-worker steps ran 5 ms or more long in backward, where the all-reduce is
-            results = probe.measure(sizes, PROBE_ITERS)
-            medians = {r["bytes"]: r["median_s"] for r in results}
-            means = {r["bytes"]: r["mean_s"] for r in results}
-            fit = fit_alpha_beta(sizes, [means[s] for s in sizes], N)
-            gathered = probe.measure(sizes, PROBE_ITERS, "all_gather")
-            gathers = {r["bytes"]: r["mean_s"] for r in gathered}
-            # over every size, for the record: gloo's all-gather strays from one line (predict() fits the
-            # job's own sizes)
-            gather_fit = fit_alpha_beta(sizes, [gathers[s] for s in sizes], N, collective="all_gather")
-            # each buffer's collectives timed as a synchronous step issues them, right after compute
-            interleaved = {
-                kind: probe.measure(buffers, INTERLEAVED_ITERS, kind, INTERLEAVED)
-                for kind in ("all_reduce", "all_gather")
-            }
-            line_rate = mc.rate_bits_per_s(cap) / 8
-            fits[cap] = {
-                "cap": cap,
-                "qdisc": qdisc,
-                "line_rate_bytes_per_s": line_rate,
-                "sizes_bytes": sizes,
-                "median_s": [medians[s] for s in sizes],
-                "mean_s": [means[s] for s in sizes],
-                "alpha_s": fit.alpha_s,
-                "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
-                "fit_rms_relative_error": fit.rms_relative_error,
-                "bandwidth_over_line_rate": fit.bandwidth_bytes_per_s / line_rate,
-                "allgather_median_s": [r["median_s"] for r in gathered],
-                "allgather_mean_s": [gathers[s] for s in sizes],
-                "allgather_alpha_s": gather_fit.alpha_s,
-                "allgather_bandwidth_bytes_per_s": gather_fit.bandwidth_bytes_per_s,
-                "allgather_fit_rms_relative_error": gather_fit.rms_relative_error,
-                "interleaved": interleaved,
-                "buffers": {
-                    str(b): {"allreduce_fitted_s": fit.predict_s(b), "allreduce_probe_s": means[b]} for b in buffers
-                },
-            }
-            log(
-                f"{cap}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
-                f"(rms {100 * fit.rms_relative_error:.1f}%); all-gather: alpha {gather_fit.alpha_s * 1e6:.0f} us, "
-                f"bus bandwidth {gather_fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s "
-                f"(rms {100 * gather_fit.rms_relative_error:.1f}%)"
-            )
-    finally:
-        probe.close()
-    return fits
+    qdisc = cap_links(cap, NAME)
+    with mc.AllreduceProbe(NAME, N, port=PROBE_PORT, first_node=1) as probe:
+        # a step's time is a mean, so it holds each collective's mean, tail included: over the capped
+        # link the DDP job's 288 KB all-reduce averaged 1.4 ms above its median (60 timed), and 14% of
+        # its 2-worker steps ran 5 ms or more long in backward, where the all-reduce is
+        results = probe.measure(sizes, PROBE_ITERS)
+        gathered = probe.measure(sizes, PROBE_ITERS, "all_gather")
+        # each buffer's collectives timed as a synchronous step issues them, right after compute
+        interleaved = {
+            kind: probe.measure(buffers, INTERLEAVED_ITERS, kind, INTERLEAVED) for kind in ("all_reduce", "all_gather")
+        }
+    medians = {r["bytes"]: r["median_s"] for r in results}
+    means = {r["bytes"]: r["mean_s"] for r in results}
+    fit = fit_alpha_beta(sizes, [means[s] for s in sizes], N)
+    gathers = {r["bytes"]: r["mean_s"] for r in gathered}
+    # over every size, for the record: gloo's all-gather strays from one line (predict() fits the job's own sizes)
+    gather_fit = fit_alpha_beta(sizes, [gathers[s] for s in sizes], N, collective="all_gather")
+    line_rate = mc.rate_bits_per_s(cap) / 8
+    log(
+        f"{cap} round {round_index + 1}: alpha {fit.alpha_s * 1e6:.0f} us, bandwidth "
+        f"{fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s (rms {100 * fit.rms_relative_error:.1f}%); all-gather: "
+        f"alpha {gather_fit.alpha_s * 1e6:.0f} us, bus bandwidth {gather_fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} "
+        f"Mbit/s (rms {100 * gather_fit.rms_relative_error:.1f}%)"
+    )
+    return {
+        "cap": cap,
+        "round": round_index,
+        "probed_at": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "qdisc": qdisc,
+        "line_rate_bytes_per_s": line_rate,
+        "sizes_bytes": sizes,
+        "median_s": [medians[s] for s in sizes],
+        "mean_s": [means[s] for s in sizes],
+        "alpha_s": fit.alpha_s,
+        "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+        "fit_rms_relative_error": fit.rms_relative_error,
+        "bandwidth_over_line_rate": fit.bandwidth_bytes_per_s / line_rate,
+        "allgather_median_s": [r["median_s"] for r in gathered],
+        "allgather_mean_s": [gathers[s] for s in sizes],
+        "allgather_alpha_s": gather_fit.alpha_s,
+        "allgather_bandwidth_bytes_per_s": gather_fit.bandwidth_bytes_per_s,
+        "allgather_fit_rms_relative_error": gather_fit.rms_relative_error,
+        "interleaved": interleaved,
+        "buffers": {str(b): {"allreduce_fitted_s": fit.predict_s(b), "allreduce_probe_s": means[b]} for b in buffers},
+    }
 
 
 # ---------------------------------------------------------------------------- predictions
@@ -611,7 +609,7 @@ def figure(record: dict, path: Path) -> None:
 
 
 def expected_minutes(jobs: list[str], caps: int, rounds: int) -> float:
-    seconds = UP_DOWN_S + FIT_S * caps
+    seconds = UP_DOWN_S + FIT_S * caps * rounds
     for name in jobs:
         job = JOBS[name]
         seconds += 2 * START_S + EPOCH_1W_S * (job["solo_epochs"] + job["pair_epochs"])
@@ -699,32 +697,36 @@ def main() -> int:
                 JOBS[name]["buffers"] = job_buffers(RunDir(baselines[name]["solo"]), JOBS[name]["backend"])
                 record["jobs"][name]["buffers"] = JOBS[name]["buffers"]
             buffers = sorted({b for name in jobs for b in JOBS[name]["buffers"]})
-            sampler.phase = "fits"
-            fits = fit_caps(caps, buffers)
-            record["fits"] = fits
-            cap_links(None, NAME)
+            fits = {cap: [] for cap in caps}
             predictions, paces = {name: {} for name in jobs}, {name: {} for name in jobs}
-            record.update(paced_baselines=paces, predictions=predictions, status="rounds")
-            for cap, fit in fits.items():
-                log(f"{cap}: {cap_links(cap, NAME)}")
-                for name in jobs:
-                    job = JOBS[name]
-                    unpaced = predict(job, fit, [RunDir(d) for d in baselines[name]["pair"]])
-                    # the pair again, idling at each collective point as long as the projection says a
-                    # collective there takes (its mean): their compute as it runs between waits
-                    pace = pace_s(unpaced)
-                    entry = predictions[name][cap] = {
-                        "unpaced": unpaced,
-                        "solo": predict(job, fit, RunDir(baselines[name]["solo"])),
-                        "rounds": [],
-                    }
-                    paced, two_worker = [], {}
-                    for r in range(rounds):
+            two_worker = {name: {cap: {} for cap in caps} for name in jobs}
+            record.update(fits=fits, paced_baselines=paces, predictions=predictions, status="rounds")
+            for cap in caps:
+                for r in range(rounds):
+                    # every input of a round's prediction is measured in that round, the links too (their
+                    # means drift by several percent within half an hour, as the compute does), so the
+                    # median over rounds is over independent predictions
+                    sampler.phase = "fits"
+                    fit = fit_links(cap, buffers, r)
+                    fits[cap].append(fit)
+                    for name in jobs:
+                        job = JOBS[name]
+                        if r == 0:
+                            unpaced = predict(job, fit, [RunDir(d) for d in baselines[name]["pair"]])
+                            # the pair again, idling at each collective point as long as the projection says
+                            # a collective there takes (its mean): their compute as it runs between waits
+                            paces[name][cap] = {"pace_s": pace_s(unpaced), "runs": []}
+                            predictions[name][cap] = {
+                                "unpaced": unpaced,
+                                "solo": predict(job, fit, RunDir(baselines[name]["solo"])),
+                                "rounds": [],
+                            }
+                        pace, entry = paces[name][cap]["pace_s"], predictions[name][cap]
                         sampler.phase = "baseline_paced"
                         pair = [work / f"{name}-w1-paced-{cap}-{r}{s}" for s in "ab"]
                         log(f"{name} {cap} round {r + 1}/{rounds}: a pair paced by {1e3 * pace:.1f} ms")
                         one_worker_runs(job["config"], pair, job["paced_epochs"], logs, pace_s=pace)
-                        paced += pair
+                        paces[name][cap]["runs"] += [run_figures(d) for d in pair]
                         prediction = predict(job, fit, [RunDir(d) for d in pair])
                         prediction["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
                         entry["rounds"].append(prediction)
@@ -732,17 +734,19 @@ def main() -> int:
                         sampler.phase = "runs"
                         run_dir = two_worker_run(job, work / f"{name}-w2-{cap}-r{r}", logs, seed=r)
                         if run_dir:
-                            two_worker[r] = run_dir
+                            two_worker[name][cap][r] = run_dir
                             got = RunDir(run_dir).summary()
                             log(
                                 f"{name} {cap} round {r + 1}: predicted {1e3 * prediction['step_s']:.1f} ms, "
                                 f"{prediction['exposed_comm_pct']:.1f}% exposed; measured {1e3 * got['step_s']:.1f} "
                                 f"ms, {got['exposed_comm_pct']:.1f}%"
                             )
+            for name in jobs:
+                for cap in caps:
+                    entry = predictions[name][cap]
                     entry[HEADLINE] = median_prediction(entry["rounds"])
-                    paces[name][cap] = {"pace_s": pace, "runs": [run_figures(d) for d in paced]}
-                    if two_worker:
-                        meas[name][cap] = measured(job, two_worker)
+                    if two_worker[name][cap]:
+                        meas[name][cap] = measured(JOBS[name], two_worker[name][cap])
             sampler.phase = "down"
     finally:
         sampler.stop()
