@@ -251,7 +251,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "the three figures and memory per GPU, each with an interval from the run's own steps.",
         [
             "scaling project results/my-job --cluster p5.48xlarge --gpus 8,32,128",
-            "scaling project results/my-job --cluster h200x8_400g_per_gpu --gpus 8,128 --backend fsdp --compute-ms 42",
+            "scaling project results/my-job --cluster h200x8_400g_per_gpu --gpus 8,128 --compute-ms 42",
             "scaling project --cluster p3.16xlarge --nodes 1,2,4,8,16",
             "scaling project --model resnet50 --cluster p3.16xlarge --precision amp --out results/projection",
             "scaling project --cluster p3.16xlarge --from-run results/qs-w1 --json",
@@ -561,10 +561,11 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         choices=("ddp", "horovod", "fsdp", "hsdp"),
-        default="ddp",
+        default=None,
         help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion; fsdp: FSDP's "
         "all-gathers and reduce-scatters per block (a transformer: llama3-8b, gpt2-small, "
-        "gpt2-medium); hsdp: sharded inside a node, replicated across nodes (default ddp)",
+        "gpt2-medium); hsdp: sharded inside a node, replicated across nodes (default ddp; a run "
+        "directory: the run's own, fsdp where its job sharded)",
     )
     parser.add_argument(
         "--mfu",
@@ -821,7 +822,7 @@ def _cmd_project(args) -> int:
         grad_compression=args.grad_compression,
         bucket_cap_mb=args.bucket_cap_mb,
         straggler_s=None if args.straggler_ms is None else args.straggler_ms / 1e3,
-        backend=args.backend,
+        backend=args.backend or "ddp",
         horovod_cycle_time_ms=args.horovod_cycle_time_ms,
         horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb,
         overlap_slowdown=args.overlap_slowdown,
@@ -852,7 +853,7 @@ def _project_run_dir(args) -> int:
     """`scaling project RUN_DIR`: the user's own job projected (scaling/projection/from_run.py)."""
     import json
 
-    from scaling.projection.from_run import project_run
+    from scaling.projection.from_run import project_run, run_backend
     from scaling.results import RunDir
 
     for flag, value in (
@@ -864,7 +865,7 @@ def _project_run_dir(args) -> int:
     ):
         if value is not None:
             raise UsageError(f"{flag} does not go with a run directory (the run is the model and the compute)")
-    if args.backend not in ("ddp", "fsdp"):
+    if args.backend not in (None, "ddp", "fsdp"):
         raise UsageError(f"a run directory projects with --backend ddp or fsdp, not {args.backend}")
     if args.gpus is not None and args.workers is not None:
         raise UsageError("give --gpus or --workers, not both")
@@ -884,10 +885,12 @@ def _project_run_dir(args) -> int:
     }
     if args.straggler_ms is not None:
         kwargs["straggler_s"] = args.straggler_ms / 1e3
-    if args.backend == "fsdp":
+    run = RunDir(args.run_dir)
+    backend = args.backend or run_backend(run)
+    if backend == "fsdp":
         kwargs.update(reshard_after_forward=args.reshard_after_forward, fsdp_reduce_dtype=args.fsdp_reduce_dtype)
     df = project_run(
-        RunDir(args.run_dir),
+        run,
         args.cluster,
         args.gpus or args.workers or "1,2,4,8,16,32,64,128",
         args.backend,

@@ -266,3 +266,20 @@ def test_a_bare_model_at_one_worker_is_said_to_lack_ddps_own_work(tmp_path):
     fsdp = _job_run(tmp_path / "fsdp", backend="fsdp")
     write_json_atomic(fsdp.path / "job.json", {"model": "MyTransformer", "data_parallel": "local"})
     assert BARE_MODEL_NOTE not in project_run(fsdp, "p5.48xlarge", [8], backend="fsdp").attrs.get("notes", [])
+
+
+def test_a_run_projects_with_its_own_backend_unless_told(tmp_path):
+    """A run whose job sharded (job.json data_parallel: fsdp) projects as FSDP2 by default, any other as DDP;
+    a backend given is a what-if, and the report says which it was."""
+    fsdp = _job_run(tmp_path / "fsdp", backend="fsdp")
+    write_json_atomic(fsdp.path / "job.json", {"model": "MyTransformer", "data_parallel": "fsdp"})
+    ddp = _job_run(tmp_path / "ddp")
+    write_json_atomic(ddp.path / "job.json", {"model": "MyTransformer", "data_parallel": "ddp"})
+    own = project_run(fsdp, "p5.48xlarge", [8], compute_ms=20.0)
+    said = {name: (value, source) for name, value, source in own.attrs["parameters"]}
+    assert own.attrs["backend"] == "fsdp" and said["backend"] == ("fsdp", "the run's data_parallel: fsdp")
+    assert (own["allgather_s"].iloc[1:] > 0).all()
+    assert project_run(ddp, "p5.48xlarge", [8]).attrs["backend"] == "ddp"
+    what_if = project_run(fsdp, "p5.48xlarge", [8], "ddp", compute_ms=20.0)
+    said = {name: (value, source) for name, value, source in what_if.attrs["parameters"]}
+    assert what_if.attrs["backend"] == "ddp" and said["backend"][1] == "given (the run's data_parallel: fsdp)"

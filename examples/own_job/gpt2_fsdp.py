@@ -5,7 +5,7 @@ generated token sequences (a fixed random Markov chain: learnable, nothing downl
 its documentation writes it (each block, then the root), AdamW. The lines marked `# scaling` are
 all that measuring it takes (docs/own-job.md). The job shards at every world size, one worker
 too: its 1-worker run holds FSDP2's own work per step (the copies into and out of its buffers,
-the DTensor optimizer step), which `scaling project RUN_DIR --backend fsdp` projects from.
+the DTensor optimizer step), which `scaling project RUN_DIR` projects from.
 
     python -m examples.own_job.gpt2_fsdp --workers 2 --out results/own-gpt2/w2
 

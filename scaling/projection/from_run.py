@@ -4,7 +4,7 @@ per GPU at 1-128 GPUs, for DDP or FSDP2, each with an interval from the run's ow
 
     from scaling.results import RunDir
     from scaling.projection.from_run import project_run
-    df = project_run(RunDir("results/my-job"), "p5.48xlarge", [8, 32, 128], backend="fsdp")
+    df = project_run(RunDir("results/my-job"), "p5.48xlarge", [8, 32, 128])  # the run's own: DDP or FSDP2
 
 Nothing here models communication: the run becomes a layer table and one worker's step
 (`StepCompute`), and `project.run_projection` projects them with the collective cost model, the
@@ -64,6 +64,15 @@ from scaling.projection.compute import (
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, MIB
 
 BACKENDS = ("ddp", "fsdp")
+
+
+def run_backend(run) -> str:
+    """The backend a run projects with unless told: FSDP2 where the run's job sharded (job.json
+    `data_parallel`, which the instrument records), else DDP (DDP, a bare model, Horovod: every
+    rank all-reduces whole gradients)."""
+    return "fsdp" if (run.job() or {}).get("data_parallel") == "fsdp" else "ddp"
+
+
 INTERVAL_PERCENTILES = (2.5, 97.5)
 MAX_TENSOR_BYTES = MIB  # the equal gradient tensors DDP's buckets are assigned from
 FIGURES = (
@@ -383,7 +392,7 @@ def project_run(
     run,
     cluster: str | Cluster,
     gpus: Sequence[int] | str,
-    backend: str = "ddp",
+    backend: str | None = None,
     *,
     compute_ms: float | None = None,
     mfu: float | None = None,
@@ -397,7 +406,8 @@ def project_run(
     run: its RunDir, or the RunDirs of one-worker runs of the job made at the same time, one per
     node (their compute under each other's load, and the wait for the slower one they measure:
     compute.compute_from_concurrent_runs; their steps pooled for the interval). gpus: GPU counts (a
-    count up to a node's GPUs stays in one node). backend: ddp or fsdp. compute_ms, mfu, precision:
+    count up to a node's GPUs stays in one node). backend: ddp or fsdp (None: the run's own,
+    `run_backend`). compute_ms, mfu, precision:
     how the compute transfers to the target (module docstring). fsdp_units: blocks to split the
     model into where the run has no FSDP2 records. same_device: the cluster's workers are the run's
     own device (a minicluster of the machine it ran on), so its compute and jitter are taken as
@@ -406,13 +416,18 @@ def project_run(
     """
     from scaling.projection.project import run_projection
 
-    if backend not in BACKENDS:
+    if backend is not None and backend not in BACKENDS:
         raise UsageError(f"a run's projection has backends {', '.join(BACKENDS)}, got {backend!r}")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: not given (the CLI's unset options)
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     concurrent = list(run) if isinstance(run, (list, tuple)) else [run]
     run = concurrent[0]
+    recorded = (run.job() or {}).get("data_parallel") or "not recorded"
+    backend_source = (
+        f"given (the run's data_parallel: {recorded})" if backend else f"the run's data_parallel: {recorded}"
+    )
+    backend = backend or run_backend(run)
     try:
         summary = run.summary()
     except (OSError, ValueError):
@@ -423,6 +438,7 @@ def project_run(
     compute, parameters = _target_compute(
         run, concurrent, summary, profile, steps, cluster, precision, compute_ms, mfu, same_device
     )
+    parameters.insert(0, ("backend", backend, backend_source))
     reduce_dtype = kwargs.get("fsdp_reduce_dtype") or summary.get("fsdp_reduce_dtype") or "fp32"
     table, units_source = run_layer_table(
         run,
