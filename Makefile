@@ -1,17 +1,20 @@
 # make demo | make test | make clean -- each works from a fresh clone (Linux).
-# torch 2.13.0 is installed first, from pip's configured index unless TORCH_INDEX names another.
-# On Linux, PyPI's torch 2.13.0 is the CUDA build (several GB, with its nvidia-* wheels); the CPU
-# build is on PyTorch's own index: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# (README.md, Install). pyproject.toml's torch==2.13.0 is then already satisfied by either build.
+# The lab's environment is exactly uv.lock (pyproject.toml's [tool.uv] says for what machine): `uv sync --locked`
+# installs it and refuses a lock that no longer matches pyproject.toml (`uv lock` rewrites it). torch comes from the
+# lock too: its CPU build, from the wheel on the lab machine's disk. On a machine without that wheel, or for the CUDA
+# build, name torch's index: make install TORCH_INDEX=https://download.pytorch.org/whl/cu126 -- pip installs the
+# locked torch version from there and uv installs the rest of the lock around it (README.md, Install).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-TORCH := torch==2.13.0
+TORCH_VERSION := $(shell sed -n '/^name = "torch"$$/{n;s/^version = "\([^+"]*\).*/\1/p;}' uv.lock)
 TORCH_INDEX ?=
 # Every process make starts writes the bytecode of the modules it imports, once (Python's default), even where the
 # environment sets PYTHONDONTWRITEBYTECODE (some container images do): the install compiles nothing, and a suite of
 # hundreds of processes would otherwise recompile torch and Ray in each of them.
 export PYTHONDONTWRITEBYTECODE :=
+# uv sync installs into this venv (not a venv of its own making)
+export UV_PROJECT_ENVIRONMENT := $(VENV)
 # make test's pytest runs in two processes (pytest-xdist), the minicluster's tier in one of them (tests/conftest.py;
 # docs/testing.md has the times). PARALLEL= runs it in one.
 PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
@@ -22,20 +25,24 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip $(UV)
 
-# torch with pip, so that pip's configuration (its index, find-links) picks the build, or TORCH_INDEX does;
-# everything else with uv, which resolves and unpacks in parallel (the project and its test extra: 9 s, where
-# pip took a minute on 2 cores). Nothing is byte-compiled here: Python compiles a module when it is first
-# imported and keeps it (see PYTHONDONTWRITEBYTECODE above).
+# uv resolves and unpacks in parallel (the lab and its test extra: about 10 s on 2 cores, where pip took a minute).
+# --inexact: keep what the lock does not name (uv itself, and Horovod, which make horovod builds into the venv).
+# Nothing is byte-compiled here: Python compiles a module when it is first imported and keeps it (see
+# PYTHONDONTWRITEBYTECODE above).
 UV := uv==0.13.9
-UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python
+UV_SYNC = $(BIN)/uv sync --locked --inexact --quiet $(if $(TORCH_INDEX),--no-install-package torch)
+TORCH_FROM_INDEX = $(if $(TORCH_INDEX),$(BIN)/pip install --quiet --no-compile --index-url $(TORCH_INDEX) \
+	torch==$(TORCH_VERSION))
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
-	$(UV_INSTALL) -e .
+# The lab: its commands and every extra but the tests'
+$(VENV)/.installed: $(BIN)/python pyproject.toml uv.lock
+	$(TORCH_FROM_INDEX)
+	$(UV_SYNC) --extra all
 	touch $@
 
+# The lab and its tests, benchmarks and docs
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(UV_INSTALL) -e '.[test]'
+	$(UV_SYNC) --all-extras
 	touch $@
 
 install: $(VENV)/.installed

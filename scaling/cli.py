@@ -7,6 +7,7 @@
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
     scaling dashboard install [--session-dir DIR]
+    scaling attach --out RUN_DIR -- CMD ...   (an unchanged HF Trainer / Lightning job, measured)
     scaling --version
 
 Bad input (config, arguments, a cluster too small for the request, an unwritable output
@@ -27,6 +28,7 @@ import math
 import sys
 from pathlib import Path
 
+from scaling import extras
 from scaling.errors import UsageError
 
 EXIT_USAGE = 2
@@ -56,7 +58,7 @@ def version() -> str:
     from importlib.metadata import version as installed_version
 
     try:
-        return installed_version("scaling")
+        return installed_version(extras.DISTRIBUTION)
     except PackageNotFoundError:  # run from a checkout that was never installed
         from scaling import __version__
 
@@ -434,7 +436,68 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the Ray head's session directory, e.g. /tmp/ray/session_latest (default: $RAY_TMPDIR or the system's "
         "temp dir, then ray/session_latest)",
     )
+    attach = _command(
+        commands,
+        "attach",
+        "measure an unchanged Hugging Face Trainer or Lightning job",
+        "Run CMD (a script, torchrun, accelerate launch ...) with the instrument attached to every\n"
+        "transformers.Trainer and lightning.Trainer its processes build: each gets the trainer's\n"
+        "ScalingCallback (docs/trainers.md) writing into --out, without a line of the job changed.\n"
+        "The job's exit status is attach's.",
+        [
+            "scaling attach --out results/my-job/w2 -- torchrun --nproc_per_node 2 train.py",
+            "scaling attach --out results/my-job/w1 --target-loss 3.28 -- python train.py --epochs 3",
+        ],
+        [
+            "  0    the job ran and was measured",
+            "  1    the job built no Trainer (nothing measured), or it failed with status 1",
+            "  N    the job's own exit status",
+            _USAGE,
+        ],
+    )
+    attach.add_argument("--out", type=Path, required=True, metavar="RUN_DIR", help="the run directory written")
+    attach.add_argument("--target-loss", type=float, metavar="LOSS", help="the evaluation loss TTA is measured to")
+    attach.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command line")
     return parser
+
+
+def _cmd_attach(args) -> int:
+    import shutil
+    import signal
+    import subprocess
+
+    from scaling.integrations import auto
+    from scaling.results import SUMMARY_JSON
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError("scaling attach: the command is missing: give it after --, e.g. -- torchrun train.py")
+    if shutil.which(command[0]) is None:
+        raise UsageError(f"scaling attach: {command[0]}: command not found")
+    _check_out_dir(args.out)
+    run_dir = args.out.resolve()
+    if (run_dir / SUMMARY_JSON).exists():
+        raise UsageError(f"{args.out} holds a finished run ({SUMMARY_JSON}): give a new run directory")
+    job = subprocess.Popen(command, env=auto.environment(str(run_dir), args.target_loss))
+    # a scheduler's SIGTERM to this process reaches the job (Ctrl-C reaches the whole process group)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: job.send_signal(signum))
+    try:
+        status = job.wait()
+    except KeyboardInterrupt:
+        status = job.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if (run_dir / SUMMARY_JSON).exists():
+        print(f"records and summary in {args.out}")
+        return status
+    if status == 0:
+        print(
+            f"error: the job built no transformers.Trainer or lightning.Trainer that finished training: "
+            f"nothing measured in {args.out}",
+            file=sys.stderr,
+        )
+        return 1
+    return status
 
 
 def _cmd_cluster(args) -> int:
@@ -1296,9 +1359,33 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     console.print(table)
 
 
+# What each command imports from the extras (pyproject.toml), and the extra that brings them all,
+# checked before it starts so that it refuses before anything is written; an extra's module imported
+# later still ends in the same one line (main).
+REQUIRES = {
+    "run": (("torch", "ray"), "lab"),
+    "sweep": (("torch", "ray"), "lab"),
+    "cluster": (("ray",), "lab"),
+    "report": (("matplotlib",), "plots"),
+}
+
+
+def _check_extras(args) -> None:
+    needed, extra = REQUIRES.get(args.command, ((), None))
+    if args.command == "report" and args.no_figures:
+        needed = ()
+    if args.command == "project" and args.out is not None:
+        needed, extra = ("matplotlib",), "plots"  # the figure
+    missing = extras.first_missing(needed)
+    if missing is not None:
+        raise UsageError(extras.refusal(f"scaling {args.command}", missing, extra))
+
+
 def main(argv: list[str] | None = None) -> int:
+    what = "scaling"
     try:
         args = _build_parser().parse_args(argv)
+        what = f"scaling {args.command}"
         commands = {
             "run": _cmd_run,
             "sweep": _cmd_sweep,
@@ -1307,8 +1394,15 @@ def main(argv: list[str] | None = None) -> int:
             "project": _cmd_project,
             "cluster": _cmd_cluster,
             "dashboard": _cmd_dashboard,
+            "attach": _cmd_attach,
         }
+        _check_extras(args)
         return commands[args.command](args)
+    except ModuleNotFoundError as exc:
+        if extras.missing_extra(exc.name) is None:
+            raise  # not an optional extra's module: a real error, with its traceback
+        print(f"error: {extras.refusal(what, exc.name)}", file=sys.stderr)
+        return EXIT_USAGE
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

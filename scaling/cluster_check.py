@@ -20,12 +20,11 @@ import importlib.util
 import ipaddress
 import itertools
 import re
-import tomllib
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository (cluster/, pyproject.toml)
+ROOT = Path(__file__).resolve().parents[1]  # the repository (cluster/, uv.lock)
 CLUSTER = ROOT / "cluster"
 
 # The one table of instance types: AWS's GPU count and vCPU count for each.
@@ -80,12 +79,14 @@ def ray_checks(config: dict) -> dict:
 
 
 def project_pins() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {}
-    for dep in deps:
-        name, _, version = dep.partition("==")
-        pins[re.sub(r"\[.*\]", "", name).strip()] = version.strip()
-    return pins
+    """Each package's version in the lab's lock file (uv.lock), its local label dropped (2.13.0+cpu: 2.13.0)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the lab extra brings tomli
+        import tomli as tomllib
+
+    packages = tomllib.loads((ROOT / "uv.lock").read_text())["package"]
+    return {p["name"]: p["version"].partition("+")[0] for p in packages if "version" in p}
 
 
 def ray_default_inbound_rules() -> list[dict]:

@@ -35,7 +35,7 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as ended:
         main(["--version"])
     assert ended.value.code == 0
-    assert capsys.readouterr().out.strip() == f"scaling {version('scaling')}"
+    assert capsys.readouterr().out.strip() == f"scaling {version('scaling-lab')}"
 
 
 def test_every_command_is_covered():
