@@ -455,8 +455,10 @@ def _build_parser() -> argparse.ArgumentParser:
             _USAGE,
         ],
     )
-    attach.add_argument("--out", type=Path, required=True, metavar="RUN_DIR", help="the run directory written")
-    attach.add_argument("--target-loss", type=float, metavar="LOSS", help="the evaluation loss TTA is measured to")
+    attach.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run directory written (required)")
+    attach.add_argument(
+        "--target-loss", type=float, metavar="LOSS", help="the evaluation loss TTA is measured to (default: no TTA)"
+    )
     attach.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command line")
     return parser
 

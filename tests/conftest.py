@@ -177,8 +177,47 @@ def prometheus_capability() -> str | None:
     return None
 
 
+def _package_capability(name: str, extra: str):
+    def probe() -> str | None:
+        import importlib.util
+
+        return (
+            None
+            if importlib.util.find_spec(name)
+            else f"{name} is not installed (the {extra} extra: make install-test)"
+        )
+
+    return probe
+
+
+# The other CPython minor versions the wheel is installed into (tests/test_packaging.py)
+OTHER_PYTHONS = ("3.12", "3.13")
+
+
+def other_python(minor: str) -> Path | None:
+    """An interpreter of CPython `minor` (e.g. "3.12") on this machine, or None: pyenv's, then PATH's."""
+    found = sorted(Path.home().glob(f".pyenv/versions/{minor}.*/bin/python{minor}"))
+    if found:
+        return found[-1]
+    on_path = shutil.which(f"python{minor}")
+    return Path(on_path) if on_path else None
+
+
+def pythons_capability() -> str | None:
+    """None if CPython 3.12 and 3.13 are here (pyenv's, or on PATH); otherwise which are not."""
+    missing = [minor for minor in OTHER_PYTHONS if other_python(minor) is None]
+    return f"no Python {' or '.join(missing)} here (pyenv install, or on PATH)" if missing else None
+
+
 # What a runner may lack, each with its probe (None: present). `.ci/run` requires them all.
-CAPABILITIES = {"netns": netns_capability, "horovod": horovod_capability, "prometheus": prometheus_capability}
+CAPABILITIES = {
+    "netns": netns_capability,
+    "horovod": horovod_capability,
+    "prometheus": prometheus_capability,
+    "transformers": _package_capability("transformers", "hf"),
+    "lightning": _package_capability("lightning", "lightning"),
+    "pythons": pythons_capability,
+}
 REQUIRE_ENV = "SCALING_TEST_REQUIRE"
 
 

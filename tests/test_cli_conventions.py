@@ -124,6 +124,8 @@ def test_out_is_a_directory_everywhere():
         (["minicluster", "exec"], "the command is missing"),
         (["minicluster", "exec", "--"], "the command is missing"),
         (["dashboard"], "ACTION"),
+        (["attach"], "--out"),
+        (["attach", "--out", "x"], "the command is missing"),
     ],
 )
 def test_a_missing_argument_is_named_as_missing(argv, named, capsys):
