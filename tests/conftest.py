@@ -191,7 +191,7 @@ def _package_capability(name: str, extra: str):
 
 
 # The other CPython minor versions the wheel is installed into (tests/test_packaging.py)
-OTHER_PYTHONS = ("3.12", "3.13")
+OTHER_PYTHONS = ("3.10", "3.12", "3.13")
 
 
 def other_python(minor: str) -> Path | None:
