@@ -30,6 +30,7 @@ from pathlib import Path
 
 from scaling import extras
 from scaling.errors import UsageError
+from scaling.writer_lock import WriterLock
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -142,6 +143,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: results/<name>-w<N>-<time>)")
     run.add_argument(
+        "--wait",
+        action="store_true",
+        help="another process writing --out: wait for it to finish, then run if it left no finished run "
+        "(default: refuse, exit 2)",
+    )
+    run.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -198,6 +205,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--max-repeats", type=int, default=6, help="--repeats auto: at most this many repeats per point (default: 6)"
     )
     sweep.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default: results/<name>-sweep)")
+    sweep.add_argument(
+        "--wait",
+        action="store_true",
+        help="another process writing --out: wait for it to finish, then resume what it left (default: refuse, exit 2)",
+    )
     sweep.add_argument(
         "--set",
         dest="overrides",
@@ -457,6 +469,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     attach.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run directory written (required)")
     attach.add_argument(
+        "--wait",
+        action="store_true",
+        help="another process writing --out: wait for it to finish, then run if it left no finished run "
+        "(default: refuse, exit 2)",
+    )
+    attach.add_argument(
         "--target-loss", type=float, metavar="LOSS", help="the evaluation loss TTA is measured to (default: no TTA)"
     )
     attach.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command line")
@@ -465,11 +483,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _cmd_attach(args) -> int:
     import shutil
-    import signal
-    import subprocess
-
-    from scaling.integrations import auto
-    from scaling.results import SUMMARY_JSON
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
@@ -478,6 +491,17 @@ def _cmd_attach(args) -> int:
         raise UsageError(f"scaling attach: {command[0]}: command not found")
     _check_out_dir(args.out)
     run_dir = args.out.resolve()
+    with WriterLock(run_dir, "scaling attach", wait=args.wait):
+        return _attach_job(command, run_dir, args)
+
+
+def _attach_job(command: list[str], run_dir: Path, args) -> int:
+    import signal
+    import subprocess
+
+    from scaling.integrations import auto
+    from scaling.results import SUMMARY_JSON
+
     if (run_dir / SUMMARY_JSON).exists():
         raise UsageError(f"{args.out} holds a finished run ({SUMMARY_JSON}): give a new run directory")
     job = subprocess.Popen(command, env=auto.environment(str(run_dir), args.target_loss))
@@ -1119,8 +1143,10 @@ def _cmd_run(args) -> int:
     check_run_dir(run_dir)
     for note in preflight(cfg, args.launcher):
         print(note, flush=True)
-    print(f"run directory: {run_dir}", flush=True)
-    summary = execute_run(cfg, run_dir, launcher=args.launcher, preflighted=True)
+    with WriterLock(run_dir, "scaling run", wait=args.wait):
+        check_run_dir(run_dir)  # again: a writer waited for may have finished a run there
+        print(f"run directory: {run_dir}", flush=True)
+        summary = execute_run(cfg, run_dir, launcher=args.launcher, preflighted=True)
     print_summary(summary, run_dir)
     return 0 if summary["status"] != "failed" else 1
 
@@ -1146,19 +1172,20 @@ def _cmd_sweep(args) -> int:
     # Ray's worker logs would tear the progress display; each run's errors land in its summary.
     for note in preflight_sweep(planned, args.launcher, log_to_driver=False):
         print(note, flush=True)
-    prepare_sweep_dir(sweep_dir, data, spec)
-    console = output_console()
-    # plain print: rich would wrap a long path, and job logs are read by scripts
-    print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)", flush=True)
-    index = run_sweep(sweep_dir, planned, args.launcher, console)
-    while spec.repeats == "auto":
-        more, notes = plan_more_repeats(sweep_dir, planned, args.interval_width, args.max_repeats)
-        for note in notes:
-            print(f"repeats auto: {note}", flush=True)
-        if not more:
-            break
-        planned += more
+    with WriterLock(sweep_dir, "scaling sweep", wait=args.wait):
+        prepare_sweep_dir(sweep_dir, data, spec)
+        console = output_console()
+        # plain print: rich would wrap a long path, and job logs are read by scripts
+        print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)", flush=True)
         index = run_sweep(sweep_dir, planned, args.launcher, console)
+        while spec.repeats == "auto":
+            more, notes = plan_more_repeats(sweep_dir, planned, args.interval_width, args.max_repeats)
+            for note in notes:
+                print(f"repeats auto: {note}", flush=True)
+            if not more:
+                break
+            planned += more
+            index = run_sweep(sweep_dir, planned, args.launcher, console)
     failed = int((index["status"] == "failed").sum()) if not index.empty else 0
     print(f"done: {len(index) - failed} runs finished, {failed} failed; next: scaling report {sweep_dir}", flush=True)
     return 0 if failed == 0 else 1

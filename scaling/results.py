@@ -48,6 +48,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scaling import writer_lock
 from scaling.errors import UsageError
 
 # Version 4 (this one): the summary's `not_measured` (figure -> why it is null: nothing was
@@ -586,7 +587,13 @@ def _read_sweep(sweep_dir: Path) -> Sweep:
 
     listed = set(runs["run_key"].astype(str))
     incomplete = [run.name for run in run_dirs if not run.has_summary and run.name not in listed]
-    if incomplete:
+    writing = writer_lock.holder(sweep_dir)
+    if writing is not None:
+        warnings.append(
+            f"the sweep is being written ({writer_lock.describe(writing)}): {len(listed)} finished runs read, "
+            f"{len(incomplete)} without a summary yet (running or to run) left out"
+        )
+    elif incomplete:
         warnings.append(f"incomplete runs (no {SUMMARY_JSON} yet), left out: {', '.join(incomplete)}")
     unlisted = [run.name for run in with_summary if run.name not in listed]
     if unlisted:

@@ -99,6 +99,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from scaling import writer_lock
 from scaling.instrument.backends import detect
 from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
@@ -258,6 +259,17 @@ class StepMeter:
         identity = parts.identity or identity_from_environment()
         self.rank, self.world_size = identity.rank, identity.world_size
         self.local_rank, self.node_rank = identity.local_rank, identity.node_rank
+        # One writer per run directory (scaling/writer_lock.py): a job on its own holds it from rank 0;
+        # under a launcher (scaling run, sweep, attach) the launcher's driver holds it already.
+        self._writer_lock = None
+        if (
+            self.rank == 0
+            and self.run_dir is not None
+            and LaunchedRun.from_environment() is None
+            and not writer_lock.held_here(self.run_dir)
+        ):
+            self._writer_lock = writer_lock.WriterLock(self.run_dir, "scaling.instrument.attach")
+            self._writer_lock.acquire()
         parameter = next(model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.clock = clock_for(self.device)
@@ -1046,6 +1058,14 @@ class StepMeter:
         """
         self.detach()
         self._finished = True
+        try:
+            return self._finish(status, error)
+        finally:
+            if self._writer_lock is not None:
+                self._writer_lock.release()
+                self._writer_lock = None
+
+    def _finish(self, status: str | None, error: str | None) -> dict | None:
         if self.finisher is None or self.run_dir is None:
             return None
         if status is None and self.sync_group is not None:
@@ -1151,7 +1171,7 @@ def attach(
     elif parts.finisher is None and run_dir is not None:
         warnings.warn(
             f"scaling.instrument: no finisher, so {run_dir} will hold the records but no summary.json "
-            "(the lab registers its finisher when installed: pip install -e .; or pass "
+            "(the lab registers its finisher when installed: pip install scaling-lab; or pass "
             "parts=Parts(finisher=...))",
             stacklevel=2,
         )

@@ -42,6 +42,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from scaling import writer_lock
 from scaling.config import ConfigError, apply_overrides, from_dict, read_config_file, validate
 from scaling.errors import UsageError
 from scaling.results import RunDir, SweepDir, point_key, run_key, summary_row, write_text_atomic
@@ -203,7 +204,7 @@ def prepare_sweep_dir(sweep_dir: Path, data: dict, spec: SweepSpec) -> None:
     if existing.exists():
         if yaml.safe_load(existing.read_text()) != yaml.safe_load(description):
             raise UsageError(f"{sweep_dir} holds a different sweep ({existing.name} differs); choose another --out")
-    elif sweep_dir.exists() and any(sweep_dir.iterdir()):
+    elif sweep_dir.exists() and any(p.name not in writer_lock.FILES for p in sweep_dir.iterdir()):
         raise UsageError(f"{sweep_dir} exists and is not a sweep directory; choose another --out")
     write_text_atomic(existing, description)
 
