@@ -1141,10 +1141,11 @@ def _cmd_run(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides, num_workers=args.workers)
     run_dir = resolve_out(args.out, default_run_name(cfg))
     check_run_dir(run_dir)
-    for note in preflight(cfg, args.launcher):
-        print(note, flush=True)
+    # the lock first: a second command on a directory being written is refused at once
     with WriterLock(run_dir, "scaling run", wait=args.wait):
         check_run_dir(run_dir)  # again: a writer waited for may have finished a run there
+        for note in preflight(cfg, args.launcher):
+            print(note, flush=True)
         print(f"run directory: {run_dir}", flush=True)
         summary = execute_run(cfg, run_dir, launcher=args.launcher, preflighted=True)
     print_summary(summary, run_dir)
@@ -1169,10 +1170,11 @@ def _cmd_sweep(args) -> int:
     data, spec, planned = plan_sweep(args.config, workers, parse_repeats(args.repeats), args.overrides)
     sweep_dir = resolve_out(args.out, f"{planned[0].config.name}-sweep")
     check_run_dir(sweep_dir)
-    # Ray's worker logs would tear the progress display; each run's errors land in its summary.
-    for note in preflight_sweep(planned, args.launcher, log_to_driver=False):
-        print(note, flush=True)
+    # the lock first: a second command on a directory being written is refused at once
     with WriterLock(sweep_dir, "scaling sweep", wait=args.wait):
+        # Ray's worker logs would tear the progress display; each run's errors land in its summary.
+        for note in preflight_sweep(planned, args.launcher, log_to_driver=False):
+            print(note, flush=True)
         prepare_sweep_dir(sweep_dir, data, spec)
         console = output_console()
         # plain print: rich would wrap a long path, and job logs are read by scripts

@@ -111,8 +111,8 @@ class WriterLock:
 
     `wait=False`: a live holder ends it in a `UsageError` naming the holder (the CLI's one line,
     exit 2). `wait=True`: it waits for the holder to finish (or die), saying so once through `say`.
-    Entering creates the directory if needed; leaving removes the lock (and the directory, if the
-    lock made it and nothing else was written there). Inside the block `HELD_ENV` names the
+    Entering creates the directory if needed; leaving removes the lock (and the folders it made, if
+    nothing else was written there). Inside the block `HELD_ENV` names the
     directory, so processes started from it (the workers) write without locking again.
     """
 
@@ -127,7 +127,7 @@ class WriterLock:
             "command": command,
             "token": uuid.uuid4().hex,
         }
-        self._made_directory = False
+        self._made: list[Path] = []
         self._reentrant = False  # this very process holds it already (a second meter in one job)
         self._announced = False
         self._stop = threading.Event()
@@ -179,8 +179,9 @@ class WriterLock:
     def acquire(self) -> None:
         self._wait_for_holders_above()
         if not self.directory.exists():
+            # the folders this makes, deepest first: a refusal removes them again
+            self._made = [self.directory, *(d for d in self.directory.parents if not d.exists())]
             self.directory.mkdir(parents=True)
-            self._made_directory = True
         try:
             if self._wait_and_create():
                 self._beat = threading.Thread(target=self._heartbeat, name="writer-lock-heartbeat", daemon=True)
@@ -255,11 +256,11 @@ class WriterLock:
         self._remove_made_directory()
 
     def _remove_made_directory(self) -> None:
-        if self._made_directory:
+        for made in self._made:
             try:
-                self.directory.rmdir()  # only if empty: a refused command leaves nothing behind
+                made.rmdir()  # only if empty: a refused command leaves nothing behind
             except OSError:
-                pass
+                return
 
     def __enter__(self) -> WriterLock:
         self.acquire()

@@ -2,7 +2,7 @@
 
 On the session's minicluster (tests/conftest.py: `up` and `down` through the CLI, `down` checked
 to leave nothing behind), with every link capped, runs a 2-worker sweep across it (node ranks 0
-and 1 in the records) and checks the cap against gloo all-reduces between the nodes. A ring
+and 1 in the records; the same sweep submitted again from the other node meanwhile is refused) and checks the cap against gloo all-reduces between the nodes. A ring
 all-reduce of S bytes between 2 nodes sends S bytes each way over each capped link, so it takes
 about S x 8 / R seconds plus costs that do not grow with S (latency, the process group's own
 work, the token bucket's burst leaving at line speed).
@@ -21,14 +21,17 @@ a probe (tests/conftest.py) finds none, fails where `.ci/run` requires it.
 
 import dataclasses
 import os
+import subprocess
 import threading
+import time
 
 import pandas as pd
 import pytest
 
 from scaling.cli import main
 from scaling.errors import UsageError
-from tests.conftest import run_cli
+from scaling.writer_lock import LOCK_NAME
+from tests.conftest import BIN, REPO, run_cli
 
 CAP = "200mbit"
 CAP_BITS_PER_S = 200e6
@@ -45,31 +48,28 @@ def test_sweep_across_two_capped_nodes(whole_minicluster, tmp_path):
     assert [n["egress_cap"] for n in status["nodes"]] == ["200Mbit", "200Mbit"]
 
     out = tmp_path / "sweep"
-    result = run_cli(
-        "minicluster",
-        "exec",
-        "--name",
-        name,
-        "--",
-        "scaling",
-        "sweep",
-        "experiments/quickstart.yaml",
-        "--workers",
-        "2",
-        "--repeats",
-        "1",
-        "--out",
-        str(out),
-        "--set",
-        "data.train_samples=1024",
-        "--set",
-        "data.val_samples=256",
-        "--set",
-        "train.max_epochs=2",
-        "--set",
-        "instrument.calibration_pairs=4",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    sweep = [
+        "scaling", "sweep", "experiments/quickstart.yaml", "--workers", "2", "--repeats", "1", "--out", str(out),
+        "--set", "data.train_samples=1024", "--set", "data.val_samples=256", "--set", "train.max_epochs=2",
+        "--set", "instrument.calibration_pairs=4",
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        [str(BIN / "scaling"), "minicluster", "exec", "--name", name, "--", *sweep],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # The same sweep submitted again from the other node, on the storage both see, while the first
+    # runs: refused in one line naming the first's driver (scaling/writer_lock.py), nothing touched.
+    deadline = time.monotonic() + 300
+    while not ((out / "runs" / "w2-r0").exists() and (out / LOCK_NAME).exists()) and first.poll() is None:
+        assert time.monotonic() < deadline, "the first sweep never started its run"
+        time.sleep(0.1)
+    second = run_cli("minicluster", "exec", "--name", name, "--node", "1", "--", *sweep)
+    assert first.poll() is None, "the first sweep ended before the second was refused: no race was tested"
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert f"{out} is being written by scaling sweep on host" in second.stderr
+    stdout, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-2000:]
+    assert "resuming" not in stdout and not (out / LOCK_NAME).exists()
     runs = pd.read_parquet(out / "runs.parquet")
     assert list(runs["status"]) == ["max_epochs"] and int(runs["num_nodes"].iloc[0]) == 2
     steps = pd.read_parquet(next((out / "runs").iterdir()) / "steps.parquet")
