@@ -487,7 +487,7 @@ def write_report(
         raise UsageError("several sweep directories make one report: say where it goes with --out DIR")
     sweep = read_sweeps(dirs)
     runs, epochs = sweep.runs, sweep.epochs
-    warnings = [*sweep.warnings, *st.left_out_of_figures(runs)]
+    warnings = [*sweep.warnings, *st.left_out_of_figures(runs), *st.measurement_caveats(runs)]
 
     keys = st.group_keys(runs)
     table = st.per_worker_count(runs, keys)

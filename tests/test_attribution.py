@@ -147,8 +147,9 @@ def test_an_allreduce_delay_shows_as_transfer_not_waiting(runs):
     # DDP's timer holds the injected delay, and of the straggler's sleep what rank 0 was not slowed by
     # itself meanwhile (a fresh-clone run under load read 0.47 s of 0.6 s)
     assert ddp["ddp_comm_s"] > D_C + D_S / 2
-    for run in (ddp_base, ddp):  # the two instruments agree, within the noise of their means
-        assert run["ddp_disagrees"] is False
+    # the two instruments agree on the same steps (the summary's rule: the ratio's 95% interval within a
+    # factor 1.25); the base run's few millisecond spans may give no verdict, never a disagreement
+    assert ddp["ddp_disagrees"] is False and ddp_base["ddp_disagrees"] is not True
     assert ddp["ddp_comm_ratio"] == pytest.approx(1.0, abs=DDP_RATIO_MARGIN)
 
 

@@ -349,46 +349,59 @@ def test_clock_offset_on_one_kernel_is_zero_without_a_round_trip(monkeypatch):
 # --- PyTorch DDP's second opinion ---------------------------------------------------------------
 
 
-def ddp_epochs() -> pd.DataFrame:
-    """Epoch 1 (left out: the first) is absurd on purpose. Epochs 2 and 3: 4 and 6 iterations of
-    100 and 150 ms (std 20 and 10 ms): DDP's mean (0.4 + 0.9) / 10 = 130 ms; pooled variance
-    (3 x 0.02^2 + 5 x 0.01^2) / 9 = 0.0017 / 9, so its standard error^2 = 0.0017 / 90."""
-    return pd.DataFrame(
+def ddp_records(planted: float = 1.0, spread: float = 0.02, steps: int = 8, synced: int = 1):
+    """Two epochs of `steps` steady steps each on rank 0, every one timed by both instruments: the lab's
+    span s (40 to 110 ms, as load moves a step) and DDP's time of the same step's `synced` iterations,
+    s / planted in all (a timer `planted` times too fast or slow), each off by up to `spread`."""
+    spans, samples = [], {1: [], 2: []}
+    for epoch in (1, 2):
+        for step in range(steps):
+            span = 0.040 + 0.010 * ((step * 3 + epoch) % 8)
+            wobble = 1 + spread * (((step * 5 + epoch * 3) % 7) - 3) / 3
+            spans.append({"epoch": epoch, "step": step, "comm_span_s": span, "synced_micro_batches": float(synced)})
+            samples[epoch] += [[epoch, step, span / planted * wobble / synced]] * synced
+    epochs = pd.DataFrame(
         {
-            "epoch": [1, 2, 3],
-            "ddp_comm_s": [5.0, 0.100, 0.150],
-            "ddp_iterations": [10, 4, 6],
-            "ddp_comm_std_s": [1.0, 0.020, 0.010],
-            "ddp_exposed_comm_s": [5.0, 0.010, 0.020],
+            "epoch": [1, 2],
+            "ddp_comm_s": [0.07, 0.07],
+            "ddp_iterations": [steps * synced] * 2,
+            "ddp_exposed_comm_s": [0.01, 0.02],
+            "ddp_samples": [json.dumps(samples[1]), json.dumps(samples[2])],
         }
     )
+    return epochs, pd.DataFrame(spans)
 
 
-def test_ddp_second_opinion_disagrees_beyond_three_standard_errors_plus_ten_percent():
-    """With the lab's standard error 4 ms: se = sqrt(0.0017 / 90 + 0.004^2) = 5.9067 ms, 3 se =
-    17.720 ms. They disagree when |lab - 0.130| > 0.017720 + 0.1 lab: above 0.14772 / 0.9 =
-    164.13 ms, below 0.11228 / 1.1 = 102.07 ms."""
-    epochs = ddp_epochs()
-    agree = ddp_second_opinion(epochs, 0.163, 0.004)
-    assert agree["ddp_comm_s"] == pytest.approx(0.130) and agree["ddp_exposed_comm_s"] == pytest.approx(0.016)
-    assert agree["ddp_comm_ratio"] == pytest.approx(0.163 / 0.130) and agree["ddp_disagrees"] is False
-    assert ddp_second_opinion(epochs, 0.166, 0.004)["ddp_disagrees"] is True
-    assert ddp_second_opinion(epochs, 0.104, 0.004)["ddp_disagrees"] is False
-    assert ddp_second_opinion(epochs, 0.100, 0.004)["ddp_disagrees"] is True
-    # without the lab's own standard error: 3 se = 3 sqrt(0.0017 / 90) = 13.038 ms, the upper
-    # bound 0.143038 / 0.9 = 158.93 ms, and 163 ms disagrees
-    assert ddp_second_opinion(epochs, 0.163, None)["ddp_disagrees"] is True
-    assert ddp_second_opinion(epochs, 0.158, None)["ddp_disagrees"] is False
+@pytest.mark.parametrize("synced", [1, 2])
+def test_ddp_and_the_lab_agree_on_the_same_steps_and_a_planted_error_of_1_5_fails(synced):
+    agree = ddp_second_opinion(*ddp_records(synced=synced))
+    assert agree["ddp_pairs"] == 16 and agree["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.01)
+    assert agree["ddp_comm_ratio_low"] < 1 < agree["ddp_comm_ratio_high"] and agree["ddp_disagrees"] is False
+    assert agree["ddp_comm_s"] == pytest.approx(0.07) and agree["ddp_exposed_comm_s"] == pytest.approx(0.015)
+    for planted in (1.5, 1 / 1.5):  # DDP's timer, or the lab's, 1.5x off
+        wrong = ddp_second_opinion(*ddp_records(planted=planted, synced=synced))
+        assert wrong["ddp_comm_ratio"] == pytest.approx(planted, rel=0.01) and wrong["ddp_disagrees"] is True
+
+
+def test_ddp_second_opinion_gives_no_verdict_on_too_little_or_too_noisy_evidence():
+    few = ddp_second_opinion(*ddp_records(steps=1))  # 2 pairs
+    assert few["ddp_pairs"] == 2 and few["ddp_comm_ratio"] is not None and few["ddp_disagrees"] is None
+    noisy = ddp_second_opinion(*ddp_records(planted=1.2, spread=0.6, steps=3))  # an interval across 1.25
+    assert noisy["ddp_comm_ratio_low"] < 1.25 < noisy["ddp_comm_ratio_high"] and noisy["ddp_disagrees"] is None
+    # a step whose synchronised iterations DDP did not all sample is no pair
+    epochs, spans = ddp_records(synced=2)
+    assert ddp_second_opinion(epochs, spans.assign(synced_micro_batches=3.0))["ddp_pairs"] == 0
 
 
 def test_ddp_second_opinion_absent_without_ddp_timers():
-    nothing = {"ddp_comm_s": None, "ddp_exposed_comm_s": None, "ddp_comm_ratio": None, "ddp_disagrees": None}
-    assert ddp_second_opinion(pd.DataFrame(), 0.1, 0.01) == nothing
-    assert ddp_second_opinion(ddp_epochs(), None, None) == nothing
-    assert ddp_second_opinion(ddp_epochs().assign(ddp_iterations=0), 0.1, 0.01) == nothing
-    # one epoch only: it is used, first or not
-    one = ddp_second_opinion(ddp_epochs().iloc[1:2], 0.1, 0.0)
-    assert one["ddp_comm_s"] == pytest.approx(0.100) and one["ddp_disagrees"] is False
+    nothing = dict.fromkeys(
+        ("ddp_comm_s", "ddp_exposed_comm_s", "ddp_comm_ratio", "ddp_comm_ratio_low", "ddp_comm_ratio_high")
+    )
+    nothing.update(ddp_pairs=0, ddp_disagrees=None)
+    epochs, spans = ddp_records()
+    assert ddp_second_opinion(pd.DataFrame(), spans) == nothing
+    assert ddp_second_opinion(epochs.drop(columns=["ddp_samples"]), spans)["ddp_pairs"] == 0
+    assert ddp_second_opinion(epochs, spans.iloc[0:0])["ddp_disagrees"] is None
 
 
 # --- trace.json against steps.parquet ---------------------------------------------------------

@@ -11,7 +11,7 @@ process, the unit tier), what is proven:
   per step and D per micro-batch; in the runs where D dominates, the three views agree: the A/B
   overhead and the exposed share within a factor 1.5 (the summary's pooled A/B under load; the
   factor 2 of micro-batches counted as steps fails it), waiting no more than the exposed time,
-  PyTorch DDP's own timers agreeing with the lab's (the summary's rule; their ratio within 25%);
+  PyTorch DDP's own timers agreeing with the lab's on the same steps (the summary's rule);
 - **an evaluation inside the epoch without `paused()`** (eval mode, no_grad, every 3 steps) is
   out of the step's phases and out of `train_s`: each step that holds one is paused for at
   least the evaluation's forwards, and its phases plus the pause tile the time to the next step;
@@ -119,10 +119,12 @@ def test_injected_delay_shows_once_per_synchronised_micro_batch(world, case, syn
     # factor 2 of counting micro-batches as steps; the +-15% is the ground truth's, above.
     assert 1 / 1.5 <= summary["comm_overhead_pct"] / summary["exposed_comm_pct"] <= 1.5
     assert summary["waiting_pct"] <= summary["exposed_comm_pct"] + 1e-9
-    # DDP's own timers agree by the summary's rule (within 3 standard errors of the two means and 10%);
-    # the ratio itself within 25%: the suite's load moved it to 0.83 once (CI, 2026-11-29), 15% being the
-    # ground truth's margin for the exposed time above, not for DDP's sampled timer
-    assert not summary["ddp_disagrees"] and summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.25)
+    # DDP's own timers agree with the lab's by the summary's rule: on the same steps, the ratio's 95% interval
+    # within a factor 1.25 either way (run_metrics.ddp_second_opinion). Compared over different steps, as it
+    # was before 2026-12-02, one slow sampled iteration under the suite's load read 0.83 (CI, 2026-11-29) and
+    # flagged a disagreement (CI, 2026-12-01); paired, these runs read 0.993-1.003
+    print(f"{case}: lab / DDP {summary['ddp_comm_ratio']:.3f} over {summary['ddp_pairs']} steps")
+    assert summary["ddp_disagrees"] is False, summary
 
 
 @pytest.mark.slow

@@ -113,6 +113,58 @@ def test_three_communication_figures_side_by_side():
     assert (one["allreduce_pct"], one["exposed_comm_pct"], one["comm_overhead_pct"]) == (0.0, 0.0, 0.0)
 
 
+def _sampled_steps(untimed_step_s: float, timed_step_s: float = 1.0, jitter: float = 0.01) -> pd.DataFrame:
+    """Two ranks' 100 steady steps, collectives timed on every 10th (NaN communication columns on
+    the others, as instrument.collective_timing_every leaves them); each timed step exposes 0.1 s and
+    has 0.4 s in flight, of a step of `timed_step_s` (± `jitter`); the untimed ones last `untimed_step_s`."""
+    rows = []
+    for step in range(100):
+        timed = step % 10 == 0
+        for rank in (0, 1):
+            wobble = jitter * ((step * 7 + rank * 3) % 5 - 2) / 2
+            row = _step(1, step, rank, step_s=(timed_step_s if timed else untimed_step_s) + wobble)
+            if timed:
+                row.update(exposed_comm_s=0.1 + wobble / 10, allreduce_s=0.4)
+            else:
+                row.update(exposed_comm_s=float("nan"), allreduce_s=float("nan"), compute_s=float("nan"))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_a_share_rests_on_the_steps_that_timed_it_whatever_the_others_do():
+    # a planted drift: the untimed steps twice as slow, or half as fast, as the timed ones. The shares
+    # are those of the timed steps (10% and 40%) either way; a mean over the timed steps over a mean over
+    # all steps would move from 10% to 5.3% and 18.2%.
+    epochs = _epochs([10.0], [0.5])
+    figures = [summarize_run(_sampled_steps(u), epochs, target_accuracy=None, num_workers=2) for u in (1.0, 2.0, 0.5)]
+    for out in figures:
+        assert out["exposed_comm_pct"] == pytest.approx(10.0, rel=5e-3)  # the timed steps jitter by 0.25% on average
+        assert out["allreduce_pct"] == pytest.approx(40.0, rel=5e-3)
+        assert out["comm_timed_steps"] == 20 and out["steps_recorded"] == 200  # what each figure rests on
+        assert 0 < out["exposed_comm_pct_half_width"] < 0.5  # the interval of a share over 20 timed steps
+    drifted = figures[1]
+    naive = 100 * drifted["exposed_comm_s"] / drifted["step_s"]
+    assert naive == pytest.approx(100 * 0.1 / 1.9, rel=1e-2)  # what the old definition said
+
+
+def test_the_observers_effect_on_its_timed_steps_is_measured_and_flagged():
+    epochs = _epochs([10.0], [0.5])
+    same = summarize_run(_sampled_steps(1.0), epochs, target_accuracy=None, num_workers=2)
+    assert same["timing_effect_s"] == pytest.approx(0.0, abs=0.01) and same["timing_perturbs_steps"] is False
+    slower = summarize_run(
+        _sampled_steps(1.0, timed_step_s=1.05), epochs, target_accuracy=None, num_workers=2
+    )  # timing costs 5%
+    assert slower["timing_effect_s"] == pytest.approx(0.05, abs=0.01)
+    assert slower["timing_effect_half_width_s"] < 0.05 and slower["timing_perturbs_steps"] is True
+    assert slower["timed_step_s"] == pytest.approx(1.05, abs=0.01) and slower["untimed_step_s"] == pytest.approx(
+        1.0, abs=0.01
+    )
+    every = summarize_run(
+        _sampled_steps(1.0).dropna(subset=["exposed_comm_s"]), epochs, target_accuracy=None, num_workers=2
+    )
+    assert every["timing_perturbs_steps"] is None and every["timing_effect_s"] is None  # nothing untimed
+
+
 def test_interference_compares_the_ab_with_the_exposed_time_it_removes():
     # FSDP's A/B keeps the all-gathers: both halves expose 0.1 s of them; the sync half adds 0.05 s
     # of exposed reduce-scatters. A/B 0.2 s: 0.15 s beyond what the synchronisation exposes (taking

@@ -302,3 +302,22 @@ def test_a_run_whose_worker_count_changed_is_no_fixed_count_point(runs):
     for figure in ("time_per_epoch_s", "throughput_samples_per_s", "tta_mean_s", "speedup_throughput", "speedup_tta"):
         assert table.loc[2, figure] == pytest.approx(before.loc[2, figure]), figure
     assert "w2-r4" not in set(tta_spread(with_elastic)["run_key"])
+
+
+def test_a_run_whose_timing_perturbed_its_steps_or_whose_ddp_timers_disagree_is_named():
+    from scaling.analysis.scaling_tables import measurement_caveats
+
+    runs = pd.DataFrame(
+        {
+            "run_key": ["w2-r0", "w2-r1", "w4-r0"],
+            "timing_perturbs_steps": [True, False, None],
+            "timing_effect_s": [0.0031, 0.0, None],
+            "timing_effect_half_width_s": [0.0012, 0.001, None],
+            "ddp_disagrees": [None, False, True],
+            "ddp_comm_ratio": [0.9, 1.0, 1.6],
+        }
+    )
+    perturbed, disagree = measurement_caveats(runs)
+    assert "perturbed step: w2-r0 (+3.10 ± 1.20 ms)" in perturbed and "w2-r1" not in perturbed
+    assert disagree.endswith("on the same steps: w4-r0 (lab / DDP 1.60)")
+    assert measurement_caveats(runs.drop(columns=["timing_perturbs_steps", "ddp_disagrees"])) == []

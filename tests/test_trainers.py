@@ -13,7 +13,7 @@ backward's last reduce-scatter). What is proven, for each trainer:
   only), phases that tile the step;
 - **the ground truth**: D shows in the exposed communication per optimizer step (+-15%, the
   fastest steady step, as tests/test_real_jobs.py; FSDP2: D per synchronised micro-batch), and
-  PyTorch DDP's own timers agree with the instrument's (`ddp_disagrees` false, the ratio within 25%);
+  PyTorch DDP's own timers agree with the instrument's on the same steps (`ddp_disagrees` false);
 - FSDP2 under Lightning: every unit's all-gathers and reduce-scatters recorded per module, the
   validation's all-gathers not among them;
 - the figures a user asks for: tokens/s, FLOPs and MFU for the HF model, TTA to an eval loss,
@@ -105,10 +105,11 @@ def test_injected_delay_shows_in_exposed_communication_per_optimizer_step(world,
     assert growth == pytest.approx(injected, rel=0.15)
     summary = _summary(world[f"{trainer}_delay"][1])
     if trainer != "pl_fsdp2":  # DDP's own timers: none under FSDP2
-        # DDP's own timers agree by the summary's rule (within 3 standard errors of the two means and 10%);
-        # the ratio itself within 25%: the suite's load moved it to 0.83 once (CI, 2026-11-29), 15% being the
-        # ground truth's margin for the exposed time above, not for DDP's sampled timer
-        assert not summary["ddp_disagrees"] and summary["ddp_comm_ratio"] == pytest.approx(1.0, abs=0.25)
+        # DDP's own timers agree with the lab's by the summary's rule: on the same steps, the ratio's 95%
+        # interval within a factor 1.25 either way (run_metrics.ddp_second_opinion; a planted 1.5x error in
+        # either timer fails it: tests/test_attribution_rules.py)
+        print(f"{trainer}: lab / DDP {summary['ddp_comm_ratio']:.3f} over {summary['ddp_pairs']} steps")
+        assert summary["ddp_disagrees"] is False, summary
 
 
 def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):

@@ -14,6 +14,20 @@ Every figure in `summary.json` is defined here, once:
   communication**, what backward did not hide; `comm_overhead_pct` (below): the **A/B
   overhead**, what communication costs the step. Hidden communication counts in the first only;
   interference (communication slowing compute) in the third only.
+- Every share of the step (`allreduce_pct`, `exposed_comm_pct`, the per-kind `_pct`s,
+  `waiting_pct`, `transfer_pct`) is a ratio over **the same steps**: the mean of its numerator
+  over the steady steps that recorded it (those whose collectives were timed: `comm_timed_steps`)
+  over the mean step_s of those very steps (`StepAccumulator.share`); `interference_pct`, the
+  A/B's, over the same denominator as exposed_comm_pct. Until 2026-12-02 the denominator was the
+  mean over all steps, which a few slow timed steps, or slow untimed ones, moved (a share of no
+  step). `allreduce_pct_half_width`, `exposed_comm_pct_half_width`: their 95% intervals'
+  half-widths in points, over those steps (delta method for a ratio of two paired means).
+- The observer's effect: `timed_step_s` and `untimed_step_s`, the mean step_s of the steady
+  steps whose collectives were timed and of the others; `timing_effect_s` their difference and
+  `timing_effect_half_width_s` its 95% interval's half-width; `timing_perturbs_steps` true when
+  the timed steps are slower beyond it: the communication figures then describe a perturbed step
+  (the report says so). None where every step is timed (or none is). The first timed steps follow
+  the warm-up, so a slow start shows here too.
 - A step is an optimizer step (scaling/instrument/meter.py): with gradient accumulation it holds
   several micro-batches. `micro_batches` and `synced_micro_batches` (those whose backward
   communicated) are means per steady-state step; every step figure is per optimizer step.
@@ -141,6 +155,7 @@ Every figure in `summary.json` is defined here, once:
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -183,8 +198,13 @@ STEP_FIELDS = PHASES + (
     "instrument_host_s",
     *KIND_FIELDS,
 )
+# The step columns whose share of the step is a figure (`<name>` -> `<name minus _s>_pct`): each share
+# is taken over the steps that recorded its numerator (StepAccumulator.share)
+SHARE_FIELDS = ("allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s", *KIND_FIELDS)
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
-STEP_COLUMNS = ["kind", "warmup", "epoch", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS]
+STEP_COLUMNS = [
+    "kind", "warmup", "epoch", "step", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS,
+]  # fmt: skip
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
 RANK_FIELDS = ("step_s", "backward_s", "exposed_comm_s", "waiting_s", "transfer_s", "comm_span_s")
 # Figures made of observations, by what they are made of: with none of it recorded a figure is
@@ -230,6 +250,12 @@ class StepAccumulator:
         self.node_ranks: set = set()
         self.per_rank: list[pd.DataFrame] = []  # per batch: sums and counts by rank
         self.stragglers: dict[int, int] = {}  # steady steps each rank was the last to finish backward
+        # per share field: over the steps that recorded it, n and the sums of x, y = step_s, x², y², xy
+        self.shares = {part: {name: [0.0] * 6 for name in SHARE_FIELDS} for part in ("steady", "train")}
+        # step_s of the steps whose collectives were timed and of the others: n, sum, sum of squares
+        self.timed_steps = {part: {"timed": [0.0] * 3, "untimed": [0.0] * 3} for part in ("steady", "train")}
+        # rank 0's steady steps with a timed span (a few per epoch): DDP's timers are paired with them
+        self.rank0_spans: list[pd.DataFrame] = []
 
     def add(self, batch: pd.DataFrame) -> None:
         if batch.empty:
@@ -242,6 +268,12 @@ class StepAccumulator:
                     values = rows[name]
                     self.sums[part][name] += float(values.sum())
                     self.counts[part][name] += int(values.notna().sum())
+            self._add_shares(part, rows)
+        span_columns = ["epoch", "step", "comm_span_s", "synced_micro_batches"]
+        if set(span_columns + ["rank"]) <= set(train.columns):
+            steady0 = train[(train["rank"] == 0) & ~train["warmup"].astype(bool) & train["comm_span_s"].notna()]
+            if not steady0.empty:
+                self.rank0_spans.append(steady0[span_columns])
         steady = train[~train["warmup"].astype(bool)]
         if not steady.empty and "rank" in steady.columns:
             present = [f for f in RANK_FIELDS if f in steady.columns]
@@ -266,8 +298,77 @@ class StepAccumulator:
         if "node_rank" in batch.columns:
             self.node_ranks.update(batch["node_rank"].dropna().unique().tolist())
 
+    def _add_shares(self, part: str, rows: pd.DataFrame) -> None:
+        if "step_s" not in rows.columns or rows.empty:
+            return
+        step = rows["step_s"]
+        for name in SHARE_FIELDS:
+            if name not in rows.columns:
+                continue
+            present = rows[name].notna() & step.notna()
+            x, y = rows.loc[present, name].astype(float), step[present].astype(float)
+            sums = self.shares[part][name]
+            for i, value in enumerate((len(x), x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())):
+                sums[i] += float(value)
+        if "exposed_comm_s" in rows.columns:
+            timed = rows["exposed_comm_s"].notna()
+            for which, values in (("timed", step[timed]), ("untimed", step[~timed])):
+                values = values.dropna().astype(float)
+                sums = self.timed_steps[part][which]
+                for i, value in enumerate((len(values), values.sum(), (values * values).sum())):
+                    sums[i] += float(value)
+
+    def part(self) -> str:
+        """Which steps the figures are over: the steady-state ones, or all training steps of a run
+        shorter than its warm-up."""
+        return "steady" if any(self.counts["steady"].values()) else "train"
+
+    def share(self, name: str, over: str | None = None) -> tuple[float | None, float | None]:
+        """100 x mean(`name`) / mean(step_s) over the same steps: those that recorded `name` (or, with
+        `over`, those that recorded `over`: a numerator measured elsewhere, the A/B's interference);
+        and the 95% interval's half-width (delta method for a ratio of two means of paired values).
+        (None, None) without such steps."""
+        n, sx, sy, sxx, syy, sxy = self.shares[self.part()][over or name]
+        if n < 1 or sy <= 0:
+            return None, None
+        ratio = sx / sy
+        if n < 2:
+            return 100.0 * ratio, None
+        mean_y = sy / n
+        var_x, var_y = (sxx - sx * sx / n) / (n - 1), (syy - sy * sy / n) / (n - 1)
+        cov = (sxy - sx * sy / n) / (n - 1)
+        variance = max(0.0, var_x - 2 * ratio * cov + ratio * ratio * var_y) / (n * mean_y * mean_y)
+        return 100.0 * ratio, 100.0 * 1.96 * math.sqrt(variance)
+
+    def denominator_s(self, name: str) -> float | None:
+        """mean(step_s) over the steps that recorded `name` (the denominator of its share)."""
+        n, _, sy, *_ = self.shares[self.part()][name]
+        return sy / n if n else None
+
+    def timing_effect(self) -> dict:
+        """The observer's effect on the steps it times: their mean step_s against the others'."""
+        out = dict.fromkeys(
+            ("timed_step_s", "untimed_step_s", "timing_effect_s", "timing_effect_half_width_s", "timing_perturbs_steps")
+        )
+        groups = self.timed_steps[self.part()]
+        (nt, st, sst), (nu, su, ssu) = groups["timed"], groups["untimed"]
+        if nt < 2 or nu < 2:  # every step timed (or none): nothing to compare
+            out["timed_step_s"] = st / nt if nt else None
+            return out
+        mean_t, mean_u = st / nt, su / nu
+        var_t, var_u = max(0.0, (sst - nt * mean_t**2) / (nt - 1)), max(0.0, (ssu - nu * mean_u**2) / (nu - 1))
+        half = 1.96 * math.sqrt(var_t / nt + var_u / nu)
+        out.update(
+            timed_step_s=mean_t,
+            untimed_step_s=mean_u,
+            timing_effect_s=mean_t - mean_u,
+            timing_effect_half_width_s=half,
+            timing_perturbs_steps=bool(mean_t - mean_u > half),
+        )
+        return out
+
     def means(self) -> dict:
-        part = "steady" if any(self.counts["steady"].values()) else "train"
+        part = self.part()
         return {
             name: (self.sums[part][name] / self.counts[part][name] if self.counts[part][name] else None)
             for name in STEP_FIELDS
@@ -301,6 +402,10 @@ class StepAccumulator:
         table["straggler_share"] = table["straggler_steps"] / steps if steps else float("nan")
         table.index.name = "rank"
         return table.reset_index()
+
+    def rank0_span_frame(self) -> pd.DataFrame:
+        columns = ["epoch", "step", "comm_span_s", "synced_micro_batches"]
+        return pd.concat(self.rank0_spans, ignore_index=True) if self.rank0_spans else pd.DataFrame(columns=columns)
 
     def calibration_frame(self) -> pd.DataFrame:
         return pd.concat(self.calibration, ignore_index=True) if self.calibration else pd.DataFrame()
@@ -451,36 +556,75 @@ def utilisation(throughput_samples_per_s: float | None, num_workers: int, profil
     }
 
 
-def ddp_second_opinion(epochs: pd.DataFrame, comm_span_s: float | None, comm_span_se: float | None) -> dict:
-    """PyTorch DDP's own timers beside the lab's, and whether they agree (rank 0, whose epochs record them).
+# DDP's timers and the lab's agree when the ratio of their figures for the same steps is within this
+# factor either way, beyond the noise (`ddp_second_opinion`): a planted error of 1.5x in either fails it
+DDP_AGREEMENT = 1.25
+DDP_MIN_PAIRS = 3
+# Student's t at 97.5% for 1..29 degrees of freedom (a 95% interval of a mean of few pairs); 1.96 beyond
+_T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+         2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05)  # fmt: skip
 
-    `ddp_comm_s`: DDP's reducer timer per steady-state iteration, from the first bucket's
-    all-reduce launch to the end of communication (mean over the epochs after the first,
-    weighted by their iterations), against the lab's `comm_span_s` of rank 0 (first bucket
-    handed over to last all-reduce done) per synchronised micro-batch (the caller divides a
-    step's span by them): `ddp_comm_ratio` = lab / DDP. They disagree
-    (`ddp_disagrees`) when the difference exceeds what the noise allows: 3 standard errors of
-    the two means combined, plus 10% of the lab's figure. `ddp_exposed_comm_s` is DDP's comm
-    minus its compute/comm overlap, reported as DDP gives it: on CPU its compute-end timer
-    now and then lands after the communication, counting the whole all-reduce as overlap
-    (seen here), so it is not what the agreement is judged on.
+
+def ddp_pairs(epochs: pd.DataFrame, rank0_spans: pd.DataFrame) -> pd.DataFrame:
+    """Per steady step of rank 0 that DDP's timers sampled in every synchronised micro-batch: the lab's
+    `comm_span_s` and DDP's backward comm time summed over the step's iterations (`ddp_s`)."""
+    if epochs.empty or "ddp_samples" not in epochs.columns or rank0_spans.empty:
+        return pd.DataFrame(columns=["epoch", "step", "comm_span_s", "ddp_s"])
+    samples = [sample for text in epochs["ddp_samples"].dropna() for sample in json.loads(text) if len(sample) == 3]
+    if not samples:
+        return pd.DataFrame(columns=["epoch", "step", "comm_span_s", "ddp_s"])
+    ddp = pd.DataFrame(samples, columns=["epoch", "step", "ddp_s"]).groupby(["epoch", "step"])["ddp_s"]
+    ddp = pd.DataFrame({"ddp_s": ddp.sum(), "iterations": ddp.count()}).reset_index()
+    paired = rank0_spans.merge(ddp, on=["epoch", "step"])
+    paired = paired[(paired["iterations"] == paired["synced_micro_batches"]) & (paired["ddp_s"] > 0)]
+    return paired[paired["comm_span_s"] > 0][["epoch", "step", "comm_span_s", "ddp_s"]].reset_index(drop=True)
+
+
+def ddp_second_opinion(epochs: pd.DataFrame, rank0_spans: pd.DataFrame) -> dict:
+    """PyTorch DDP's own timers beside the lab's, on the same steps, and whether they agree (rank 0).
+
+    DDP times its backward communication per iteration, from the first bucket's all-reduce launch to
+    the end of communication; the lab's `comm_span_s` is the same span (first bucket handed over to
+    last all-reduce done), summed over a step's synchronised micro-batches. They are compared step
+    by step (`ddp_pairs`): each steady step of rank 0 whose every synchronised iteration DDP sampled,
+    the lab's span against DDP's summed over that step, so that load, which moves both, cancels.
+    `ddp_comm_ratio` = lab / DDP, the geometric mean over the pairs, with its 95% interval
+    (`ddp_comm_ratio_low`, `_high`, over `ddp_pairs` pairs). `ddp_disagrees`: False when the whole
+    interval lies within a factor DDP_AGREEMENT either way, True when it lies wholly outside, None
+    when it straddles the bound or there are fewer than DDP_MIN_PAIRS pairs (no verdict either way).
+    `ddp_comm_s`: DDP's mean per steady iteration over the epochs (all its samples);
+    `ddp_exposed_comm_s`: DDP's comm minus its compute/comm overlap, reported as DDP gives it: on
+    CPU its compute-end timer now and then lands after the communication, counting the whole
+    all-reduce as overlap, so it is not what the agreement is judged on.
     """
-    out = {"ddp_comm_s": None, "ddp_exposed_comm_s": None, "ddp_comm_ratio": None, "ddp_disagrees": None}
-    if epochs.empty or "ddp_comm_s" not in epochs.columns or comm_span_s is None:
+    out = dict.fromkeys(
+        ("ddp_comm_s", "ddp_exposed_comm_s", "ddp_comm_ratio", "ddp_comm_ratio_low", "ddp_comm_ratio_high")
+    )
+    out.update(ddp_pairs=0, ddp_disagrees=None)
+    if epochs.empty or "ddp_comm_s" not in epochs.columns:
         return out
-    later = epochs.iloc[1:] if len(epochs) > 1 else epochs
-    later = later[later["ddp_comm_s"].notna() & (later["ddp_iterations"] > 0)]
-    if later.empty:
+    sampled = epochs[epochs["ddp_comm_s"].notna() & (epochs["ddp_iterations"] > 0)]
+    if not sampled.empty:
+        n = sampled["ddp_iterations"]
+        out["ddp_comm_s"] = float((sampled["ddp_comm_s"] * n).sum() / n.sum())
+        out["ddp_exposed_comm_s"] = float((sampled["ddp_exposed_comm_s"] * n).sum() / n.sum())
+    pairs = ddp_pairs(epochs, rank0_spans)
+    out["ddp_pairs"] = len(pairs)
+    if pairs.empty:
         return out
-    n = later["ddp_iterations"]
-    mean = float((later["ddp_comm_s"] * n).sum() / n.sum())
-    # pooled within-epoch variance over all iterations (between-epoch spread ignored)
-    variance = float(((later["ddp_comm_std_s"].fillna(0) ** 2) * (n - 1)).sum() / max(1, n.sum() - 1))
-    se = math.sqrt(variance / n.sum() + (comm_span_se or 0.0) ** 2)
-    out["ddp_comm_s"] = mean
-    out["ddp_exposed_comm_s"] = float((later["ddp_exposed_comm_s"] * n).sum() / n.sum())
-    out["ddp_comm_ratio"] = comm_span_s / mean if mean > 0 else None
-    out["ddp_disagrees"] = bool(abs(comm_span_s - mean) > 3 * se + 0.1 * comm_span_s)
+    logs = (pairs["comm_span_s"] / pairs["ddp_s"]).map(math.log)
+    mean = float(logs.mean())
+    out["ddp_comm_ratio"] = math.exp(mean)
+    if len(pairs) < DDP_MIN_PAIRS:
+        return out
+    dof = len(pairs) - 1
+    half = (_T975[dof - 1] if dof <= len(_T975) else 1.96) * float(logs.std()) / math.sqrt(len(pairs))
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    out["ddp_comm_ratio_low"], out["ddp_comm_ratio_high"] = low, high
+    if 1 / DDP_AGREEMENT <= low and high <= DDP_AGREEMENT:
+        out["ddp_disagrees"] = False
+    elif high < 1 / DDP_AGREEMENT or low > DDP_AGREEMENT:
+        out["ddp_disagrees"] = True
     return out
 
 
@@ -634,24 +778,16 @@ def summarize_run(
     else:
         out["straggler_rank"], out["straggler_share"] = None, None
     out["ranks"] = accumulator.ranks_table()  # popped by scaling.launch.finish.write_summary into ranks.parquet
-    # DDP's timers describe one synchronised iteration; the lab's span is summed over a step's synchronised
-    # micro-batches
-    span, span_se = accumulator.rank_mean_and_se(0, "comm_span_s")
-    per_sync = _synced_per_step(out) or 1.0
-    out.update(
-        ddp_second_opinion(
-            epochs, span / per_sync if span is not None else None, span_se / per_sync if span_se is not None else None
-        )
-    )
+    out.update(ddp_second_opinion(epochs, accumulator.rank0_span_frame()))
     step_s = out["step_s"]
-    out["exposed_comm_pct"] = (
-        100.0 * out["exposed_comm_s"] / step_s if (step_s and out["exposed_comm_s"] is not None) else None
-    )
-    out["allreduce_pct"] = 100.0 * out["allreduce_s"] / step_s if (step_s and out["allreduce_s"] is not None) else None
-    for kind in KIND_FIELDS:  # None where the backend has no such collective (DDP: no all-gather)
-        out[kind.removesuffix("_s") + "_pct"] = (
-            100.0 * out[kind] / step_s if (step_s and out[kind] is not None) else None
-        )
+    # each share over the steps that recorded its numerator (SHARE_FIELDS): a communication share over
+    # the steps whose collectives were timed, never a mean over them divided by a mean over all steps
+    for name in SHARE_FIELDS:
+        pct, half_width = accumulator.share(name)
+        out[name.removesuffix("_s") + "_pct"] = pct if out.get(name) is not None else None
+        if name in ("allreduce_s", "exposed_comm_s"):
+            out[name.removesuffix("_s") + "_pct_half_width"] = half_width if out.get(name) is not None else None
+    out.update(accumulator.timing_effect())
     out.update(peak_memory(epochs))
 
     out["comm_overhead_note"] = None
@@ -683,9 +819,10 @@ def summarize_run(
     out["instrument_host_pct"] = (
         100.0 * out["instrument_host_s"] / step_s if (step_s and out["instrument_host_s"] is not None) else None
     )
-    for part in ("waiting", "transfer", "interference"):
-        value = out[f"{part}_s"]
-        out[f"{part}_pct"] = 100.0 * value / step_s if (value is not None and step_s) else None
+    # interference is the A/B's, beside waiting and transfer (the timed steps'): over the same denominator
+    timed_step_s = accumulator.denominator_s("exposed_comm_s")
+    value = out["interference_s"]
+    out["interference_pct"] = 100.0 * value / timed_step_s if (value is not None and timed_step_s) else None
 
     out["epochs_run"] = int(len(epochs))
     out.update(tta_rule="epoch_end", epochs_to_target_progress=None, tta_epoch_end_s=None)

@@ -205,6 +205,34 @@ def left_out_of_figures(runs: pd.DataFrame) -> list[str]:
     return warnings
 
 
+def measurement_caveats(runs: pd.DataFrame) -> list[str]:
+    """One warning per kind of doubt a run's own records raise about its communication figures (each
+    run's summary, scaling.analysis.run_metrics): timing its collectives slowed the steps it timed
+    (`timing_perturbs_steps`), or PyTorch DDP's own timers disagree with the lab's (`ddp_disagrees`)."""
+    warnings = []
+
+    def flagged(column: str) -> pd.DataFrame:
+        if column not in runs.columns:
+            return runs.iloc[0:0]
+        return runs[runs[column].map(lambda value: value is True or value == 1.0)]
+
+    perturbed = flagged("timing_perturbs_steps")
+    if not perturbed.empty:
+        named = ", ".join(
+            f"{row.run_key} (+{1e3 * row.timing_effect_s:.2f} ± {1e3 * row.timing_effect_half_width_s:.2f} ms)"
+            for row in perturbed.itertuples()
+        )
+        warnings.append(
+            "the steps whose collectives were timed are slower than the others beyond the noise, so the "
+            f"communication figures describe a perturbed step: {named}"
+        )
+    disagree = flagged("ddp_disagrees")
+    if not disagree.empty:
+        named = ", ".join(f"{row.run_key} (lab / DDP {row.ddp_comm_ratio:.2f})" for row in disagree.itertuples())
+        warnings.append(f"PyTorch DDP's own timers disagree with the lab's on the same steps: {named}")
+    return warnings
+
+
 def _short_error(row) -> str:
     error = getattr(row, "error", None)
     if not isinstance(error, str) or not error:

@@ -409,7 +409,9 @@ class StepMeter:
         entered = time.perf_counter()
         try:
             if self.second_opinion is not None:
-                self.second_opinion.before_forward(training=not self._calibrating)
+                # the training step this forward belongs to (its record's epoch and step), None for an A/B half's
+                key = None if self._calibrating or self._step is None else (self.epoch + 1, self._step.index)
+                self.second_opinion.before_forward(key)
             if self._calibrating:
                 if self._calib is not None and "forward_start" not in self._calib:
                     self._calib["forward_start"] = self.clock.mark()

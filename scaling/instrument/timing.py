@@ -326,8 +326,9 @@ class CommTimingHook(_BucketTimer):
     it per step: scaling/instrument/meter.py, `collective_timing_every`); `take()` returns and
     clears the buckets marked since the last call. An untimed bucket runs the inner hook and
     nothing else: no mark, no callback (but the ground truth's hold on the last bucket). `host_s`
-    sums the time spent inside this hook's Python (bench/instrument_host_cost.py measures the
-    whole cost).
+    sums the time spent inside this hook's Python, less the inner hook's own (the job's cost, not
+    the observer's: a hook of its own, and whatever runs inline inside it); bench/instrument_host_cost.py
+    measures the whole cost.
     """
 
     def __init__(
@@ -341,14 +342,24 @@ class CommTimingHook(_BucketTimer):
 
     def __call__(self, state, bucket):
         entered = time.perf_counter()
+        job_s = 0.0  # the job's own hook, and what runs inline inside it: the job's cost, not the observer's
+
+        def inner_hook():
+            nonlocal job_s
+            began = time.perf_counter()
+            try:
+                return self.inner_hook(self.inner_state, bucket)
+            finally:
+                job_s = time.perf_counter() - began
+
         if self.timed:
-            future = self._marked(bucket.index(), bucket.is_last(), lambda: self.inner_hook(self.inner_state, bucket))
+            future = self._marked(bucket.index(), bucket.is_last(), inner_hook)
         else:
-            future = self.inner_hook(self.inner_state, bucket)
+            future = inner_hook()
             if self._hold is not None and bucket.is_last():
                 # the ground truth holds every step's last bucket, timed or not (the module docstring)
                 future = future.then(self._hold)
-        self.host_s += time.perf_counter() - entered
+        self.host_s += time.perf_counter() - entered - job_s
         return future
 
 

@@ -19,6 +19,8 @@ docs/gpu.md), so its all-reduces are timed there too. PyTorch's own timers
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -166,29 +168,32 @@ class DDPTimers:
     def __init__(self, model: DistributedDataParallel, warmup_steps: int):
         self.model, self.warmup_steps = model, warmup_steps
         model._set_ddp_runtime_logging_sample_rate(DDP_TIMER_EVERY)
-        self._log: list[tuple[float, float]] = []  # per iteration: (backward comm s, comm/compute overlap s)
+        # per iteration: (its step's (epoch, step), backward comm s, comm/compute overlap s)
+        self._log: list[tuple[tuple[int, int], float, float]] = []
         self._forwards = 0  # DDP's iteration count (num_iterations_), mirrored
-        # the sampled iterations that were training steps: an A/B half is an iteration to DDP too, but
-        # not a training step (no straggler, no data), so its timers are not the training's
-        self._training_samples: set[int] = set()
+        # the sampled iterations that were training steps, each with its step's (epoch, step): an A/B half
+        # is an iteration to DDP too, but not a training step (no straggler, no data), so its timers are
+        # not the training's
+        self._training_samples: dict[int, tuple[int, int]] = {}
 
     def _sampled(self, iteration: int) -> bool:
         return 0 < iteration <= 10 or iteration % DDP_TIMER_EVERY == 0
 
-    def before_forward(self, training: bool) -> None:
-        """Every forward of the DDP model (`training`: a training step's, not an A/B half's): DDP counts an
-        iteration at a forward that will synchronise."""
+    def before_forward(self, step: tuple[int, int] | None) -> None:
+        """Every forward of the DDP model, with the (epoch, step) of the training step it is in (None: an
+        A/B half's): DDP counts an iteration at a forward that will synchronise."""
         if self.model.require_backward_grad_sync and torch.is_grad_enabled():
             self._forwards += 1
-            if training and self._sampled(self._forwards):
-                self._training_samples.add(self._forwards)
+            if step is not None and self._sampled(self._forwards):
+                self._training_samples[self._forwards] = step
 
     def after_forward(self) -> None:
         logged = self._forwards - 1  # the iteration whose timers DDP logged at this forward
-        if logged not in self._training_samples:
+        step = self._training_samples.get(logged)
+        if step is None:
             return
         # this one, and any an A/B window's forwards logged before the job's next step could read them
-        self._training_samples = {i for i in self._training_samples if i > logged}
+        self._training_samples = {i: s for i, s in self._training_samples.items() if i > logged}
         # the integer fields only (every figure read here is one): DDP's `_get_ddp_logging_data()`
         # would also copy its ~25 strings into a dict merged with these
         data = self.model.logger._get_ddp_logging_data().ints_map
@@ -196,15 +201,26 @@ class DDPTimers:
         if data.get("iteration") != logged or "backward_comm_time" not in data:
             return
         if logged > self.warmup_steps:  # steady state, as the lab's own figures
-            self._log.append((data["backward_comm_time"] / 1e9, data["backward_compute_comm_overlap_time"] / 1e9))
+            comm, overlap = data["backward_comm_time"] / 1e9, data["backward_compute_comm_overlap_time"] / 1e9
+            self._log.append((step, comm, overlap))
 
     def epoch_figures(self) -> dict:
+        """The epoch's DDP figures: mean backward comm time per iteration (and its spread), comm minus
+        overlap, and `ddp_samples`, each iteration's [epoch, step, comm s] (JSON), for the analysis to
+        pair with the lab's own span of the same step (run_metrics.ddp_second_opinion)."""
         if not self._log:
             return {}
-        comm = [c for c, _ in self._log]
-        exposed = [c - o for c, o in self._log]
+        comm = [c for _, c, _ in self._log]
+        exposed = [c - o for _, c, o in self._log]
+        samples = json.dumps([[epoch, step, c] for (epoch, step), c, _ in self._log])
         self._log = []
         n = len(comm)
         mean = sum(comm) / n
         std = (sum((c - mean) ** 2 for c in comm) / (n - 1)) ** 0.5 if n > 1 else float("nan")
-        return {"ddp_comm_s": mean, "ddp_comm_std_s": std, "ddp_exposed_comm_s": sum(exposed) / n, "ddp_iterations": n}
+        return {
+            "ddp_comm_s": mean,
+            "ddp_comm_std_s": std,
+            "ddp_exposed_comm_s": sum(exposed) / n,
+            "ddp_iterations": n,
+            "ddp_samples": samples,
+        }
