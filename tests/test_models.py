@@ -92,18 +92,26 @@ def test_every_registered_image_model_has_an_input_size():
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(name, marks=pytest.mark.skip(reason="too slow on a CPU")) if name in _TOO_SLOW_ON_CPU else name
+        pytest.param(
+            name,
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="too slow on a CPU: runs where a CUDA GPU is"
+            ),
+        )
+        if name in _TOO_SLOW_ON_CPU
+        else name
         for name in IMAGE_MODELS
     ],
 )
 def test_forward_backward(name):
     torch.manual_seed(0)
+    device = torch.device("cuda" if name in _TOO_SLOW_ON_CPU else "cpu")  # the full-size ones on the GPU
     num_classes, batch = 7, 2
-    model = build_model(name, num_classes)
+    model = build_model(name, num_classes).to(device)
     size = _INPUT_SIZE[name]
-    logits = model(torch.randn(batch, 3, size, size))
+    logits = model(torch.randn(batch, 3, size, size, device=device))
     assert logits.shape == (batch, num_classes)
-    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1])).backward()
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1], device=device)).backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None, pname
         assert torch.isfinite(p.grad).all(), pname

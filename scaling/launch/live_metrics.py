@@ -20,6 +20,9 @@ not set):
 
     ray_scaling_epoch                          the epoch these figures are of
     ray_scaling_step_seconds                   step time
+    ray_scaling_comm_timed_step_seconds        step time of the steps whose collectives were timed: the
+                                               denominator of every communication share (the dashboard's
+                                               panels divide by it, as run_metrics' shares do)
     ray_scaling_phase_seconds{phase}           data, forward, backward, optimizer (they add up to the step)
     ray_scaling_communicating_seconds          time with a collective in flight, hidden or not (`comm_s`,
                                                else `allreduce_s`): time communicating
@@ -49,6 +52,7 @@ Per step, histograms (this rank's steady-state steps, cumulative over the worker
 `BUCKETS`, 2^(1/4) apart from 61 us to 128 s):
 
     ray_scaling_step_duration_seconds
+    ray_scaling_comm_timed_step_duration_seconds    the steps whose collectives were timed
     ray_scaling_phase_duration_seconds{phase}
     ray_scaling_exposed_comm_duration_seconds
     ray_scaling_waiting_duration_seconds
@@ -87,6 +91,7 @@ TAG_KEYS = ("run", *RAY_TAGS, "node_rank")
 GAUGES = {  # name (without Ray's `ray_` prefix) -> (extra tag key or None, description)
     "scaling_epoch": (None, "the epoch the lab's figures are of"),
     "scaling_step_seconds": (None, "mean steady-state training step time of the epoch (s)"),
+    "scaling_comm_timed_step_seconds": (None, "mean time of the steps whose collectives were timed (s)"),
     "scaling_phase_seconds": ("phase", "mean time per step in each phase: data, forward, backward, optimizer (s)"),
     "scaling_communicating_seconds": (None, "mean time per step with a collective in flight, hidden or not (s)"),
     "scaling_exposed_comm_seconds": (None, "mean communication per step not hidden behind compute (s)"),
@@ -106,6 +111,10 @@ GAUGES = {  # name (without Ray's `ray_` prefix) -> (extra tag key or None, desc
 }
 HISTOGRAMS = {  # name -> (step column, or "phase" for one per phase; description)
     "scaling_step_duration_seconds": ("step_s", "steady-state training step time (s)"),
+    "scaling_comm_timed_step_duration_seconds": (
+        "comm_timed_step_s",
+        "time of the steady-state steps whose collectives were timed (s)",
+    ),
     "scaling_phase_duration_seconds": ("phase", "time per step in each phase (s)"),
     "scaling_exposed_comm_duration_seconds": ("exposed_comm_s", "exposed communication per step (s)"),
     "scaling_waiting_duration_seconds": (
@@ -133,6 +142,11 @@ def steady_steps(rows: list[dict] | None) -> list[dict]:
     return [r for r in rows or [] if r.get("kind") == "train" and not r.get("warmup")]
 
 
+def comm_timed(steps: list[dict]) -> list[dict]:
+    """The steps whose collectives were timed (their `exposed_comm_s` recorded): a share's steps."""
+    return [r for r in steps if _finite(r.get("exposed_comm_s"))]
+
+
 def ab_comm_s(rows: list[dict] | None, synced_per_step: float | None) -> float | None:
     """This rank's A/B difference of the epoch: the median over its calibration pairs of sync minus
     no_sync step time, times the steps' synchronised micro-batches (run_metrics' comm_delta_s, one rank)."""
@@ -158,6 +172,7 @@ def epoch_figures(rows: list[dict] | None, epoch_row: dict, rank: int, profile: 
             figures.append((name, tags, float(value)))
 
     put("scaling_step_seconds", _mean(steady, "step_s"))
+    put("scaling_comm_timed_step_seconds", _mean(comm_timed(steady), "step_s"))
     for phase in PHASES:
         put("scaling_phase_seconds", _mean(steady, f"{phase}_s"), phase=phase)
     columns = {c for r in steady for c in r}
@@ -201,8 +216,10 @@ def step_observations(rows: list[dict] | None) -> list[tuple]:
     steady = steady_steps(rows)
     observed = []
     for name, (column, _) in HISTOGRAMS.items():
+        rows_of = comm_timed(steady) if column == "comm_timed_step_s" else steady
+        column = "step_s" if column == "comm_timed_step_s" else column
         for tags, col in [({"phase": p}, f"{p}_s") for p in PHASES] if column == "phase" else [({}, column)]:
-            values = [float(r[col]) for r in steady if _finite(r.get(col))]
+            values = [float(r[col]) for r in rows_of if _finite(r.get(col))]
             if values:
                 observed.append((name, tags, values))
     return observed
