@@ -254,6 +254,29 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the tables only: report.md without the figures, whose drawing is most of a report's time",
     )
 
+    compare_ = _command(
+        commands,
+        "compare",
+        "two runs or two sweeps, figure by figure: what moved beyond the noise",
+        "Compare B against A (two run directories, or two sweep directories, e.g. before and after a\n"
+        "change): step time, throughput, time per epoch, the communication figures, TTA and MFU, each\n"
+        "change with its 95% interval and a verdict: better, worse, within noise, or no interval.",
+        [
+            "scaling compare results/before/w2 results/after/w2",
+            "scaling compare results/demo results/demo-bf16 --json",
+        ],
+        [
+            "  0    no figure got worse beyond the noise",
+            "  1    a figure got worse beyond the noise (a CI job can gate on it)",
+            _USAGE,
+        ],
+    )
+    compare_.add_argument("a", type=Path, metavar="A", help="the baseline: a run or sweep directory")
+    compare_.add_argument("b", type=Path, metavar="B", help="the run or sweep compared with it")
+    compare_.add_argument(
+        "--json", action="store_true", help="the table as JSON, one object per figure (default: a table)"
+    )
+
     project = _command(
         commands,
         "project",
@@ -1193,6 +1216,21 @@ def _cmd_sweep(args) -> int:
     return 0 if failed == 0 else 1
 
 
+def _cmd_compare(args) -> int:
+    import json
+
+    from scaling.analysis.compare import worse_beyond_noise
+    from scaling.compare import compare_paths, print_comparison
+
+    _, table = compare_paths(args.a, args.b)
+    if args.json:
+        rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
+        print(json.dumps(rows, indent=1))
+    else:
+        print_comparison(table, output_console(), str(args.a), str(args.b))
+    return 1 if worse_beyond_noise(table) else 0
+
+
 def _cmd_report(args) -> int:
     from scaling.report import write_report
 
@@ -1421,6 +1459,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": _cmd_run,
             "sweep": _cmd_sweep,
             "report": _cmd_report,
+            "compare": _cmd_compare,
             "minicluster": _cmd_minicluster,
             "project": _cmd_project,
             "cluster": _cmd_cluster,
