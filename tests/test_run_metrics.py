@@ -272,3 +272,16 @@ def test_count_columns_of_timed_and_sampled_epochs_read_together(tmp_path):
     read = pd.concat(batches)
     assert list(read["step"]) == [0, 1, 2, 3]
     assert list(read["num_buckets"][:3]) == [3, 3, 3] and pd.isna(read["num_buckets"].iloc[3])
+
+
+def test_the_per_rank_table_tells_a_rank_waiting_for_its_input_from_one_computing_slower():
+    # rank 1 waits 0.2 s more for its data each step, rank 0 computes as usual: the table holds each rank's phases
+    rows = [_step(1, s, r) for s in range(4) for r in (0, 1)]
+    for row in rows:
+        if row["rank"] == 1:
+            row.update(data_s=0.3, step_s=1.2)
+    out = summarize_run(pd.DataFrame(rows), _epochs([10.0], [0.5]), target_accuracy=None, num_workers=2)
+    ranks = out["ranks"].set_index("rank")
+    assert list(ranks.columns[:5]) == ["step_s", "data_s", "forward_s", "backward_s", "optimizer_s"]
+    assert ranks.loc[1, "data_s"] == pytest.approx(0.3) and ranks.loc[0, "data_s"] == pytest.approx(0.1)
+    assert ranks.loc[1, "backward_s"] == ranks.loc[0, "backward_s"] == pytest.approx(0.5)

@@ -206,7 +206,12 @@ STEP_COLUMNS = [
     "kind", "warmup", "epoch", "step", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS,
 ]  # fmt: skip
 # Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
-RANK_FIELDS = ("step_s", "backward_s", "exposed_comm_s", "waiting_s", "transfer_s", "comm_span_s")
+# Each rank's phases too: a straggler that waits for its input (data_s) and one that computes slower
+# (forward_s, backward_s) are told apart here
+RANK_FIELDS = (
+    "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "waiting_s", "transfer_s",
+    "comm_span_s",
+)  # fmt: skip
 # Figures made of observations, by what they are made of: with none of it recorded a figure is
 # None and `not_measured` says why (module docstring).
 STEP_FIGURES = (*PHASES, "step_s", "compute_s", "allreduce_s", "exposed_comm_s", "allreduce_pct", "exposed_comm_pct")
@@ -389,7 +394,7 @@ class StepAccumulator:
         return mean, se
 
     def ranks_table(self) -> pd.DataFrame:
-        """Per rank: mean step, backward, exposed comm, waiting and transfer; steps it was the straggler."""
+        """Per rank: mean step, its four phases, exposed comm, waiting and transfer; steps it was the straggler."""
         if not self.per_rank:
             return pd.DataFrame()
         totals = pd.concat(self.per_rank).groupby(level=0).sum()
