@@ -27,8 +27,9 @@ steps):
   quantile of the records (`bucket_quantile`, Prometheus's `histogram_quantile` applied to the
   records' values); the step time's p50 also within one bucket (19%) of the records' exact median;
 - the shares of the step (per epoch and over the run so far) to 1e-6: each over the steps whose
-  collectives were timed, numerator and denominator (`ray_scaling_comm_timed_step_seconds` and its
-  histogram's sum), as run_metrics defines a share;
+  collectives were timed, numerator and denominator (`ray_scaling_comm_timed_step_seconds`, and
+  over the run the counters of exact sums: a histogram's `_sum` is Ray's midpoint estimate), as
+  run_metrics defines a share;
 - throughput, tokens/s, FLOP/s and MFU worked out here from the epoch's row and the compute
   profile's fields, not by the exporter's own function;
 - a figure the records do not have (tokens/s of a model without token ids; MFU where the device's
@@ -57,7 +58,7 @@ from pathlib import Path
 import pytest
 
 from scaling import dashboard
-from scaling.launch.live_metrics import BUCKETS, COLLECTIVE_COLUMN, GAUGES, HISTOGRAMS, epoch_figures
+from scaling.launch.live_metrics import BUCKETS, COLLECTIVE_COLUMN, COUNTERS, GAUGES, HISTOGRAMS, epoch_figures
 from tests.conftest import REPO, prometheus_capability
 from tests.held_model import hold, release
 
@@ -98,9 +99,11 @@ def test_the_shipped_dashboard_has_its_variables_and_queries_only_of_exported_me
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert {"run", "rank", "run_id", "datasource"} <= set(variables)
     assert variables["rank"]["multi"] and variables["rank"]["includeAll"]
-    exported = {f"ray_{name}" for name in GAUGES} | {
-        f"ray_{name}_{part}" for name in HISTOGRAMS for part in ("bucket", "sum", "count")
-    }
+    exported = (
+        {f"ray_{name}" for name in GAUGES}
+        | {f"ray_{name}_{part}" for name in HISTOGRAMS for part in ("bucket", "sum", "count")}
+        | {f"ray_{name}" for name in COUNTERS}
+    )
     queries = dashboard.panel_queries(board)
     assert len(queries) >= 20
     for title, ref, expr in queries:
@@ -111,7 +114,7 @@ def test_the_shipped_dashboard_has_its_variables_and_queries_only_of_exported_me
     used = {
         name for _, _, expr in queries for name in re.findall(r"\b(ray_scaling_[a-z_]+?)(?:_bucket|_sum)?\s*\{", expr)
     }
-    assert {f"ray_{name}" for name in (*GAUGES, *HISTOGRAMS)} <= used, "every exported figure has a panel"
+    assert {f"ray_{name}" for name in (*GAUGES, *HISTOGRAMS, *COUNTERS)} <= used, "every exported figure has a panel"
 
 
 def test_the_docs_show_every_panels_query():

@@ -52,10 +52,17 @@ Per step, histograms (this rank's steady-state steps, cumulative over the worker
 `BUCKETS`, 2^(1/4) apart from 61 us to 128 s):
 
     ray_scaling_step_duration_seconds
-    ray_scaling_comm_timed_step_duration_seconds    the steps whose collectives were timed
     ray_scaling_phase_duration_seconds{phase}
     ray_scaling_exposed_comm_duration_seconds
     ray_scaling_waiting_duration_seconds
+
+Per step, counters (this rank's steady-state steps whose collectives were timed, summed, over the
+worker's life; the run-so-far share divides the second by the first, as run_metrics' shares do):
+
+    ray_scaling_comm_timed_step_seconds_total     step time
+    ray_scaling_exposed_comm_seconds_total        exposed communication
+
+A histogram's `_sum` would not do: Ray rebuilds it from the buckets' midpoints (`COUNTERS`).
 
 A quantile of a histogram (`histogram_quantile` in PromQL) is interpolated inside its bucket, so
 it can be off the exact quantile by up to a bucket's width (19% here); tests/test_dashboard.py
@@ -111,15 +118,25 @@ GAUGES = {  # name (without Ray's `ray_` prefix) -> (extra tag key or None, desc
 }
 HISTOGRAMS = {  # name -> (step column, or "phase" for one per phase; description)
     "scaling_step_duration_seconds": ("step_s", "steady-state training step time (s)"),
-    "scaling_comm_timed_step_duration_seconds": (
-        "comm_timed_step_s",
-        "time of the steady-state steps whose collectives were timed (s)",
-    ),
     "scaling_phase_duration_seconds": ("phase", "time per step in each phase (s)"),
     "scaling_exposed_comm_duration_seconds": ("exposed_comm_s", "exposed communication per step (s)"),
     "scaling_waiting_duration_seconds": (
         "waiting_s",
         "exposed communication per step spent waiting for the slowest rank (s)",
+    ),
+}
+
+# Ray's histogram `_sum` is not the sum of the observations: Ray's OpenTelemetry recorder rebuilds it
+# from bucket midpoints (ray/_private/telemetry/open_telemetry_metric_recorder.py), several % off a
+# share. The run-so-far share is a ratio of exact sums, so they are counters.
+COUNTERS = {  # name -> (step column summed over the steady-state steps whose collectives were timed; description)
+    "scaling_comm_timed_step_seconds_total": (
+        "step_s",
+        "step time summed over the steady-state steps whose collectives were timed (s)",
+    ),
+    "scaling_exposed_comm_seconds_total": (
+        "exposed_comm_s",
+        "exposed communication summed over the same steps (s)",
     ),
 }
 
@@ -216,13 +233,20 @@ def step_observations(rows: list[dict] | None) -> list[tuple]:
     steady = steady_steps(rows)
     observed = []
     for name, (column, _) in HISTOGRAMS.items():
-        rows_of = comm_timed(steady) if column == "comm_timed_step_s" else steady
-        column = "step_s" if column == "comm_timed_step_s" else column
         for tags, col in [({"phase": p}, f"{p}_s") for p in PHASES] if column == "phase" else [({}, column)]:
-            values = [float(r[col]) for r in rows_of if _finite(r.get(col))]
+            values = [float(r[col]) for r in steady if _finite(r.get(col))]
             if values:
                 observed.append((name, tags, values))
     return observed
+
+
+def step_totals(rows: list[dict] | None) -> list[tuple]:
+    """The epoch's increments of the counters: [(name, sum)] over its steady-state steps whose
+    collectives were timed (none: no increment), so a share of two counters is run_metrics' share."""
+    timed = comm_timed(steady_steps(rows))
+    if not timed:
+        return []
+    return [(name, math.fsum(float(r[column]) for r in timed)) for name, (column, _) in COUNTERS.items()]
 
 
 def _train_context_tags() -> dict:
@@ -244,11 +268,13 @@ _METRICS: dict = {}  # one Ray metric per name in a process (a restarted loop in
 
 def _ray_metric(name: str):
     if name not in _METRICS:
-        from ray.util.metrics import Gauge, Histogram
+        from ray.util.metrics import Counter, Gauge, Histogram
 
         if name in GAUGES:
             extra, text = GAUGES[name]
             _METRICS[name] = Gauge(name, description=text, tag_keys=TAG_KEYS + ((extra,) if extra else ()))
+        elif name in COUNTERS:
+            _METRICS[name] = Counter(name, description=COUNTERS[name][1], tag_keys=TAG_KEYS)
         else:
             column, text = HISTOGRAMS[name]
             _METRICS[name] = Histogram(
@@ -287,6 +313,8 @@ class RayLiveMetrics:
             metric, tags = _ray_metric(name), {**self.tags, **extra}
             for value in values:
                 metric.observe(value, tags=tags)
+        for name, total in step_totals(rows):
+            _ray_metric(name).inc(total, tags=self.tags)
         for name, extra, value in epoch_figures(rows, epoch_row, self.rank, self._compute_profile()):
             _ray_metric(name).set(value, tags={**self.tags, **extra})
 
