@@ -1264,7 +1264,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from scaling.analysis.run_metrics import COLLECTIVE_KINDS, SHARDED_KINDS
+    from scaling.schema import COLLECTIVE_KINDS, SHARDED_KINDS
 
     console = output_console()
     # escaped: "[failed]" is otherwise read as a style tag and vanishes from the title

@@ -33,7 +33,7 @@ import pandas as pd
 from scaling.analysis import attribution as at
 from scaling.analysis import intervals as iv
 from scaling.analysis import scaling_tables as st
-from scaling.analysis.run_metrics import COLLECTIVE_KINDS, REGATHER, SHARDED_KINDS
+from scaling.schema import COLLECTIVE_KINDS, REGATHER, SHARDED_KINDS
 from scaling.errors import UsageError
 from scaling.results import RunDir, SweepDir, read_sweeps, write_text_atomic
 
@@ -100,7 +100,7 @@ COMM_FIGURES = (
     ("exposed_comm_pct", "exposed comm (% of step)"),
     ("comm_overhead_pct", "comm overhead A/B (% of step)"),
 )
-# A sharded backend's (FSDP's) collectives by kind (run_metrics.SHARDED_KINDS), beside the all-reduce: shown where a
+# A sharded backend's (FSDP's) collectives by kind (scaling.schema.SHARDED_KINDS), beside the all-reduce: shown where a
 # run has them.
 KIND_FIGURES = (
     *((f"{kind}_pct", f"communicating: {COLLECTIVE_KINDS[kind]} in flight (% of step)") for kind in SHARDED_KINDS),

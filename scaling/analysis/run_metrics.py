@@ -160,61 +160,19 @@ import math
 
 import pandas as pd
 
-PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
-# The collective kinds, declared once: the column stem of each and what it is, in words. A kind's time in flight per
-# step is `<kind>_s`, a share of the step `<kind>_pct`; the report's tables, the figures and a run's screen name each
-# kind from here.
-COLLECTIVE_KINDS = {
-    "allreduce": "all-reduce",
-    "allgather": "all-gather",
-    "reducescatter": "reduce-scatter",
-    "token_allgather": "token all-gather",
-}
-# A sharded backend's kinds (FSDP: scaling/instrument/backends/fsdp.py), each with its exposed part
-# (`exposed_<kind>_s`), beside `comm_s` (any collective in flight) and the re-gathers among the all-gathers.
-SHARDED_KINDS = ("allgather", "reducescatter")
-REGATHER = "regather"  # backward's re-gathers of resharded parameters: a part of `allgather_s`
-# Collectives a job runs beside its gradients', timed on the host by its integration on every step
-# (StepMeter.record_job_collective): the HF Trainer's all-gather of the step's token count. Outside
-# `allreduce_s` and `exposed_comm_s`, which are the gradients'.
-JOB_KINDS = ("token_allgather",)
-KIND_FIELDS = (
-    "comm_s",
-    *(f"{kind}_s" for kind in SHARDED_KINDS),
-    f"{REGATHER}_s",
-    *(f"exposed_{kind}_s" for kind in SHARDED_KINDS),
-    "exposed_forward_comm_s",
-    *(f"{kind}_s" for kind in JOB_KINDS),
-)
-STEP_FIELDS = PHASES + (
+from scaling.schema import PHASE_COLUMNS, RANK_FIELDS, SHARE_FIELDS, STEP_FIELDS
+
+# Figures made of observations, by what they are made of: with none of it recorded a figure is
+# None and `not_measured` says why (module docstring).
+STEP_FIGURES = (
+    *PHASE_COLUMNS,
     "step_s",
     "compute_s",
     "allreduce_s",
     "exposed_comm_s",
-    "waiting_s",
-    "transfer_s",
-    "micro_batches",
-    "synced_micro_batches",
-    "instrument_host_s",
-    *KIND_FIELDS,
+    "allreduce_pct",
+    "exposed_comm_pct",
 )
-# The step columns whose share of the step is a figure (`<name>` -> `<name minus _s>_pct`): each share
-# is taken over the steps that recorded its numerator (StepAccumulator.share)
-SHARE_FIELDS = ("allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s", *KIND_FIELDS)
-# The step-record columns a run's figures need (scaling.results.step_batches reads only these).
-STEP_COLUMNS = [
-    "kind", "warmup", "epoch", "step", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS,
-]  # fmt: skip
-# Per rank, over its steady-state steps ("who waits for whom": ranks.parquet, the report).
-# Each rank's phases too: a straggler that waits for its input (data_s) and one that computes slower
-# (forward_s, backward_s) are told apart here
-RANK_FIELDS = (
-    "step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s", "waiting_s", "transfer_s",
-    "comm_span_s",
-)  # fmt: skip
-# Figures made of observations, by what they are made of: with none of it recorded a figure is
-# None and `not_measured` says why (module docstring).
-STEP_FIGURES = (*PHASES, "step_s", "compute_s", "allreduce_s", "exposed_comm_s", "allreduce_pct", "exposed_comm_pct")
 AB_FIGURES = ("comm_delta_s", "comm_overhead_pct", "interference_s")
 EPOCH_FIGURES = (
     "time_per_epoch_s",

@@ -78,13 +78,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scaling.analysis.run_metrics import KIND_FIELDS, node_cost_usd
+from scaling.analysis.run_metrics import node_cost_usd
+from scaling.schema import KIND_FIELDS
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
 # `sweep` is the source directory of a merged report of several sweeps (`group_keys`).
 EXTRA_KEYS = ("backend", "global_batch", "num_nodes", "sweep")
 SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
-# Per collective kind (run_metrics.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
+# Per collective kind (scaling.schema.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
 KIND_PCTS = tuple(kind.removesuffix("_s") + "_pct" for kind in KIND_FIELDS)
 _NUMERIC = (
     "num_workers",

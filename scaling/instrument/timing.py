@@ -51,6 +51,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from scaling.schema import PHASES
+
 # DDP's device-side injection, checked on a GPU by scripts/gpu_first_contact.py's NCCL ground truth
 # (H200, 2026-11-27, docs/gpu.md). False refuses instrument.inject_comm_delay_s on GPU runs at
 # preflight. FSDP2's injection has a flag of its own (scaling/instrument/backends/fsdp.py).
@@ -426,8 +428,6 @@ class CommRule:
 
 
 ALL_REDUCE_RULE = CommRule()
-
-PHASES = ("data", "forward", "backward", "optimizer")
 
 
 def _overlap_s(begin: float, end: float, intervals: list[tuple[float, float]]) -> float:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scaling.analysis.run_metrics import NO_STEP, STEP_COLUMNS, run_costs, summarize_run
+from scaling.analysis.run_metrics import NO_STEP, run_costs, summarize_run
+from scaling.schema import STEP_COLUMNS
 from scaling.instrument.machine import describe_hardware, describe_versions
 from scaling.instrument.trace import merge_trace
 from scaling.launch.exports import write_exports

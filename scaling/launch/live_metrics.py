@@ -85,10 +85,13 @@ import re
 import statistics
 from pathlib import Path
 
+from scaling.schema import COLLECTIVE_KINDS, JOB_KINDS, PHASES, REGATHER
+
 ENABLE_ENV = "SCALING_LIVE_METRICS"  # "0", "off", "false" or "no": export nothing
-PHASES = ("data", "forward", "backward", "optimizer")  # the `<phase>_s` columns that add up to step_s
-# A step column `<kind>_s` that times a collective kind (comm_s, the union over kinds, is time communicating).
-COLLECTIVE_COLUMN = re.compile(r"^(all[a-z]*|reduce[a-z]*|regather)_s$")
+# A step column `<kind>_s` that times a gradient collective kind, the re-gathers included (comm_s, the union
+# over kinds, is time communicating; a job's own collectives, JOB_KINDS, are not the gradients').
+_GRADIENT_KINDS = [kind for kind in COLLECTIVE_KINDS if kind not in JOB_KINDS] + [REGATHER]
+COLLECTIVE_COLUMN = re.compile(rf"^({'|'.join(_GRADIENT_KINDS)})_s$")
 # 2^(k/4) seconds rounded to 3 significant digits (so the `le` labels read as written), 61 us to 128 s.
 BUCKETS = tuple(sorted({float(f"{2.0 ** (k / 4):.3g}") for k in range(-56, 29)}))
 

@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator, PercentFormatter
 
-from scaling.analysis.run_metrics import COLLECTIVE_KINDS
+from scaling.schema import COLLECTIVE_KINDS
 from scaling.analysis.scaling_tables import SPEEDUP_METRICS, group_columns
 from scaling.results import write_atomic
 
@@ -75,7 +75,7 @@ PHASES = (  # column, legend label, colour: bottom of the stack first
     ("optimizer_s", "optimizer", "#F0E442"),
 )
 COMM_AB_COLOUR, COMM_EXPOSED_COLOUR, COMM_IN_FLIGHT_COLOUR = "#CC79A7", "#D55E00", "#0072B2"
-# Time in flight per collective kind (run_metrics.COLLECTIVE_KINDS): DDP's and Horovod's all-reduce; FSDP's
+# Time in flight per collective kind (scaling.schema.COLLECTIVE_KINDS): DDP's and Horovod's all-reduce; FSDP's
 # all-gathers (backward re-gathers included) and reduce-scatters. A kind without a style of its own gets
 # KIND_STYLE_ELSE.
 KIND_STYLE = {  # colour, marker

@@ -122,14 +122,14 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from scaling.instrument.backends.base import Backend
 from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s
+from scaling.schema import REGATHER, SHARDED_COLLECTIVES
 
 # FSDP2's device-side injection (a spin on the collective's stream) has not run on a GPU: one GPU
 # holds one NCCL rank, and FSDP2 issues no collective at world size 1 (docs/gpu.md). False refuses
 # instrument.inject_comm_delay_s on GPU runs of backend fsdp at preflight.
 GPU_INJECTION_CHECKED = False
 
-KINDS = ("all_gather", "reduce_scatter")
-_COLUMN = {"all_gather": "allgather", "reduce_scatter": "reducescatter"}
+KINDS = tuple(SHARDED_COLLECTIVES)  # FSDP2's names; the records' columns are SHARDED_COLLECTIVES' values
 _GROUP_ATTRIBUTES = (
     "_all_gather_comm",
     "_reduce_scatter_comm",
@@ -679,8 +679,8 @@ class ShardedCommRule(CommRule):
         waits = {kind: [] for kind in KINDS}
         forward_waits: list[tuple[float, float]] = []  # the forward all-gathers' waits: inside forward_s
         seconds = dict.fromkeys(KINDS, 0.0)
-        nbytes = dict.fromkeys((*KINDS, "regather"), 0)
-        counts = dict.fromkeys((*KINDS, "regather"), 0)
+        nbytes = dict.fromkeys((*KINDS, REGATHER), 0)
+        counts = dict.fromkeys((*KINDS, REGATHER), 0)
         points, comm_span_s = [], 0.0
         compute_end = comm_end = nan
         count = 0
@@ -694,8 +694,8 @@ class ShardedCommRule(CommRule):
                 counts[b.kind] += 1
                 nbytes[b.kind] += b.nbytes
                 if b.kind == "all_gather" and b.backward:
-                    counts["regather"] += 1
-                    nbytes["regather"] += b.nbytes
+                    counts[REGATHER] += 1
+                    nbytes[REGATHER] += b.nbytes
                 if b.kind == "reduce_scatter":
                     compute_end = issued
                 if done is not None:
@@ -728,15 +728,15 @@ class ShardedCommRule(CommRule):
             "comm_s": interval_union_s(in_flight["all_gather"] + in_flight["reduce_scatter"]),
         }
         for kind in KINDS:
-            column = _COLUMN[kind]
+            column = SHARDED_COLLECTIVES[kind]
             columns[f"{column}_s"] = interval_union_s(in_flight[kind])
             if kind == "all_gather":
-                columns["regather_s"] = interval_union_s(regathers)
+                columns[f"{REGATHER}_s"] = interval_union_s(regathers)
             columns[f"exposed_{column}_s"] = interval_union_s(waits[kind])
             columns[f"{column}s"] = counts[kind]
             columns[f"{column}_bytes"] = nbytes[kind]
             if kind == "all_gather":
-                columns["regathers"], columns["regather_bytes"] = counts["regather"], nbytes["regather"]
+                columns[f"{REGATHER}s"], columns[f"{REGATHER}_bytes"] = counts[REGATHER], nbytes[REGATHER]
             columns[f"{column}_busbw_bytes_per_s"] = nbytes[kind] / seconds[kind] * factor if seconds[kind] > 0 else nan
         columns["sync_points"] = points
         return columns
