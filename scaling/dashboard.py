@@ -16,15 +16,12 @@ Dashboard among them). `install` copies the lab's there, beside them; a head sta
 rewrites the folder, so it is installed again after each `ray start`.
 
     path = install(Path("/tmp/ray/session_latest"))      # -> .../metrics/grafana/dashboards/scaling_dashboard.json
-    queries = panel_queries(load())                        # [(panel title, refId, PromQL)]
-    substitute('x{run=~"$run"}', {"run": "qs"})            # 'x{run=~"qs"}'
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from importlib.resources import files
@@ -43,31 +40,6 @@ def dashboard_path() -> Path:
 
 def load() -> dict:
     return json.loads(dashboard_path().read_text())
-
-
-def panel_queries(dashboard: dict) -> list[tuple[str, str, str]]:
-    """Every query of every panel: [(panel title, target refId, PromQL expression)]."""
-    found = []
-    for panel in dashboard["panels"]:
-        for nested in [panel, *panel.get("panels", [])]:
-            for target in nested.get("targets", []):
-                found.append((nested["title"], target["refId"], target["expr"]))
-    return found
-
-
-def variable_queries(dashboard: dict) -> dict[str, str]:
-    """Each query variable's `label_values(...)` query, by name."""
-    return {v["name"]: v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    """`expr` with `$name` (and `${name}`) replaced by values[name], as Grafana interpolates a variable."""
-
-    def value(match):
-        name = match.group(1) or match.group(2)
-        return values[name] if name in values else match.group(0)
-
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
 
 
 def default_session_dir() -> Path:

@@ -60,6 +60,7 @@ import pytest
 from scaling import dashboard
 from scaling.launch.live_metrics import BUCKETS, COLLECTIVE_COLUMN, COUNTERS, GAUGES, HISTOGRAMS, epoch_figures
 from tests.conftest import REPO, prometheus_capability
+from tests.dashboard_queries import panel_queries, substitute, variable_queries
 from tests.held_model import hold, release
 
 RANK = "ray_train_worker_world_rank"
@@ -104,7 +105,7 @@ def test_the_shipped_dashboard_has_its_variables_and_queries_only_of_exported_me
         | {f"ray_{name}_{part}" for name in HISTOGRAMS for part in ("bucket", "sum", "count")}
         | {f"ray_{name}" for name in COUNTERS}
     )
-    queries = dashboard.panel_queries(board)
+    queries = panel_queries(board)
     assert len(queries) >= 20
     for title, ref, expr in queries:
         names = set(re.findall(r"\b(ray_[a-z_]+)\s*\{", expr))
@@ -120,11 +121,9 @@ def test_the_shipped_dashboard_has_its_variables_and_queries_only_of_exported_me
 def test_the_docs_show_every_panels_query():
     page = (REPO / "docs" / "dashboard.md").read_text()
     board = dashboard.load()
-    missing = [
-        (title, ref) for title, ref, expr in dashboard.panel_queries(board) if expr not in page or title not in page
-    ]
+    missing = [(title, ref) for title, ref, expr in panel_queries(board) if expr not in page or title not in page]
     assert not missing, f"docs/dashboard.md lacks these panels' queries: {missing}"
-    assert all(definition in page for definition in dashboard.variable_queries(board).values())
+    assert all(definition in page for definition in variable_queries(board).values())
 
 
 def test_install_copies_it_where_rays_grafana_provisioning_reads(tmp_path, monkeypatch):
@@ -143,9 +142,7 @@ def test_install_copies_it_where_rays_grafana_provisioning_reads(tmp_path, monke
 
 
 def test_substitute_and_bucket_quantile():
-    assert (
-        dashboard.substitute('x{run=~"$run", r=~"${rank}"}', {"run": "a", "rank": "(0|1)"}) == 'x{run=~"a", r=~"(0|1)"}'
-    )
+    assert substitute('x{run=~"$run", r=~"${rank}"}', {"run": "a", "rank": "(0|1)"}) == 'x{run=~"a", r=~"(0|1)"}'
     # histogram_quantile's rule: linear inside the bucket holding rank q x count
     assert bucket_quantile([0.5, 1.5, 1.5, 3.0], 0.5, bounds=(1.0, 2.0, 4.0)) == pytest.approx(1.5)
     assert bucket_quantile([9.0], 0.5, bounds=(1.0, 2.0)) == 2.0  # in +Inf: the highest finite bound
@@ -560,14 +557,14 @@ def held_run(ray_connected, tmp_path_factory):
                 stop.wait(0.5)
             at = time.time()
             when.update(after_s=time.monotonic() - start, epochs=epochs)
-            variables = dashboard.variable_queries(board)
+            variables = variable_queries(board)
             runs = prometheus.label_values(variables["run"], at)
-            ranks = prometheus.label_values(dashboard.substitute(variables["rank"], {"run": name}), at)
-            run_ids = prometheus.label_values(dashboard.substitute(variables["run_id"], {"run": name}), at)
+            ranks = prometheus.label_values(substitute(variables["rank"], {"run": name}), at)
+            run_ids = prometheus.label_values(substitute(variables["run_id"], {"run": name}), at)
             answers["variables"] = (runs, ranks, run_ids)
             values = {"run": name, "rank": "(" + "|".join(sorted(ranks)) + ")", "run_id": "|".join(sorted(run_ids))}
-            for title, ref, expr in dashboard.panel_queries(board):
-                answers[(title, ref)] = (expr, prometheus.query(dashboard.substitute(expr, values), at=at))
+            for title, ref, expr in panel_queries(board):
+                answers[(title, ref)] = (expr, prometheus.query(substitute(expr, values), at=at))
         except Exception as exc:  # noqa: BLE001 - reported by the tests
             failure.append(exc)
         finally:

@@ -48,10 +48,6 @@ _PLACEMENT_KEYS = (
 )
 _TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_TIMELINE")
 
-# Horovod 0.28.1's defaults (horovod/common/operations.cc), for records.
-DEFAULT_FUSION_THRESHOLD_BYTES = 128 * 1024 * 1024
-DEFAULT_CYCLE_TIME_MS = 1.0
-
 
 def available(use_gpu: bool = False) -> tuple[bool, str]:
     """(True, '') when horovod.torch imports and has gloo (and NCCL, for `use_gpu`); else
@@ -110,16 +106,6 @@ class HorovodTuning:
                 raise ValueError(f"the timeline path must be absolute (Ray workers chdir), got {self.timeline_path!r}")
             env["HOROVOD_TIMELINE"] = self.timeline_path
         return env
-
-    def effective(self) -> dict:
-        """The values in force, defaults filled in (for the run's records)."""
-        return {
-            "fusion_threshold_bytes": DEFAULT_FUSION_THRESHOLD_BYTES
-            if self.fusion_threshold_bytes is None
-            else self.fusion_threshold_bytes,
-            "cycle_time_ms": DEFAULT_CYCLE_TIME_MS if self.cycle_time_ms is None else self.cycle_time_ms,
-            "timeline_path": self.timeline_path or "",
-        }
 
 
 @dataclass(frozen=True)
