@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -445,8 +446,34 @@ def quoted(folder: Path, key: str) -> str:
     return format(v, spec)
 
 
+OPENED = re.compile(r"<!-- (?:quote |begin bench/summarize\.py: )[^>]*?-->")
+
+
+def unclosed_markers(text: str) -> list[str]:
+    """The quote and block markers of a page that have no closing marker: each opening marker is counted
+    against the ones `QUOTE` and `MARKER` match whole, so a page whose quote lost its `<!-- /quote -->`
+    fails the check instead of being skipped."""
+    closed = {m.start() for m in QUOTE.finditer(text)} | {m.start() for m in MARKER.finditer(text)}
+    return [m.group(0) for m in OPENED.finditer(text) if m.start() not in closed]
+
+
+def markdown_pages() -> list[Path]:
+    """Every Markdown page of the repository (docs, the README, the folders' READMEs, the committed results'
+    README): what the quote check reads. Generated folders (a venv, the built site, runs) are not walked."""
+    skip = {".venv", "build", ".git", ".pytest_cache", "node_modules", "site"}
+    pages = []
+    for folder, subfolders, files in os.walk(bl.REPO):
+        subfolders[:] = sorted(d for d in subfolders if d not in skip and not d.startswith("."))
+        if Path(folder) == bl.REPO:
+            subfolders[:] = [d for d in subfolders if d != "results"]  # runs and sweeps (make demo's)
+        pages += [Path(folder) / f for f in sorted(files) if f.endswith(".md")]
+    return pages
+
+
 def render_quotes(text: str, folder: Path, page: Path) -> str:
     """Every inline quote of the page rewritten from its result."""
+    if unclosed := unclosed_markers(text):
+        raise SystemExit(f"summarize: {page.name}: a marker without its closing marker: {unclosed[0]}")
 
     def replace(match: re.Match) -> str:
         if match.start() == 0 or text[match.start() - 1] == "\n":
@@ -518,9 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     global WRITE
     WRITE = not args.check
-    # the docs pages, and the README (its projection table and the figures its prose quotes)
-    pages = [*sorted(DOCS.rglob("*.md")), bl.REPO / "README.md"]
-    stale = [page.relative_to(bl.REPO).as_posix() for page in stale_pages(pages, folder, write=not args.check)]
+    stale = [
+        page.relative_to(bl.REPO).as_posix() for page in stale_pages(markdown_pages(), folder, write=not args.check)
+    ]
     stale += STALE_FIGURES
     if args.check:
         if stale:

@@ -44,7 +44,7 @@ def test_a_wrong_quoted_figure_fails_the_check(tmp_path):
 def test_the_readme_and_docs_quotes_match_their_results():
     # each real page that quotes a figure matches its results, and with its first quote made wrong
     # it no longer does: the quote is rewritten from the result (what --check compares)
-    pages = [p for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))] if "<!-- quote " in p.read_text()]
+    pages = [p for p in summarize.markdown_pages() if "<!-- quote " in p.read_text()]
     assert pages, "no page quotes a figure"
     for page in pages:
         text = page.read_text()
@@ -58,4 +58,23 @@ def test_a_quote_naming_nothing_fails_with_its_marker(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("<!-- quote instrumentation_overhead comparisons/9/ratio .3f -->1.0<!-- /quote -->\n")
     with pytest.raises(SystemExit, match="comparisons/9/ratio"):
+        summarize.stale_pages([page], RESULTS, write=False)
+
+
+def test_every_markdown_page_of_the_repository_is_read():
+    pages = {p.relative_to(REPO).as_posix() for p in summarize.markdown_pages()}
+    assert {"README.md", "scaling/projection/README.md", "cluster/README.md", "docs/method.md"} <= pages
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The step took <!-- quote instrumentation_overhead comparisons/0/a_median *1000 .1f -->77.7 ms.\n",
+        "<!-- begin bench/summarize.py: table ray_overhead -->\n| a |\n",
+    ],
+)
+def test_a_marker_without_its_closing_marker_fails(tmp_path, text):
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    with pytest.raises(SystemExit, match="without its closing marker"):
         summarize.stale_pages([page], RESULTS, write=False)
