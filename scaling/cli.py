@@ -16,27 +16,24 @@ failed run (or a failed run of a sweep) with 1; Ctrl-C with 130. Every command's
 description, examples and its exit statuses; `--out` is always a directory. Tables keep the
 terminal's width on a terminal, and are never folded when the output is a log, a pipe or CI.
 
-Each command's wiring is here; what it runs lives below (scaling.launch, scaling.report,
-scaling.projection, scaling.testbed), and none of them imports this module.
+Each command's parsing and dispatch is here; what it runs lives below (scaling.launch, scaling.report,
+scaling.projection, scaling.testbed), what it prints in scaling.console, and none of them imports this
+module. The options `run` and `sweep` share are defined once (`_job_options`); every choice list is read
+from the module that defines the choice.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import math
 import sys
 from pathlib import Path
 
-from scaling import extras
+from scaling import console, extras
 from scaling.errors import UsageError
 from scaling.writer_lock import WriterLock
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-# rich takes a pipe or a file for 80 columns and folds every wider table row over several lines;
-# a log, a pipe or CI gets rows of their natural width instead (the widest report table: ~220).
-UNFOLDED_WIDTH = 10_000
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -45,13 +42,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
-
-
-def output_console():
-    """rich's console for stdout: a terminal's own width; a log, a pipe or CI: rows never folded."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=UNFOLDED_WIDTH)
 
 
 def version() -> str:
@@ -83,6 +73,23 @@ def _command(commands, name: str, help: str, description: str, examples: list[st
         description=description,
         epilog=_epilog(examples, statuses),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _job_options(parser: argparse.ArgumentParser, workers: dict, out: str, wait: str, overrides: str) -> None:
+    """The options `scaling run` and `scaling sweep` share, defined once: what differs between them is their
+    help (a run's directory or a sweep's) and --workers, one count for a run, a list for a sweep."""
+    from scaling.launch import LAUNCHERS
+
+    parser.add_argument("--workers", **workers)
+    parser.add_argument("--out", type=Path, metavar="DIR", help=out)
+    parser.add_argument("--wait", action="store_true", help=wait)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=overrides)
+    parser.add_argument(
+        "--launcher",
+        choices=tuple(LAUNCHERS),
+        default="ray",
+        help="; ".join(f"{name}: {what}" for name, what in LAUNCHERS.items()) + " (default: ray)",
     )
 
 
@@ -135,33 +142,15 @@ def _build_parser() -> argparse.ArgumentParser:
         ],
     )
     run.add_argument("config", metavar="CONFIG", help="experiment YAML, e.g. experiments/quickstart.yaml")
-    run.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="number of data-parallel workers (default: the config's workers.num_workers)",
-    )
-    run.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: results/<name>-w<N>-<time>)")
-    run.add_argument(
-        "--wait",
-        action="store_true",
-        help="another process writing --out: wait for it to finish, then run if it left no finished run "
+    _job_options(
+        run,
+        workers=dict(
+            type=int, metavar="N", help="number of data-parallel workers (default: the config's workers.num_workers)"
+        ),
+        out="run directory (default: results/<name>-w<N>-<time>)",
+        wait="another process writing --out: wait for it to finish, then run if it left no finished run "
         "(default: refuse, exit 2)",
-    )
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set optim.lr=0.2; repeatable (default: none)",
-    )
-    run.add_argument(
-        "--launcher",
-        choices=("ray", "local"),
-        default="ray",
-        help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
-        "host, no Ray (default: ray)",
+        overrides="override a config field, e.g. --set optim.lr=0.2; repeatable (default: none)",
     )
 
     sweep = _command(
@@ -185,11 +174,6 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("config", metavar="CONFIG", help="experiment YAML, optionally with a sweep: section")
     sweep.add_argument(
-        "--workers",
-        metavar="N,N,...",
-        help="comma-separated worker counts, e.g. 1,2 (default: the config's sweep.workers)",
-    )
-    sweep.add_argument(
         "--repeats",
         metavar="R|auto",
         help="seeds per point, or auto: add repeats until each point's 95%% interval is "
@@ -204,26 +188,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--max-repeats", type=int, default=6, help="--repeats auto: at most this many repeats per point (default: 6)"
     )
-    sweep.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default: results/<name>-sweep)")
-    sweep.add_argument(
-        "--wait",
-        action="store_true",
-        help="another process writing --out: wait for it to finish, then resume what it left (default: refuse, exit 2)",
-    )
-    sweep.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a base config field for every run; repeatable (default: none)",
-    )
-    sweep.add_argument(
-        "--launcher",
-        choices=("ray", "local"),
-        default="ray",
-        help="ray: Ray Train on the current Ray cluster; local: torch.distributed processes on this "
-        "host, no Ray (default: ray)",
+    _job_options(
+        sweep,
+        workers=dict(
+            metavar="N,N,...", help="comma-separated worker counts, e.g. 1,2 (default: the config's sweep.workers)"
+        ),
+        out="sweep directory (default: results/<name>-sweep)",
+        wait="another process writing --out: wait for it to finish, then resume what it left (default: refuse, exit 2)",
+        overrides="override a base config field for every run; repeatable (default: none)",
     )
 
     report = _command(
@@ -570,7 +542,10 @@ def _cmd_cluster(args) -> int:
 
 def _project_arguments(parser: argparse.ArgumentParser) -> None:
     from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, preset_names
-    from scaling.projection.layers import available_models
+    from scaling.projection.cost import ALGORITHMS
+    from scaling.projection.layers import COMPRESSION_BYTES, FSDP_DTYPES, available_models
+    from scaling.projection.from_run import DEFAULT_GPUS
+    from scaling.projection.project import ACTIVATION_CHECKPOINTING, BACKENDS, DEFAULT_NODES, RESHARD
 
     parser.add_argument(
         "run_dir",
@@ -582,7 +557,7 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         "(scaling/projection/from_run.py; default: none, --model's layer table)",
     )
     parser.add_argument(
-        "--gpus", default=None, help="with RUN_DIR: comma-separated GPU counts, e.g. 8,32,128 (default 1,2,4,...,128)"
+        "--gpus", default=None, help=f"with RUN_DIR: comma-separated GPU counts, e.g. 8,32,128 (default {DEFAULT_GPUS})"
     )
     parser.add_argument(
         "--compute-ms",
@@ -611,7 +586,7 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"preset ({', '.join(preset_names())}) or a cluster YAML file (scaling/projection/cluster.py)",
     )
     parser.add_argument(
-        "--nodes", default=None, help="comma-separated node counts, e.g. 1,2,4,8,16 (default 1,2,4,8,16)"
+        "--nodes", default=None, help=f"comma-separated node counts, e.g. 1,2,4 (default {DEFAULT_NODES})"
     )
     parser.add_argument(
         "--workers",
@@ -666,13 +641,13 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--allreduce",
-        choices=("ring", "hierarchical"),
+        choices=ALGORITHMS,
         default=None,
         help="all-reduce algorithm (default: the cluster's)",
     )
     parser.add_argument(
         "--backend",
-        choices=("ddp", "horovod", "fsdp", "hsdp"),
+        choices=BACKENDS,
         default=None,
         help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion; fsdp: FSDP's "
         "all-gathers and reduce-scatters per block (a transformer: llama3-8b, gpt2-small, "
@@ -688,27 +663,27 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--activation-checkpointing",
-        choices=("none", "selective", "full"),
+        choices=ACTIVATION_CHECKPOINTING,
         default=None,
         help="transformers: activations held and recomputed (default selective, torchtitan's)",
     )
     parser.add_argument(
         "--reshard-after-forward",
-        choices=("all-but-last", "all", "none"),
+        choices=RESHARD,
         default=None,
         help="--backend fsdp/hsdp: the blocks freed after forward and gathered again for backward "
         "(default: a run directory's own, as FSDP2 ran it, else all-but-last, torchtitan's; all: FSDP2's "
-        "default; none: kept to backward)",
+        "default; all-and-root: the root too; none: kept to backward)",
     )
     parser.add_argument(
         "--fsdp-param-dtype",
-        choices=("fp32", "bf16"),
+        choices=FSDP_DTYPES,
         default=None,
         help="--backend fsdp/hsdp: the parameters' dtype in the all-gather (default: the precision)",
     )
     parser.add_argument(
         "--fsdp-reduce-dtype",
-        choices=("fp32", "bf16"),
+        choices=FSDP_DTYPES,
         default="fp32",
         help="--backend fsdp/hsdp: the gradients' dtype in the reduce-scatter (default fp32, torchtitan's)",
     )
@@ -726,7 +701,7 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grad-compression",
-        choices=("none", "fp16", "bf16"),
+        choices=tuple(COMPRESSION_BYTES),
         default=None,
         help="DDP compression hook: gradients on the wire in 2 bytes (default: the run's, else none)",
     )
@@ -761,120 +736,6 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _json_value(value):
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _ms(s: float) -> str:
-    return "-" if s is None or not math.isfinite(s) else f"{s * 1e3:,.1f}"
-
-
-def _duration(s: float) -> str:
-    if s is None or not math.isfinite(s):
-        return "-"
-    if s >= 3600:
-        return f"{s / 3600:.2f}h"
-    if s >= 60:
-        return f"{s / 60:.1f}m"
-    return f"{s:.1f}s"
-
-
-def print_projection(df, console=None) -> None:
-    """`scaling project`'s table of a projection (scaling.projection.run_projection), its notes and caveats."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from scaling.plots.projection import projection_title
-
-    console = console if console is not None else output_console()
-    table = Table(title=projection_title(df), title_justify="left", header_style="bold")
-    # the three communication figures, each named for what it is (scaling/projection/project.py)
-    headers = [
-        "nodes",
-        "GPUs",
-        "batch",
-        "step ms",
-        "communicating %",
-        "exposed %",
-        "A/B overhead %",
-        "samples/s",
-        "speedup",
-        "effic.",
-        "epoch",
-    ]
-    tokens = "tokens_per_s_per_gpu" in df.columns
-    if tokens:  # a transformer: tokens/s per GPU and memory per GPU beside the step
-        headers[7] = "tokens/s/GPU"
-        headers[-1] = "memory GiB/GPU"
-    tta = "tta_s" in df.columns
-    if tta:
-        headers += ["epochs", "TTA", "TTA x"]
-    for h in headers:
-        table.add_column(h, justify="right", no_wrap=True)
-    for _, r in df.iterrows():
-        row = [
-            f"{r.num_nodes}",
-            f"{r.num_workers}",
-            f"{r.global_batch:,}",
-            _ms(r.step_s),
-            f"{r.allreduce_pct:.1f}",
-            f"{r.exposed_comm_pct:.1f}",
-            f"{r.comm_overhead_pct:.1f}",
-            f"{r.throughput_samples_per_s:,.0f}",
-            f"{r.speedup_throughput:.2f}",
-            f"{r.efficiency_throughput:.3f}",
-            _duration(r.time_per_epoch_s),
-        ]
-        if tokens:
-            too_big = r.get("fits") is False
-            row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}" + (" > cap." if too_big else "")
-        if tta:
-            row += [
-                f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""),
-                _duration(r.tta_s),
-                f"{r.speedup_tta:.2f}",
-            ]
-        table.add_row(*row)
-    console.print(table)
-    if df.attrs.get("sharded"):
-        console.print(
-            "[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
-            "compute waiting on a collective; A/B overhead %: the step less the step without reduce-scatters "
-            "(the lab's FSDP A/B), / t_step; batch in sequences; memory: parameters, gradients, optimizer "
-            "state, activations and FSDP's buffers per GPU[/dim]",
-            highlight=False,
-        )
-    else:
-        console.print(
-            "[dim]communicating %: an all-reduce in flight, hidden or not (DAWNBench's \"communication "
-            'overhead"); exposed %: not hidden behind backward; A/B overhead %: (t_sync - t_no_sync) x '
-            "synced micro-batches / t_step, exposed + interference[/dim]",
-            highlight=False,
-        )
-    if tokens and "fits" in df.columns and (df["fits"] == False).any():  # noqa: E712 - None is not False
-        over = df[df["fits"] == False]  # noqa: E712
-        gpus = ", ".join(str(int(n)) for n in over["num_workers"])
-        worst = over["memory_gib"].max()
-        sharded = df.attrs.get("sharded")
-        remedies = "more GPUs sharding the model" if sharded else "sharding the model (--backend fsdp)"
-        console.print(
-            f"[red]does not fit at {gpus} GPU(s): up to {worst:.1f} GiB per GPU projected against the "
-            f"device's {over['memory_capacity_gib'].iloc[0]:g} GiB; what would make it fit: {remedies}, "
-            "activation checkpointing (--activation-checkpointing full), or a smaller --per-gpu-batch[/red]",
-            highlight=False,
-        )
-    for note in df.attrs.get("notes", []):
-        console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
-    for caveat in df.attrs.get("caveats", []):
-        console.print(
-            f"[yellow]caveat: {escape(caveat)}[/yellow]" + (" (* = extrapolated)" if tta else ""), highlight=False
-        )
-
-
 def _check_out_dir(out: Path) -> None:
     """`--out` names a directory, for every command: refused in one line before anything runs."""
     if out.suffix.lower() in (".png", ".svg", ".json") and not out.is_dir():
@@ -885,27 +746,12 @@ def _check_out_dir(out: Path) -> None:
         raise UsageError(f"--out {out} exists and is not a directory")
 
 
-def _write_projection(df, rows: list[dict], out: Path) -> list[Path]:
-    """DIR/projection.png and .svg (the figure) and DIR/projection.json (rows, notes, caveats)."""
-    from scaling.plots.figures import save
-    from scaling.plots.projection import projection_figure
-    from scaling.results import write_json_atomic
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        written = save(projection_figure(df), out / "projection")
-        record = {"rows": rows, "notes": list(df.attrs.get("notes", [])), "caveats": list(df.attrs.get("caveats", []))}
-        write_json_atomic(out / "projection.json", record)
-    except OSError as exc:
-        raise UsageError(f"cannot write the projection to {out}: {exc.strerror or exc}") from None
-    return [*written, out / "projection.json"]
-
-
 def _cmd_project(args) -> int:
     import json
 
     from scaling.projection import run_projection
     from scaling.projection.compute import run_model
+    from scaling.projection.project import DEFAULT_NODES
     from scaling.results import RunDir
 
     if args.out is not None:
@@ -918,7 +764,7 @@ def _cmd_project(args) -> int:
     runs = [RunDir(path) for path in args.from_run] if args.from_run else None
     from_run = runs[0] if runs is not None and len(runs) == 1 else runs
     model = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
-    nodes = args.nodes if (args.nodes is not None or args.workers is not None) else "1,2,4,8,16"
+    nodes = args.nodes if (args.nodes is not None or args.workers is not None) else DEFAULT_NODES
     df = run_projection(
         model,
         args.cluster,
@@ -944,8 +790,8 @@ def _cmd_project(args) -> int:
         fsdp_reduce_dtype=args.fsdp_reduce_dtype,
         fsdp_param_dtype=args.fsdp_param_dtype,
     )
-    rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
-    written = _write_projection(df, rows, args.out) if args.out is not None else []
+    rows = [{k: console.json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    written = console.write_projection(df, rows, args.out) if args.out is not None else []
     if args.json:
         print(json.dumps(rows, indent=1))
         for line in df.attrs.get("notes", []):
@@ -955,7 +801,7 @@ def _cmd_project(args) -> int:
         for path in written:
             print(f"written: {path}", file=sys.stderr)
     else:
-        print_projection(df)
+        console.print_projection(df)
         if written:
             print("written: " + ", ".join(str(p) for p in written))
     return 0
@@ -965,7 +811,7 @@ def _project_run_dir(args) -> int:
     """`scaling project RUN_DIR`: the user's own job projected (scaling/projection/from_run.py)."""
     import json
 
-    from scaling.projection.from_run import project_run, run_backend
+    from scaling.projection.from_run import BACKENDS, DEFAULT_GPUS, project_run, run_backend
     from scaling.results import RunDir
 
     for flag, value in (
@@ -977,8 +823,8 @@ def _project_run_dir(args) -> int:
     ):
         if value is not None:
             raise UsageError(f"{flag} does not go with a run directory (the run is the model and the compute)")
-    if args.backend not in (None, "ddp", "fsdp"):
-        raise UsageError(f"a run directory projects with --backend ddp or fsdp, not {args.backend}")
+    if args.backend is not None and args.backend not in BACKENDS:
+        raise UsageError(f"a run directory projects with --backend {' or '.join(BACKENDS)}, not {args.backend}")
     if args.gpus is not None and args.workers is not None:
         raise UsageError("give --gpus or --workers, not both")
     kwargs = {
@@ -1004,7 +850,7 @@ def _project_run_dir(args) -> int:
     df = project_run(
         run,
         args.cluster,
-        args.gpus or args.workers or "1,2,4,8,16,32,64,128",
+        args.gpus or args.workers or DEFAULT_GPUS,
         args.backend,
         compute_ms=args.compute_ms,
         mfu=args.mfu,
@@ -1012,8 +858,8 @@ def _project_run_dir(args) -> int:
         fsdp_units=args.fsdp_units,
         **kwargs,
     )
-    rows = [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
-    written = _write_projection(df, rows, args.out) if args.out is not None else []
+    rows = [{k: console.json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    written = console.write_projection(df, rows, args.out) if args.out is not None else []
     if args.json:
         print(json.dumps(rows, indent=1))
         for name, value, source in df.attrs["parameters"]:
@@ -1021,72 +867,10 @@ def _project_run_dir(args) -> int:
         for line in df.attrs.get("notes", []):
             print(f"note: {line}", file=sys.stderr)
     else:
-        print_run_projection(df)
+        console.print_run_projection(df)
     for path in written:
         print(f"written: {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
-
-
-def print_run_projection(df, console=None) -> None:
-    """The table of a run's projection: each figure with its interval [low, high], then what set each parameter."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = console if console is not None else output_console()
-    tokens = bool(df.attrs.get("tokens"))
-    title = (
-        f"{Path(df.attrs['run']).name} on {df.attrs['cluster']}, {df.attrs['backend']}: the run's job projected "
-        f"(95% of its steps' compute in brackets)"
-    )
-    table = Table(title=title, title_justify="left", header_style="bold")
-    rate = "tokens/s/GPU" if tokens else "samples/s"
-    for h in ("GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"):
-        table.add_column(h, justify="right", no_wrap=True)
-    per = df.attrs.get("seq_len") or 1
-
-    def band(r, figure, fmt, scale=1.0):
-        return (
-            f"{fmt.format(r[figure] * scale)} [{fmt.format(r[figure + '_lo'] * scale)}, "
-            f"{fmt.format(r[figure + '_hi'] * scale)}]"
-        )
-
-    for _, r in df.iterrows():
-        rate_scale = per / r.num_workers if tokens else 1.0
-        fits = r.get("fits")
-        memory = f"{r.memory_gib:.1f}" + (" > cap." if fits is not None and fits == fits and not fits else "")
-        table.add_row(
-            f"{r.num_workers}",
-            band(r, "step_s", "{:,.1f}", 1e3),
-            band(r, "throughput_samples_per_s", "{:,.0f}", rate_scale),
-            band(r, "allreduce_pct", "{:.1f}"),
-            band(r, "exposed_comm_pct", "{:.1f}"),
-            band(r, "comm_overhead_pct", "{:.1f}"),
-            band(r, "efficiency_throughput", "{:.3f}"),
-            memory,
-        )
-    console.print(table)
-    console.print(
-        "[dim]communicating %: a collective in flight, hidden or not; exposed %: compute waiting on one; "
-        "A/B overhead %: the step less the step without gradient synchronisation, / t_step; memory: the "
-        "tensors, the allocator's reserve, the CUDA context and NCCL's buffers[/dim]",
-        highlight=False,
-    )
-    if (df["fits"] == False).any():  # noqa: E712 - None is not False
-        gpus = ", ".join(str(int(n)) for n in df.loc[df["fits"] == False, "num_workers"])  # noqa: E712
-        remedy = "more GPUs sharding it" if df.attrs.get("sharded") else "sharding the model (--backend fsdp)"
-        console.print(
-            f"[red]does not fit at {gpus} GPU(s) ({df['memory_capacity_gib'].iloc[0]:g} GiB per GPU); what "
-            f"would make it fit: {remedy}, activation checkpointing, or a smaller batch[/red]",
-            highlight=False,
-        )
-    console.print("set by (each parameter of the projection and the measured quantity or assumption behind it):")
-    for name, value, source in df.attrs["parameters"]:
-        console.print(
-            f"[dim]- {escape(name)} = {escape(str(value))}" + (f": {escape(source)}" if source else "") + "[/dim]",
-            highlight=False,
-        )
-    for note in df.attrs.get("notes", []):
-        console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
 
 
 def _cmd_minicluster(args) -> int:
@@ -1171,7 +955,7 @@ def _cmd_run(args) -> int:
             print(note, flush=True)
         print(f"run directory: {run_dir}", flush=True)
         summary = execute_run(cfg, run_dir, launcher=args.launcher, preflighted=True)
-    print_summary(summary, run_dir)
+    console.print_summary(summary, run_dir)
     return 0 if summary["status"] != "failed" else 1
 
 
@@ -1199,10 +983,10 @@ def _cmd_sweep(args) -> int:
         for note in preflight_sweep(planned, args.launcher, log_to_driver=False):
             print(note, flush=True)
         prepare_sweep_dir(sweep_dir, data, spec)
-        console = output_console()
+        screen = console.output_console()
         # plain print: rich would wrap a long path, and job logs are read by scripts
         print(f"sweep directory: {sweep_dir}  ({len(planned)} runs)", flush=True)
-        index = run_sweep(sweep_dir, planned, args.launcher, console)
+        index = run_sweep(sweep_dir, planned, args.launcher, screen)
         while spec.repeats == "auto":
             more, notes = plan_more_repeats(sweep_dir, planned, args.interval_width, args.max_repeats)
             for note in notes:
@@ -1210,7 +994,7 @@ def _cmd_sweep(args) -> int:
             if not more:
                 break
             planned += more
-            index = run_sweep(sweep_dir, planned, args.launcher, console)
+            index = run_sweep(sweep_dir, planned, args.launcher, screen)
     failed = int((index["status"] == "failed").sum()) if not index.empty else 0
     print(f"done: {len(index) - failed} runs finished, {failed} failed; next: scaling report {sweep_dir}", flush=True)
     return 0 if failed == 0 else 1
@@ -1227,205 +1011,16 @@ def _cmd_compare(args) -> int:
         rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
         print(json.dumps(rows, indent=1))
     else:
-        print_comparison(table, output_console(), str(args.a), str(args.b))
+        print_comparison(table, console.output_console(), str(args.a), str(args.b))
     return 1 if worse_beyond_noise(table) else 0
 
 
 def _cmd_report(args) -> int:
     from scaling.report import write_report
 
-    path = write_report(args.sweep_dirs, output_console(), out=args.out, figures=not args.no_figures)
+    path = write_report(args.sweep_dirs, console.output_console(), out=args.out, figures=not args.no_figures)
     print(f"report: {path}")
     return 0
-
-
-def _fmt(value, spec: str = ".3f", unit: str = "") -> str:
-    if value is None:
-        return "-"
-    return f"{value:{spec}}{unit}"
-
-
-def _not_measured(summary: dict, figure: str) -> str | None:
-    """ "not measured: <reason>" for a figure the summary names in `not_measured` (schema 4), or
-    an older summary's `comm_overhead_note`; None for a figure that was measured."""
-    reason = (summary.get("not_measured") or {}).get(figure)
-    if (
-        reason is None
-        and figure == "comm_overhead_pct"
-        and summary.get(figure) is None
-        and summary.get("comm_overhead_note")
-    ):
-        return summary["comm_overhead_note"].replace("A/B not measured", "not measured")
-    return f"not measured: {reason}" if reason else None
-
-
-def print_summary(summary: dict, run_dir: Path) -> None:
-    """One screen: what ran, whether it reached the target, and where the time went."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from scaling.schema import COLLECTIVE_KINDS, SHARDED_KINDS
-
-    console = output_console()
-    # escaped: "[failed]" is otherwise read as a style tag and vanishes from the title
-    table = Table(title=escape(f"run {summary['run_id']}  [{summary['status']}]"), show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column()
-    absent = functools.partial(_not_measured, summary)  # a figure nothing measured: its reason, never a number
-    rows = [
-        ("model / data", f"{summary['model']} / {summary['dataset']}"),
-        (
-            "workers (nodes)",
-            f"{summary['num_workers']} ({_fmt(summary['num_nodes'], 'd')}), backend {summary['backend']}",
-        ),
-        ("batch", f"{summary['per_worker_batch']} per worker, {summary['global_batch']} global"),
-        # a loss target (train.target_metric: val_loss) is read as a loss, lower is better
-        ("val loss", f"best {_fmt(summary.get('best_val_loss'), '.4f')}, target {summary['target_loss']}")
-        if summary.get("target_loss") is not None
-        else (
-            "accuracy",
-            (
-                f"best {absent('best_accuracy')}"
-                if absent("best_accuracy")
-                else f"best {_fmt(summary['best_accuracy'], '.4f')}"
-            )
-            + f", target {summary['target_accuracy']}",
-        ),
-        ("epochs", f"{summary['epochs_run']} run, target at {_fmt(summary['epochs_to_target'], 'd')}"),
-        (
-            "TTA",
-            absent("tta_s")
-            or f"{_fmt(summary['tta_s'], '.2f', ' s')} training ({_fmt(summary['tta_wall_s'], '.2f', ' s')} wall)",
-        ),
-        (
-            "time per epoch",
-            absent("time_per_epoch_s")
-            or _fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)",
-        ),
-        (
-            "throughput",
-            absent("throughput_samples_per_s")
-            or _fmt(
-                summary["throughput_samples_per_s"],
-                ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g",
-                " samples/s",
-            )
-            + (
-                f" ({summary['throughput_tokens_per_s']:,.0f} tokens/s)"
-                if summary.get("throughput_tokens_per_s")
-                else ""
-            ),
-        ),
-        (
-            "step",
-            absent("step_s")
-            or _fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
-            + "  = data "
-            + _fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
-            + " + fwd "
-            + _fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
-            + " + bwd "
-            + _fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
-            + " + opt "
-            + _fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f")
-            + " ms",
-        ),
-        # the three communication figures (scaling/analysis/run_metrics.py), each by its name
-        # a sharded run's collectives are all-gathers and reduce-scatters: comm_s is their union, each kind beside it
-        (
-            "communicating",
-            (
-                _fmt(summary["comm_pct"], ".1f", "% of step")
-                + " with a collective in flight ("
-                + _fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step")
-                + "; "
-                + ", ".join(
-                    f"{COLLECTIVE_KINDS[kind]} " + _fmt(summary.get(f"{kind}_pct"), ".1f", " %")
-                    for kind in SHARDED_KINDS
-                )
-                + ")"
-            )
-            if summary.get("comm_pct") is not None
-            and any(summary.get(f"{kind}_pct") is not None for kind in SHARDED_KINDS)
-            else absent("allreduce_pct")
-            or _fmt(summary.get("allreduce_pct"), ".1f", "% of step")
-            + " with an all-reduce in flight ("
-            + _fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step")
-            + ")",
-        ),
-        (
-            "exposed comm",
-            absent("exposed_comm_pct")
-            or _fmt(summary["exposed_comm_pct"], ".1f", "% of step")
-            + (
-                " not hidden behind compute ("
-                if summary.get("exposed_forward_comm_s") is not None
-                else " not hidden behind backward ("
-            )
-            + _fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
-            + (
-                ", of which in forward " + _fmt(summary["exposed_forward_comm_s"] * 1e3, ".2f", " ms")
-                if summary.get("exposed_forward_comm_s") is not None
-                else ""
-            )
-            + ")",
-        ),
-        (
-            "comm overhead (A/B)",
-            absent("comm_overhead_pct")
-            or _fmt(summary["comm_overhead_pct"], ".1f", " %")
-            + " of step: comm_delta_s x synced_micro_batches / step_s",
-        ),
-        (
-            "compute",
-            _fmt(
-                summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9,
-                ".3g",
-                " GFLOP/sample",
-            )
-            + ", "
-            + (
-                f"rate and MFU {absent('achieved_flops_per_s')}"
-                if absent("achieved_flops_per_s")
-                else _fmt(
-                    summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12,
-                    ".3g",
-                    " TFLOP/s per worker",
-                )
-                + ", MFU "
-                + _fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %")
-            )
-            + f" ({summary.get('precision', 'fp32')}, peak "
-            + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s")
-            + ")",
-        ),
-        ("results", str(run_dir)),
-    ]
-    after_tta = [key for key, _ in rows].index("TTA") + 1
-    if summary.get("cost_to_accuracy_usd") is not None:
-        rows.insert(
-            after_tta,
-            (
-                "cost to accuracy",
-                f"${summary['cost_to_accuracy_usd']:,.2f} at ${summary['node_price_per_hour']:g}"
-                f"/node-hour ({summary.get('market', 'on_demand')}), "
-                f"${summary['time_lost_cost_usd']:,.2f} of it time lost",
-            ),
-        )
-    if summary.get("restarts"):
-        rows.insert(
-            after_tta,
-            (
-                "restarts",
-                f"{summary['restarts']}, {summary['time_lost_s']:.1f} s lost (counted in TTA), "
-                f"workers {summary.get('workers_first_attempt')} -> {summary.get('workers_last_attempt')}",
-            ),
-        )
-    if summary.get("error"):
-        rows.insert(0, ("error", summary["error"]))
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
 
 
 # What each command imports from the extras (pyproject.toml), and the extra that brings them all,

@@ -101,6 +101,36 @@ def test_closed_choices_are_choices(option, expected):
     assert expected <= set(action.choices or ())
 
 
+def test_choice_lists_are_read_from_where_each_choice_is_defined():
+    from scaling.launch import LAUNCHERS
+    from scaling.projection import from_run, layers, project
+
+    defined = {
+        ("run", "--launcher"): tuple(LAUNCHERS),
+        ("sweep", "--launcher"): tuple(LAUNCHERS),
+        ("project", "--reshard-after-forward"): project.RESHARD,
+        ("project", "--activation-checkpointing"): project.ACTIVATION_CHECKPOINTING,
+        ("project", "--backend"): project.BACKENDS,
+        ("project", "--grad-compression"): tuple(layers.COMPRESSION_BYTES),
+        ("project", "--fsdp-param-dtype"): layers.FSDP_DTYPES,
+        ("project", "--fsdp-reduce-dtype"): layers.FSDP_DTYPES,
+    }
+    parsers = dict(zip(IDS, (p for _, p in COMMANDS)))
+    for (command, flag), choices in defined.items():
+        action = next(a for a in parsers[command]._actions if flag in a.option_strings)
+        assert tuple(action.choices) == tuple(choices), (command, flag)
+    gpus = next(a for a in parsers["project"]._actions if "--gpus" in a.option_strings)
+    assert from_run.DEFAULT_GPUS in gpus.help
+
+
+def test_run_and_sweep_share_their_options():
+    parsers = dict(zip(IDS, (p for _, p in COMMANDS)))
+    shared = ("--workers", "--out", "--wait", "--set", "--launcher")
+    for flag in shared:
+        run, sweep = (next(a for a in parsers[c]._actions if flag in a.option_strings) for c in ("run", "sweep"))
+        assert (run.dest, run.choices, run.default) == (sweep.dest, sweep.choices, sweep.default), flag
+
+
 def test_out_is_a_directory_everywhere():
     for words, parser in COMMANDS:
         for action in parser._actions:

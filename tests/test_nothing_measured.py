@@ -127,7 +127,7 @@ def test_step_timing_off_names_itself_as_the_reason(tmp_path):
 
 
 def test_the_run_screen_says_not_measured_instead_of_a_number(tmp_path, capsys):
-    from scaling.cli import print_summary
+    from scaling.console import print_summary
 
     summary = _failed_summary(tmp_path)
     print_summary(summary, tmp_path)
@@ -139,7 +139,7 @@ def test_the_run_screen_says_not_measured_instead_of_a_number(tmp_path, capsys):
 
 
 def test_the_screen_keeps_the_definitional_zero_and_reads_older_summaries(tmp_path, capsys):
-    from scaling.cli import print_summary
+    from scaling.console import print_summary
 
     summary = _failed_summary(tmp_path)
     measured = {

@@ -5,3 +5,9 @@ it runs (instrument_parts.py: Ray's identity and live metrics, live_metrics.py; 
 the run's finish once its ranks stopped (finish.py: the summary, the trace and the exports, from
 the records).
 """
+
+# The launchers a run or sweep names (`scaling run --launcher`), each with what it starts; run.py dispatches on them.
+LAUNCHERS = {
+    "ray": "Ray Train on the current Ray cluster",
+    "local": "torch.distributed processes on this host, no Ray",
+}

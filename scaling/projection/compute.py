@@ -63,7 +63,7 @@ from dataclasses import dataclass, replace
 from scaling.devices import load_devices
 from scaling.errors import UsageError
 from scaling.projection.cluster import device_throughput, normalize_precision
-from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, forward_share, load_layer_table
+from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, COMPRESSION_BYTES, forward_share, load_layer_table
 
 ADAMW_BYTES_PER_PARAMETER = 28  # read weight, gradient, two moments; write weight and moments: 7 x fp32
 # Published model FLOPs utilisation of a transformer's training step, per device (bf16 autocast / FSDP
@@ -330,7 +330,7 @@ def compute_from_run(run) -> StepCompute:
         epochs_to_target=summary.get("epochs_to_target"),
         global_batch=summary.get("global_batch"),
         bucket_cap_mb=float(cap) if _finite(cap) and cap > 0 else None,
-        grad_compression=compression if compression in ("none", "fp16", "bf16") else None,
+        grad_compression=compression if compression in COMPRESSION_BYTES else None,
     )
 
 

@@ -61,9 +61,10 @@ from scaling.projection.compute import (
     compute_from_concurrent_runs,
     compute_from_run,
 )
-from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, MIB
+from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, FSDP_DTYPES, MIB
 
 BACKENDS = ("ddp", "fsdp")
+DEFAULT_GPUS = "1,2,4,8,16,32,64,128"  # a run's projection's GPU counts unless told (--gpus)
 
 
 def run_backend(run) -> str:
@@ -502,7 +503,7 @@ def project_run(
             parameters.append(
                 ("resharded after forward", policy, "compute_profile.json sharded_units, each unit's as FSDP2 ran it")
             )
-    if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in ("fp32", "bf16"):
+    if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in FSDP_DTYPES:
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
     kwargs.setdefault("activation_checkpointing", "none")
 

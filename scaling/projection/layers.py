@@ -54,6 +54,8 @@ MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BYTES_PER_GRAD_ELEMENT = 4  # fp32 gradients (DDP buckets are in the parameters' dtype)
+COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire, by DDP hook
+FSDP_DTYPES = ("fp32", "bf16")  # FSDP2 MixedPrecisionPolicy: the all-gather's and reduce-scatter's dtypes
 
 
 @dataclass(frozen=True)

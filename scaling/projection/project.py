@@ -130,6 +130,8 @@ from scaling.projection.cost import (
 )
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT,
+    COMPRESSION_BYTES,
+    FSDP_DTYPES,
     DEFAULT_BUCKET_CAP_MB,
     DEFAULT_FIRST_BUCKET_BYTES,
     MIB,
@@ -138,8 +140,8 @@ from scaling.projection.layers import (
     tensor_schedule,
 )
 
-COMPRESSION_BYTES = {"none": 4, "fp16": 2, "bf16": 2}  # bytes per gradient element on the wire
 BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
+DEFAULT_NODES = "1,2,4,8,16"  # a projection's node counts unless told (--nodes)
 SHARDED = ("fsdp", "hsdp")
 # units resharded after forward: torchtitan's (every block but the last), FSDP2's default (every block),
 # every block and the root (FSDP2 given reshard_after_forward=True explicitly for the root too), none
@@ -454,14 +456,14 @@ def run_projection(
             f"backend {backend} needs a transformer's FSDP units; {model} has none "
             f"(transformers: {', '.join(m for m in available_transformers())})"
         )
-    if fsdp_reduce_dtype not in ("fp32", "bf16"):
-        raise UsageError(f"fsdp_reduce_dtype must be fp32 or bf16, got {fsdp_reduce_dtype!r}")
+    if fsdp_reduce_dtype not in FSDP_DTYPES:
+        raise UsageError(f"fsdp_reduce_dtype must be one of {', '.join(FSDP_DTYPES)}, got {fsdp_reduce_dtype!r}")
     if fsdp_process_group not in PROCESS_GROUPS:
         raise UsageError(f"fsdp_process_group must be one of {', '.join(PROCESS_GROUPS)}, got {fsdp_process_group!r}")
     if fsdp_process_group == "gloo" and backend != "fsdp":
         raise UsageError(f"fsdp_process_group gloo is modelled for backend fsdp only, not {backend}")
-    if fsdp_param_dtype not in (None, "fp32", "bf16"):
-        raise UsageError(f"fsdp_param_dtype must be fp32 or bf16, got {fsdp_param_dtype!r}")
+    if fsdp_param_dtype is not None and fsdp_param_dtype not in FSDP_DTYPES:
+        raise UsageError(f"fsdp_param_dtype must be one of {', '.join(FSDP_DTYPES)}, got {fsdp_param_dtype!r}")
     reshard_after_forward = (
         {True: "all", False: "none"}.get(reshard_after_forward, reshard_after_forward)
         if isinstance(reshard_after_forward, bool)
