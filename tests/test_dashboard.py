@@ -194,6 +194,32 @@ def test_epoch_figures_of_a_sharded_job_take_its_collective_columns():
     assert tokens["scaling_throughput_tokens_per_second"] == 1280.0
 
 
+def test_a_run_that_communicates_nothing_leaves_its_counters_where_they_are(monkeypatch):
+    """A 1-worker run's timed steps have no exposed communication: its counter's increment is 0, which
+    Ray's Counter refuses (ValueError), so it is left out; the step time's counter still goes up."""
+    from scaling.launch import live_metrics
+
+    class Counter:
+        def __init__(self):
+            self.total = 0.0
+
+        def inc(self, value, tags=None):
+            if value <= 0:  # as ray.util.metrics.Counter.inc
+                raise ValueError(f"value must be >0, got {value}")
+            self.total += value
+
+    counters = {name: Counter() for name in COUNTERS}
+    monkeypatch.setattr(live_metrics, "_ray_metric", lambda name: counters[name])
+    monkeypatch.setattr(live_metrics, "step_observations", lambda rows: [])
+    monkeypatch.setattr(live_metrics, "epoch_figures", lambda *args: [])
+    meter = object.__new__(live_metrics.RayLiveMetrics)
+    meter.tags, meter.rank, meter.profile = {"run": "r"}, 0, None
+    row = {"kind": "train", "warmup": False, "step_s": 0.5, "exposed_comm_s": 0.0, "comm_s": 0.0}
+    meter.update([row, dict(row)], {"epoch": 1})
+    assert counters["scaling_comm_timed_step_seconds_total"].total == 1.0
+    assert counters["scaling_exposed_comm_seconds_total"].total == 0.0
+
+
 # --- against Prometheus ----------------------------------------------------------------------------------------
 
 

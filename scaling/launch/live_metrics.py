@@ -317,7 +317,8 @@ class RayLiveMetrics:
             for value in values:
                 metric.observe(value, tags=tags)
         for name, total in step_totals(rows):
-            _ray_metric(name).inc(total, tags=self.tags)
+            if total > 0:  # Ray's Counter refuses an increment of 0 (a 1-worker run communicates nothing)
+                _ray_metric(name).inc(total, tags=self.tags)
         for name, extra, value in epoch_figures(rows, epoch_row, self.rank, self._compute_profile()):
             _ray_metric(name).set(value, tags={**self.tags, **extra})
 
