@@ -868,10 +868,15 @@ def test_the_jobs_own_comm_hook_is_not_counted_as_the_instruments_cost():
             pass
         return _done_hook(state, bucket)
 
+    # a preemption of this thread can only add to host_s (a loaded machine's slice is tens of ms), and a
+    # hook counted in it adds 20 ms to every repeat: the fewest of three repeats tells them apart
     for timed in (True, False):
-        hook = CommTimingHook(Clock(), inner_hook=costly_hook)
-        hook.timed = timed
-        for index in range(4):
-            hook(None, _Bucket(index, index == 3)).wait()
-        assert hook.host_s < 4 * hook_s / 2, (timed, hook.host_s)
-        hook.take()
+        costs = []
+        for _ in range(3):
+            hook = CommTimingHook(Clock(), inner_hook=costly_hook)
+            hook.timed = timed
+            for index in range(4):
+                hook(None, _Bucket(index, index == 3)).wait()
+            costs.append(hook.host_s)
+            hook.take()
+        assert min(costs) < 4 * hook_s / 2, (timed, costs)
