@@ -25,6 +25,7 @@ from the module that defines the choice.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -540,12 +541,32 @@ def _cmd_cluster(args) -> int:
 # The projection (scaling/projection/) is pure Python; its command line, table and figure are wired here.
 
 
+def _flag_dest(name: str, flag) -> str:
+    """Where argparse keeps a spec field's flag: the flag's own name (--straggler-ms: straggler_ms)."""
+    return flag.option(name).lstrip("-").replace("-", "_")
+
+
+def _spec_default(name: str):
+    from scaling.projection.spec import ProjectionSpec
+
+    return next(f.default for f in dataclasses.fields(ProjectionSpec) if f.name == name)
+
+
+def _spec_values(args) -> dict:
+    """The spec's fields the command line set (None: not given), in the fields' units."""
+    from scaling.projection.spec import flag_fields
+
+    values = {}
+    for name, flag in flag_fields():
+        value = getattr(args, _flag_dest(name, flag))
+        if value is not None:
+            values[name] = flag.to_field(value) if flag.to_field else value
+    return values
+
+
 def _project_arguments(parser: argparse.ArgumentParser) -> None:
-    from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, preset_names
-    from scaling.projection.cost import ALGORITHMS
-    from scaling.projection.layers import COMPRESSION_BYTES, FSDP_DTYPES, available_models
     from scaling.projection.from_run import DEFAULT_GPUS
-    from scaling.projection.project import ACTIVATION_CHECKPOINTING, BACKENDS, DEFAULT_NODES, RESHARD
+    from scaling.projection.spec import flag_fields
 
     parser.add_argument(
         "run_dir",
@@ -573,158 +594,17 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         help="with RUN_DIR and --backend fsdp: blocks to split the model into when the run has no "
         "FSDP2 per-module records (default: the run's collectives)",
     )
-    parser.add_argument(
-        "--model",
-        default=None,
-        choices=available_models(),
-        metavar="MODEL",
-        help="model with a layer table: %(choices)s (default: the run's, else resnet50)",
-    )
-    parser.add_argument(
-        "--cluster",
-        required=True,
-        help=f"preset ({', '.join(preset_names())}) or a cluster YAML file (scaling/projection/cluster.py)",
-    )
-    parser.add_argument(
-        "--nodes", default=None, help=f"comma-separated node counts, e.g. 1,2,4 (default {DEFAULT_NODES})"
-    )
-    parser.add_argument(
-        "--workers",
-        default=None,
-        help="comma-separated GPU counts instead of --nodes, e.g. 1,2,4,8,16 (within a node up to its GPUs) "
-        "(default: none, --nodes decides)",
-    )
-    parser.add_argument(
-        "--per-gpu-batch",
-        type=int,
-        default=None,
-        help="samples (a transformer: sequences) per GPU per step (default: the run's, else 64; 2 "
-        "sequences for a transformer)",
-    )
-    parser.add_argument(
-        "--precision",
-        default=None,
-        type=str.lower,
-        choices=(*PRECISIONS, *PRECISION_ALIASES),
-        help="fp32, fp16 or bf16; amp and mixed are fp16 autocast, tf32 is fp32 (default: the run's, else fp32)",
-    )
-    parser.add_argument(
-        "--from-run",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="RUN_DIR",
-        help="run directory whose step times are the compute (a 1-worker run is best); several "
-        "1-worker runs made at the same time, one per future rank, also measure the straggler wait "
-        "(default: none, the device table's throughput)",
-    )
-    parser.add_argument(
-        "--straggler-ms",
-        type=float,
-        default=None,
-        help="wait for the slowest rank per synchronous step, added to exposed communication "
-        "(default: what concurrent --from-run runs measured, else the cluster's step jitter)",
-    )
-    parser.add_argument(
-        "--overlap-slowdown",
-        type=float,
-        default=None,
-        help="backward compute runs at 1/(1 + this) while an all-reduce overlaps it (default: the "
-        "cluster's; a multi-worker run measures it: compute.measured_overlap_slowdown)",
-    )
-    parser.add_argument(
-        "--samples-per-s",
-        type=float,
-        default=None,
-        help="one GPU's training throughput, instead of the device table or a run (default: the "
-        "run's, else the device table's)",
-    )
-    parser.add_argument(
-        "--allreduce",
-        choices=ALGORITHMS,
-        default=None,
-        help="all-reduce algorithm (default: the cluster's)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default=None,
-        help="ddp: DDP's gradient buckets; horovod: Horovod's cycles and Tensor Fusion; fsdp: FSDP's "
-        "all-gathers and reduce-scatters per block (a transformer: llama3-8b, gpt2-small, "
-        "gpt2-medium); hsdp: sharded inside a node, replicated across nodes (default ddp; a run "
-        "directory: the run's own, fsdp where its job sharded)",
-    )
-    parser.add_argument(
-        "--mfu",
-        type=float,
-        default=None,
-        help="a transformer's compute rate as model FLOPs utilisation, e.g. 0.35 (default: the "
-        "device's published one, else required)",
-    )
-    parser.add_argument(
-        "--activation-checkpointing",
-        choices=ACTIVATION_CHECKPOINTING,
-        default=None,
-        help="transformers: activations held and recomputed (default selective, torchtitan's)",
-    )
-    parser.add_argument(
-        "--reshard-after-forward",
-        choices=RESHARD,
-        default=None,
-        help="--backend fsdp/hsdp: the blocks freed after forward and gathered again for backward "
-        "(default: a run directory's own, as FSDP2 ran it, else all-but-last, torchtitan's; all: FSDP2's "
-        "default; all-and-root: the root too; none: kept to backward)",
-    )
-    parser.add_argument(
-        "--fsdp-param-dtype",
-        choices=FSDP_DTYPES,
-        default=None,
-        help="--backend fsdp/hsdp: the parameters' dtype in the all-gather (default: the precision)",
-    )
-    parser.add_argument(
-        "--fsdp-reduce-dtype",
-        choices=FSDP_DTYPES,
-        default="fp32",
-        help="--backend fsdp/hsdp: the gradients' dtype in the reduce-scatter (default fp32, torchtitan's)",
-    )
-    parser.add_argument(
-        "--horovod-cycle-time-ms",
-        type=float,
-        default=None,
-        help="--backend horovod: HOROVOD_CYCLE_TIME (default 1, Horovod's since 0.21; 5 before)",
-    )
-    parser.add_argument(
-        "--horovod-fusion-threshold-mb",
-        type=float,
-        default=None,
-        help="--backend horovod: fusion buffer in MiB (default 128, Horovod's since 0.21; 64 before)",
-    )
-    parser.add_argument(
-        "--grad-compression",
-        choices=tuple(COMPRESSION_BYTES),
-        default=None,
-        help="DDP compression hook: gradients on the wire in 2 bytes (default: the run's, else none)",
-    )
-    parser.add_argument(
-        "--bucket-cap-mb",
-        type=float,
-        default=None,
-        help="DDP bucket_cap_mb given explicitly (default: the run's; else DDP's default, 25 MiB with a 1 MiB first "
-        "bucket)",
-    )
-    parser.add_argument(
-        "--dataset-size",
-        type=int,
-        default=None,
-        help="samples per epoch (default: the run's, else the model's usual dataset, e.g. ImageNet 1,281,167)",
-    )
-    parser.add_argument(
-        "--epochs-to-target",
-        default=None,
-        metavar="BATCH:EPOCHS,...",
-        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA "
-        "(default: none, no TTA columns)",
-    )
+    # the projection's own options: one per field of ProjectionSpec that carries a flag (spec.py)
+    for name, flag in flag_fields():
+        options = {"default": _spec_default(name) if flag.set_default else None, "help": flag.help}
+        for key in ("type", "metavar", "nargs"):
+            if getattr(flag, key) is not None:
+                options[key] = getattr(flag, key)
+        if flag.choices is not None:
+            options["choices"] = flag.choices()
+        if flag.required:
+            options["required"] = True
+        parser.add_argument(flag.option(name), dest=_flag_dest(name, flag), **options)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument(
         "--out",
@@ -749,9 +629,9 @@ def _check_out_dir(out: Path) -> None:
 def _cmd_project(args) -> int:
     import json
 
-    from scaling.projection import run_projection
     from scaling.projection.compute import run_model
-    from scaling.projection.project import DEFAULT_NODES
+    from scaling.projection.project import project
+    from scaling.projection.spec import DEFAULT_NODES, ProjectionSpec
     from scaling.results import RunDir
 
     if args.out is not None:
@@ -761,35 +641,13 @@ def _cmd_project(args) -> int:
     for flag, value in (("--gpus", args.gpus), ("--compute-ms", args.compute_ms), ("--fsdp-units", args.fsdp_units)):
         if value is not None:
             raise UsageError(f"{flag} projects a run directory: give it, e.g. scaling project RUN_DIR --cluster ...")
+    values = _spec_values(args)
     runs = [RunDir(path) for path in args.from_run] if args.from_run else None
-    from_run = runs[0] if runs is not None and len(runs) == 1 else runs
-    model = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
-    nodes = args.nodes if (args.nodes is not None or args.workers is not None) else DEFAULT_NODES
-    df = run_projection(
-        model,
-        args.cluster,
-        nodes,
-        args.per_gpu_batch,
-        args.precision,
-        from_run,
-        workers=args.workers,
-        samples_per_s=args.samples_per_s,
-        dataset_size=args.dataset_size,
-        epochs_to_target=args.epochs_to_target,
-        allreduce=args.allreduce,
-        grad_compression=args.grad_compression,
-        bucket_cap_mb=args.bucket_cap_mb,
-        straggler_s=None if args.straggler_ms is None else args.straggler_ms / 1e3,
-        backend=args.backend or "ddp",
-        horovod_cycle_time_ms=args.horovod_cycle_time_ms,
-        horovod_fusion_threshold_mb=args.horovod_fusion_threshold_mb,
-        overlap_slowdown=args.overlap_slowdown,
-        mfu=args.mfu,
-        activation_checkpointing=args.activation_checkpointing,
-        reshard_after_forward=args.reshard_after_forward or "all-but-last",
-        fsdp_reduce_dtype=args.fsdp_reduce_dtype,
-        fsdp_param_dtype=args.fsdp_param_dtype,
-    )
+    values["from_run"] = runs[0] if runs is not None and len(runs) == 1 else runs
+    values["model"] = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
+    if args.nodes is None and args.workers is None:
+        values["nodes"] = DEFAULT_NODES
+    df = project(ProjectionSpec(**values))
     rows = [{k: console.json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
     written = console.write_projection(df, rows, args.out) if args.out is not None else []
     if args.json:
@@ -827,22 +685,10 @@ def _project_run_dir(args) -> int:
         raise UsageError(f"a run directory projects with --backend {' or '.join(BACKENDS)}, not {args.backend}")
     if args.gpus is not None and args.workers is not None:
         raise UsageError("give --gpus or --workers, not both")
-    kwargs = {
-        k: v
-        for k, v in (
-            ("bucket_cap_mb", args.bucket_cap_mb),
-            ("grad_compression", args.grad_compression),
-            ("allreduce", args.allreduce),
-            ("overlap_slowdown", args.overlap_slowdown),
-            ("dataset_size", args.dataset_size),
-            ("per_gpu_batch", args.per_gpu_batch),
-            ("activation_checkpointing", args.activation_checkpointing),
-            ("fsdp_param_dtype", args.fsdp_param_dtype),
-        )
-        if v is not None
-    }
-    if args.straggler_ms is not None:
-        kwargs["straggler_s"] = args.straggler_ms / 1e3
+    # every field the command line set goes to the run's spec, but those project_run takes itself
+    # (the backend, how the compute transfers) and FSDP's own, which go only with backend fsdp
+    own = ("cluster", "workers", "backend", "mfu", "precision", "reshard_after_forward", "fsdp_reduce_dtype")
+    kwargs = {k: v for k, v in _spec_values(args).items() if k not in own}
     run = RunDir(args.run_dir)
     backend = args.backend or run_backend(run)
     if backend == "fsdp":

@@ -2,8 +2,10 @@
 the lab has not run on, from one worker's compute time, the model's gradient buckets and when
 backward makes them ready, and an alpha-beta model of the cluster's all-reduce.
 
-    from scaling.projection import run_projection
-    df = run_projection("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32")
+    from scaling.projection import ProjectionSpec
+    from scaling.projection.project import project  # the module's name: the package does not re-export it
+    df = project(ProjectionSpec("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32"))
+    # run_projection("resnet50", "p3.16xlarge", nodes=[...]) is the same with the spec's fields as arguments
 
 Pure Python: pandas, numpy, PyYAML; no torch or ray on import, and nothing of the lab's command
 line, launchers, records or figures: a run's records come in as its reader (scaling.results.RunDir),
@@ -16,8 +18,16 @@ line, launchers, records or figures: a run's records come in as its reader (scal
               reduce-scatters per unit, fit_alpha_beta
 - cluster.py  cluster presets (presets/*.yaml); one GPU's published throughput (scaling/devices.yaml)
 - compute.py  one worker's step (data, forward, backward, optimizer) from a run, a device, or a transformer's MFU
-- project.py  run_projection, project_cluster_from_alpha_beta (definitions of every column)
-- from_run.py project_run: a user's own measured run (its records) projected, with intervals from its steps
+- spec.py     ProjectionSpec: what a projection is asked, a field (its meaning, default, checks and
+              `scaling project` flag) per option; the command's flags are generated from it
+- project.py  project(spec): the spec resolved once (the layer table loaded once, the cluster, one worker's
+              step), a row per worker count, the speedups and TTA (definitions of every column);
+              run_projection (the spec's fields as arguments), project_cluster_from_alpha_beta
+- comm.py     one class per backend's communication computing a row's step: DDPComm, HorovodComm, FSDPComm
+              (FSDP and HSDP)
+- memory.py   memory per GPU of a transformer: states, activations, FSDP's buffers, the runtime's reserve
+- from_run.py run_spec: the spec a user's own measured run (its records) asks; project_run: it projected,
+              with intervals from its steps
 - overlay.py  project_sweep, add_projection: projected columns for `scaling report` (a sweep with workers.cluster)
 - make_layer_tables.py  regenerates layers/*.json (needs torch and the instrument's FLOP counting; never
               imported by the package)
@@ -37,11 +47,13 @@ from scaling.projection.cost import (
 )
 from scaling.projection.layers import available_models, model_buckets
 from scaling.projection.project import project_cluster_from_alpha_beta, run_projection
+from scaling.projection.spec import ProjectionSpec
 
 __all__ = [
     "AlphaBeta",
     "Cluster",
     "Link",
+    "ProjectionSpec",
     "allreduce_s",
     "available_models",
     "cluster_from_alpha_beta",

@@ -135,11 +135,12 @@ def optimizer_estimate_s(parameters: int, memory_bandwidth_bytes_per_s: float) -
 
 
 def compute_from_device(
-    device: str | None, model: str, precision: str, per_worker_batch: int, samples_per_s: float | None = None
+    device: str | None, model: str | dict, precision: str, per_worker_batch: int, samples_per_s: float | None = None
 ) -> StepCompute:
     """One GPU's step from the device table (or from `samples_per_s` given directly)."""
     precision = normalize_precision(precision)
-    table = load_layer_table(model)
+    table = model if isinstance(model, dict) else load_layer_table(model)  # a caller's table, loaded once
+    model = table["model"]
     if not (isinstance(per_worker_batch, int) and per_worker_batch > 0):
         raise UsageError(f"per-GPU batch must be a positive integer, got {per_worker_batch!r}")
     if samples_per_s is not None:
@@ -194,7 +195,7 @@ def recompute_share(table: dict, activation_checkpointing: str) -> float:
 
 def compute_from_mfu(
     device: str | None,
-    model: str,
+    model: str | dict,
     precision: str,
     per_worker_batch: int,
     mfu: float | None = None,
@@ -202,7 +203,8 @@ def compute_from_mfu(
 ) -> StepCompute:
     """One GPU's forward and backward of a transformer from a model FLOPs utilisation (module docstring)."""
     precision = normalize_precision(precision)
-    table = load_layer_table(model)
+    table = model if isinstance(model, dict) else load_layer_table(model)  # a caller's table, loaded once
+    model = table["model"]
     if table.get("kind") != "transformer":
         raise UsageError(f"--mfu needs a transformer's layer table; {model} has none (give --samples-per-s)")
     if not (isinstance(per_worker_batch, int) and per_worker_batch > 0):

@@ -7,8 +7,9 @@ per GPU at 1-128 GPUs, for DDP or FSDP2, each with an interval from the run's ow
     df = project_run(RunDir("results/my-job"), "p5.48xlarge", [8, 32, 128])  # the run's own: DDP or FSDP2
 
 Nothing here models communication: the run becomes a layer table and one worker's step
-(`StepCompute`), and `project.run_projection` projects them with the collective cost model, the
-cluster presets and the overlap and FSDP schedules every other projection uses. What the run gives:
+(`StepCompute`) in a `ProjectionSpec` (`run_spec`), and `project.project` projects it with the collective
+cost model, the cluster presets and the overlap and FSDP schedules every other projection uses. What the run
+gives:
 
 - **the model's size**: compute_profile.json's `parameters` (trainable) and, per FSDP2 unit, the
   run's collectives.parquet (`reduce_scatter` bytes per module: the unit's gradients; their issue
@@ -36,17 +37,17 @@ cluster presets and the overlap and FSDP schedules every other projection uses. 
 - **memory**: the tensors from the run's parameters (fp32 weights, gradients, AdamW's two moments)
   and activations (compute_profile.json's `activation_elements` per sample, 2 bytes each under
   bf16/fp16, 4 under fp32), FSDP's buffers, and on a GPU the allocator's reserve, the CUDA context
-  and NCCL's buffers (project.py, each with its source). No interval: nothing per step sets it.
+  and NCCL's buffers (memory.py, each with its source). No interval: nothing per step sets it.
 
 `df.attrs["parameters"]` lists every parameter of the projection with its value and the measured
-quantity (or assumption) that set it; `df.attrs["notes"]` what run_projection adds.
+quantity (or assumption) that set it; `df.attrs["notes"]` what `project` adds.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -62,6 +63,9 @@ from scaling.projection.compute import (
     compute_from_run,
 )
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, FSDP_DTYPES, MIB
+from scaling.projection.memory import DTYPE_BYTES
+from scaling.projection.project import project
+from scaling.projection.spec import ProjectionSpec
 
 BACKENDS = ("ddp", "fsdp")
 DEFAULT_GPUS = "1,2,4,8,16,32,64,128"  # a run's projection's GPU counts unless told (--gpus)
@@ -84,7 +88,6 @@ FIGURES = (
     "comm_overhead_pct",
     "efficiency_throughput",
 )
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def _profile(run) -> dict:
@@ -389,7 +392,48 @@ def _compute_rate(
     return target, mfu * peak * 1e12, f"{source} of {cluster.device}'s {target} peak, {peak:g} TFLOP/s"
 
 
-def project_run(
+@dataclass
+class RunSpec:
+    """A run's projection as asked: the spec, what set each of its parameters, and the steps its interval
+    rests on."""
+
+    spec: ProjectionSpec
+    parameters: list[tuple[str, str, str]]  # (name, value, the measured quantity or assumption that set it)
+    steps: pd.DataFrame  # the runs' steady-state steps, `compute_s` each
+    runs: list  # the RunDirs: one, or one-worker runs made at the same time
+
+
+def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend: str | None = None, **options):
+    """`project` of the run's spec (`run_spec`, the same arguments), with `<figure>_lo` / `_hi` columns: the
+    projection again with every step's compute at either end of the run's per-step spread."""
+    asked = run_spec(run, cluster, gpus, backend, **options)
+    spec, steps, table = asked.spec, asked.steps, asked.spec.model
+    df = project(spec)
+    low, high = (
+        float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean()) for q in INTERVAL_PERCENTILES
+    )
+    ends = [project(replace(spec, compute=_scaled(spec.compute, f))) for f in (low, high)]
+    for figure in FIGURES:
+        pair = np.vstack([e[figure].to_numpy() for e in ends])
+        df[f"{figure}_lo"], df[f"{figure}_hi"] = pair.min(axis=0), pair.max(axis=0)
+    if "tokens_per_s_per_gpu" in df.columns:
+        df["tokens_per_s_per_gpu_lo"] = df["throughput_samples_per_s_lo"] * table["seq_len"] / df["num_workers"]
+        df["tokens_per_s_per_gpu_hi"] = df["throughput_samples_per_s_hi"] * table["seq_len"] / df["num_workers"]
+    asked.parameters.append(
+        (
+            "interval",
+            f"compute x {low:.3f} to x {high:.3f}",
+            f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
+            f"{len(steps)} steady-state steps' compute over their mean",
+        )
+    )
+    df.attrs.update(parameters=asked.parameters, run=", ".join(map(str, asked.runs)), tokens=table["seq_len"] > 1)
+    if spec.backend == "ddp" and (asked.runs[0].job() or {}).get("data_parallel") == "local":
+        df.attrs["notes"] = [*df.attrs.get("notes", []), BARE_MODEL_NOTE]
+    return df
+
+
+def run_spec(
     run,
     cluster: str | Cluster,
     gpus: Sequence[int] | str,
@@ -401,8 +445,8 @@ def project_run(
     fsdp_units: int | None = None,
     same_device: bool = False,
     **kwargs,
-) -> pd.DataFrame:
-    """run_projection's rows for the run's job (module docstring), with `<figure>_lo` / `_hi` columns.
+) -> RunSpec:
+    """The projection the run's job asks (module docstring): a `ProjectionSpec` of its layer table and compute.
 
     run: its RunDir, or the RunDirs of one-worker runs of the job made at the same time, one per
     node (their compute under each other's load, and the wait for the slower one they measure:
@@ -412,11 +456,9 @@ def project_run(
     how the compute transfers to the target (module docstring). fsdp_units: blocks to split the
     model into where the run has no FSDP2 records. same_device: the cluster's workers are the run's
     own device (a minicluster of the machine it ran on), so its compute and jitter are taken as
-    measured, whatever the cluster's device. kwargs go to run_projection (bucket_cap_mb,
+    measured, whatever the cluster's device. kwargs are the spec's other fields (bucket_cap_mb,
     reshard_after_forward, fsdp_reduce_dtype, ...).
     """
-    from scaling.projection.project import run_projection
-
     if backend is not None and backend not in BACKENDS:
         raise UsageError(f"a run's projection has backends {', '.join(BACKENDS)}, got {backend!r}")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: not given (the CLI's unset options)
@@ -506,33 +548,8 @@ def project_run(
     if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in FSDP_DTYPES:
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
     kwargs.setdefault("activation_checkpointing", "none")
-
-    def project(c: StepCompute) -> pd.DataFrame:
-        return run_projection(table, cluster, workers=gpus, compute=c, backend=backend, **kwargs)
-
-    df = project(compute)
-    low, high = (
-        float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean()) for q in INTERVAL_PERCENTILES
-    )
-    ends = [project(_scaled(compute, f)) for f in (low, high)]
-    for figure in FIGURES:
-        pair = np.vstack([e[figure].to_numpy() for e in ends])
-        df[f"{figure}_lo"], df[f"{figure}_hi"] = pair.min(axis=0), pair.max(axis=0)
-    if "tokens_per_s_per_gpu" in df.columns:
-        df["tokens_per_s_per_gpu_lo"] = df["throughput_samples_per_s_lo"] * table["seq_len"] / df["num_workers"]
-        df["tokens_per_s_per_gpu_hi"] = df["throughput_samples_per_s_hi"] * table["seq_len"] / df["num_workers"]
-    parameters.append(
-        (
-            "interval",
-            f"compute x {low:.3f} to x {high:.3f}",
-            f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
-            f"{len(steps)} steady-state steps' compute over their mean",
-        )
-    )
-    df.attrs.update(parameters=parameters, run=", ".join(map(str, concurrent)), tokens=table["seq_len"] > 1)
-    if backend == "ddp" and (run.job() or {}).get("data_parallel") == "local":
-        df.attrs["notes"] = [*df.attrs.get("notes", []), BARE_MODEL_NOTE]
-    return df
+    spec = ProjectionSpec(table, cluster, workers=gpus, compute=compute, backend=backend, **kwargs)
+    return RunSpec(spec, parameters, steps, concurrent)
 
 
 # A 1-worker run under Ray's `prepare_model` trains the bare model: DDP wraps it only at 2+ workers.

@@ -1,7 +1,11 @@
 """Project synchronous data-parallel training (DDP) to more GPUs and nodes: step time,
 time per epoch, throughput, speedup, communication overhead, scaling efficiency, and TTA.
 
-    df = run_projection("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64, precision="fp32")
+    df = project(ProjectionSpec("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64))
+    df = run_projection("resnet50", "p3.16xlarge", nodes=[1, 2, 4, 8, 16], per_gpu_batch=64)  # the same
+
+What is asked is a `ProjectionSpec` (spec.py: each field's meaning and default); the layer table is loaded
+once and handed down; each backend's communication is a class in comm.py, memory per GPU is memory.py.
 
 The model, per worker count (weak scaling: the per-GPU batch is fixed, the global batch grows):
 
@@ -93,8 +97,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -109,6 +112,7 @@ from scaling.projection.cluster import (
     load_cluster,
     normalize_precision,
 )
+from scaling.projection.comm import FSDP_COLUMNS, DDPComm, FSDPComm, Gradients, HorovodComm, fsdp_plan
 from scaling.projection.compute import (
     StepCompute,
     compute_from_concurrent_runs,
@@ -118,43 +122,23 @@ from scaling.projection.compute import (
     jitter_straggler_s,
     run_model,
 )
-from scaling.projection.cost import (
-    allreduce_s,
-    fsdp_schedule,
-    gather_s,
-    horovod_schedule,
-    hsdp_gather_s,
-    hsdp_scatter_s,
-    overlap_schedule,
-    scatter_s,
-)
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT,
     COMPRESSION_BYTES,
-    FSDP_DTYPES,
     DEFAULT_BUCKET_CAP_MB,
     DEFAULT_FIRST_BUCKET_BYTES,
-    MIB,
     load_layer_table,
     model_buckets,
     tensor_schedule,
 )
+from scaling.projection.memory import memory, memory_note
+from scaling.projection.spec import ACTIVATION_CHECKPOINTING as ACTIVATION_CHECKPOINTING
+from scaling.projection.spec import BACKENDS as BACKENDS
+from scaling.projection.spec import DEFAULT_NODES as DEFAULT_NODES
+from scaling.projection.spec import RESHARD as RESHARD
+from scaling.projection.spec import SHARDED, ProjectionSpec
 
-BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
-DEFAULT_NODES = "1,2,4,8,16"  # a projection's node counts unless told (--nodes)
-SHARDED = ("fsdp", "hsdp")
-# units resharded after forward: torchtitan's (every block but the last), FSDP2's default (every block),
-# every block and the root (FSDP2 given reshard_after_forward=True explicitly for the root too), none
-RESHARD = ("all-but-last", "all", "all-and-root", "none")
-PROCESS_GROUPS = ("nccl", "gloo")  # how FSDP's collectives run (module docstring)
-ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
-STATE_BYTES_PER_PARAMETER = 16  # fp32 parameter, fp32 gradient, AdamW's two fp32 moments
-GIB = 2**30
-# Horovod's defaults since 0.21 (its changelog: cycle time 5 -> 1 ms, fusion buffer 64 -> 128 MB)
-HOROVOD_CYCLE_MS = 1.0
-HOROVOD_FUSION_MB = 128.0  # MiB (HOROVOD_FUSION_THRESHOLD = 128 x 2**20 bytes)
 TTA_CAVEAT = (
     "TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
     "may need many more epochs, or not reach the target at all, beyond what was measured"
@@ -190,7 +174,6 @@ COLUMNS = (
     "backend",
 )
 TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
-FSDP_COLUMNS = ("allgather_s", "regather_s", "reducescatter_s")
 TRANSFORMER_COLUMNS = (
     "tokens_per_s_per_gpu",
     "memory_states_bytes",
@@ -204,27 +187,6 @@ TRANSFORMER_COLUMNS = (
     "memory_gib",
     "memory_capacity_gib",
     "fits",
-)
-# What a GPU holds beyond the tensors the model allocates (module docstring), each from its source:
-# - the caching allocator's reserve: PyTorch's caching allocator keeps freed blocks and splits them, so what it
-#   reserves exceeds what is allocated; GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156) measured 15% of the
-#   reserved memory fragmented on average over eight LLMs' training on A100-80GB (up to 33%), the share its
-#   stitching allocator recovers. reserved = allocated / (1 - 0.15).
-ALLOCATOR_FRAGMENTATION = 0.15
-# - the CUDA context with torch's kernels loaded: 666,632,192 bytes (pytorch/pytorch#86509, measured loading every
-#   module; 287,047,680 with CUDA_MODULE_LOADING=LAZY, before a training step has loaded its kernels)
-CUDA_CONTEXT_BYTES = 666_632_192
-# - NCCL's buffers of one communicator (outside the caching allocator): NCCL_BUFFSIZE's default 4 MiB (NCCL's
-#   environment-variable documentation) per channel and ring neighbour, 32 channels (NCCL_MAX_NCHANNELS' default)
-#   x 2 neighbours: 256 MiB, an estimate (LL and LL128 buffers and proxy state not counted)
-NCCL_BUFFER_BYTES = 32 * 2 * 4 * 2**20
-RUNTIME_MEMORY_NOTE = (
-    f"beyond the tensors (a GPU cluster): the caching allocator's reserve, allocated / (1 - "
-    f"{ALLOCATOR_FRAGMENTATION:g}) (GMLake, ASPLOS 2024: 15% of reserved memory fragmented in LLM training); the "
-    f"CUDA context, {CUDA_CONTEXT_BYTES / 2**30:.2f} GiB (pytorch/pytorch#86509); NCCL's buffers beyond one GPU, "
-    f"{NCCL_BUFFER_BYTES / 2**30:.2f} GiB (32 channels x 2 neighbours x NCCL_BUFFSIZE's 4 MiB, an estimate); "
-    f"memory_reserved_gib = the tensors and the reserve, what torch.cuda.max_memory_reserved and torchtitan's "
-    f"logged memory measure; memory_gib adds the context and NCCL, what the GPU must hold"
 )
 
 
@@ -310,20 +272,14 @@ def placements(nodes: Sequence[int] | None, workers: Sequence[int] | None, gpus_
     return sorted(points, key=lambda p: (p[0] * p[1], p[0]))
 
 
-def _resolve_compute(
-    model: str,
-    cluster: Cluster,
-    per_gpu_batch: int | None,
-    precision: str | None,
-    from_run,
-    samples_per_s: float | None,
-    mfu: float | None = None,
-    activation_checkpointing: str = "selective",
-) -> tuple[StepCompute, list[str]]:
+def _resolve_compute(spec: ProjectionSpec, table: dict, cluster: Cluster, checkpointing: str):
+    """One worker's step and the note on where it comes from: a run, a transformer's MFU, or the device."""
+    model, from_run, precision, per_gpu_batch = table["model"], spec.from_run, spec.precision, spec.per_gpu_batch
     notes = []
     runs = list(from_run) if isinstance(from_run, (list, tuple)) else None
     if runs is not None and len(runs) == 1:
         from_run, runs = runs[0], None
+    transformer = table.get("kind") == "transformer"
     if from_run is not None:
         for run in runs or [from_run]:
             trained = run_model(run)
@@ -336,259 +292,180 @@ def _resolve_compute(
             )
         compute = compute.at_batch(per_gpu_batch)
         notes.append(f"compute: {compute.source}; the cluster's links carry its gradients")
-    elif load_layer_table(model).get("kind") == "transformer" and samples_per_s is None:
-        compute = compute_from_mfu(
-            cluster.device,
-            model,
-            precision or "bf16",
-            per_gpu_batch or TRANSFORMER_BATCH,
-            mfu,
-            activation_checkpointing,
-        )
+    elif transformer and spec.samples_per_s is None:
+        batch = per_gpu_batch or TRANSFORMER_BATCH
+        compute = compute_from_mfu(cluster.device, table, precision or "bf16", batch, spec.mfu, checkpointing)
         notes.append(
-            f"compute: {compute.source}; split forward:backward by FLOPs with {activation_checkpointing} "
+            f"compute: {compute.source}; split forward:backward by FLOPs with {checkpointing} "
             f"activation checkpointing's recomputation in backward, data 0"
         )
     else:
-        if mfu is not None:
+        if spec.mfu is not None:
             raise UsageError("give --mfu or --samples-per-s, not both")
-        transformer = load_layer_table(model).get("kind") == "transformer"
         default_batch = TRANSFORMER_BATCH if transformer else 64
         compute = compute_from_device(
             cluster.device,
-            model,
+            table,
             precision or ("bf16" if transformer else "fp32"),
             per_gpu_batch or default_batch,
-            samples_per_s,
+            spec.samples_per_s,
         )
         notes.append(f"compute: {compute.source}; split forward:backward by FLOPs, optimizer memory-bound, data 0")
     return compute, notes
 
 
-def run_projection(
-    model: str,
-    cluster: str | Path | Cluster,
-    nodes: Sequence[int] | str | None = None,
-    per_gpu_batch: int | None = None,
-    precision: str | None = None,
-    from_run=None,
-    *,
-    workers: Sequence[int] | str | None = None,
-    samples_per_s: float | None = None,
-    dataset_size: int | None = None,
-    epochs_to_target: Mapping[int, float] | str | None = None,
-    allreduce: str | None = None,
-    grad_compression: str | None = None,
-    bucket_cap_mb: float | None = None,
-    straggler_s: float | None = None,
-    backend: str = "ddp",
-    horovod_cycle_time_ms: float | None = None,
-    horovod_fusion_threshold_mb: float | None = None,
-    overlap_slowdown: float | None = None,
-    mfu: float | None = None,
-    activation_checkpointing: str | None = None,
-    reshard_after_forward: bool | str = "all-but-last",
-    fsdp_reduce_dtype: str = "fp32",
-    fsdp_param_dtype: str | None = None,
-    fsdp_process_group: str = "nccl",
-    compute: StepCompute | None = None,
-) -> pd.DataFrame:
-    """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
+@dataclass
+class _Setup:
+    """What `project` resolves once from the spec and hands down: the layer table (loaded once), the
+    cluster, the rows' placements, one worker's step, and the assumptions taken (with their notes)."""
 
-    model: a name with a layer table (`scaling.projection.layers.available_models()`), or a layer table
-    itself (a dict of that shape: from_run.run_layer_table, a measured run's model).
-    compute: one worker's step, given (from_run.project_run: a run's compute on the target), instead
-    of from_run, samples_per_s or the device.
-    cluster: a preset name, a cluster YAML path, or a `Cluster`.
-    nodes: node counts (all GPUs of each node used); workers: worker counts instead (a count
-    up to a node's GPUs stays in one node). per_gpu_batch: default the run's, else 64.
-    precision: fp32 | amp (= fp16) | fp16 | bf16 (default the run's, else fp32).
-    from_run: a run (its records' reader, scaling.results.RunDir) whose one-worker step times
-    are the compute, or a list of one-worker runs made at the same time, one per future rank, which also give
-    straggler_s (compute.compute_from_concurrent_runs); else the cluster device's published throughput,
-    or `samples_per_s`. dataset_size: samples per epoch
-    (default the run's, else the model's usual dataset). epochs_to_target: {global batch:
-    epochs} measured at smaller scale, for TTA. allreduce: ring | hierarchical (default the
-    cluster's). grad_compression: none | fp16 | bf16 (DDP's compression hooks: 2 bytes per
-    gradient element on the wire; default the run's, else none). bucket_cap_mb: given to DDP
-    explicitly (first bucket = the same cap), default the run's `instrument.ddp_bucket_cap_mb`,
-    else DDP's own default (no argument: 25 MiB, first bucket 1 MiB). The lab always passes it
-    (25.0 by default), so projections from its runs have no 1 MiB first bucket.
-    straggler_s: seconds per synchronous step spent waiting for the slowest rank (default: what
-    concurrent runs measured, else the cluster's step jitter at each worker count), added to
-    every multi-worker row's exposed communication.
-    backend: "ddp" (buckets) or "horovod" (cycles and Tensor Fusion; `horovod_cycle_time_ms`,
-    `horovod_fusion_threshold_mb` in MiB as the lab's `instrument.*` of the same names, default
-    Horovod's current 1 ms and 128 MiB).
-    overlap_slowdown: the interference term instead of the cluster's (e.g. what a multi-worker
-    run measured: compute.measured_overlap_slowdown).
-    backend "fsdp" or "hsdp" (a transformer: llama3-8b, gpt2-small, gpt2-medium, gpt2-tiny): FSDP's
-    collectives per unit (module docstring). mfu: the compute rate of a transformer, its model
-    FLOPs utilisation (default the device's published one, compute.TRANSFORMER_MFU).
-    activation_checkpointing: none | selective | full (transformers; default selective,
-    torchtitan's): the activations held and the recomputation in backward.
-    reshard_after_forward: which blocks FSDP frees after forward and gathers again for backward:
-    "all-but-last" (default, torchtitan's policy), "all" (FSDP2's default, `True`), "all-and-root"
-    (the root too: FSDP2 given `reshard_after_forward=True` explicitly), "none" (`False`).
-    fsdp_process_group: "nccl" (default; collectives beside compute) or "gloo" (CPUs: collectives
-    hold compute; the reduce-scatter costs an all-reduce; backend fsdp only). fsdp_reduce_dtype: the gradients' dtype in
-    the reduce-scatter (fp32, torchtitan's default, or bf16); fsdp_param_dtype: the parameters' in the all-gather and
-    compute (default the compute precision). For transformers the per-GPU batch is in sequences (default 2) and the
-    precision defaults to bf16.
+    spec: ProjectionSpec
+    table: dict
+    model: str
+    transformer: bool
+    checkpointing: str
+    cluster: Cluster
+    rows_at: list[tuple[int, int]]
+    compute: StepCompute
+    notes: list[str]
+    straggler_s: float | None = None
+    wait_given: bool = False
+    wire_assumed: bool = False
+    wait_assumed: bool = False
+    grad_compression: str = "none"
+    bucket_cap_mb: float | None = None
+    cap_from_run: bool = False
+    samples_per_epoch: int | None = None
+    capacity_gib: float | None = None
+    schedule_source: str = ""  # where DDP's bucket ready times come from
 
-    `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
-    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation; at half precision, the job's
-    assumptions a default took: _half_precision_caveats), `df.attrs["sharded"]`
-    whether the backend shards the model (its collectives are all-gathers and reduce-scatters).
-    """
-    table = model if isinstance(model, dict) else load_layer_table(model)
-    model = table["model"] if isinstance(model, dict) else model
+
+def _setup(spec: ProjectionSpec) -> _Setup:
+    """The spec resolved against its layer table, its cluster and its compute (checks needing them here)."""
+    table = spec.model if isinstance(spec.model, dict) else load_layer_table(spec.model)
+    model = table["model"] if isinstance(spec.model, dict) else spec.model
     transformer = table.get("kind") == "transformer"
-    if activation_checkpointing is None:
-        activation_checkpointing = "selective" if transformer else "none"
-    if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+    checkpointing = spec.activation_checkpointing or ("selective" if transformer else "none")
+    if spec.backend in SHARDED and not transformer:
         raise UsageError(
-            f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
-            f"got {activation_checkpointing!r}"
-        )
-    if backend in SHARDED and not transformer:
-        raise UsageError(
-            f"backend {backend} needs a transformer's FSDP units; {model} has none "
+            f"backend {spec.backend} needs a transformer's FSDP units; {model} has none "
             f"(transformers: {', '.join(m for m in available_transformers())})"
         )
-    if fsdp_reduce_dtype not in FSDP_DTYPES:
-        raise UsageError(f"fsdp_reduce_dtype must be one of {', '.join(FSDP_DTYPES)}, got {fsdp_reduce_dtype!r}")
-    if fsdp_process_group not in PROCESS_GROUPS:
-        raise UsageError(f"fsdp_process_group must be one of {', '.join(PROCESS_GROUPS)}, got {fsdp_process_group!r}")
-    if fsdp_process_group == "gloo" and backend != "fsdp":
-        raise UsageError(f"fsdp_process_group gloo is modelled for backend fsdp only, not {backend}")
-    if fsdp_param_dtype is not None and fsdp_param_dtype not in FSDP_DTYPES:
-        raise UsageError(f"fsdp_param_dtype must be one of {', '.join(FSDP_DTYPES)}, got {fsdp_param_dtype!r}")
-    reshard_after_forward = (
-        {True: "all", False: "none"}.get(reshard_after_forward, reshard_after_forward)
-        if isinstance(reshard_after_forward, bool)
-        else reshard_after_forward
-    )
-    if reshard_after_forward not in RESHARD:
-        raise UsageError(
-            f"reshard_after_forward must be one of {', '.join(RESHARD)} (or True / False), "
-            f"got {reshard_after_forward!r}"
-        )
-    if not isinstance(cluster, Cluster):
-        cluster = load_cluster(cluster)
-    cluster = cluster.with_algorithm(allreduce)
-    if overlap_slowdown is not None:
-        if not (
-            isinstance(overlap_slowdown, (int, float)) and math.isfinite(overlap_slowdown) and overlap_slowdown >= 0
-        ):
-            raise UsageError(f"overlap_slowdown must be a number >= 0, got {overlap_slowdown!r}")
-        cluster = replace(cluster, overlap_slowdown=float(overlap_slowdown))
-    if grad_compression is not None and grad_compression not in COMPRESSION_BYTES:
-        raise UsageError(f"grad_compression must be one of {', '.join(COMPRESSION_BYTES)}, got {grad_compression!r}")
-    rows_at = placements(nodes, workers, cluster.gpus_per_node)
+    cluster = spec.cluster if isinstance(spec.cluster, Cluster) else load_cluster(spec.cluster)
+    cluster = cluster.with_algorithm(spec.allreduce)
+    if spec.overlap_slowdown is not None:
+        cluster = replace(cluster, overlap_slowdown=float(spec.overlap_slowdown))
+    rows_at = placements(spec.nodes, spec.workers, cluster.gpus_per_node)
     if any(n > 1 for n, _ in rows_at) and cluster.inter_node is None:
         raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
-    if compute is not None:
-        compute, notes = compute.at_batch(per_gpu_batch), [f"compute: {compute.source}"]
+    if spec.compute is not None:
+        compute, notes = spec.compute.at_batch(spec.per_gpu_batch), [f"compute: {spec.compute.source}"]
     else:
-        compute, notes = _resolve_compute(
-            model, cluster, per_gpu_batch, precision, from_run, samples_per_s, mfu, activation_checkpointing
-        )
-    b = compute.per_worker_batch
-    if backend not in BACKENDS:
-        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    cycle_ms = HOROVOD_CYCLE_MS if horovod_cycle_time_ms is None else horovod_cycle_time_ms
-    fusion_mb = HOROVOD_FUSION_MB if horovod_fusion_threshold_mb is None else horovod_fusion_threshold_mb
-    if backend == "horovod" and not (
-        isinstance(cycle_ms, (int, float)) and cycle_ms > 0 and isinstance(fusion_mb, (int, float)) and fusion_mb >= 0
-    ):
-        raise UsageError(
-            f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}"
-        )
-    wait_given = straggler_s is not None  # as the caller says it, per step: not spread over collectives below
-    if straggler_s is None and compute.straggler_ranks:
-        straggler_s = compute.straggler_s
-    elif straggler_s is not None and not (
-        isinstance(straggler_s, (int, float)) and math.isfinite(straggler_s) and straggler_s >= 0
-    ):
-        raise UsageError(f"straggler_s must be a number >= 0, got {straggler_s!r}")
-    if straggler_s:
+        compute, notes = _resolve_compute(spec, table, cluster, checkpointing)
+    s = _Setup(spec, table, model, transformer, checkpointing, cluster, rows_at, compute, notes)
+    _straggler(s)
+    # the two assumptions a half-precision projection rests on that a user's job decides (_half_precision_caveats)
+    s.wire_assumed = spec.grad_compression is None and compute.grad_compression is None and spec.from_run is None
+    s.wait_assumed = s.straggler_s is None and spec.from_run is None
+    s.grad_compression = spec.grad_compression or compute.grad_compression or "none"
+    s.cap_from_run = spec.bucket_cap_mb is None and compute.bucket_cap_mb is not None
+    s.bucket_cap_mb = compute.bucket_cap_mb if s.cap_from_run else spec.bucket_cap_mb
+    return s
+
+
+def _straggler(s: _Setup) -> None:
+    """The wait for the slowest rank: given, measured by concurrent runs, or from the cluster's jitter."""
+    spec, compute, cluster = s.spec, s.compute, s.cluster
+    s.wait_given = spec.straggler_s is not None  # as the caller says it, per step: not spread over collectives
+    s.straggler_s = compute.straggler_s if spec.straggler_s is None and compute.straggler_ranks else spec.straggler_s
+    if s.straggler_s:
         measured = (
             f"measured by {compute.straggler_ranks} concurrent 1-worker runs"
-            if compute.straggler_ranks and straggler_s == compute.straggler_s
+            if compute.straggler_ranks and s.straggler_s == compute.straggler_s
             else "given"
         )
-        notes.append(
-            f"straggler: {1e3 * straggler_s:.1f} ms per step at every worker count > 1 ({measured}): "
+        s.notes.append(
+            f"straggler: {1e3 * s.straggler_s:.1f} ms per step at every worker count > 1 ({measured}): "
             f"the wait for the slowest rank, counted as exposed communication, as the lab measures it"
         )
-    elif straggler_s is None and cluster.step_jitter_cv:
-        notes.append(
+    elif s.straggler_s is None and cluster.step_jitter_cv:
+        s.notes.append(
             f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
             f"per rank and step), the expected wait for the slowest of n ranks, growing with n"
         )
     if (
-        backend == "fsdp"
-        and fsdp_process_group == "gloo"
-        and not wait_given
-        and (straggler_s or cluster.step_jitter_cv)
+        spec.backend == "fsdp"
+        and spec.fsdp_process_group == "gloo"
+        and not s.wait_given
+        and (s.straggler_s or cluster.step_jitter_cv)
     ):
-        notes.append("gloo: the wait for the slower rank paid at each collective, sqrt(K) x a step's for K of them")
-    # the two assumptions a half-precision projection rests on that a user's job decides (_half_precision_caveats)
-    wire_assumed = grad_compression is None and compute.grad_compression is None and from_run is None
-    wait_assumed = straggler_s is None and from_run is None
-    if grad_compression is None:
-        grad_compression = compute.grad_compression or "none"
-    cap_from_run = bucket_cap_mb is None and compute.bucket_cap_mb is not None
-    if cap_from_run:
-        bucket_cap_mb = compute.bucket_cap_mb
+        s.notes.append("gloo: the wait for the slower rank paid at each collective, sqrt(K) x a step's for K of them")
 
-    if bucket_cap_mb is None:
-        buckets = model_buckets(table)
+
+def _gradients(s: _Setup) -> Gradients:
+    """DDP's buckets over the table's gradients (or the run's measured ones) and their bytes on the wire."""
+    compute, cap = s.compute, s.bucket_cap_mb
+    if cap is None:
+        buckets = model_buckets(s.table)
         bucket_note = (
             f"DDP defaults: {DEFAULT_BUCKET_CAP_MB} MiB buckets, first {DEFAULT_FIRST_BUCKET_BYTES // 2**20} MiB"
         )
     else:
-        if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
-            raise UsageError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
-        buckets = model_buckets(table, bucket_cap_mb=bucket_cap_mb, first_bucket_bytes=None)
+        buckets = model_buckets(s.table, bucket_cap_mb=cap, first_bucket_bytes=None)
         bucket_note = (
-            f"bucket_cap_mb={bucket_cap_mb:g}{' (the run config)' if cap_from_run else ''}, "
+            f"bucket_cap_mb={cap:g}{' (the run config)' if s.cap_from_run else ''}, "
             f"given explicitly: DDP then has no 1 MiB first bucket"
         )
     elements = [bk.elements for bk in buckets]
     fractions = [bk.ready_fraction for bk in buckets]
-    schedule_source = "estimated from layer FLOPs (backward in DDP's gradient order, time proportional to FLOPs)"
+    source = "estimated from layer FLOPs (backward in DDP's gradient order, time proportional to FLOPs)"
+    from_run = s.spec.from_run
     run = from_run[0] if isinstance(from_run, (list, tuple)) else from_run  # whose records the schedule comes from
     if compute.measured_ready_fractions is not None:
         fractions = list(compute.measured_ready_fractions)
         elements = [nb // BYTES_PER_GRAD_ELEMENT for nb in compute.measured_bucket_bytes]
-        schedule_source = f"measured (the run's {run.buckets_path.name}: median ready time per bucket)"
+        source = f"measured (the run's {run.buckets_path.name}: median ready time per bucket)"
     elif run is not None:
-        schedule_source += f"; the run has no per-bucket records ({run.steps_path.name} holds num_buckets only)"
+        source += f"; the run has no per-bucket records ({run.steps_path.name} holds num_buckets only)"
     if compute.measured_num_buckets is not None and round(compute.measured_num_buckets) != len(elements):
-        notes.append(
+        s.notes.append(
             f"note: the run all-reduced {compute.measured_num_buckets:g} buckets per step, "
             f"the estimate has {len(elements)}"
         )
-    wire = COMPRESSION_BYTES[grad_compression]
-    wire_bytes = [e * wire for e in elements]
-    on_wire = (
-        f"{sum(wire_bytes) / 1e6:.1f} MB of gradients per step on the wire "
-        f"({'fp32' if grad_compression == 'none' else grad_compression})"
+    wire = COMPRESSION_BYTES[s.grad_compression]
+    s.schedule_source = source
+    return Gradients(elements, fractions, [e * wire for e in elements], source, bucket_note, s.grad_compression, wire)
+
+
+def _comm(s: _Setup, gradients: Gradients) -> DDPComm | HorovodComm | FSDPComm:
+    """The backend's communication, handed what it needs resolved."""
+    spec = s.spec
+    if spec.backend == "ddp":
+        return DDPComm(s.compute, s.cluster, gradients)
+    if spec.backend == "horovod":
+        tensors = tensor_schedule(s.table)
+        return HorovodComm(s.compute, s.cluster, gradients, tensors, spec.horovod_cycle_ms, spec.horovod_fusion_mb)
+    plan = fsdp_plan(
+        s.table,
+        s.compute,
+        s.cluster,
+        spec.backend,
+        s.checkpointing,
+        spec.reshard_after_forward,
+        spec.fsdp_reduce_dtype,
+        spec.fsdp_param_dtype or s.compute.precision,
+        spec.fsdp_process_group,
     )
-    if backend in SHARDED:
-        pass
-    elif backend == "ddp":
-        notes.append(f"buckets: {len(elements)} ({bucket_note}); {on_wire}; ready times {schedule_source}")
-    else:
-        notes.append(f"{on_wire}; tensor ready times estimated from layer FLOPs")
+    return FSDPComm(plan, s.compute, s.cluster, spec.backend, s.wait_given)
+
+
+def _cluster_note(cluster: Cluster) -> str:
     where = (
         f" (each value's source beside it in {cluster.source})"
         if cluster.source != cluster.name or (PRESET_DIR / f"{cluster.source}.yaml").is_file()
         else ""
     )
-    notes.append(
+    return (
         f"cluster {cluster.name}{where}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
         + describe_link(cluster.intra_node, "intra-node")
         + "; "
@@ -596,197 +473,126 @@ def run_projection(
         + "; "
         + describe_terms(cluster)
     )
-    tensors = tensor_schedule(table)
-    if backend == "horovod":
-        notes.append(
-            f"backend horovod: {len(tensors)} gradient tensors, cycle {cycle_ms:g} ms, fusion buffer "
-            f"{fusion_mb:g} MiB, one latency-bound negotiation per cycle (no DDP buckets)"
-        )
 
-    param_dtype = fsdp_param_dtype or compute.precision
-    fsdp = (
-        _fsdp_plan(
-            table,
-            compute,
-            cluster,
-            backend,
-            activation_checkpointing,
-            reshard_after_forward,
-            fsdp_reduce_dtype,
-            param_dtype,
-            fsdp_process_group,
-        )
-        if backend in SHARDED
-        else None
-    )
-    if fsdp is not None:
-        notes.extend(fsdp["notes"])
-        if cluster.overlap_slowdown:
-            notes.append(
-                f"note: the overlap slowdown ({cluster.overlap_slowdown:g}) is not applied to FSDP's "
-                f"schedule (cost.py): its interference is 0 here"
-            )
 
-    samples_per_epoch = dataset_size or compute.samples_per_epoch or table["dataset_size"]
-    if samples_per_epoch is None and transformer:
-        notes.append("epoch: no dataset size for a transformer's table: no time per epoch (--dataset-size SEQUENCES)")
+def _epoch_and_memory(s: _Setup) -> None:
+    """Samples per epoch (given, the run's, or the model's usual dataset) and the GPU's memory capacity."""
+    spec, table, compute = s.spec, s.table, s.compute
+    samples_per_epoch = spec.dataset_size or compute.samples_per_epoch or table["dataset_size"]
+    if samples_per_epoch is None and s.transformer:
+        s.notes.append("epoch: no dataset size for a transformer's table: no time per epoch (--dataset-size SEQUENCES)")
     elif not (isinstance(samples_per_epoch, int) and samples_per_epoch > 0):
         raise UsageError(f"dataset size must be a positive integer, got {samples_per_epoch!r}")
     else:
         source = (
             "given"
-            if dataset_size
+            if spec.dataset_size
             else "the run's epochs"
             if compute.samples_per_epoch
-            else f"{table['dataset']}, the usual dataset of {model}"
+            else f"{table['dataset']}, the usual dataset of {s.model}"
         )
-        notes.append(f"epoch: {samples_per_epoch:,} {'sequences' if transformer else 'samples'} ({source})")
-    capacity_gib = None
-    if transformer:
-        notes.append(_memory_note(backend, activation_checkpointing))
-        capacity_gib = (load_devices().get(cluster.device) or {}).get("memory_GiB") if cluster.device else None
+        s.notes.append(f"epoch: {samples_per_epoch:,} {'sequences' if s.transformer else 'samples'} ({source})")
+    s.samples_per_epoch = samples_per_epoch
+    if s.transformer:
+        s.notes.append(memory_note(spec.backend, s.checkpointing))
+        s.capacity_gib = (load_devices().get(s.cluster.device) or {}).get("memory_GiB") if s.cluster.device else None
 
-    rows = []
-    for n_nodes, per_node in rows_at:
-        n = n_nodes * per_node
 
-        def cost(nbytes, n_nodes=n_nodes, per_node=per_node):
-            return allreduce_s(
-                nbytes,
-                n_nodes,
-                per_node,
-                cluster.intra_node,
-                cluster.inter_node,
-                cluster.allreduce,
-                cluster.collective_latency_s,
-            )
+def run_projection(*args, **kwargs) -> pd.DataFrame:
+    """`project(ProjectionSpec(*args, **kwargs))`: the spec's fields as arguments, model, cluster, nodes,
+    per_gpu_batch, precision and from_run by position (spec.py says what each is and its default)."""
+    return project(ProjectionSpec(*args, **kwargs))
 
-        if n == 1:
-            wait = 0.0
-        elif straggler_s is not None:
-            wait = straggler_s
-        else:
-            wait = jitter_straggler_s(
-                compute.data_s + compute.forward_s + compute.backward_s, cluster.step_jitter_cv, n
-            )
-        sched = None
-        fsdp_row = None
-        if backend in SHARDED:
-            fsdp_row = _fsdp_row(fsdp, compute, cluster, backend, n_nodes, per_node)
-        elif n > 1 and backend == "ddp":
-            sched = overlap_schedule(
-                fractions, [cost(b) for b in wire_bytes], compute.backward_s, cluster.overlap_slowdown
-            )
-        elif n > 1:
-            # negotiation: one latency-bound collective among all ranks per cycle; the cycle's phase
-            # at backward's start follows from the rest of the step, the wait for the slower rank
-            # included (that rank's gradients are the last a cycle waits for)
-            sched = horovod_schedule(
-                [f for _, f in tensors],
-                [e * wire for e, _ in tensors],
-                compute.backward_s,
-                cost,
-                cycle_ms / 1e3,
-                fusion_mb * MIB,
-                negotiation_s=cost(0.0),
-                slowdown=cluster.overlap_slowdown,
-                rest_of_step_s=compute.data_s + compute.forward_s + compute.optimizer_s + wait,
-            )
-        exposed = sched.exposed_s + wait if sched else 0.0
-        interference = sched.interference_s if sched else 0.0
-        busy = sched.busy_s + wait if sched else 0.0
-        step = compute.step_s + interference + exposed
-        optimizer = compute.optimizer_s
-        extra = {}
-        if fsdp_row is not None and fsdp["process_group"] == "gloo" and n > 1 and not wait_given:
-            # every gloo collective holds both ranks' training threads: a barrier. The compute between
-            # two of them diverges independently on each rank, so the wait for the slower rank is paid at
-            # each of the step's K collectives; with the step's spread shared over K segments (sigma /
-            # sqrt(K) each), K expected waits sum to sqrt(K) x the one a step measures
-            wait *= math.sqrt(fsdp_row["collectives"])
-        if fsdp_row is not None:
-            optimizer = fsdp_row["optimizer_s"]
-            exposed = fsdp_row["exposed_s"] + (wait if n > 1 else 0.0)
-            busy = fsdp_row["busy_s"] + (wait if n > 1 else 0.0)
-            step = compute.data_s + fsdp_row["end_s"] + optimizer + (wait if n > 1 else 0.0)
-            ab_s = fsdp_row["ab_s"]  # the no-sync half waits for the slower rank at its all-gathers too
-            extra = {k: fsdp_row[k] for k in FSDP_COLUMNS}
-        if transformer:
-            extra.update(
-                _memory(
-                    table,
-                    compute,
-                    backend,
-                    n_nodes,
-                    per_node,
-                    activation_checkpointing,
-                    reshard_after_forward,
-                    fsdp_param_dtype or compute.precision,
-                    gpu=capacity_gib is not None,
-                )
-            )
-            extra["memory_capacity_gib"] = capacity_gib
-            extra["fits"] = None if capacity_gib is None else bool(extra["memory_gib"] <= capacity_gib)
-            extra["tokens_per_s_per_gpu"] = b * table["seq_len"] / step
-        throughput = n * b / step
-        steps_per_epoch = samples_per_epoch // (n * b) if samples_per_epoch else 0
-        rows.append(
-            {
-                "num_nodes": n_nodes,
-                "workers_per_node": per_node,
-                "num_workers": n,
-                "per_worker_batch": b,
-                "global_batch": n * b,
-                "data_s": compute.data_s,
-                "forward_s": compute.forward_s,
-                "backward_compute_s": compute.backward_s,
-                "backward_s": compute.backward_s + interference + exposed,
-                "optimizer_s": optimizer,
-                "step_s": step,
-                "interference_s": interference,
-                "allreduce_s": busy,
-                "allreduce_pct": 100 * busy / step,
-                "straggler_s": wait,
-                "exposed_comm_s": exposed,
-                "exposed_comm_pct": 100 * exposed / step,
-                "comm_overhead_pct": 100 * (ab_s if fsdp_row is not None else exposed + interference) / step,
-                "throughput_samples_per_s": throughput,
-                "steps_per_epoch": steps_per_epoch,
-                "time_per_epoch_s": steps_per_epoch * step if steps_per_epoch else math.nan,
-                "num_buckets": len(sched.finish_s) if sched else 0,
-                "grad_bytes": sum(wire_bytes) if n > 1 else 0,
-                "allreduce_algorithm": cluster.allreduce if n_nodes > 1 else "ring",
-                "backend": backend,
-                **extra,
-            }
+
+def project(spec: ProjectionSpec) -> pd.DataFrame:
+    """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
+
+    `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule,
+    links), `df.attrs["caveats"]` the warnings to print (TTA extrapolation; at half precision, the job's
+    assumptions a default took: _half_precision_caveats), `df.attrs["sharded"]`
+    whether the backend shards the model (its collectives are all-gathers and reduce-scatters).
+    """
+    s = _setup(spec)
+    gradients = _gradients(s)
+    comm = _comm(s, gradients)
+    s.notes.extend(comm.notes(_cluster_note(s.cluster)))
+    _epoch_and_memory(s)
+    df = pd.DataFrame([_row(s, comm, n_nodes, per_node) for n_nodes, per_node in s.rows_at])
+    return _finish(s, df)
+
+
+def _row(s: _Setup, comm: DDPComm | HorovodComm | FSDPComm, n_nodes: int, per_node: int) -> dict:
+    """One worker count's row: the backend's step with its communication, throughput, epoch, memory."""
+    compute, cluster, b = s.compute, s.cluster, s.compute.per_worker_batch
+    n = n_nodes * per_node
+    if n == 1:
+        wait = 0.0
+    elif s.straggler_s is not None:
+        wait = s.straggler_s
+    else:
+        wait = jitter_straggler_s(compute.data_s + compute.forward_s + compute.backward_s, cluster.step_jitter_cv, n)
+    t = comm.row(n_nodes, per_node, wait)
+    extra = dict(t.columns)
+    if s.transformer:
+        gpu = s.capacity_gib is not None
+        param_dtype = s.spec.fsdp_param_dtype or compute.precision
+        reshard = s.spec.reshard_after_forward
+        extra.update(
+            memory(s.table, compute, s.spec.backend, n_nodes, per_node, s.checkpointing, reshard, param_dtype, gpu)
         )
-        if fsdp_row is not None:
-            rows[-1].update(
-                num_buckets=fsdp_row["collectives"],
-                grad_bytes=fsdp_row["grad_bytes"] if n > 1 else 0,
-                allreduce_algorithm="hsdp" if backend == "hsdp" and n_nodes > 1 else "ring",
-            )
-        if fsdp_row is not None:
-            # the phases as the lab records them: forward and backward with the time they waited on collectives
-            rows[-1]["forward_s"] = compute.forward_s + fsdp_row["forward_wait_s"]
-            rows[-1]["backward_s"] = step - compute.data_s - rows[-1]["forward_s"] - optimizer
-    df = pd.DataFrame(rows)
+        extra["memory_capacity_gib"] = s.capacity_gib
+        extra["fits"] = None if s.capacity_gib is None else bool(extra["memory_gib"] <= s.capacity_gib)
+        extra["tokens_per_s_per_gpu"] = b * s.table["seq_len"] / t.step_s
+    steps_per_epoch = s.samples_per_epoch // (n * b) if s.samples_per_epoch else 0
+    return {
+        "num_nodes": n_nodes,
+        "workers_per_node": per_node,
+        "num_workers": n,
+        "per_worker_batch": b,
+        "global_batch": n * b,
+        "data_s": compute.data_s,
+        "forward_s": t.forward_s,
+        "backward_compute_s": compute.backward_s,
+        "backward_s": t.backward_s,
+        "optimizer_s": t.optimizer_s,
+        "step_s": t.step_s,
+        "interference_s": t.interference_s,
+        "allreduce_s": t.busy_s,
+        "allreduce_pct": 100 * t.busy_s / t.step_s,
+        "straggler_s": t.straggler_s,
+        "exposed_comm_s": t.exposed_s,
+        "exposed_comm_pct": 100 * t.exposed_s / t.step_s,
+        "comm_overhead_pct": 100 * t.overhead_s / t.step_s,
+        "throughput_samples_per_s": n * b / t.step_s,
+        "steps_per_epoch": steps_per_epoch,
+        "time_per_epoch_s": steps_per_epoch * t.step_s if steps_per_epoch else math.nan,
+        "num_buckets": t.num_buckets,
+        "grad_bytes": t.grad_bytes,
+        "allreduce_algorithm": t.algorithm,
+        "backend": s.spec.backend,
+        **extra,
+    }
+
+
+def _finish(s: _Setup, df: pd.DataFrame) -> pd.DataFrame:
+    """The rows' speedups and efficiencies against the 1-GPU baseline, TTA, the columns, caveats, attrs."""
+    spec, notes, backend = s.spec, s.notes, s.spec.backend
     base = df.iloc[0]
     df["speedup_throughput"] = df["throughput_samples_per_s"] / base["throughput_samples_per_s"]
     df["efficiency_throughput"] = df["speedup_throughput"] / df["num_workers"]
     df["speedup_time_per_epoch"] = base["time_per_epoch_s"] / df["time_per_epoch_s"]
-    if samples_per_epoch and (df["steps_per_epoch"] == 0).any():
+    if s.samples_per_epoch and (df["steps_per_epoch"] == 0).any():
         notes.append(
             f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
-            f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)"
+            f"batch exceeds the {s.samples_per_epoch:,}-sample epoch (no whole step per epoch)"
         )
     columns = list(COLUMNS)
     if backend in SHARDED:
         columns += FSDP_COLUMNS
-    if transformer:
+    if s.transformer:
         columns += TRANSFORMER_COLUMNS
     caveats = []
-    table_e = parse_epochs_table(epochs_to_target)
+    table_e = parse_epochs_table(spec.epochs_to_target)
     if table_e is not None:
         at = [epochs_at(table_e, int(g)) for g in df["global_batch"]]
         df["epochs_to_target"] = [e for e, _ in at]
@@ -799,51 +605,26 @@ def run_projection(
         if df["epochs_extrapolated"].any():
             caveats.append(TTA_CAVEAT)
     df = df[columns]
-    if compute.precision in ("fp16", "bf16") and backend not in SHARDED and not transformer and len(df) > 1:
-        caveats.extend(
-            _half_precision_caveats(
-                df,
-                compute.precision,
-                wire_assumed and grad_compression == "none",
-                wait_assumed and bool(cluster.step_jitter_cv),
-                cluster.step_jitter_cv,
-                dict(
-                    model=table,
-                    cluster=cluster,
-                    nodes=nodes,
-                    per_gpu_batch=per_gpu_batch,
-                    precision=precision,
-                    workers=workers,
-                    samples_per_s=samples_per_s,
-                    dataset_size=dataset_size,
-                    bucket_cap_mb=bucket_cap_mb,
-                    straggler_s=straggler_s,
-                    backend=backend,
-                    horovod_cycle_time_ms=horovod_cycle_time_ms,
-                    horovod_fusion_threshold_mb=horovod_fusion_threshold_mb,
-                ),
-            )
-        )
+    if s.compute.precision in ("fp16", "bf16") and backend not in SHARDED and not s.transformer and len(df) > 1:
+        caveats.extend(_half_precision_caveats(df, s))
     df.attrs.update(
-        model=model,
-        cluster=cluster.name,
-        precision=compute.precision,
-        per_gpu_batch=b,
-        allreduce=cluster.allreduce,
+        model=s.model,
+        cluster=s.cluster.name,
+        precision=s.compute.precision,
+        per_gpu_batch=s.compute.per_worker_batch,
+        allreduce=s.cluster.allreduce,
         backend=backend,
         sharded=backend in SHARDED,
         notes=notes,
         caveats=caveats,
-        schedule=schedule_source if backend not in SHARDED else "FSDP units from the layer table",
-        activation_checkpointing=activation_checkpointing if transformer else None,
-        seq_len=table.get("seq_len"),
+        schedule=s.schedule_source if backend not in SHARDED else "FSDP units from the layer table",
+        activation_checkpointing=s.checkpointing if s.transformer else None,
+        seq_len=s.table.get("seq_len"),
     )
     return df
 
 
-def _half_precision_caveats(
-    df: pd.DataFrame, precision: str, wire_assumed: bool, wait_assumed: bool, jitter_cv: float, kwargs: dict
-) -> list[str]:
+def _half_precision_caveats(df: pd.DataFrame, s: _Setup) -> list[str]:
     """The lines that name the assumption to change where a half-precision projection of an image model
     rests on a default the user's job decides, not the cluster (docs/projection.md, the DAWNBench case).
 
@@ -857,18 +638,37 @@ def _half_precision_caveats(
       as NCCL kernel time (the DAWNBench analysis' 17.8% communicating inside an 8-V100 server, where the
       jitter alone gives about 5%): measured by concurrent one-worker runs, or given.
     """
+    spec, precision, jitter_cv = s.spec, s.compute.precision, s.cluster.step_jitter_cv
     lines = []
     multi = df[df["num_workers"] > 1]
-    if wire_assumed and (multi["num_nodes"] > 1).any():
+    if s.wire_assumed and s.grad_compression == "none" and (multi["num_nodes"] > 1).any():
         last = df.iloc[-1]
-        alt = run_projection(**kwargs, grad_compression=precision).iloc[-1]
+        # the same projection with 2-byte gradients, its compute resolved again (not the run's: none here)
+        alt = project(
+            ProjectionSpec(
+                s.table,
+                s.cluster,
+                spec.nodes,
+                spec.per_gpu_batch,
+                spec.precision,
+                workers=spec.workers,
+                samples_per_s=spec.samples_per_s,
+                dataset_size=spec.dataset_size,
+                bucket_cap_mb=s.bucket_cap_mb,
+                straggler_s=s.straggler_s,
+                backend=spec.backend,
+                horovod_cycle_time_ms=spec.horovod_cycle_time_ms,
+                horovod_fusion_threshold_mb=spec.horovod_fusion_threshold_mb,
+                grad_compression=precision,
+            )
+        ).iloc[-1]
         lines.append(
             f"gradients all-reduced in fp32 ({last.grad_bytes / 1e6:.1f} MB per step), as PyTorch AMP keeps "
             f"them; a model held in {precision} (apex O2, model.half(): the DAWNBench entries) or a "
             f"compression hook sends half: --grad-compression {precision} (at {int(last.num_workers)} GPUs "
             f"{100 * alt.efficiency_throughput:.1f}% efficiency, not {100 * last.efficiency_throughput:.1f}%)"
         )
-    if wait_assumed and not multi.empty:
+    if s.wait_assumed and jitter_cv and not multi.empty:
         first = multi.iloc[0]
         lines.append(
             f"the wait for the slowest rank is the preset's {100 * jitter_cv:.3g}% step jitter "
@@ -884,199 +684,6 @@ def available_transformers() -> list[str]:
     from scaling.projection.layers import available_models
 
     return [m for m in available_models() if load_layer_table(m).get("kind") == "transformer"]
-
-
-def _fsdp_plan(
-    table: dict,
-    compute: StepCompute,
-    cluster: Cluster,
-    backend: str,
-    checkpointing: str,
-    reshard: str,
-    reduce_dtype: str,
-    param_dtype: str,
-    process_group: str = "nccl",
-) -> dict:
-    """Per unit (root first): compute times, bytes gathered and reduced, reshard flags; the notes."""
-    units = table["units"]
-    forward_flops = sum(u["forward_flops"] for u in units)
-    backward_flops = sum(u["backward_flops"] + u["recompute_flops"][checkpointing] for u in units)
-    forward = [compute.forward_s * u["forward_flops"] / forward_flops for u in units]
-    backward = [
-        compute.backward_s * (u["backward_flops"] + u["recompute_flops"][checkpointing]) / backward_flops for u in units
-    ]
-    param_bytes = DTYPE_BYTES[param_dtype]
-    gather_bytes = [u["params"] * param_bytes for u in units]
-    scatter_bytes = [u["params"] * DTYPE_BYTES[reduce_dtype] for u in units]
-    # the root is resharded only when asked explicitly (FSDP2 keeps it otherwise); torchtitan keeps the last
-    # block too (its backward comes first)
-    flags = [reshard == "all-and-root"] + [
-        reshard in ("all", "all-and-root") or (reshard == "all-but-last" and i < len(units) - 2)
-        for i in range(len(units) - 1)
-    ]
-    optimizer_s = compute.optimizer_s  # one GPU's step over every parameter; each GPU steps its shard
-    optimizer_note = "the optimizer: the one-GPU step (compute, above) over the GPU's shard"
-    resharded = sum(flags[1:])
-    notes = [
-        f"backend {backend}: {len(units)} units (the root{': ' if units[0].get('holds') else ''}"
-        f"{', '.join(units[0].get('holds', []))}; {len(units) - 1} blocks "
-        f"of {units[1]['params'] / 1e6:.3g}M parameters); all-gather in {param_dtype} "
-        f"({sum(gather_bytes) / 1e9:.2f} GB per pass), reduce-scatter in {reduce_dtype} "
-        f"({sum(scatter_bytes) / 1e9:.2f} GB); {resharded} blocks{' and the root' if flags[0] else ''} resharded "
-        "after forward and gathered again for backward "
-        f"({reshard}{': torchtitan' if reshard == 'all-but-last' else ''}); "
-        + (
-            "gloo: every collective holds compute (none overlaps it), a reduce-scatter costs an all-reduce of the "
-            "buffer; "
-            if process_group == "gloo"
-            else "one unit prefetched; "
-        )
-        + (
-            "sharded inside a node, replicated across nodes (reduce-scatter inside, all-reduce of the shards across)"
-            if backend == "hsdp"
-            else "sharded over every GPU"
-        ),
-        f"costs (cost.py, nccl-tests' definitions): all-gather and reduce-scatter (n-1)/n x S / bus bandwidth over the "
-        f"slowest link in the ring, plus NCCL's latency per step and the collective latency; {optimizer_note}",
-    ]
-    return {
-        "forward": forward,
-        "backward": backward,
-        "gather_bytes": gather_bytes,
-        "scatter_bytes": scatter_bytes,
-        "flags": flags,
-        "optimizer_s": optimizer_s,
-        "notes": notes,
-        "process_group": process_group,
-    }
-
-
-def _fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n_nodes: int, per_node: int) -> dict:
-    """One worker count's FSDP step: the schedule, with and without the reduce-scatters (the lab's A/B)."""
-    n = n_nodes * per_node
-    gather, scatter = (hsdp_gather_s, hsdp_scatter_s) if backend == "hsdp" else (gather_s, scatter_s)
-    link = (n_nodes, per_node, cluster.intra_node, cluster.inter_node, cluster.collective_latency_s)
-    if n > 1 and n_nodes > 1 and cluster.inter_node is None:
-        raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
-    gloo = plan["process_group"] == "gloo"
-    if gloo:  # gloo's reduce-scatter is an all-reduce of the buffer (cost.py)
-
-        def scatter(nbytes, *link):
-            return allreduce_s(
-                nbytes,
-                n_nodes,
-                per_node,
-                cluster.intra_node,
-                cluster.inter_node,
-                cluster.allreduce,
-                cluster.collective_latency_s,
-            )
-
-    # an all-gather on its own fitted link where the cluster measured it apart from the all-reduce
-    own = cluster.allgather_link
-    gather_link = (n_nodes, per_node, own, own, cluster.collective_latency_s) if own else link
-    g_cost = [gather(b, *gather_link) if n > 1 else 0.0 for b in plan["gather_bytes"]]
-    s_cost = [scatter(b, *link) if n > 1 else 0.0 for b in plan["scatter_bytes"]]
-    sched = fsdp_schedule(plan["forward"], plan["backward"], g_cost, s_cost, plan["flags"], synchronous=gloo)
-    without = fsdp_schedule(
-        plan["forward"], plan["backward"], g_cost, [0.0] * len(s_cost), plan["flags"], synchronous=gloo
-    )
-    shards = per_node if backend == "hsdp" else n
-    return {
-        "end_s": sched.end_s,
-        "exposed_s": sched.exposed_s if n > 1 else 0.0,
-        "busy_s": sched.busy_s if n > 1 else 0.0,
-        "ab_s": max(0.0, sched.end_s - without.end_s) if n > 1 else 0.0,
-        "optimizer_s": compute.optimizer_unsharded_s + (plan["optimizer_s"] - compute.optimizer_unsharded_s) / shards,
-        "allgather_s": sched.seconds("all_gather"),
-        "regather_s": sched.seconds("re_gather"),
-        "reducescatter_s": sched.seconds("reduce_scatter"),
-        "collectives": len(sched.collectives) if n > 1 else 0,
-        "grad_bytes": sum(plan["scatter_bytes"]),
-        "forward_wait_s": sched.forward_waited_s if n > 1 else 0.0,
-        "backward_wait_s": sched.waited_s - sched.forward_waited_s if n > 1 else 0.0,
-    }
-
-
-def _memory(
-    table: dict,
-    compute: StepCompute,
-    backend: str,
-    n_nodes: int,
-    per_node: int,
-    checkpointing: str,
-    reshard: str,
-    param_dtype: str,
-    gpu: bool = True,
-) -> dict:
-    """Memory per GPU (module docstring), in bytes."""
-    n = n_nodes * per_node
-    shards = n if backend == "fsdp" else per_node if backend == "hsdp" else 1
-    units = table["units"]
-    tokens = compute.per_worker_batch * table["seq_len"]
-    states = STATE_BYTES_PER_PARAMETER * table["parameters"] / shards
-    # the table's bytes are bf16 compute's: a block's activations scale with the compute precision (the
-    # root's are mostly the loss's fp32 log-softmax, in fp32 either way)
-    scale = DTYPE_BYTES[compute.precision] / 2
-    blocks = units[1:]
-    held = tokens * (
-        units[0]["activation_bytes_per_token"][checkpointing]
-        + scale * sum(u["activation_bytes_per_token"][checkpointing] for u in blocks)
-    )
-    # the largest transient: a checkpointed block's activations recomputed for its backward, or the
-    # loss's gradient of the fp32 logits beside the saved log-softmax (4 bytes per vocabulary entry per token)
-    recomputed = scale * max(
-        (u["activation_bytes_per_token"]["none"] - u["activation_bytes_per_token"][checkpointing] for u in blocks),
-        default=0.0,
-    )
-    transient = tokens * max(recomputed, 4.0 * table["num_classes"])
-    buffers = 0.0
-    if backend in SHARDED:
-        param_bytes = DTYPE_BYTES[param_dtype]
-        root, block = units[0]["params"], max((u["params"] for u in blocks), default=0)
-        # gathered blocks: the one computing and the one prefetched, or, never resharded, every block to backward
-        gathered = sum(u["params"] for u in blocks) if reshard == "none" else 2 * block
-        buffers = 2 * param_bytes * root + param_bytes * gathered + 4 * max(root, block)
-    allocated = states + held + transient + buffers
-    out = {
-        "memory_states_bytes": states,
-        "memory_activations_bytes": held + transient,
-        "memory_buffers_bytes": buffers,
-        "memory_allocated_bytes": allocated,
-    }
-    return {**out, **_runtime_memory(allocated, gpu, n > 1)}
-
-
-def _runtime_memory(allocated: float, gpu: bool, communicates: bool) -> dict:
-    """What a GPU holds beyond the tensors (module docstring): the caching allocator's reserve over what it
-    allocated, the CUDA context, NCCL's buffers; none of them without a GPU device (a fitted or CPU cluster)."""
-    reserve = allocated * ALLOCATOR_FRAGMENTATION / (1 - ALLOCATOR_FRAGMENTATION) if gpu else 0.0
-    runtime = (CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if communicates else 0.0)) if gpu else 0.0
-    total = allocated + reserve + runtime
-    return {
-        "memory_reserve_bytes": reserve,
-        "memory_reserved_gib": (allocated + reserve) / GIB,
-        "memory_runtime_bytes": runtime,
-        "memory_bytes": total,
-        "memory_gib": total / GIB,
-    }
-
-
-def _memory_note(backend: str, checkpointing: str) -> str:
-    shard = {"fsdp": "over every GPU", "hsdp": "over a node's GPUs"}.get(backend, "not sharded (DDP: every GPU a copy)")
-    return (
-        f"memory per GPU: fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter) "
-        f"{shard}; activations under {checkpointing} activation checkpointing (the layer table, bf16) plus the "
-        f"largest transient"
-        + (
-            "; FSDP's buffers: the root's bf16 parameters and gradients, two blocks' bf16 "
-            "parameters, one unit's fp32 gradients"
-            if backend in SHARDED
-            else ""
-        )
-        + "; "
-        + RUNTIME_MEMORY_NOTE
-    )
 
 
 def project_cluster_from_alpha_beta(
