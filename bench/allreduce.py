@@ -36,14 +36,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import tempfile
 import time
-from pathlib import Path
 
 import benchlib as bl
+from benchjobs import measure, sizes_bytes
 
-from scaling.testbed.local_cluster import free_port
 
 NAME = "allreduce"
 KIB, MIB = 1024, 1024 * 1024
@@ -51,14 +48,6 @@ WORLD = 2
 LABEL = {"torch_gloo": "torch.distributed gloo", "horovod_gloo": "Horovod (gloo)"}
 COLOUR = {"torch_gloo": "#0072B2", "horovod_gloo": "#D55E00"}
 MARKER = {"torch_gloo": "o", "horovod_gloo": "s"}
-
-
-def sizes_bytes(max_bytes: int) -> list[int]:
-    sizes, size = [], 4 * KIB
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= 4
-    return sizes
 
 
 def size_label(nbytes: float) -> str:
@@ -82,104 +71,6 @@ def horovod_importable() -> tuple[bool, str]:
     except ImportError as exc:
         return False, f"scaling.train.horovod_backend does not import ({exc})"
     return horovod_backend.available()
-
-
-def _rank(
-    rank: int,
-    port: int,
-    sizes: list[int],
-    backends: list[str],
-    rounds: int,
-    warmup: int,
-    target_s: float,
-    out_path: str,
-) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    reduce = {"torch_gloo": lambda t: dist.all_reduce(t)}
-    horovod_error = None
-    if "horovod_gloo" in backends:
-        try:
-            import horovod.torch as hvd
-
-            from scaling.train import horovod_backend as hb
-
-            hb.setup_horovod_env_and_init(rank, WORLD, rank, WORLD, 0)
-            reduce["horovod_gloo"] = lambda t: hvd.allreduce_(t, op=hvd.Sum)
-        except Exception as exc:  # measured without it; the reason goes into the JSON
-            horovod_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    ok = torch.tensor([0 if horovod_error else 1])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # both ranks measure the same backends
-    active = [b for b in backends if b == "torch_gloo" or int(ok) == 1]
-    times: dict[str, dict[int, list[float]]] = {b: {size: [] for size in sizes} for b in active}
-    try:
-        for r in range(rounds):
-            for size in sizes if r % 2 == 0 else list(reversed(sizes)):
-                tensor = torch.ones(size // 4, dtype=torch.float32)
-                for backend in active if r % 2 == 0 else list(reversed(active)):
-                    run = reduce[backend]
-                    tensor.fill_(1.0)
-                    run(tensor)
-                    if not bool((tensor == WORLD).all()):
-                        raise RuntimeError(f"{backend}: all-reduce of {size} bytes gave a wrong sum")
-                    warm = []
-                    for _ in range(warmup):
-                        tensor.fill_(1.0)
-                        dist.barrier()
-                        t0 = time.perf_counter()
-                        run(tensor)
-                        warm.append(time.perf_counter() - t0)
-                    estimate = torch.tensor([min(warm) if warm else 1e-3], dtype=torch.float64)
-                    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)  # both ranks agree on the iteration count
-                    iters = int(min(50, max(3, target_s / max(float(estimate), 1e-6))))
-                    elapsed = torch.zeros(iters, dtype=torch.float64)
-                    for i in range(iters):
-                        tensor.fill_(1.0)  # keep values finite over the iterations
-                        dist.barrier()
-                        t0 = time.perf_counter()
-                        run(tensor)
-                        elapsed[i] = time.perf_counter() - t0
-                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # an iteration ends when its slower rank ends
-                    times[backend][size] += elapsed.tolist()
-                del tensor
-        if rank == 0:
-            Path(out_path).write_text(
-                json.dumps(
-                    {
-                        "times": {b: {str(k): v for k, v in per.items()} for b, per in times.items()},
-                        "horovod_error": horovod_error,
-                    }
-                )
-            )
-    finally:
-        if "horovod_gloo" in reduce:
-            from scaling.train import horovod_backend as hb
-
-            hb.shutdown()
-        dist.destroy_process_group()
-
-
-def measure(
-    sizes: list[int], backends: list[str], rounds: int, warmup: int, target_s: float
-) -> tuple[dict, str | None]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="bench-ar-") as tmp:
-        out = Path(tmp) / "times.json"
-        mp.start_processes(
-            _rank,
-            args=(free_port(), sizes, backends, rounds, warmup, target_s, str(out)),
-            nprocs=WORLD,
-            join=True,
-            start_method="spawn",
-        )
-        data = json.loads(out.read_text())
-    times = {b: {int(k): v for k, v in per.items()} for b, per in data["times"].items()}
-    return times, data["horovod_error"]
 
 
 def backends_present(horovod_ok: bool, horovod_why: str) -> dict:

@@ -96,7 +96,7 @@ def log(message: str) -> None:
 
 def fit_allreduce(quick: bool) -> dict:
     """gloo (and Horovod) all-reduce times between 2 local processes; alpha-beta fitted to gloo's."""
-    from allreduce import measure, sizes_bytes
+    from benchjobs import measure, sizes_bytes
 
     from scaling.projection import fit_alpha_beta
 

@@ -153,11 +153,11 @@ def lab_config(buckets: int, epochs: int):
 
 
 def measure_lab(instances: int, epochs: int) -> dict:
-    """The lab's loop against a bare DDP loop (bench/instrumentation_overhead.py's `BareDdp`), their steps
+    """The lab's loop against a bare DDP loop (bench/benchjobs.py's `BareDdp`), their steps
     interleaved (bench/benchlib.py `lab_with_bare_steps`), on this process's 1-rank gloo group; the lab's loop
     given its DDP backend at one worker, where a run of one trains the plain model. Per size, the runs' blocks
     (epochs), each run's first left out."""
-    from instrumentation_overhead import BareDdp
+    from benchjobs import BareDdp
 
     import scaling.train.loop as lab_loop
     from scaling.train.backends import for_choice

@@ -65,6 +65,7 @@ import time
 from pathlib import Path
 
 import benchlib as bl
+from benchjobs import BareDdp
 
 NAME = "instrumentation_overhead"
 BUDGET = 1.03
@@ -75,50 +76,6 @@ WORKERS = 2
 def lab_overrides(epochs: int, quick: bool) -> list[str]:
     """The quickstart as a timing run of `epochs` epochs: every epoch trains, evaluations only at epochs' ends."""
     return [*bl.steady_run_overrides(epochs, quick), "train.eval_every=1"]
-
-
-class BareDdp:
-    """A hand-written DDP job made as the lab's loop makes its model, over the lab's dataset's batches."""
-
-    def __init__(self, cfg, ctx, dataset):
-        import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        from scaling.models import build_model
-        from scaling.train.backends.ddp import NO_BUFFER_SYNC_IN_FORWARD
-        from scaling.train.precision import Precision
-
-        self.cfg, self.ctx, self.dataset = cfg, ctx, dataset
-        self.precision = Precision(cfg.train.precision, cfg.train.channels_last, ctx.device)
-        with torch.random.fork_rng():  # its own initial weights, leaving the generator the lab's loop seeded alone
-            torch.manual_seed(cfg.train.seed + 1)
-            plain = self.precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
-        self.model = DistributedDataParallel(
-            plain, bucket_cap_mb=cfg.instrument.ddp_bucket_cap_mb, **NO_BUFFER_SYNC_IN_FORWARD
-        )
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch,
-            momentum=cfg.optim.momentum,
-            nesterov=cfg.optim.momentum > 0,
-            weight_decay=cfg.optim.weight_decay,
-        )
-
-    def batches(self, epoch: int):
-        return self.dataset.train_batches(
-            self.ctx.rank, self.ctx.world_size, epoch, self.cfg.train.seed, self.cfg.train.per_worker_batch
-        )
-
-    def step(self, inputs, targets) -> None:
-        import torch.nn.functional as F
-
-        with self.precision.autocast():
-            loss = F.cross_entropy(
-                self.model(self.precision.layout(inputs)), targets, label_smoothing=self.cfg.train.label_smoothing
-            )
-        self.precision.backward(loss)
-        self.precision.step(self.optimizer)
-        self.optimizer.zero_grad()
 
 
 def _lab_worker(rank: int, world_size: int, port: int, config: dict, tmp: str, tag: str) -> None:

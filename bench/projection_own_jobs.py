@@ -82,15 +82,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import benchlib as bl  # noqa: E402
-from projection_vs_minicluster import (  # noqa: E402
-    LoadSampler,
-    exec_command,
-    log,
-    run_figures,
-    wait_or_stop,
-    write,
-)
-from projection_vs_minicluster import decompose as decompose_ddp  # noqa: E402
+from benchjobs import LoadSampler, exec_command, log, run_figures, wait_or_stop, write  # noqa: E402
+from benchjobs import decompose as decompose_ddp  # noqa: E402
 
 from scaling.projection import fit_alpha_beta  # noqa: E402
 from scaling.projection.from_run import project_run  # noqa: E402

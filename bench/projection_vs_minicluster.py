@@ -36,11 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -48,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from benchjobs import LoadSampler, decompose, exec_command, log, run_figures, wait_or_stop, write  # noqa: E402
 from benchlib import command_line, load_average  # noqa: E402
 
 from scaling.testbed import minicluster as mc  # noqa: E402
@@ -77,45 +74,6 @@ N = 2
 OUT_JSON = REPO / "bench" / "results" / "projection_vs_minicluster.json"
 OUT_PNG = REPO / "bench" / "results" / "projection_vs_minicluster.png"
 SCALING = str(Path(sys.executable).parent / "scaling")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-class LoadSampler:
-    """/proc/loadavg's 1-minute figure every `period` s, tagged with the phase running."""
-
-    def __init__(self, period: float = 2.0):
-        self.period, self.phase, self.samples = period, "start", []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            load = load_average()
-            if load:
-                self.samples.append((time.time(), self.phase, load[0]))
-            self._stop.wait(self.period)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def by_phase(self) -> dict:
-        out = {}
-        for phase in dict.fromkeys(p for _, p, _ in self.samples):
-            values = [v for _, p, v in self.samples if p == phase]
-            out[phase] = {
-                "mean_load1": round(sum(values) / len(values), 2),
-                "max_load1": max(values),
-                "samples": len(values),
-            }
-        return out
 
 
 def sweep_caps(config: str = CONFIG) -> list[str]:
@@ -178,38 +136,6 @@ def fit_caps(caps: list[str]) -> dict:
 # ---------------------------------------------------------------------------- runs inside the cluster
 
 
-def exec_command(args: list[str], log_path: Path, name: str = NAME) -> subprocess.Popen:
-    """`scaling ARGS` as a driver inside cluster `name` (the head's namespace), in its own process group."""
-    log_file = open(log_path, "w")
-    return subprocess.Popen(
-        [SCALING, "minicluster", "exec", "--name", name, "--", SCALING, *args],
-        cwd=REPO,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def wait_or_stop(process: subprocess.Popen, deadline: float) -> int | None:
-    """The exit status, or None after stopping the process group (SIGINT, then SIGKILL) at the deadline."""
-    import signal
-
-    try:
-        return process.wait(timeout=max(1.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return None
-
-
 def one_worker_runs(
     out_dirs: list[Path],
     logs: Path,
@@ -240,12 +166,6 @@ def one_worker_runs(
             return
         log(f"1-worker run(s) {', '.join(d.name for d in failed)} failed or hung (attempt {attempt}); logs in {logs}")
     raise RuntimeError(f"1-worker runs {', '.join(d.name for d in failed)} failed {attempts} times (logs: {logs})")
-
-
-def run_figures(run_dir: Path) -> dict:
-    summary = RunDir(run_dir).summary()
-    keys = ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "time_per_epoch_s", "run_wall_s")
-    return {"run_dir": str(run_dir), **{k: summary.get(k) for k in keys}}
 
 
 def concurrent_compute(dirs: list[Path]) -> dict:
@@ -365,31 +285,6 @@ def measured(sweep_dir: Path) -> dict:
         )
         out[cap] = row
     return out
-
-
-def decompose(run_dir: Path) -> dict:
-    """Each steady-state step of a 2-worker run cut into compute, the all-reduce and the wait.
-
-    Per step, the slower rank hands its bucket over last and its exposed time is the all-reduce
-    itself (min over ranks of exposed_comm_s); the faster rank's exposed time also holds its
-    wait for the slower one. Means over steps and ranks, as the lab's step_s.
-    """
-    steps = RunDir(run_dir).steps()
-    train = steps[(steps["kind"] == "train") & (~steps["warmup"].astype(bool))].copy()
-    train["own_compute_s"] = train["step_s"] - train["exposed_comm_s"]
-    exposed = train.pivot_table(index="step", columns="rank", values="exposed_comm_s").dropna()
-    transfer = exposed.min(axis=1)
-    wait = exposed.sub(transfer, axis=0).mean(axis=1)
-    per_rank = train.groupby("rank")["own_compute_s"].mean()
-    calib = steps[steps["kind"] == "calib_nosync"].groupby("rank")["step_s"].median()
-    return {
-        "compute_s": float(per_rank.mean()),
-        "compute_s_per_rank": [float(v) for v in per_rank],
-        "allreduce_in_run_s": float(transfer.mean()),
-        "allreduce_in_run_median_s": float(transfer.median()),
-        "straggler_wait_s": float(wait.mean()),
-        "calib_nosync_fwd_bwd_s_per_rank": [float(v) for v in calib],
-    }
 
 
 # ---------------------------------------------------------------------------- comparison, figure
@@ -517,14 +412,6 @@ def figure(rows: list[dict], fits: dict, meas: dict, path: Path, load: dict | No
 # ---------------------------------------------------------------------------- main
 
 
-def write(record: dict, path: Path = OUT_JSON) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n")
-    os.chmod(tmp, 0o644)
-    tmp.replace(path)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -588,7 +475,7 @@ def main() -> int:
             record["predictions"] = predictions(fits, solo, pair)
             record["status"] = "predicted"
             record["predicted_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-            write(record)  # the predictions are on disk before any 2-worker run starts
+            write(record, OUT_JSON)  # the predictions are on disk before any 2-worker run starts
             for cap in caps:
                 p = record["predictions"][cap]["concurrent+straggler"]
                 log(f"predicted at {cap}: step {1e3 * p['step_s']:.1f} ms, comm overhead {p['comm_overhead_pct']:.1f}%")
@@ -596,7 +483,7 @@ def main() -> int:
             sweep_dir = work / "sweep"
             log(f"2-worker sweep over {', '.join(caps)}")
             sweep = exec_command(
-                ["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)], logs / "sweep.log"
+                ["sweep", CONFIG, "--repeats", str(args.repeats), "--out", str(sweep_dir)], logs / "sweep.log", NAME
             )
             if wait_or_stop(sweep, time.time() + SWEEP_TIMEOUT_S) is None:
                 log(f"the sweep did not finish within {SWEEP_TIMEOUT_S} s and was stopped")
@@ -637,7 +524,7 @@ def main() -> int:
         machine=describe_machine(load_start),
     )
     figure(rows, record["fits"], meas, OUT_PNG, record["load_by_phase"])
-    write(record)
+    write(record, OUT_JSON)
     print()
     print(f"{'cap':>9} {'pred step':>10} {'meas step':>10} {'err':>7} {'pred ovh':>9} {'meas ovh':>9} {'diff':>7}")
     for r in rows:

@@ -59,3 +59,26 @@ def test_block_means_take_rank_0s_wall_clock_and_sum_the_ranks_cpu():
     assert block["block"] == 1
     assert block["a"] == {"steps": 2, "wall_s": 2.0, "cpu_s": 1.0 + 0.5, "gc_s": 0.0}
     assert block["b"]["wall_s"] == 1.0 and block["b"]["cpu_s"] == 3.0
+
+
+def test_no_benchmark_imports_another():
+    """What benchmarks share lives in bench/benchlib.py (records, statistics) and bench/benchjobs.py (jobs and
+    measurements several of them run); a benchmark importing another would run its module's top level. The
+    harness is not a benchmark: run_all.py lists them, summarize.py renders each one's table with that
+    benchmark's own function, and own_job_interleaved.py is a job's train function that a run imports."""
+    import ast
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    harness = {"benchlib", "benchjobs", "run_all", "summarize", "own_job_interleaved"}
+    scripts = {p.stem for p in bench.glob("*.py")} - harness
+    crossing = []
+    for path in sorted(p for p in bench.glob("*.py") if p.stem != "summarize"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            crossing += [f"{path.name} imports {n}" for n in names if n.split(".")[-1] in scripts]
+    assert not crossing, crossing
