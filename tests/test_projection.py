@@ -1058,16 +1058,16 @@ def test_fsdp_schedule_by_hand():
     sched = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], [False, True, False])
     kinds = [(c.kind, c.unit, c.issue_s, c.start_s, c.finish_s) for c in sched.collectives]
     assert kinds == [
-        ("all_gather", 0, 0, 0, 1),
-        ("all_gather", 1, 0, 1, 2),
-        ("all_gather", 2, 2, 2, 3),
-        ("re_gather", 1, 9, 9, 10),
-        ("reduce_scatter", 2, 13, 13, 15),
-        ("reduce_scatter", 1, 17, 17, 19),
-        ("reduce_scatter", 0, 17, 19, 21),
+        ("allgather", 0, 0, 0, 1),
+        ("allgather", 1, 0, 1, 2),
+        ("allgather", 2, 2, 2, 3),
+        ("regather", 1, 9, 9, 10),
+        ("reducescatter", 2, 13, 13, 15),
+        ("reducescatter", 1, 17, 17, 19),
+        ("reducescatter", 0, 17, 19, 21),
     ]
     assert (sched.end_s, sched.exposed_s, sched.forward_waited_s, sched.busy_s, sched.compute_s) == (21, 6, 2, 10, 15)
-    assert (sched.seconds("all_gather"), sched.seconds("re_gather"), sched.seconds("reduce_scatter")) == (3, 1, 6)
+    assert (sched.seconds("allgather"), sched.seconds("regather"), sched.seconds("reducescatter")) == (3, 1, 6)
 
 
 def test_fsdp_schedule_with_the_root_resharded_and_synchronous_collectives_by_hand():
@@ -1086,26 +1086,26 @@ def test_fsdp_schedule_with_the_root_resharded_and_synchronous_collectives_by_ha
     flags = [True, True, False]
     beside = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], flags)
     assert [(c.kind, c.unit, c.start_s, c.finish_s) for c in beside.collectives][3:] == [
-        ("re_gather", 0, 7, 8),
-        ("re_gather", 1, 10, 11),
-        ("reduce_scatter", 2, 14, 16),
-        ("reduce_scatter", 1, 18, 20),
-        ("reduce_scatter", 0, 20, 22),
+        ("regather", 0, 7, 8),
+        ("regather", 1, 10, 11),
+        ("reducescatter", 2, 14, 16),
+        ("reducescatter", 1, 18, 20),
+        ("reducescatter", 0, 20, 22),
     ]
     assert (beside.end_s, beside.exposed_s, beside.forward_waited_s) == (22, 7, 2)
     held = fsdp_schedule([1, 2, 2], [2, 4, 4], [1, 1, 1], [2, 2, 2], flags, synchronous=True)
     assert [(c.kind, c.unit, c.issue_s, c.finish_s) for c in held.collectives] == [
-        ("all_gather", 0, 0, 1),
-        ("all_gather", 1, 1, 2),
-        ("all_gather", 2, 4, 5),
-        ("re_gather", 0, 8, 9),
-        ("reduce_scatter", 2, 15, 17),
-        ("re_gather", 1, 17, 18),
-        ("reduce_scatter", 1, 22, 24),
-        ("reduce_scatter", 0, 24, 26),
+        ("allgather", 0, 0, 1),
+        ("allgather", 1, 1, 2),
+        ("allgather", 2, 4, 5),
+        ("regather", 0, 8, 9),
+        ("reducescatter", 2, 15, 17),
+        ("regather", 1, 17, 18),
+        ("reducescatter", 1, 22, 24),
+        ("reducescatter", 0, 24, 26),
     ]
     assert (held.end_s, held.exposed_s, held.forward_waited_s, held.busy_s, held.compute_s) == (26, 11, 3, 11, 15)
-    assert (held.seconds("all_gather"), held.seconds("re_gather"), held.seconds("reduce_scatter")) == (3, 2, 6)
+    assert (held.seconds("allgather"), held.seconds("regather"), held.seconds("reducescatter")) == (3, 2, 6)
 
 
 def test_fsdp_on_gloo_adds_every_collective_to_the_step():

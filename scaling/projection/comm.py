@@ -21,6 +21,9 @@ from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster
 from scaling.projection.compute import StepCompute
 from scaling.projection.cost import (
+    ALLGATHER,
+    REDUCESCATTER,
+    REGATHER,
     allreduce_s,
     fsdp_schedule,
     gather_s,
@@ -33,7 +36,10 @@ from scaling.projection.cost import (
 from scaling.projection.layers import MIB
 from scaling.projection.memory import DTYPE_BYTES
 
-FSDP_COLUMNS = ("allgather_s", "regather_s", "reducescatter_s")
+# A row's FSDP transfer times, one per kind of its schedule: forward's all-gathers alone in `allgather_s`
+# (a run's records count its re-gathers in theirs too), backward's re-gathers, the reduce-scatters
+FSDP_KINDS = (ALLGATHER, REGATHER, REDUCESCATTER)
+FSDP_COLUMNS = tuple(f"{kind}_s" for kind in FSDP_KINDS)
 
 
 @dataclass
@@ -328,9 +334,7 @@ def fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n
         "busy_s": sched.busy_s if n > 1 else 0.0,
         "ab_s": max(0.0, sched.end_s - without.end_s) if n > 1 else 0.0,
         "optimizer_s": compute.optimizer_unsharded_s + (plan["optimizer_s"] - compute.optimizer_unsharded_s) / shards,
-        "allgather_s": sched.seconds("all_gather"),
-        "regather_s": sched.seconds("re_gather"),
-        "reducescatter_s": sched.seconds("reduce_scatter"),
+        **{f"{kind}_s": sched.seconds(kind) for kind in FSDP_KINDS},
         "collectives": len(sched.collectives) if n > 1 else 0,
         "grad_bytes": sum(plan["scatter_bytes"]),
         "forward_wait_s": sched.forward_waited_s if n > 1 else 0.0,

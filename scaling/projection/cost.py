@@ -111,6 +111,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scaling.errors import UsageError
+from scaling.schema import REGATHER, SHARDED_KINDS
+
+# An FSDP schedule's collective kinds, by the record schema's column stems (scaling/schema.py): forward's
+# all-gathers, backward's re-gathers of resharded units, backward's reduce-scatters.
+ALLGATHER, REDUCESCATTER = SHARDED_KINDS
 
 ALGORITHMS = ("ring", "hierarchical")
 
@@ -525,7 +530,7 @@ def hsdp_scatter_s(
 
 @dataclass(frozen=True)
 class Collective:
-    """One FSDP collective: kind ("all_gather", "re_gather", "reduce_scatter"), unit, and times
+    """One FSDP collective: kind (the record schema's column stems: allgather, regather, reducescatter), unit, and times
     (issue, start, finish) in seconds from the start of the step's forward."""
 
     kind: str
@@ -589,16 +594,16 @@ def fsdp_schedule(
             forward_s, backward_s, gather_cost_s, scatter_cost_s, reshard_after_forward, run, collectives
         )
     waited, t = 0.0, 0.0
-    gathered = {0: run("all_gather", 0, 0.0, gather_cost_s[0])}
+    gathered = {0: run(ALLGATHER, 0, 0.0, gather_cost_s[0])}
     blocks = list(range(1, units))
     if blocks:
-        gathered[blocks[0]] = run("all_gather", blocks[0], 0.0, gather_cost_s[blocks[0]])
+        gathered[blocks[0]] = run(ALLGATHER, blocks[0], 0.0, gather_cost_s[blocks[0]])
     # forward: the blocks in order, each prefetching the next one's all-gather, then the root's compute
     for k, unit in enumerate(blocks):
         start = max(t, gathered[unit], gathered[0])
         waited += start - t
         if k + 1 < len(blocks):
-            gathered[blocks[k + 1]] = run("all_gather", blocks[k + 1], start, gather_cost_s[blocks[k + 1]])
+            gathered[blocks[k + 1]] = run(ALLGATHER, blocks[k + 1], start, gather_cost_s[blocks[k + 1]])
         t = start + forward_s[unit]
     start = max(t, gathered[0])
     waited += start - t
@@ -610,10 +615,10 @@ def fsdp_schedule(
 
     def prefetch(i: int, at: float) -> None:
         if i < len(order) and reshard_after_forward[order[i]]:
-            ready[order[i]] = run("re_gather", order[i], at, gather_cost_s[order[i]])
+            ready[order[i]] = run(REGATHER, order[i], at, gather_cost_s[order[i]])
 
     if reshard_after_forward[0]:  # the root's backward (the head's) computes first: nothing hides its re-gather
-        start = run("re_gather", 0, t, gather_cost_s[0])
+        start = run(REGATHER, 0, t, gather_cost_s[0])
         waited += start - t
         t = start
     prefetch(0, t)
@@ -623,8 +628,8 @@ def fsdp_schedule(
         waited += start - t
         prefetch(i + 1, start)
         t = start + backward_s[unit]
-        run("reduce_scatter", unit, t, scatter_cost_s[unit])
-    last = run("reduce_scatter", 0, t, scatter_cost_s[0])
+        run(REDUCESCATTER, unit, t, scatter_cost_s[unit])
+    last = run(REDUCESCATTER, 0, t, scatter_cost_s[0])
     waited += max(0.0, last - t)
     return FsdpSchedule(tuple(collectives), sum(forward_s) + sum(backward_s), max(t, last), waited, forward_waited)
 
@@ -642,19 +647,19 @@ def _synchronous_fsdp_schedule(
         t = finish
 
     blocks = range(1, len(forward_s))
-    hold("all_gather", 0, gather_cost_s[0])
+    hold(ALLGATHER, 0, gather_cost_s[0])
     for unit in blocks:
-        hold("all_gather", unit, gather_cost_s[unit])
+        hold(ALLGATHER, unit, gather_cost_s[unit])
         t += forward_s[unit]
     t += forward_s[0]
     forward_waited = waited
     if reshard_after_forward[0]:
-        hold("re_gather", 0, gather_cost_s[0])
+        hold(REGATHER, 0, gather_cost_s[0])
     t += backward_s[0]
     for unit in reversed(blocks):
         if reshard_after_forward[unit]:
-            hold("re_gather", unit, gather_cost_s[unit])
+            hold(REGATHER, unit, gather_cost_s[unit])
         t += backward_s[unit]
-        hold("reduce_scatter", unit, scatter_cost_s[unit])
-    hold("reduce_scatter", 0, scatter_cost_s[0])
+        hold(REDUCESCATTER, unit, scatter_cost_s[unit])
+    hold(REDUCESCATTER, 0, scatter_cost_s[0])
     return FsdpSchedule(tuple(collectives), sum(forward_s) + sum(backward_s), t, waited, forward_waited)
