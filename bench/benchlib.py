@@ -11,7 +11,7 @@ writes `bench/results/<name>.json` (`--quick`: `bench/results/quick/<name>.json`
     wall_s       how long the whole benchmark took
     quick        true for the few-minute variant (fewer repeats and sizes)
     machine      {"hardware": describe_hardware(), "versions": describe_versions(), "load_avg_start",
-                  "load_avg_end"} (scaling.instrument.machine; load averages: /proc/loadavg, to spot contention)
+                  "load_avg_end"} (scaling.launch.machine; load averages: /proc/loadavg, to spot contention)
     comparisons  list of {name, a, b, a_median, b_median, unit, ratio, ratio_definition, budget,
                   budget_on ("ratio" or "a": what the budget bounds), budget_definition, pass, note}:
                   the rows `bench/summarize.py` turns into the table
@@ -592,7 +592,7 @@ def lab_with_bare_steps(cfg, ctx, run_dir, make_bare, windows: StepWindows) -> N
 
 
 def describe_machine(load_avg_start=None) -> dict:
-    from scaling.instrument.machine import describe_hardware, describe_versions
+    from scaling.launch.machine import describe_hardware, describe_versions
 
     return {
         "hardware": describe_hardware(),

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scaling.instrument.machine import describe_hardware, describe_versions  # noqa: E402
+from scaling.launch.machine import describe_hardware, describe_versions  # noqa: E402
 from scaling.testbed import minicluster as mc  # noqa: E402
 from scaling.results import SweepDir, write_json_atomic  # noqa: E402
 

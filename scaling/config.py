@@ -43,7 +43,7 @@ class RegistryChoice:
 
 
 def _backend_choices() -> tuple[str, ...]:
-    from scaling.instrument.backends import choices
+    from scaling.backend_choices import choices
 
     return choices()
 
@@ -239,7 +239,7 @@ class ExperimentConfig:
     @property
     def resolved_backend(self) -> str:
         """The torch.distributed process-group backend the workers start with (the run's backend says which)."""
-        from scaling.instrument.backends import for_choice
+        from scaling.backend_choices import for_choice
 
         return for_choice(self.backend).process_group(self.backend, self.workers.use_gpu)
 
@@ -429,9 +429,11 @@ def validate(cfg: ExperimentConfig) -> None:
             f"unknown data.name {cfg.data.name!r}; valid: {', '.join(dataset_names())} "
             "or a dataset of your own as package.module:callable",
         )
-    from scaling.instrument.backends import ADAPTERS, for_choice
+    from scaling.backend_choices import BACKEND_CHOICES, for_choice
+    from scaling.instrument.backends import ADAPTERS
 
     backend = for_choice(cfg.backend)
+    adapter = next(a for a in ADAPTERS if a.kind == backend.kind)  # where the instrument can inject a delay
     require(
         cfg.instrument.grad_compression in backend.compressions,
         f"backend {cfg.backend} compresses gradients as {' or '.join(backend.compressions)}, "
@@ -509,7 +511,7 @@ def validate(cfg: ExperimentConfig) -> None:
             "train.per_worker_batch or the worker counts so that every count from min_workers to num_workers divides "
             "it",
         )
-        elastic = [choice for adapter in ADAPTERS if adapter.elastic for choice in adapter.choices]
+        elastic = [choice for each in BACKEND_CHOICES if each.elastic for choice in each.choices]
         require(
             backend.elastic and not cfg.train.function,
             f"workers.min_workers (elastic) is for the lab's own loop on backend {' | '.join(elastic)}: "
@@ -525,11 +527,11 @@ def validate(cfg: ExperimentConfig) -> None:
     for problem in cfg.instrument.problems(prefix="instrument."):
         require(False, problem)
     require(
-        not cfg.instrument.inject_comm_delay_s or cfg.instrument.inject_comm_delay_into in backend.injectable,
+        not cfg.instrument.inject_comm_delay_s or cfg.instrument.inject_comm_delay_into in adapter.injectable,
         f"instrument.inject_comm_delay_into={cfg.instrument.inject_comm_delay_into} is not offered by backend "
-        f"{cfg.backend} ({backend.wraps}): it injects into {' or '.join(backend.injectable)}",
+        f"{cfg.backend} ({adapter.wraps}): it injects into {' or '.join(adapter.injectable)}",
     )
-    # The selected backend's own settings, and what it cannot run (its adapter's `config_problems`:
+    # The selected backend's own settings, and what it cannot run (its `config_problems`, backend_choices.py:
     # DDP's process group and buckets, Horovod's tuning, what a sharding backend cannot run).
     for problem in backend.config_problems(cfg):
         require(False, problem)

@@ -157,10 +157,10 @@ def test_defaults_are_a_valid_config():
     ],
 )
 def test_a_backends_own_settings_are_checked_by_its_adapter(overrides, message):
-    """Each backend's config checks sit beside it (its adapter's `config_problems`); `validate` asks the
-    selected backend's, so another backend's settings are not its business."""
+    """Each backend's config checks sit beside it (its `config_problems`, scaling/backend_choices.py);
+    `validate` asks the selected backend's, so another backend's settings are not its business."""
     from scaling.config import apply_overrides
-    from scaling.instrument.backends import for_choice
+    from scaling.backend_choices import for_choice
 
     with pytest.raises(ConfigError) as refused:
         load_config(QUICKSTART, overrides=overrides)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scaling.analysis.run_metrics import NO_STEP, run_costs, summarize_run
 from scaling.schema import STEP_COLUMNS
-from scaling.instrument.machine import describe_hardware, describe_versions
+from scaling.launch.machine import describe_hardware, describe_versions
 from scaling.instrument.trace import merge_trace
 from scaling.launch.exports import write_exports
 from scaling.results import RANKS_PARQUET, SCHEMA_VERSION, TRACE_JSON, RunDir, write_json_atomic, write_parquet_atomic

@@ -186,7 +186,7 @@ def _worker_entry(loop_config: dict) -> dict:
     import ray.train.torch
 
     from scaling.import_path import add_import_root
-    from scaling.instrument.machine import describe_hardware
+    from scaling.launch.machine import describe_hardware
     from scaling.launch.live_metrics import RayLiveMetrics
     from scaling.train.loop import WorkerContext, run_worker
 

@@ -28,7 +28,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from scaling.instrument.backends.horovod import HorovodBackend
+from scaling.backend_choices import HorovodChoice
 
 # Every variable this module sets; cleared before a new init so that nothing of an earlier
 # configuration in the same process leaks into the next.
@@ -369,8 +369,8 @@ def wrap_optimizer(
                 f"{name}={wanted} must be set before hvd.init() (init applied {have}); "
                 "pass it in setup_horovod_env_and_init(tuning=HorovodTuning(...))"
             )
-    if compression not in HorovodBackend.compressions:
-        raise ValueError(f"horovod compression must be one of {HorovodBackend.compressions}, got {compression!r}")
+    if compression not in HorovodChoice.compressions:
+        raise ValueError(f"horovod compression must be one of {HorovodChoice.compressions}, got {compression!r}")
     comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     had_state = len(optimizer.state_dict()["state"]) > 0

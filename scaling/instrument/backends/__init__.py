@@ -27,21 +27,8 @@ from scaling.instrument.backends.horovod import HorovodBackend
 from scaling.instrument.backends.local import LocalBackend
 
 # Asked in this order; the first that claims the job adapts it (the single process, last, claims
-# any job of one rank). Their choices, in this order, are the config's.
+# any job of one rank). How a lab run names a backend is the lab's (scaling/backend_choices.py).
 ADAPTERS: tuple[type[Backend], ...] = (DDPBackend, FSDPBackend, HorovodBackend, LocalBackend)
-
-
-def choices() -> tuple[str, ...]:
-    """Every value a run's `backend` setting takes (the lab's config: scaling/config.py)."""
-    return tuple(choice for adapter in ADAPTERS for choice in adapter.choices)
-
-
-def for_choice(choice: str) -> type[Backend]:
-    """The adapter a run's `backend: <choice>` selects."""
-    for adapter in ADAPTERS:
-        if choice in adapter.choices:
-            return adapter
-    raise KeyError(f"backend {choice!r} is none of {', '.join(choices())}")
 
 
 def detect(model, optimizer) -> Backend:
@@ -56,4 +43,4 @@ def detect(model, optimizer) -> Backend:
     )
 
 
-__all__ = ["ADAPTERS", "Backend", "choices", "detect", "for_choice"]
+__all__ = ["ADAPTERS", "Backend", "detect"]

@@ -20,11 +20,6 @@ class Backend:
 
     kind = ""  # its short name in a run's job.json `data_parallel` (ddp, fsdp, horovod, local)
     wraps = ""  # what the adapter claims, for the refusal of a job none claims ("a DistributedDataParallel model")
-    # How a run names it: the values of a config's `backend` key that select it (the lab's
-    # config asks the registry, scaling/instrument/backends/__init__.py), with what it offers there.
-    choices: tuple[str, ...] = ()
-    compressions: tuple[str, ...] = ("none",)  # gradient compressions it can all-reduce with
-    elastic = False  # its worker group can shrink and grow between restarts (the lab's workers.min_workers)
     # A 1-rank job of this kind still communicates, and its communication is timed (DDP on a
     # 1-rank group: the GPU ground truth, docs/gpu.md). Otherwise only > 1 rank communicates.
     communicates_alone = False
@@ -38,10 +33,6 @@ class Backend:
     # collective that synchronises them (DDP's last bucket, Horovod's wait, FSDP's last reduce-scatter);
     # "parameters", FSDP's all-gathers.
     injectable: tuple[str, ...] = ("gradients",)
-    # Each rank holds only its shard of the parameters (FSDP): a forward gathers them with every
-    # rank, and a gradient scaler's inf check would see only this rank's shard. The lab's config
-    # refuses the settings that cannot work then (`config_problems`).
-    sharded = False
     # Its collectives can go untimed on the steps the meter does not sample (DDP's comm hook:
     # scaling/instrument/timing.py `CommTimingHook`); otherwise every step's are timed.
     samples_collectives = False
@@ -50,18 +41,6 @@ class Backend:
         self.model, self.optimizer = model, optimizer
         # whether the loop cleared the gradients between two batches is asked of this parameter
         self._grad_probe = next((q for q in self.plain_model.parameters() if q.requires_grad), None)
-
-    @classmethod
-    def process_group(cls, choice: str, use_gpu: bool) -> str:
-        """The torch.distributed process-group backend its workers start with, for the run's `choice`."""
-        return "nccl" if use_gpu else "gloo"
-
-    @classmethod
-    def config_problems(cls, cfg) -> list[str]:
-        """What of a lab run's config (scaling/config.py's tree, handed in: nothing here imports it) this
-        backend cannot run, one line each naming the key; the config's `validate` refuses the first of the
-        selected backend's. None here; the model's shape is the preflight's (scaling/train/backends/)."""
-        return []
 
     @classmethod
     def claims(cls, model, optimizer) -> bool:

@@ -33,9 +33,6 @@ class DDPBackend(Backend):
 
     kind = "ddp"
     wraps = "a DistributedDataParallel model"
-    choices = ("auto", "gloo", "nccl")  # DDP on that process group; auto: nccl on GPU, gloo on CPU
-    compressions = ("none", "fp16", "bf16")  # PyTorch's compression hooks
-    elastic = True
     communicates_alone = True
     samples_collectives = True
 
@@ -44,19 +41,6 @@ class DDPBackend(Backend):
         self._timer: CommTimingHook | TimingProcessGroup | None = None
         self._reducer_group = None  # the group the reducer all-reduces through now (TimingProcessGroup timer)
         self._buckets_counted: tuple[bool, int] | None = None  # (rebuilt?, how many): `_count_buckets`
-
-    @classmethod
-    def process_group(cls, choice: str, use_gpu: bool) -> str:
-        return choice if choice != "auto" else super().process_group(choice, use_gpu)
-
-    @classmethod
-    def config_problems(cls, cfg) -> list[str]:
-        problems = super().config_problems(cfg)
-        if cls.process_group(cfg.backend, cfg.workers.use_gpu) == "nccl" and not cfg.workers.use_gpu:
-            problems.append("backend nccl needs workers.use_gpu: true")
-        if not cfg.instrument.ddp_bucket_cap_mb > 0:  # NaN too
-            problems.append(f"instrument.ddp_bucket_cap_mb must be > 0, got {cfg.instrument.ddp_bucket_cap_mb}")
-        return problems
 
     @classmethod
     def claims(cls, model, optimizer) -> bool:

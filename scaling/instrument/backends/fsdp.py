@@ -166,9 +166,7 @@ class FSDPBackend(Backend):
 
     kind = "fsdp"
     wraps = "a model sharded with fully_shard (FSDP2)"
-    choices = ("fsdp",)  # FSDP2 on the run's process group: nccl on GPU, gloo on CPU
     injectable = ("gradients", "parameters")
-    sharded = True
     samples_collectives = True
     paces_collectives = True
 
@@ -177,24 +175,6 @@ class FSDPBackend(Backend):
         self._timer: ShardedCommTimer | None = None
         self._rule = ShardedCommRule()
         self._probe_param = None  # the FSDP parameter behind the gradient probe (gradients_cleared)
-
-    @classmethod
-    def config_problems(cls, cfg) -> list[str]:
-        """What the lab's loop cannot run with the parameters sharded."""
-        problems = super().config_problems(cfg)
-        if cfg.train.precision == "fp16":
-            problems.append(
-                "train.precision=fp16 scales the loss with GradScaler, whose inf check each shard would make alone "
-                f"(torch's ShardedGradScaler is not used by the lab's loop): with backend {cfg.backend} use "
-                "train.precision bf16 or fp32 (or fsdp.param_dtype bfloat16)"
-            )
-        if cfg.data.val_samples < cfg.workers.num_workers:
-            problems.append(
-                f"backend {cfg.backend} validates with every rank's forward gathering parameters together, so each "
-                f"needs a validation sample: data.val_samples ({cfg.data.val_samples}) must be at least the workers "
-                f"({cfg.workers.num_workers})"
-            )
-        return problems
 
     @classmethod
     def claims(cls, model, optimizer) -> bool:

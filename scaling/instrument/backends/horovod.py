@@ -24,25 +24,11 @@ class HorovodBackend(Backend):
 
     kind = "horovod"
     wraps = "Horovod's DistributedOptimizer"
-    # The lab runs Horovod's rendezvous over a torch.distributed group (gloo, NCCL on GPU).
-    choices = ("horovod",)
-    compressions = ("none", "fp16")  # horovod.torch.Compression has no bf16
     waits_at_step = True
 
     def __init__(self, model, optimizer):
         super().__init__(model, optimizer)
         self._timer: HorovodCommTimer | None = None
-
-    @classmethod
-    def config_problems(cls, cfg) -> list[str]:
-        problems = super().config_problems(cfg)
-        if not cfg.instrument.horovod_fusion_threshold_mb >= 0:  # NaN too
-            problems.append(
-                f"instrument.horovod_fusion_threshold_mb must be >= 0, got {cfg.instrument.horovod_fusion_threshold_mb}"
-            )
-        if not cfg.instrument.horovod_cycle_time_ms > 0:
-            problems.append(f"instrument.horovod_cycle_time_ms must be > 0, got {cfg.instrument.horovod_cycle_time_ms}")
-        return problems
 
     @classmethod
     def claims(cls, model, optimizer) -> bool:

@@ -6,34 +6,29 @@
     close()   # after a normal end, on every rank
 
 `LabBackend` (base.py) says what each answers; one module per backend (ddp.py, horovod.py, fsdp.py),
-registered in `LAB_BACKENDS` beside the instrument's adapter it goes with
-(scaling/instrument/backends/: how a run names the backend, timing, no-sync, checkpoint state).
+registered in `LAB_BACKENDS` by its kind: how a run names it, with what it offers and cannot run, is
+scaling/backend_choices.py; timing, no-sync and checkpoint state are the instrument's adapter's
+(scaling/instrument/backends/).
 A new backend is one module here and its line in `LAB_BACKENDS` (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-from scaling.instrument import backends as adapters
-from scaling.instrument.backends.ddp import DDPBackend
-from scaling.instrument.backends.fsdp import FSDPBackend
-from scaling.instrument.backends.horovod import HorovodBackend
+from scaling import backend_choices
 from scaling.train.backends.base import LabBackend
 from scaling.train.backends.ddp import DDP
 from scaling.train.backends.fsdp import FSDP
 from scaling.train.backends.horovod import Horovod
 
-LAB_BACKENDS: dict[type[adapters.Backend], LabBackend] = {
-    DDPBackend: DDP(),
-    HorovodBackend: Horovod(),
-    FSDPBackend: FSDP(),
-}
+# keyed by the backend's kind (scaling/backend_choices.py; the instrument adapter's `kind`)
+LAB_BACKENDS: dict[str, LabBackend] = {"ddp": DDP(), "horovod": Horovod(), "fsdp": FSDP()}
 # One worker trains the module and optimizer as they are, whatever the choice: nothing to synchronise.
 SINGLE_PROCESS = LabBackend()
 
 
 def for_choice(choice: str) -> LabBackend:
     """The lab's side of the backend a run's `backend: <choice>` selects."""
-    return LAB_BACKENDS[adapters.for_choice(choice)]
+    return LAB_BACKENDS[backend_choices.for_choice(choice).kind]
 
 
 def for_run(cfg, world_size: int) -> LabBackend:

@@ -1,11 +1,10 @@
 """What the lab needs of each backend to run it, beyond what its instrument adapter answers.
 
-The instrument's adapter (scaling/instrument/backends/) says how a run names a backend (the
-config's `backend` values it serves), its process group and what it offers (gradient
-compressions, elastic restarts): the config asks it. A `LabBackend` adds what only the lab's
-runs need: what only looking at the machine can refuse (for the preflight), what a run's summary
-says of it, its communication buffers (for the preflight's memory estimate), and the wrapped
-model and optimizer the lab's loop trains with.
+How a run names a backend (the config's `backend` values), its process group and what it offers
+(gradient compressions, elastic restarts) are scaling/backend_choices.py's: the config asks it. A
+`LabBackend` adds what only the lab's runs need: what only looking at the machine can refuse (for the
+preflight), what a run's summary says of it, its communication buffers (for the preflight's memory
+estimate), and the wrapped model and optimizer the lab's loop trains with.
 """
 
 from __future__ import annotations

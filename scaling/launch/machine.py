@@ -1,4 +1,5 @@
-"""What a run ran on: CPU model and count, GPU name and count (NVML), software versions."""
+"""What a run ran on: CPU model and count, GPU name and count (NVML), software versions: for its
+summary (finish.py), its workers' description (ray_train.py) and the benchmarks' records."""
 
 from __future__ import annotations
 
