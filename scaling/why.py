@@ -32,7 +32,7 @@ from scaling.analysis.attribution import largest_run
 from scaling.errors import UsageError
 from scaling.results import RunDir, SweepDir, resolve_sweep_dir
 
-STEP_COLUMNS = ["epoch", "step", "kind", "warmup", "rank", *why.SHARE_COLUMNS]
+STEP_COLUMNS = ["epoch", "step", "kind", "warmup", "rank", "pair", *why.SHARE_COLUMNS]
 WIDTH = 100  # one screen: 100 columns
 
 
@@ -97,7 +97,7 @@ def price(findings: list[why.Finding], run: RunDir | None) -> list[str]:
             continue
         if finding.price and base is not None:
             finding.gain = _projected_gain(run, cluster, n, baseline, base, finding)
-        else:
+        if not finding.gain:
             finding.gain = {
                 "how": f"estimated: {finding.estimate}",
                 "step_pct": finding.cost.pct,
@@ -111,6 +111,7 @@ def price(findings: list[why.Finding], run: RunDir | None) -> list[str]:
 def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, finding: why.Finding) -> dict:
     kwargs = dict(baseline)
     fix = dict(finding.price)
+    plus = fix.pop("plus_pct", 0.0)  # a part of the cost the projection's compute holds (the straggler's own)
     if "bucket_cap_mb_factor" in fix:
         cap = (run.config.get("instrument") or {}).get("ddp_bucket_cap_mb") or 25.0
         kwargs["bucket_cap_mb"] = float(cap) * fix.pop("bucket_cap_mb_factor")
@@ -119,12 +120,16 @@ def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, fi
     ends = []
     for suffix in ("", "_lo", "_hi"):
         before, after = base.loc[n, f"step_s{suffix}"], fixed.loc[n, f"step_s{suffix}"]
-        ends.append(100 * (before - after) / before)
+        ends.append(100 * (before - after) / before + plus)
     estimate = ends[0]
+    if estimate <= plus:
+        return {}  # the projection prices nothing here (its term is 0 for this run): estimated instead
     # the projection's compute ends, widened by the measured figure's own interval
     relative = [finding.cost.lo / finding.cost.pct, finding.cost.hi / finding.cost.pct] if finding.cost.pct else []
     spread = ends[1:] + [estimate * r for r in relative if math.isfinite(r)]
     described = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k not in baseline or baseline[k] != v)
+    if plus:
+        described += f", plus the slow rank's own excess ({plus:.1f}% of step, estimated)"
     return {
         "how": f"projected: the run's own projection with {described}",
         "step_pct": estimate,

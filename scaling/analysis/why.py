@@ -53,6 +53,9 @@ class Share:
     def scaled(self, factor: float) -> Share:
         return Share(self.pct * factor, self.lo * factor, self.hi * factor)
 
+    def shifted(self, points: float) -> Share:
+        return Share(self.pct + points, self.lo + points, self.hi + points)
+
     def text(self) -> str:
         if not math.isfinite(self.pct):
             return "-"
@@ -85,6 +88,7 @@ class Evidence:
     summary: dict
     shares: dict[str, Share]
     ranks: pd.DataFrame
+    interference_relative: tuple[float, float] | None = None  # interference_interval
     gpu_util_pct: float | None = None  # mean NVML utilisation over training (None: no telemetry)
     sweep: pd.DataFrame | None = None  # per worker count: medians over its finished runs (sweep_table)
     outside: dict | None = None  # the job's time outside its steps (outside_steps)
@@ -138,6 +142,30 @@ def step_shares(steps: pd.DataFrame) -> dict[str, Share]:
     return out
 
 
+def interference_interval(steps: pd.DataFrame) -> tuple[float, float] | None:
+    """The 95% interval of the A/B's interference relative to its own estimate: per calibration pair, the
+    synchronised half's step less the unsynchronised half's, less the exposed time it added
+    (run_metrics.interference_s's per-pair values); a percentile bootstrap of their median over pairs,
+    each end over the median itself (the run's figure is scaled by these). None without 2 pairs."""
+    if steps.empty or "pair" not in steps.columns or not steps["kind"].isin(["calib_sync"]).any():
+        return None
+    keys = ["epoch", "rank", "pair"]
+    halves = {}
+    for kind in ("calib_sync", "calib_nosync"):
+        half = steps[steps["kind"] == kind].drop_duplicates(keys).set_index(keys)
+        exposed = half["exposed_comm_s"].fillna(0.0) if "exposed_comm_s" in half.columns else 0.0
+        halves[kind] = half["step_s"] - exposed
+    values = (halves["calib_sync"] - halves["calib_nosync"]).dropna().to_numpy(dtype=float)
+    median = float(np.median(values)) if len(values) else math.nan
+    if len(values) < 2 or not median > 0:
+        return None
+    rng = np.random.default_rng(SEED)
+    medians = np.median(values[rng.integers(0, len(values), (RESAMPLES, len(values)))], axis=1)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    lo, hi = np.percentile(medians, [tail, 100 - tail])
+    return float(lo / median), float(hi / median)
+
+
 def mean_gpu_util(telemetry: pd.DataFrame) -> float | None:
     """Mean NVML utilisation (%) over a run's telemetry samples; None without any."""
     if telemetry.empty or "gpu_util_pct" not in telemetry.columns:
@@ -157,6 +185,7 @@ def run_evidence(
         summary=summary,
         shares=step_shares(steps),
         ranks=ranks if ranks is not None else pd.DataFrame(),
+        interference_relative=interference_interval(steps),
         gpu_util_pct=mean_gpu_util(telemetry) if telemetry is not None else None,
         outside=outside_steps(summary, epochs) if epochs is not None else None,
     )
@@ -226,9 +255,13 @@ class InputBound(Cause):
     key, title = "input_bound", "input-bound steps"
 
     def assess(self, ev):
-        share = ev.shares.get("data_s")
+        share, step = ev.shares.get("data_s"), ev.get("step_s")
         if share is None:
             return None
+        slow = straggler(ev)
+        if slow and slow["phase"] == "input" and step:
+            # one rank's slow input is the straggler's cause: what remains is the wait every rank shares
+            share = share.shifted(-100 * slow["extra_s"] / slow["workers"] / step)
         figure = f"data wait {share.text()} of step"
         table = ev.sweep
         if table is not None and len(table) > 1 and table["data_pct"].notna().all():
@@ -259,6 +292,9 @@ class ExposedComm(Cause):
         if share is None:
             return None
         total = ev.shares.get("exposed_comm_s")
+        micro, synced = ev.get("micro_batches") or 1.0, ev.get("synced_micro_batches") or 1.0
+        if micro > 1.5 and synced > 1.5:
+            share = share.scaled(1 / synced)  # the one sync a step needs; the others are accumulation's
         figure = f"exposed transfer {share.text()} of step"
         if total is not None and total is not share:
             figure += f" (exposed in all {total.pct:.1f}%)"
@@ -272,51 +308,77 @@ class ExposedComm(Cause):
         return _finding_from_share(share, cause=self.key, title=self.title, figure=figure, fix=fix, price=price)
 
 
+def straggler(ev: Evidence) -> dict | None:
+    """The rank last to finish backward in most steps (STRAGGLER_SHARE), from the summary, and from
+    ranks.parquet where it has each rank's phases: whether it spends more than the others' mean in
+    its input (`phase` "input") or its compute ("compute"), by how much per step (`extra_s`), or in
+    neither by at least STRAGGLER_EXPLAINED of the others' wait (None: its steps start late)."""
+    rank, last = ev.get("straggler_rank"), ev.get("straggler_share")
+    if rank is None or last is None or last < STRAGGLER_SHARE:
+        return None
+    out = {"rank": int(rank), "last": last, "phase": None, "extra_s": 0.0}
+    ranks = ev.ranks
+    needed = {"rank", "data_s", "forward_s", "backward_s", "exposed_comm_s", "waiting_s"}
+    if ranks is None or ranks.empty or not needed <= set(ranks.columns) or rank not in set(ranks["rank"]):
+        return out
+    table = ranks.set_index("rank")
+    compute = table["forward_s"] + table["backward_s"] - table["exposed_comm_s"].fillna(0.0)
+    others = [r for r in table.index if r != rank]
+    out.update(
+        data_s=float(table.loc[rank, "data_s"]),
+        others_data_s=float(table.loc[others, "data_s"].mean()),
+        compute_s=float(compute.loc[rank]),
+        others_compute_s=float(compute.loc[others].mean()),
+        workers=len(table),
+    )
+    extras = {"input": out["data_s"] - out["others_data_s"], "compute": out["compute_s"] - out["others_compute_s"]}
+    phase = max(extras, key=extras.get)
+    if extras[phase] >= STRAGGLER_EXPLAINED * float(table.loc[others, "waiting_s"].mean()):
+        out.update(phase=phase, extra_s=extras[phase])
+    return out
+
+
 class Straggler(Cause):
-    """One rank is last to finish backward in most steps: the others wait for it (waiting_s). Its
-    phases against the others' say whether it waits for its input or computes slower."""
+    """One rank is last to finish backward in most steps: the others wait for it (waiting_s), and its
+    own extra input or compute time is in the mean step too (/ the ranks). `straggler` says which."""
 
     key, title = "straggler", "a straggler rank"
 
     def assess(self, ev):
-        share = ev.shares.get("waiting_s")
-        rank, last = ev.get("straggler_rank"), ev.get("straggler_share")
-        if share is None or rank is None or last is None or last < STRAGGLER_SHARE:
+        share, slow = ev.shares.get("waiting_s"), straggler(ev)
+        step = ev.get("step_s")
+        if share is None or slow is None or not step:
             return None
-        why, fix = self._why(ev.ranks, int(rank))
-        figure = f"others wait {share.text()} of step for rank {int(rank)} (last in {100 * last:.0f}% of steps){why}"
+        rank = slow["rank"]
+        own = 100 * slow["extra_s"] / slow.get("workers", 1) / step  # its own excess, in the mean over ranks
+        cost = share.shifted(own)
+        head = f"others wait {share.text()} of step for rank {rank} (last in {100 * slow['last']:.0f}% of steps)"
+        if slow["phase"] == "input":
+            why = f": its input, data {1e3 * slow['data_s']:.1f} ms vs {1e3 * slow['others_data_s']:.1f} on the others"
+            fix = f"rank {rank} waits for its input: more loader workers or local/cached data on its node"
+        elif slow["phase"] == "compute":
+            why = (
+                f": its compute, {1e3 * slow['compute_s']:.1f} ms vs {1e3 * slow['others_compute_s']:.1f} on the others"
+            )
+            fix = (
+                f"rank {rank} computes slower: free its cores/GPU of other work (workers.pin_cpus), or replace its node"
+            )
+        elif "data_s" in slow:
+            why = ": neither its input nor its compute is slower on average (its steps start late)"
+            fix = f"rank {rank}'s steps start late (scheduling jitter): pin workers to cores (workers.pin_cpus)"
+        else:
+            why, fix = (
+                "",
+                "find why that rank is slower: its input or its compute (ranks.parquet has each rank's phases)",
+            )
         return _finding_from_share(
-            share, cause=self.key, title=self.title, figure=figure, fix=fix, price={"straggler_s": 0.0}
-        )
-
-    @staticmethod
-    def _why(ranks: pd.DataFrame, rank: int) -> tuple[str, str]:
-        """(': its input, data 40.1 ms vs 0.3 on the others' or ': its compute, ...', the fix), from
-        ranks.parquet: the phase in which the straggler spends more than the others' mean."""
-        needed = {"rank", "data_s", "forward_s", "backward_s", "exposed_comm_s", "waiting_s"}
-        if ranks is None or ranks.empty or not needed <= set(ranks.columns) or rank not in set(ranks["rank"]):
-            return "", "find why that rank is slower: its input or its compute (ranks.parquet has each rank's phases)"
-        table = ranks.set_index("rank")
-        compute = table["forward_s"] + table["backward_s"] - table["exposed_comm_s"].fillna(0.0)
-        others = [r for r in table.index if r != rank]
-        data_extra = float(table.loc[rank, "data_s"] - table.loc[others, "data_s"].mean())
-        compute_extra = float(compute.loc[rank] - compute.loc[others].mean())
-        wait = float(table.loc[others, "waiting_s"].mean())
-        if max(data_extra, compute_extra) < STRAGGLER_EXPLAINED * wait:
-            return (
-                f": neither its input nor its compute is slower on average (data {1e3 * data_extra:+.1f}, "
-                f"compute {1e3 * compute_extra:+.1f} ms against the others)",
-                f"rank {rank}'s steps start late (scheduling jitter): pin workers to cores (workers.pin_cpus)",
-            )
-        if data_extra >= compute_extra:
-            return (
-                f": its input, data {1e3 * table.loc[rank, 'data_s']:.1f} ms vs "
-                f"{1e3 * table.loc[others, 'data_s'].mean():.1f} on the others",
-                f"rank {rank} waits for its input: more loader workers or local/cached data on its node",
-            )
-        return (
-            f": its compute, {1e3 * compute.loc[rank]:.1f} ms vs {1e3 * compute.loc[others].mean():.1f} on the others",
-            f"rank {rank} computes slower: free its cores/GPU of other work (workers.pin_cpus), or replace its node",
+            cost,
+            cause=self.key,
+            title=self.title,
+            figure=head + why,
+            fix=fix,
+            price={"straggler_s": 0.0, "plus_pct": own},
+            estimate="the others' wait and the slow rank's own excess removed",
         )
 
 
@@ -329,7 +391,8 @@ class Interference(Cause):
         value = ev.get("interference_pct")
         if (ev.get("num_workers") or 1) < 2 or value is None:
             return None
-        share = Share(value)  # one A/B per run: no interval (a repeat of the run gives one)
+        relative = ev.interference_relative
+        share = Share(value, value * relative[0], value * relative[1]) if relative else Share(value)
         overhead = ev.get("comm_overhead_pct")
         figure = f"A/B overhead {overhead:.1f}% less exposed: {share.text()} of step" if overhead is not None else ""
         return _finding_from_share(
@@ -353,9 +416,7 @@ class AccumulationSyncsEvery(Cause):
         if not micro or not synced or micro < 1.5 or synced < 1.5 or exposed is None:
             return None
         waste = (synced - 1) / synced
-        overhead = ev.get("comm_overhead_pct")
-        # what a sync costs: the A/B's where measured (exposed and interference), else the exposed time
-        base = Share(overhead) if overhead is not None and overhead > exposed.pct else exposed
+        base = exposed
         return _finding_from_share(
             base.scaled(waste),
             cause=self.key,
