@@ -149,23 +149,27 @@ def explain(path: str | Path) -> dict:
     path = resolve_sweep_dir(path)
     run = RunDir(path)
     if run.summary_path.exists():
-        kind, ev, priced = "run", _load_run(run), run
-    elif path.is_dir():
-        sweep = SweepDir(path)  # reading it says, in one line, where it is no sweep
-        runs = sweep.runs
-        row = largest_run(runs) if not runs.empty else None
-        if row is None:
-            raise UsageError(f"{path}: no finished run with more than one worker to explain")
-        priced = sweep.run(row["run_key"])
-        kind, ev = "sweep", why.sweep_evidence(runs, _load_run(priced))
-    else:
+        return verdict(None, run, path)
+    if not path.is_dir():
         raise UsageError(f"not found: {path} (give a run directory or a sweep directory)")
+    sweep = SweepDir(path)  # reading it says, in one line, where it is no sweep
+    row = largest_run(sweep.runs) if not sweep.runs.empty else None
+    if row is None:
+        raise UsageError(f"{path}: no finished run with more than one worker to explain")
+    return verdict(sweep.runs, sweep.run(row["run_key"]), path)
+
+
+def verdict(runs: pd.DataFrame | None, run: RunDir, path: str | Path | None = None) -> dict:
+    """The verdict for one run, or for a sweep (`runs`: its runs.parquet rows) and its largest run `run`."""
+    ev = _load_run(run)
+    if runs is not None:
+        ev = why.sweep_evidence(runs, ev)
     findings = why.diagnose(ev)
-    notes = price(findings, priced)
+    notes = price(findings, run)
     return {
-        "path": str(path),
-        "kind": kind,
-        "run": str(priced.path),
+        "path": str(path or run.path),
+        "kind": "run" if runs is None else "sweep",
+        "run": str(run.path),
         "num_workers": ev.summary.get("num_workers"),
         "step_s": ev.summary.get("step_s"),
         "findings": [asdict(f) for f in findings],

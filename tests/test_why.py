@@ -125,3 +125,20 @@ def test_a_missing_directory_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["why", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not found" in err
+
+
+def test_the_report_opens_with_the_verdict(tmp_path):
+    from rich.console import Console
+
+    from scaling.report import write_report
+
+    runs = [(1, dict(compute_scale=1.0)), (1, dict(compute_scale=1.02))]
+    runs += [(2, dict(compute_scale=1.5, data_s=0.02)), (2, dict(compute_scale=1.52, data_s=0.02))]
+    sweep = _sweep(tmp_path, runs)
+    shown = Console(record=True, width=100)
+    md = write_report(sweep, shown, figures=False, warnings_console=Console(stderr=True)).read_text()
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Why it scales as it does", sections
+    verdict = md.split("## Why it scales as it does")[1].split("## ")[0]
+    assert "compute slowing as workers are added" in verdict and "input-bound" in verdict
+    assert "Why it scales as it does" in shown.export_text()
