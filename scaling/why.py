@@ -160,10 +160,11 @@ def explain(path: str | Path) -> dict:
 
 
 def verdict(runs: pd.DataFrame | None, run: RunDir, path: str | Path | None = None) -> dict:
-    """The verdict for one run, or for a sweep (`runs`: its runs.parquet rows) and its largest run `run`."""
+    """The verdict for one run, or for a sweep (`runs`: its runs.parquet rows) and its largest run `run`
+    (`attribution.largest_run`'s)."""
     ev = _load_run(run)
     if runs is not None:
-        ev = why.sweep_evidence(runs, ev)
+        ev = why.sweep_evidence(runs, ev, largest_run(runs))
     findings = why.diagnose(ev)
     notes = price(findings, run)
     return {

@@ -32,6 +32,7 @@ import pandas as pd
 
 from scaling.analysis.compare import time_blocks
 from scaling.analysis.intervals import CONFIDENCE, RESAMPLES, SEED
+from scaling.analysis.scaling_tables import group_keys, in_fixed_count_figures
 from scaling.schema import PHASE_COLUMNS
 
 NOTABLE_PCT = 2.0  # a cause costing less than this share of the step (its whole interval) is ruled out
@@ -194,11 +195,15 @@ def run_evidence(
 SWEEP_FIGURES = ("per_worker_batch", "throughput_samples_per_s", "step_s", "data_s", "forward_s", "backward_s")
 
 
-def sweep_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per worker count: the medians over its finished runs of SWEEP_FIGURES, compute_s (forward +
-    backward less exposed communication: what the workers compute), data_pct, and the runs' values of
-    compute_s (`compute_runs`) for the interval; sorted by worker count."""
-    ok = runs[runs["status"] != "failed"] if "status" in runs.columns else runs
+def sweep_table(runs: pd.DataFrame, series: dict | None = None) -> pd.DataFrame:
+    """Per worker count: the medians over its runs in the figures (`in_fixed_count_figures`) of
+    SWEEP_FIGURES, compute_s (forward + backward less exposed communication: what the workers
+    compute), data_pct, and the runs' values of compute_s (`compute_runs`) for the interval; sorted by
+    worker count. `series`: the report's group keys but num_workers and their values (the largest
+    run's), so that one series of a sweep over another axis is compared with itself."""
+    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
+    for key, value in (series or {}).items():
+        ok = ok[ok[key].isna()] if pd.isna(value) else ok[ok[key] == value]
     ok = ok[pd.to_numeric(ok.get("num_workers"), errors="coerce").notna()].copy()
     if ok.empty:
         return pd.DataFrame()
@@ -216,9 +221,12 @@ def sweep_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sweep_evidence(runs: pd.DataFrame, largest: Evidence) -> Evidence:
-    """The largest run's evidence with the sweep's per-worker-count table beside it."""
-    largest.sweep = sweep_table(runs)
+def sweep_evidence(runs: pd.DataFrame, largest: Evidence, row: pd.Series) -> Evidence:
+    """The largest run's evidence (`row`: its runs.parquet row) with its series' per-worker-count table beside it."""
+    # a batch axis is what strong scaling reads: it splits no series
+    keys = [k for k in group_keys(runs) if k != "num_workers" and k in runs.columns and "batch" not in k]
+    table = sweep_table(runs, {k: row[k] for k in keys})
+    largest.sweep = table if len(table) > 1 else sweep_table(runs)
     return largest
 
 
