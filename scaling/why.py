@@ -220,7 +220,9 @@ def render(verdict: dict) -> list[str]:
         lines.append("Undecided (the data cannot tell):")
         for f in undecided:
             cost = why.Share(**f["cost"]).text()
-            said = f"{f['title']}: {f['figure']}" + (f", {cost} of step" if cost != "-" else "")
+            said = f"{f['title']}: {f['figure']}" + (
+                f", {cost} of step" if cost != "-" and cost not in f["figure"] else ""
+            )
             lines += _wrapped(f"- {said}; decides: {f['decides']}" + (f"; fix: {f['fix']}" if f["fix"] else ""), "")
     for f in job:
         lines += _wrapped(f"Outside the steps: {f['title']} {f['cost']['pct']:.0f}% of the job: {f['figure']}", "")

@@ -234,7 +234,11 @@ def _ruled_out(share: Share) -> bool:
     return math.isfinite(share.hi) and share.hi < NOTABLE_PCT
 
 
-def _finding_from_share(share: Share, **kwargs) -> Finding | None:
+LONGER_RUN = "a longer run (more steady steps) narrows the interval"
+MORE_REPEATS = "more repeats at each worker count (scaling sweep --repeats auto) narrow the interval"
+
+
+def _finding_from_share(share: Share, decides: str = LONGER_RUN, **kwargs) -> Finding | None:
     """A finding for a measured share, or None where it is ruled out (module docstring: NOTABLE_PCT)."""
     if share is None or not math.isfinite(share.pct) or _ruled_out(share):
         return None
@@ -243,7 +247,7 @@ def _finding_from_share(share: Share, **kwargs) -> Finding | None:
     finding = Finding(cost=share, **kwargs)
     if share.pct < NOTABLE_PCT or (math.isfinite(share.lo) and share.lo <= 0):
         finding.decided = False
-        finding.decides = "a longer run (more steady steps) narrows the interval"
+        finding.decides = decides
     return finding
 
 
@@ -551,6 +555,7 @@ class ComputeSlowing(Cause):
             ),
             fix="give each worker its own cores/GPU (workers.cpus_per_worker, workers.pin_cpus) or a quieter machine",
             estimate="the growth of compute per step removed",
+            decides=MORE_REPEATS,
         )
 
 
