@@ -208,7 +208,7 @@ def render(verdict: dict) -> list[str]:
     undecided = [f for f in findings if not f["decided"]]
     job = [f for f in findings if f["decided"] and f["of"] != "step"]
     if not ranked:
-        lines.append("No cause costs this job 2% of its step or more (every interval lies below).")
+        lines.append("No cause is shown to cost this job 2% of its step or more.")
     else:
         lines.append(f"{'#':>2}  {'cause':<44} cost: share of step [95%]")
     for i, f in enumerate(ranked, 1):
