@@ -18,7 +18,7 @@ fault step, each run's step the median over its steady steps of the mean over ra
 the preemptions of a loaded machine, which only ever add time, move it least); figures are medians
 over pairs.
 
-    .venv/bin/python bench/why_planted_faults.py            # 3 pairs per fault: about 8 minutes here
+    .venv/bin/python bench/why_planted_faults.py            # 3 pairs per fault: about 5 minutes here
     .venv/bin/python bench/why_planted_faults.py --quick    # 1 pair per fault
 """
 
