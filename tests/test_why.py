@@ -146,3 +146,36 @@ def test_the_report_opens_with_the_verdict(tmp_path):
     verdict = md.split("## Why it scales as it does")[1].split("## ")[0]
     assert "compute slowing as workers are added" in verdict and "input-bound" in verdict
     assert "Why it scales as it does" in shown.export_text()
+
+
+def test_a_gpu_step_idle_in_telemetry_is_host_bound_and_no_telemetry_is_undecided():
+    gpu = {"num_workers": 1, "hardware": {"gpu_name": "NVIDIA H100 80GB HBM3"}}
+    busy = pd.DataFrame({"gpu_util_pct": [40.0, 60.0]})
+    ev = analysis.run_evidence(gpu, pd.DataFrame(), pd.DataFrame(), telemetry=busy)
+    (found,) = [f for f in analysis.diagnose(ev) if f.cause == "host_bound"]
+    assert found.decided and found.cost.pct == pytest.approx(50.0) and "torch.compile" in found.fix
+    blind = analysis.run_evidence(gpu, pd.DataFrame(), pd.DataFrame(), telemetry=pd.DataFrame())
+    (found,) = [f for f in analysis.diagnose(blind) if f.cause == "host_bound"]
+    assert not found.decided and "telemetry" in found.decides
+    cpu = analysis.run_evidence({"num_workers": 1, "hardware": {}}, pd.DataFrame(), pd.DataFrame())
+    assert not [f for f in analysis.diagnose(cpu) if f.cause == "host_bound"]  # no GPU to starve
+
+
+def test_start_up_is_said_apart_from_the_step_causes(tmp_path):
+    run = make_run(tmp_path / "run", data_s=0.030)
+    summary = run.summary()
+    summary["run_wall_s"] += 300.0  # minutes of start-up beside seconds of training
+    run.summary_path.write_text(json.dumps(summary))
+    findings = explain(run.path)["findings"]
+    assert findings[0]["cause"] == "input_bound"  # the ranking is the step's
+    (launcher,) = [f for f in findings if f["cause"] == "launcher"]
+    assert launcher["of"] == "job" and launcher["cost"]["pct"] > 80 and findings[-1] is launcher
+
+
+def test_a_share_whose_interval_holds_zero_is_undecided_and_one_below_the_bar_is_ruled_out():
+    shares = {"data_s": analysis.Share(3.0, -1.0, 7.0)}
+    ev = analysis.Evidence(summary={"num_workers": 2, "step_s": 0.1}, shares=shares, ranks=pd.DataFrame())
+    (found,) = analysis.diagnose(ev)
+    assert found.cause == "input_bound" and not found.decided and "longer run" in found.decides
+    ev.shares = {"data_s": analysis.Share(1.0, 0.5, 1.5)}
+    assert analysis.diagnose(ev) == []
