@@ -131,7 +131,8 @@ def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, fi
     if plus:
         described += f", plus the slow rank's own excess ({plus:.1f}% of step, estimated)"
     return {
-        "how": f"projected: the run's own projection with {described}",
+        "how": f"projected: the run's own projection with {described}"
+        + ("; exposed time read as bytes over bandwidth" if "grad_compression" in fix else ""),
         "step_pct": estimate,
         "step_pct_lo": min(spread + [estimate]),
         "step_pct_hi": max(spread + [estimate]),

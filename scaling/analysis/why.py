@@ -311,8 +311,10 @@ class ExposedComm(Cause):
         if total is not None and total is not share:
             figure += f" (exposed in all {total.pct:.1f}%)"
         compression = ev.summary.get("grad_compression") or "none"
+        # the price assumes bytes over bandwidth; a cost per sync (latency) is served by syncing less often
         fix = (
-            "bf16 gradient compression (DDP bf16_compress_hook; lab: instrument.grad_compression: bf16)"
+            "bf16 gradient compression (DDP bf16_compress_hook; lab: instrument.grad_compression: bf16); "
+            "if the time is per sync, not per byte: accumulate micro-batches under no_sync()"
             if compression in ("none", None)
             else "larger buckets (bucket_cap_mb) or accumulate micro-batches under no_sync() to sync less often"
         )
