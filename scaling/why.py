@@ -34,6 +34,9 @@ from scaling.results import RunDir, SweepDir, resolve_sweep_dir
 
 STEP_COLUMNS = ["epoch", "step", "kind", "warmup", "rank", "pair", *why.SHARE_COLUMNS]
 WIDTH = 100  # one screen: 100 columns
+# A run the projection cannot take (a figure it needs absent or odd in the records) loses the price,
+# never the verdict: each is said in a note and the gain is then the measured share removed
+PRICING_ERRORS = (UsageError, KeyError, ValueError, TypeError, ZeroDivisionError)
 
 
 def _load_run(run: RunDir) -> why.Evidence:
@@ -90,13 +93,16 @@ def price(findings: list[why.Finding], run: RunDir | None) -> list[str]:
             }
             try:
                 base = _project(run, cluster, n, baseline)
-            except UsageError as exc:
+            except PRICING_ERRORS as exc:
                 notes.append(f"no projection: {exc}")
     for finding in findings:
         if not finding.decided:
             continue
         if finding.price and base is not None:
-            finding.gain = _projected_gain(run, cluster, n, baseline, base, finding)
+            try:
+                finding.gain = _projected_gain(run, cluster, n, baseline, base, finding)
+            except PRICING_ERRORS as exc:  # the verdict stands without the price: the share removed instead
+                notes.append(f"{finding.title}: not projected ({exc})")
         if not finding.gain:
             finding.gain = {
                 "how": f"estimated: {finding.estimate}",

@@ -179,3 +179,14 @@ def test_a_share_whose_interval_holds_zero_is_undecided_and_one_below_the_bar_is
     assert found.cause == "input_bound" and not found.decided and "longer run" in found.decides
     ev.shares = {"data_s": analysis.Share(1.0, 0.5, 1.5)}
     assert analysis.diagnose(ev) == []
+
+
+def test_a_run_the_projection_cannot_take_keeps_its_verdict_with_estimated_gains(tmp_path):
+    run = make_run(tmp_path / "run", transfer_s=0.025)
+    profile = json.loads(run.compute_profile_path.read_text())
+    del profile["forward_flops"]  # a profile without the split of its FLOPs: no layer table to project
+    run.compute_profile_path.write_text(json.dumps(profile))
+    verdict = explain(run.path)
+    first = _ranked(verdict)[0]
+    assert first["cause"] == "exposed_comm" and first["gain"]["how"].startswith("estimated")
+    assert any(note.startswith("no projection") for note in verdict["notes"])
