@@ -408,7 +408,11 @@ class Interference(Cause):
         relative = ev.interference_relative
         share = Share(value, value * relative[0], value * relative[1]) if relative else Share(value)
         overhead = ev.get("comm_overhead_pct")
-        figure = f"A/B overhead {overhead:.1f}% less exposed: {share.text()} of step" if overhead is not None else ""
+        figure = (
+            f"A/B overhead {overhead:.1f}% of step, of which beyond its exposed time {share.text()}"
+            if overhead is not None
+            else ""
+        )
         return _finding_from_share(
             share,
             cause=self.key,
@@ -416,6 +420,7 @@ class Interference(Cause):
             figure=figure or f"{share.text()} of step",
             fix="leave a core to the collectives' threads (fewer cpus_per_worker); fewer, larger buckets",
             price={"overlap_slowdown": 0.0},
+            decides="more A/B pairs (instrument.calibration_pairs) narrow the interval",
         )
 
 
