@@ -47,7 +47,7 @@ def _load_run(run: RunDir) -> why.Evidence:
     batches = list(run.step_batches(STEP_COLUMNS))
     steps = pd.concat(batches, ignore_index=True) if batches else pd.DataFrame(columns=STEP_COLUMNS)
     telemetry = run.telemetry() if summary.get("hardware", {}).get("gpu_name") else None
-    return why.run_evidence(summary, steps, run.ranks(), run.epochs(), telemetry)
+    return why.run_evidence(summary, steps, run.ranks(), run.epochs(), telemetry, run.job())
 
 
 def self_cluster(summary: dict, profile: dict | None):

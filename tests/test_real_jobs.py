@@ -143,6 +143,9 @@ def test_why_names_accumulation_that_syncs_every_micro_batch(world):
     assert "no_sync" in every[0]["fix"] and every[0]["cost"]["pct"] > 20
     once = ranked("accumulation_delay")
     assert once[0]["cause"] == "exposed_comm" and "accumulation_syncs" not in {f["cause"] for f in once}
+    # the wrapper's per-step settings as the instrument read them (DDP's defaults; the MLP has no buffers)
+    job = json.loads((world["accumulation_sync_every_delay"][1] / "job.json").read_text())
+    assert job["per_step_settings"] == {"find_unused_parameters": False, "sync_buffers": False, "static_graph": False}
 
 
 @pytest.mark.slow

@@ -190,3 +190,18 @@ def test_a_run_the_projection_cannot_take_keeps_its_verdict_with_estimated_gains
     first = _ranked(verdict)[0]
     assert first["cause"] == "exposed_comm" and first["gain"]["how"].startswith("estimated")
     assert any(note.startswith("no projection") for note in verdict["notes"])
+
+
+def test_ddp_settings_that_cost_every_step_are_named_with_the_run_that_prices_them():
+    def found(settings, workers=2):
+        ev = analysis.Evidence(
+            summary={"num_workers": workers}, shares={}, ranks=pd.DataFrame(), job={"per_step_settings": settings}
+        )
+        return [f for f in analysis.diagnose(ev) if f.cause == "ddp_settings"]
+
+    (finding,) = found({"find_unused_parameters": True, "sync_buffers": True, "static_graph": False})
+    assert not finding.decided and "find_unused_parameters=False" in finding.fix and "broadcast_buffers" in finding.fix
+    assert "find_unused_parameters=False" in finding.decides
+    assert not found({"find_unused_parameters": True, "sync_buffers": False, "static_graph": True})  # found once
+    assert not found({"find_unused_parameters": False, "sync_buffers": False, "static_graph": False})
+    assert not found({"find_unused_parameters": True}, workers=1)  # no DDP work at one worker

@@ -93,6 +93,7 @@ class Evidence:
     gpu_util_pct: float | None = None  # mean NVML utilisation over training (None: no telemetry)
     sweep: pd.DataFrame | None = None  # per worker count: medians over its finished runs (sweep_table)
     outside: dict | None = None  # the job's time outside its steps (outside_steps)
+    job: dict | None = None  # what the instrument saw of the job (job.json): its wrapper's per-step settings
 
     def get(self, name: str) -> float | None:
         value = self.summary.get(name)
@@ -181,6 +182,7 @@ def run_evidence(
     ranks: pd.DataFrame,
     epochs: pd.DataFrame | None = None,
     telemetry: pd.DataFrame | None = None,
+    job: dict | None = None,
 ) -> Evidence:
     return Evidence(
         summary=summary,
@@ -189,6 +191,7 @@ def run_evidence(
         interference_relative=interference_interval(steps),
         gpu_util_pct=mean_gpu_util(telemetry) if telemetry is not None else None,
         outside=outside_steps(summary, epochs) if epochs is not None else None,
+        job=job,
     )
 
 
@@ -587,6 +590,42 @@ class LauncherOverhead(Cause):
         )
 
 
+class DDPSettings(Cause):
+    """DDP settings that cost work in every step (job.json `per_step_settings`, the instrument's
+    reading of the wrapper): `find_unused_parameters` without `static_graph` traverses the autograd
+    graph after every forward and all-reduces the unused map; synchronising buffers broadcasts them from
+    rank 0 in every forward. Their price needs the same run without them: undecided until then."""
+
+    key, title = "ddp_settings", "DDP settings costing work per step"
+    SAID = {
+        "find_unused_parameters": (
+            "find_unused_parameters=True (a graph traversal and an all-reduce per step)",
+            "find_unused_parameters=False, or static_graph=True",
+        ),
+        "sync_buffers": (
+            "buffers broadcast from rank 0 in every forward",
+            "broadcast_buffers=False (forward_sync_buffers=False)",
+        ),
+    }
+
+    def assess(self, ev):
+        settings = (ev.job or {}).get("per_step_settings") or {}
+        costly = [name for name in self.SAID if settings.get(name)]
+        if settings.get("static_graph") and "find_unused_parameters" in costly:
+            costly.remove("find_unused_parameters")  # a static graph finds them once
+        if not costly or (ev.get("num_workers") or 1) < 2:
+            return None
+        return Finding(
+            cause=self.key,
+            title=self.title,
+            cost=Share(math.nan),
+            figure="DDP ran with " + " and ".join(self.SAID[name][0] for name in costly),
+            fix="; ".join(self.SAID[name][1] for name in costly),
+            decided=False,
+            decides="the same run with " + " and ".join(self.SAID[name][1] for name in costly) + " prices it",
+        )
+
+
 # The causes, in the order they are assessed (the verdict ranks them by cost)
 CAUSES: tuple[Cause, ...] = (
     StrongScaling(),
@@ -598,6 +637,7 @@ CAUSES: tuple[Cause, ...] = (
     ComputeSlowing(),
     LowMFU(),
     HostBound(),
+    DDPSettings(),
     LauncherOverhead(),
 )
 
