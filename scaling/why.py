@@ -46,7 +46,7 @@ def _load_run(run: RunDir) -> why.Evidence:
         raise UsageError(f"{run.path}: no readable summary.json (give a finished run or sweep directory)") from None
     batches = list(run.step_batches(STEP_COLUMNS))
     steps = pd.concat(batches, ignore_index=True) if batches else pd.DataFrame(columns=STEP_COLUMNS)
-    telemetry = run.telemetry() if summary.get("hardware", {}).get("gpu_name") else None
+    telemetry = run.telemetry() if (summary.get("hardware") or {}).get("gpu_name") else None
     return why.run_evidence(summary, steps, run.ranks(), run.epochs(), telemetry, run.job())
 
 
@@ -60,7 +60,9 @@ def self_cluster(summary: dict, profile: dict | None):
     busy = (summary.get("allreduce_s") or 0.0) - (summary.get("waiting_s") or 0.0)
     if n < 2 or not params or not busy > 0 or not (profile or {}).get("train_flops"):
         return None
-    bandwidth = 2 * (n - 1) / n * 4 * float(params) / busy
+    # the bytes the run's all-reduces carried: its gradients, at 2 bytes each where it compressed them
+    wire = 2 if summary.get("grad_compression") in ("bf16", "fp16") else 4
+    bandwidth = 2 * (n - 1) / n * wire * float(params) / busy
     return cluster_from_alpha_beta(0.0, bandwidth, gpus_per_node=4 * n, name="this run's own links (fitted)")
 
 
