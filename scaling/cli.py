@@ -3,6 +3,7 @@
     scaling run CONFIG [--workers N] [--out DIR] [--set key=value ...] [--launcher ray|local]
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
+    scaling why RUN_DIR | SWEEP_DIR [--json]
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out DIR] [--from-run DIR ...]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
@@ -249,6 +250,20 @@ def _build_parser() -> argparse.ArgumentParser:
     compare_.add_argument(
         "--json", action="store_true", help="the table as JSON, one object per figure (default: a table)"
     )
+
+    why_ = _command(
+        commands,
+        "why",
+        "why a run or sweep scales as it does: the causes ranked, each with its fix and its price",
+        "Rank the causes that cost a run (or a sweep's largest run, and the sweep across worker counts)\n"
+        "its step: each with the figure it rests on (a share of the step, 95% interval), a fix and the\n"
+        "gain the fix would bring (the run's own projection re-run with the fix, or the share removed).\n"
+        "Causes the data rules out are not listed; undecided ones name the run that would decide them.",
+        ["scaling why results/demo", "scaling why results/demo/runs/w2-r0 --json"],
+        ["  0    explained", _USAGE],
+    )
+    why_.add_argument("path", type=Path, metavar="RUN_OR_SWEEP_DIR", help="a run directory or a sweep directory")
+    why_.add_argument("--json", action="store_true", help="the verdict as one JSON object (default: one screen)")
 
     project = _command(
         commands,
@@ -861,6 +876,19 @@ def _cmd_compare(args) -> int:
     return 1 if worse_beyond_noise(table) else 0
 
 
+def _cmd_why(args) -> int:
+    import json
+
+    from scaling.why import explain, render
+
+    verdict = explain(args.path)
+    if args.json:
+        print(json.dumps(console.json_value(verdict), indent=1))
+    else:
+        print("\n".join(render(verdict)))
+    return 0
+
+
 def _cmd_report(args) -> int:
     from scaling.report import write_report
 
@@ -901,6 +929,7 @@ def main(argv: list[str] | None = None) -> int:
             "sweep": _cmd_sweep,
             "report": _cmd_report,
             "compare": _cmd_compare,
+            "why": _cmd_why,
             "minicluster": _cmd_minicluster,
             "project": _cmd_project,
             "cluster": _cmd_cluster,

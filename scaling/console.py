@@ -52,6 +52,11 @@ def fmt(value, spec: str = ".3f", unit: str = "") -> str:
 
 
 def json_value(value):
+    """A JSON-ready copy: numpy scalars as numbers, NaN and infinities as null (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

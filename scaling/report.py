@@ -463,6 +463,25 @@ def _header(dirs: list[Path], runs: pd.DataFrame, incomplete: list[str], target:
 TERMINAL_RUN_ROWS = 40  # the terminal's Runs table stops here (report.md lists every run)
 
 
+def _why_section(runs: pd.DataFrame, largest: RunDir | None, console) -> list[str]:
+    """The report's first section: `scaling why`'s verdict on the sweep (scaling/why.py), printed and as
+    markdown; a line saying why there is none where the sweep has no multi-worker run to explain."""
+    from rich.markup import escape
+
+    from scaling.why import render, verdict
+
+    lines = ["## Why it scales as it does", ""]
+    if largest is None:
+        return lines + ["No finished run with more than one worker: nothing to explain.", ""]
+    try:
+        said = render(verdict(runs, largest, largest.path.parent.parent))
+    except UsageError as exc:
+        return lines + [f"Not explained: {exc}", ""]
+    for line in said:
+        console.print(escape(line), soft_wrap=True)
+    return lines + ["```", *said, "```", "", 'Causes, figures and fixes: docs/method.md, "Why it scales".', ""]
+
+
 def write_report(
     sweep_dirs, console=None, out: str | os.PathLike | None = None, warnings_console=None, figures: bool = True
 ) -> Path:
@@ -570,6 +589,7 @@ def write_report(
     name = _first(runs, "name") or dirs[0].name
     title = f"# Sweep report: {name}" if len(dirs) == 1 else f"# Sweep report: {', '.join(d.name for d in dirs)}"
     md = [title, "", *_header(dirs, runs, sweep.incomplete, target), ""]
+    md += _why_section(runs, _run_dir_of(dirs, largest) if largest is not None else None, console)
     if warnings:
         md += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
     claims = headline_claims(intervals)

@@ -23,7 +23,8 @@ process, the unit tier), what is proven:
   the A/B calibration iterating it, the losses are the same, bit for bit, with and without it;
 - **a run that fails is recorded**: `with attach(...)` around a loop that raises detaches every
   hook and writes a summary with `status: failed`, the error and the epoch that finished;
-- `torch.compile` (through `forward_module`) and fp16 autocast with GradScaler are measured.
+- `torch.compile` (through `forward_module`) and fp16 autocast with GradScaler are measured;
+- `scaling why` names accumulation that syncs every micro-batch as the first cause of such a job.
 
 Checks that involve time compare a duration with a sleep inside it, moments on one clock, or a
 growth against the injected delay (which dwarfs what load adds: tests/test_ground_truth.py
@@ -125,6 +126,26 @@ def test_injected_delay_shows_once_per_synchronised_micro_batch(world, case, syn
     # flagged a disagreement (CI, 2026-12-01); paired, these runs read 0.993-1.003
     print(f"{case}: lab / DDP {summary['ddp_comm_ratio']:.3f} over {summary['ddp_pairs']} steps")
     assert summary["ddp_disagrees"] is False, summary
+
+
+@pytest.mark.slow
+def test_why_names_accumulation_that_syncs_every_micro_batch(world):
+    """`scaling why` on these `attach` runs: the job that syncs both micro-batches (each all-reduce held
+    DELAY_S) has that as its first cause, with DDP's no_sync as the fix; the job that uses no_sync has
+    its one sync's exposed communication first, and no accumulation cause."""
+    from scaling.why import explain
+
+    def ranked(case):
+        return [f for f in explain(world[case][1])["findings"] if f["decided"] and f["of"] == "step"]
+
+    every = ranked("accumulation_sync_every_delay")
+    assert every[0]["cause"] == "accumulation_syncs", [(f["cause"], f["cost"]["pct"]) for f in every]
+    assert "no_sync" in every[0]["fix"] and every[0]["cost"]["pct"] > 20
+    once = ranked("accumulation_delay")
+    assert once[0]["cause"] == "exposed_comm" and "accumulation_syncs" not in {f["cause"] for f in once}
+    # the wrapper's per-step settings as the instrument read them (DDP's defaults; the MLP has no buffers)
+    job = json.loads((world["accumulation_sync_every_delay"][1] / "job.json").read_text())
+    assert job["per_step_settings"] == {"find_unused_parameters": False, "sync_buffers": False, "static_graph": False}
 
 
 @pytest.mark.slow

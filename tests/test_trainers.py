@@ -18,6 +18,7 @@ backward's last reduce-scatter). What is proven, for each trainer:
   validation's all-gathers not among them;
 - the figures a user asks for: tokens/s, FLOPs and MFU for the HF model, TTA to an eval loss,
   the Trainer's token all-gather (once per optimizer step) as a collective kind of its own, per step;
+- `scaling why` on each delayed run ranks the delay's cause first;
 - the precision: bf16 for the HF Trainer's `bf16=True` (autocast that Accelerate enters inside the
   model's forward, out of the instrument's sight), fp32 for the Lightning job; FLOPs and MFU for
   the LightningModule too (counted on a copy without its trainer).
@@ -110,6 +111,21 @@ def test_injected_delay_shows_in_exposed_communication_per_optimizer_step(world,
         # either timer fails it: tests/test_attribution_rules.py)
         print(f"{trainer}: lab / DDP {summary['ddp_comm_ratio']:.3f} over {summary['ddp_pairs']} steps")
         assert summary["ddp_disagrees"] is False, summary
+
+
+FIRST_CAUSE = {"hf": "exposed_comm", "pl": "exposed_comm", "pl_fsdp2": "accumulation_syncs"}
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_why_ranks_the_injected_delay_first(world, trainer):
+    """`scaling why` on each callback's run with D in every synchronised collective: exposed
+    communication first; under FSDP2, whose every micro-batch synchronises (Lightning blocks gradient
+    sync for DDP only), the accumulation that syncs them all."""
+    from scaling.why import explain
+
+    verdict = explain(world[f"{trainer}_delay"][1])
+    ranked = [f for f in verdict["findings"] if f["decided"] and f["of"] == "step"]
+    assert ranked[0]["cause"] == FIRST_CAUSE[trainer], [(f["cause"], f["cost"]["pct"]) for f in ranked]
 
 
 def test_the_hf_trainer_gets_tokens_mfu_and_its_token_all_gather(world):

@@ -49,7 +49,7 @@ BLOCKS = 8  # batch means of a run's steps (fewer where the run has fewer than 5
 MIN_BLOCK_STEPS = 5
 
 
-def _blocks(frame: pd.DataFrame) -> list[pd.DataFrame]:
+def time_blocks(frame: pd.DataFrame) -> list[pd.DataFrame]:
     n = min(BLOCKS, len(frame) // MIN_BLOCK_STEPS)
     if n < 2:
         return [frame] if len(frame) else []
@@ -62,12 +62,12 @@ def run_observations(steps: pd.DataFrame, epochs: pd.DataFrame) -> dict[str, tup
     train = steps[(steps["kind"] == "train") & ~steps["warmup"].astype(bool)] if not steps.empty else steps
     if not train.empty:
         per_step = train.groupby(["epoch", "step"], sort=True).mean(numeric_only=True).reset_index()
-        out["step_s"] = (np.array([b["step_s"].mean() for b in _blocks(per_step)]), "mean")
+        out["step_s"] = (np.array([b["step_s"].mean() for b in time_blocks(per_step)]), "mean")
         for share, column in (("exposed_comm_pct", "exposed_comm_s"), ("allreduce_pct", "allreduce_s")):
             if column not in per_step.columns:
                 continue
             timed = per_step[per_step[column].notna()]
-            values = [100 * b[column].sum() / b["step_s"].sum() for b in _blocks(timed) if b["step_s"].sum() > 0]
+            values = [100 * b[column].sum() / b["step_s"].sum() for b in time_blocks(timed) if b["step_s"].sum() > 0]
             if values:
                 out[share] = (np.array(values), "mean")
     later = epochs.iloc[1:] if len(epochs) > 1 else epochs

@@ -999,6 +999,7 @@ class StepMeter:
             "model": type(self.flops_module).__name__,
             "backend": self.backend.observed_backend(),
             "data_parallel": self.backend.kind,
+            "per_step_settings": self.backend.per_step_settings(),
             "precision": self._precision,
             "per_worker_batch": self._per_rank_batch,
             "ab_calibration": bool(

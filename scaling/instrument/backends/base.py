@@ -117,6 +117,11 @@ class Backend:
         (FSDP2 on one worker)."""
         return None
 
+    def per_step_settings(self) -> dict:
+        """The wrapper's settings that cost work in every step whatever the job computes (job.json
+        `per_step_settings`, which `scaling why` names): {} where the backend has none to say."""
+        return {}
+
     def observed_backend(self) -> str:
         """The communication backend a run's records name (job.json, summary.json)."""
         return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"

@@ -42,6 +42,19 @@ class DDPBackend(Backend):
         self._reducer_group = None  # the group the reducer all-reduces through now (TimingProcessGroup timer)
         self._buckets_counted: tuple[bool, int] | None = None  # (rebuilt?, how many): `_count_buckets`
 
+    def per_step_settings(self) -> dict:
+        """DDP's own settings that cost every step work: `find_unused_parameters` (a traversal of the
+        autograd graph after each forward, and the unused map all-reduced), buffers synchronised from
+        rank 0 in each forward (`forward_sync_buffers`, torch < 2.13 `broadcast_buffers`) where the
+        model has buffers, and `static_graph` (which spares the traversal)."""
+        model = self.model
+        sync = getattr(model, "forward_sync_buffers", getattr(model, "broadcast_buffers", False))
+        return {
+            "find_unused_parameters": bool(getattr(model, "find_unused_parameters", False)),
+            "sync_buffers": bool(sync) and any(True for _ in model.module.buffers()),
+            "static_graph": bool(getattr(model, "static_graph", False)),
+        }
+
     @classmethod
     def claims(cls, model, optimizer) -> bool:
         return isinstance(model, DistributedDataParallel)
