@@ -4,6 +4,7 @@
     scaling sweep CONFIG [--workers 1,2,4] [--repeats R] [--out DIR] [--launcher ray|local]
     scaling report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
     scaling why RUN_DIR | SWEEP_DIR [--json]
+    scaling compare A B [--json]
     scaling project --model resnet50 --cluster p3.16xlarge --nodes 1,2,4,8,16 [--json] [--out DIR] [--from-run DIR ...]
     scaling cluster check cluster/aws-p3.16xlarge.yaml
     scaling minicluster up --nodes N [--bandwidth 1gbit] | status | exec -- CMD | preempt|rejoin --node I | down
