@@ -10,7 +10,8 @@ The price: the run is projected onto a cluster fitted to itself (`self_cluster`:
 bandwidth at which a ring all-reduce of the run's gradients takes the time the run's all-reduces
 were in flight, less the wait for the slowest rank; the run's own compute, straggler wait and
 overlap slowdown, `from_run.project_run` with `same_device`), once as measured and once with the
-fix applied (bf16 gradients on the wire, larger buckets, no straggler wait, no interference).
+fix applied (a doubled per-worker batch, larger buckets, no straggler wait, no interference). A doubled
+batch is priced in time per sample: the step's collectives carry the same bytes over twice the samples.
 The gain is the projected step's fall at the measured worker count, with the interval of the
 projection's compute ends (the run's 2.5th and 97.5th percentile steps) widened by the measured
 figure's own interval, and the projected scaling efficiency at twice the workers before and
@@ -123,11 +124,16 @@ def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, fi
     if "bucket_cap_mb_factor" in fix:
         cap = (run.config.get("instrument") or {}).get("ddp_bucket_cap_mb") or 25.0
         kwargs["bucket_cap_mb"] = float(cap) * fix.pop("bucket_cap_mb_factor")
+    # A larger batch per worker: the same collectives per step over more samples, so the gain is in the time
+    # per sample (the projection's compute grows with the batch, its all-reduce keeps the run's bytes)
+    per_step = fix.pop("per_gpu_batch_factor", 1)
+    if per_step != 1:
+        kwargs["per_gpu_batch"] = int(run.summary()["per_worker_batch"]) * per_step
     kwargs.update(fix)
     fixed = _project(run, cluster, n, kwargs)
     ends = []
     for suffix in ("", "_lo", "_hi"):
-        before, after = base.loc[n, f"step_s{suffix}"], fixed.loc[n, f"step_s{suffix}"]
+        before, after = base.loc[n, f"step_s{suffix}"], fixed.loc[n, f"step_s{suffix}"] / per_step
         ends.append(100 * (before - after) / before + plus)
     estimate = ends[0]
     if estimate <= plus:
@@ -141,12 +147,13 @@ def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, fi
     return {
         "how": f"projected: the run's own projection with {described}"
         + ("; exposed time read as bytes over bandwidth" if "grad_compression" in fix else ""),
+        "per": "sample" if per_step != 1 else "step",
         "step_pct": estimate,
         "step_pct_lo": min(spread + [estimate]),
         "step_pct_hi": max(spread + [estimate]),
         "at_workers": n,
         "step_s": float(base.loc[n, "step_s"]),
-        "fixed_step_s": float(fixed.loc[n, "step_s"]),
+        "fixed_step_s": float(fixed.loc[n, "step_s"]) / per_step,
         "projected_workers": 2 * n,
         "efficiency": float(base.loc[2 * n, "efficiency_throughput"]),
         "fixed_efficiency": float(fixed.loc[2 * n, "efficiency_throughput"]),
@@ -192,7 +199,8 @@ def _gain_text(gain: dict) -> str:
         return "-"
     lo, hi = gain.get("step_pct_lo", math.nan), gain.get("step_pct_hi", math.nan)
     interval = f" [{lo:.1f}, {hi:.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    text = f"step -{gain['step_pct']:.1f}%{interval} at {gain['at_workers']} workers"
+    per = "time per sample" if gain.get("per") == "sample" else "step"
+    text = f"{per} -{gain['step_pct']:.1f}%{interval} at {gain['at_workers']} workers"
     if "fixed_efficiency" in gain:
         text += (
             f"; efficiency {gain['efficiency']:.2f} -> {gain['fixed_efficiency']:.2f} at {gain['projected_workers']}"

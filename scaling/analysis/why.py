@@ -314,14 +314,17 @@ class ExposedComm(Cause):
         if total is not None and total is not share:
             figure += f" (exposed in all {total.pct:.1f}%)"
         compression = ev.summary.get("grad_compression") or "none"
-        # the price assumes bytes over bandwidth; a cost per sync (latency) is served by syncing less often
+        # Syncing less often per sample pays off whatever the exposed time is made of (a cost per sync or
+        # per byte): it is the fix priced. Halving the bytes serves only the per-byte part, which one run
+        # cannot tell from the rest (`scaling/why.py`), so it is named beside it, unpriced.
         fix = (
-            "bf16 gradient compression (DDP bf16_compress_hook; lab: instrument.grad_compression: bf16); "
-            "if the time is per sync, not per byte: accumulate micro-batches under no_sync()"
-            if compression in ("none", None)
-            else "larger buckets (bucket_cap_mb) or accumulate micro-batches under no_sync() to sync less often"
+            "sync less often per sample: double the per-worker batch (lab: train.per_worker_batch; the global "
+            "batch doubles) or accumulate 2 micro-batches under no_sync()"
         )
-        price = {"grad_compression": "bf16"} if compression in ("none", None) else {"bucket_cap_mb_factor": 4.0}
+        if compression in ("none", None):
+            fix += "; if the time is per byte: bf16 gradient compression (DDP bf16_compress_hook; lab: "
+            fix += "instrument.grad_compression: bf16)"
+        price = {"per_gpu_batch_factor": 2}
         return _finding_from_share(share, cause=self.key, title=self.title, figure=figure, fix=fix, price=price)
 
 
