@@ -109,6 +109,34 @@ def job_accumulation(
     return {}
 
 
+def job_slow_input(run_dir: str, *, slow_ranks: tuple[int, ...], sleep_s: float, steps: int = 12) -> dict:
+    """A plain DDP loop whose batches come from an iterator that sleeps `sleep_s` before each batch on
+    `slow_ranks` (a slow disk or too few loader workers): input-bound where every rank sleeps, an input
+    straggler where one does."""
+    from scaling import instrument
+
+    torch.manual_seed(0)
+    model = _wrap(SlowEvalMLP())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(steps, seed=_rank())
+
+    def loader():
+        for batch in data:
+            if _rank() in slow_ranks:
+                time.sleep(sleep_s)
+            yield batch
+
+    with instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=2) as meter:
+        for _ in range(2):
+            for x, y in meter.batches(loader()):
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            meter.end_epoch(val_accuracy=0.5)
+    return {}
+
+
 class _nothing:
     def __enter__(self):
         return self
@@ -267,6 +295,8 @@ WORLD_CASES = {
     "accumulation_delay": lambda d: job_accumulation(d, delay_s=DELAY_S, bf16=False),
     "accumulation_sync_every_delay": lambda d: job_accumulation(d, use_no_sync=False, delay_s=DELAY_S, bf16=False),
     "mid_epoch_eval": job_mid_epoch_eval,
+    "input_bound": lambda d: job_slow_input(d, slow_ranks=(0, 1), sleep_s=INPUT_SLEEP_S),
+    "input_straggler": lambda d: job_slow_input(d, slow_ranks=(1,), sleep_s=INPUT_SLEEP_S),
     **{
         f"odd_{p}": (lambda d, p=p: job_odd_steps(d, p))
         for p in ("grad_scaler_skip", "skipped_batch", "two_optimizers", "zero_not_none")
@@ -276,6 +306,7 @@ WORLD_CASES = {
     "fails": job_fails,
 }
 DELAY_S = 0.5  # the ground truth's delay per synchronised all-reduce
+INPUT_SLEEP_S = 0.05  # a slow input's wait per batch (job_slow_input)
 
 
 def world_job(rank: int, port: int, tmp: str) -> None:

@@ -24,7 +24,8 @@ process, the unit tier), what is proven:
 - **a run that fails is recorded**: `with attach(...)` around a loop that raises detaches every
   hook and writes a summary with `status: failed`, the error and the epoch that finished;
 - `torch.compile` (through `forward_module`) and fp16 autocast with GradScaler are measured;
-- `scaling why` names accumulation that syncs every micro-batch as the first cause of such a job.
+- `scaling why` names accumulation that syncs every micro-batch as the first cause of such a job, a
+  slow input on every rank as input-bound steps, and a slow input on one rank as its straggler.
 
 Checks that involve time compare a duration with a sleep inside it, moments on one clock, or a
 growth against the injected delay (which dwarfs what load adds: tests/test_ground_truth.py
@@ -146,6 +147,25 @@ def test_why_names_accumulation_that_syncs_every_micro_batch(world):
     # the wrapper's per-step settings as the instrument read them (DDP's defaults; the MLP has no buffers)
     job = json.loads((world["accumulation_sync_every_delay"][1] / "job.json").read_text())
     assert job["per_step_settings"] == {"find_unused_parameters": False, "sync_buffers": False, "static_graph": False}
+
+
+@pytest.mark.slow
+def test_why_names_a_slow_input_and_whose_it_is(world):
+    """`scaling why` on `attach` runs whose data iterator sleeps INPUT_SLEEP_S per batch: on every rank, the
+    steps are input-bound, first, with the loader as the fix; on rank 1 alone, rank 1 is the straggler
+    and its input the reason (the others wait for it in the all-reduce, so their data wait stays small)."""
+    from scaling.why import explain
+
+    def ranked(case):
+        return [f for f in explain(world[case][1])["findings"] if f["decided"] and f["of"] == "step"]
+
+    both = ranked("input_bound")
+    assert both[0]["cause"] == "input_bound", [(f["cause"], f["cost"]["pct"]) for f in both]
+    assert "DataLoader" in both[0]["fix"] and both[0]["cost"]["pct"] > 20
+    one = ranked("input_straggler")
+    assert one[0]["cause"] == "straggler", [(f["cause"], f["cost"]["pct"]) for f in one]
+    assert "rank 1" in one[0]["figure"] and "its input" in one[0]["figure"], one[0]["figure"]
+    assert "input" in one[0]["fix"]
 
 
 @pytest.mark.slow
