@@ -328,6 +328,9 @@ class StepMeter:
                 "inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)"
             )
         self._handles = []
+        # the push API's state (request_batch, batch_arrived): an epoch's training in progress, its last
+        # request's mark, and whether the batch asked for continues the step in progress
+        self._feeding, self._request, self._continues = False, None, False
         watched = forward_module if forward_module is not None else model
         if self.timing:
             # first among the pre-hooks: FSDP's own (its root's all-gather) belongs to forward
@@ -564,50 +567,78 @@ class StepMeter:
         if self._step is not None:
             self._step.pauses.append((pause["mark"], mark if mark is not None else self.clock.mark()))
 
-    # --- the training loop's one line ------------------------------------------------------
+    # --- the training loop's one line, and the push API beneath it ----------------------------
 
     def batches(self, iterable):
-        """Yield the batches of `iterable` (one epoch), timing every step (module docstring)."""
-        self._begin_training()
+        """Yield the batches of `iterable` (one epoch), timing every step (module docstring). The same as
+        `request_batch()` before each of the iterable's batches, `batch_arrived(batch)` after it, and
+        `end_batches()` when it runs dry."""
         iterator = iter(iterable)
-        perf_counter = time.perf_counter
         try:
             while True:
-                entered = perf_counter()
-                request = self.clock.mark() if self.timing else None
-                self._end_evaluation(request)
-                continues = self._end_micro_batch(request)
-                self._host_s += perf_counter() - entered
+                self.request_batch()
                 try:
                     batch = next(iterator)
                 except StopIteration:
-                    self._close_step(request)
-                    self._end_training()
+                    self._batches_ran_dry()
                     return
-                entered = perf_counter()
-                samples = _first_tensor(batch)
-                samples = int(samples.shape[0]) if samples is not None and samples.dim() else 1
-                self._per_rank_batch = self._per_rank_batch or samples
-                self._epoch_samples += samples
-                if not self.timing:
-                    self._epoch_steps += 1
-                    self.global_step += 1
-                elif continues:
-                    self._step.samples += samples
-                else:
-                    self._close_step(request)
-                    self._epoch_steps += 1
-                    comm_timed = self._times_collectives(self.global_step)
-                    self.backend.time_collectives(comm_timed)
-                    self._step = _OpenStep(request, self.global_step, samples, comm_timed)
-                    self.global_step += 1
-                self._host_s += perf_counter() - entered
+                self.batch_arrived(batch)
                 yield batch
         finally:
-            if self._training_end is None and self._train_started is not None:
+            if self._feeding:  # the loop left the epoch's batches early (a break, an exception)
+                self._feeding = False
                 self._end_evaluation()
                 self._close_step(None)
                 self._end_training()
+
+    def request_batch(self) -> None:
+        """The loop asks for its next batch now: the batch in progress ends here (the step rule, module
+        docstring), and the first request of an epoch starts its training time. For a trainer whose loop
+        the caller does not own (scaling/integrations/): call it where the trainer fetches a batch."""
+        if not self._feeding:
+            self._begin_training()
+            self._feeding = True
+        entered = time.perf_counter()
+        self._request = self.clock.mark() if self.timing else None
+        self._end_evaluation(self._request)
+        self._continues = self._end_micro_batch(self._request)
+        self._host_s += time.perf_counter() - entered
+
+    def batch_arrived(self, batch=None, samples: int | None = None) -> None:
+        """The batch `request_batch` asked for is here: its samples (its first tensor's first dimension, or
+        `samples` where the caller counts them) join the step it continues, or open the next step."""
+        entered = time.perf_counter()
+        if samples is None:
+            first = _first_tensor(batch)
+            samples = int(first.shape[0]) if first is not None and first.dim() else 1
+        self._per_rank_batch = self._per_rank_batch or samples
+        self._epoch_samples += samples
+        if not self.timing:
+            self._epoch_steps += 1
+            self.global_step += 1
+        elif self._continues:
+            self._step.samples += samples
+        else:
+            self._close_step(self._request)
+            self._epoch_steps += 1
+            comm_timed = self._times_collectives(self.global_step)
+            self.backend.time_collectives(comm_timed)
+            self._step = _OpenStep(self._request, self.global_step, samples, comm_timed)
+            self.global_step += 1
+        self._host_s += time.perf_counter() - entered
+
+    def end_batches(self) -> None:
+        """The epoch's last batch has ended (push API): as a request for a batch that does not come, it ends
+        the last micro-batch; the step in progress is recorded and the epoch's training time stops. Nothing
+        where no epoch is training."""
+        if self._feeding:
+            self.request_batch()
+            self._batches_ran_dry()
+
+    def _batches_ran_dry(self) -> None:
+        self._feeding = False
+        self._close_step(self._request)
+        self._end_training()
 
     def _times_collectives(self, step: int) -> bool:
         """Whether training step `step` times its collectives: every warm-up step, the first N steady ones (at
