@@ -748,7 +748,22 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BATCH:EPOCHS,...",
         help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA "
-        "(default: none, no TTA columns)",
+        "(default: none, no TTA columns; with a run directory: its own epochs and noise scale)",
+    )
+    parser.add_argument(
+        "--noise-scale",
+        default=None,
+        metavar="B[:LOW:HIGH]",
+        help="the job's gradient noise scale (a run's summary.json noise_scale, with its interval) for epochs to "
+        "target beyond the --epochs-to-target batches by the samples-to-target model (docs/projection.md; default: none, "
+        "the earlier rule beyond them)",
+    )
+    parser.add_argument(
+        "--lr-rule",
+        choices=("linear", "sqrt", "constant", "tuned"),
+        default=None,
+        help="how the job's learning rate follows the global batch, for the samples-to-target model's support "
+        "(default: the run's optim.lr_rule, else linear)",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument(
@@ -833,13 +848,10 @@ def print_projection(df, console=None) -> None:
             too_big = r.get("fits") is False
             row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}" + (" > cap." if too_big else "")
         if tta:
-            row += [
-                f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""),
-                _duration(r.tta_s),
-                f"{r.speedup_tta:.2f}",
-            ]
+            row += _tta_cells(r)
         table.add_row(*row)
     console.print(table)
+    _print_tta_sources(df, console)
     if df.attrs.get("sharded"):
         console.print(
             "[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
@@ -930,6 +942,7 @@ def _cmd_project(args) -> int:
         samples_per_s=args.samples_per_s,
         dataset_size=args.dataset_size,
         epochs_to_target=args.epochs_to_target,
+        samples_to_target=_samples_to_target(args),
         allreduce=args.allreduce,
         grad_compression=args.grad_compression,
         bucket_cap_mb=args.bucket_cap_mb,
@@ -961,6 +974,29 @@ def _cmd_project(args) -> int:
     return 0
 
 
+def _samples_to_target(args):
+    """`--noise-scale B[:LOW:HIGH]` with `--epochs-to-target`: the samples-to-target model anchored at the table's
+    smallest batch (scaling/projection/tta.py); None without a noise scale."""
+    from scaling.projection import tta
+    from scaling.projection.project import parse_epochs_table
+
+    if args.noise_scale is None:
+        return None
+    table = parse_epochs_table(args.epochs_to_target)
+    if table is None:
+        raise UsageError("--noise-scale needs --epochs-to-target: the epochs measured at one batch at least")
+    try:
+        values = [float(v) for v in str(args.noise_scale).split(":")]
+        value, low, high = values if len(values) == 3 else (values[0], values[0], values[0])
+        noise = tta.NoiseScale(value, low, high)
+    except ValueError:
+        raise UsageError(
+            f"--noise-scale takes B or B:LOW:HIGH with 0 <= LOW <= B <= HIGH, got {args.noise_scale!r}"
+        ) from None
+    batch = min(table)
+    return tta.SamplesToTarget(noise, batch, table[batch], table[batch], table[batch], args.lr_rule or "linear")
+
+
 def _project_run_dir(args) -> int:
     """`scaling project RUN_DIR`: the user's own job projected (scaling/projection/from_run.py)."""
     import json
@@ -973,7 +1009,7 @@ def _project_run_dir(args) -> int:
         ("--from-run", args.from_run),
         ("--nodes", args.nodes),
         ("--samples-per-s", args.samples_per_s),
-        ("--epochs-to-target", args.epochs_to_target),
+        ("--noise-scale", args.noise_scale),
     ):
         if value is not None:
             raise UsageError(f"{flag} does not go with a run directory (the run is the model and the compute)")
@@ -992,6 +1028,8 @@ def _project_run_dir(args) -> int:
             ("per_gpu_batch", args.per_gpu_batch),
             ("activation_checkpointing", args.activation_checkpointing),
             ("fsdp_param_dtype", args.fsdp_param_dtype),
+            ("epochs_to_target", args.epochs_to_target),
+            ("lr_rule", args.lr_rule),
         )
         if v is not None
     }
@@ -1027,6 +1065,29 @@ def _project_run_dir(args) -> int:
     return 0
 
 
+def _tta_cells(r) -> list[str]:
+    """A projection row's epochs to target (* extrapolated, ! beyond the model's support), TTA and TTA speedup,
+    with the interval where the samples-to-target model gave one."""
+    epochs = (
+        f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else "") + ("!" if r.get("beyond_support") else "")
+    )
+    speedup = f"{r.speedup_tta:.2f}"
+    if r.get("speedup_tta_lo") is not None and r.speedup_tta_lo == r.speedup_tta_lo:
+        speedup += f" [{r.speedup_tta_lo:.2f}, {r.speedup_tta_hi:.2f}]"
+    return [epochs, _duration(r.tta_s), speedup]
+
+
+def _print_tta_sources(df, console) -> None:
+    if "epochs_source" not in df.columns:
+        return
+    sources = "; ".join(f"{n}: {source}" for n, source in zip(df["num_workers"], df["epochs_source"]))
+    console.print(
+        f"[dim]epochs to target by GPUs: {sources} (* beyond the measured batches, ! beyond the samples-to-target "
+        "model's support: docs/projection.md)[/dim]",
+        highlight=False,
+    )
+
+
 def print_run_projection(df, console=None) -> None:
     """The table of a run's projection: each figure with its interval [low, high], then what set each parameter."""
     from rich.markup import escape
@@ -1040,7 +1101,9 @@ def print_run_projection(df, console=None) -> None:
     )
     table = Table(title=title, title_justify="left", header_style="bold")
     rate = "tokens/s/GPU" if tokens else "samples/s"
-    for h in ("GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"):
+    tta = "tta_s" in df.columns
+    headers = ["GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"]
+    for h in headers + (["epochs", "TTA", "TTA x", "throughput x"] if tta else []):
         table.add_column(h, justify="right", no_wrap=True)
     per = df.attrs.get("seq_len") or 1
 
@@ -1063,8 +1126,10 @@ def print_run_projection(df, console=None) -> None:
             band(r, "comm_overhead_pct", "{:.1f}"),
             band(r, "efficiency_throughput", "{:.3f}"),
             memory,
+            *([*_tta_cells(r), f"{r.speedup_throughput:.2f}"] if tta else []),
         )
     console.print(table)
+    _print_tta_sources(df, console)
     console.print(
         "[dim]communicating %: a collective in flight, hidden or not; exposed %: compute waiting on one; "
         "A/B overhead %: the step less the step without gradient synchronisation, / t_step; memory: the "

@@ -83,7 +83,9 @@ Three communication figures, the lab's three (scaling/analysis/run_metrics.py), 
   (held constant with one point), never below the fewest measured epochs;
   tta_s = epochs_to_target x time_per_epoch_s; speedup_tta = tta(1) / tta(N). Rows beyond the
   measured batches carry epochs_extrapolated = True: large-batch training can need many more
-  epochs (or fail to reach the target) beyond what was measured.
+  epochs (or fail to reach the target) beyond what was measured. With a measured noise scale
+  (`samples_to_target`) rows beyond the measured batches follow the samples-to-target model
+  instead, with intervals, and each row names its source (scaling/projection/tta.py).
 
 Column names follow the lab's (docs/results.md, scaling/analysis/scaling_tables.py), so a
 projection can be drawn over a sweep's measured table.
@@ -128,6 +130,7 @@ from scaling.projection.cost import (
     overlap_schedule,
     scatter_s,
 )
+from scaling.projection import tta
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT,
     DEFAULT_BUCKET_CAP_MB,
@@ -390,6 +393,7 @@ def run_projection(
     fsdp_param_dtype: str | None = None,
     fsdp_process_group: str = "nccl",
     compute: StepCompute | None = None,
+    samples_to_target: tta.SamplesToTarget | None = None,
 ) -> pd.DataFrame:
     """One row per worker count (the 1-GPU baseline first); columns in `COLUMNS` (+ `TTA_COLUMNS`).
 
@@ -406,7 +410,8 @@ def run_projection(
     straggler_s (compute.compute_from_concurrent_runs); else the cluster device's published throughput,
     or `samples_per_s`. dataset_size: samples per epoch
     (default the run's, else the model's usual dataset). epochs_to_target: {global batch:
-    epochs} measured at smaller scale, for TTA. allreduce: ring | hierarchical (default the
+    epochs} measured at smaller scale, for TTA; samples_to_target: the noise-scale model of epochs to target
+    beyond them (scaling/projection/tta.py). allreduce: ring | hierarchical (default the
     cluster's). grad_compression: none | fp16 | bf16 (DDP's compression hooks: 2 bytes per
     gradient element on the wire; default the run's, else none). bucket_cap_mb: given to DDP
     explicitly (first bucket = the same cap), default the run's `instrument.ddp_bucket_cap_mb`,
@@ -785,16 +790,16 @@ def run_projection(
         columns += TRANSFORMER_COLUMNS
     caveats = []
     table_e = parse_epochs_table(epochs_to_target)
-    if table_e is not None:
-        at = [epochs_at(table_e, int(g)) for g in df["global_batch"]]
-        df["epochs_to_target"] = [e for e, _ in at]
-        df["epochs_extrapolated"] = [x for _, x in at]
-        df["tta_s"] = df["epochs_to_target"] * df["time_per_epoch_s"]
-        df["speedup_tta"] = df["tta_s"].iloc[0] / df["tta_s"]
-        columns += TTA_COLUMNS
-        measured = ", ".join(f"{bb}: {e:g}" for bb, e in sorted(table_e.items()))
-        notes.append(f"epochs to target measured at global batch {{{measured}}}")
-        if df["epochs_extrapolated"].any():
+    if table_e is not None or samples_to_target is not None:
+        # each row's epochs from the measured points and the samples-to-target model (tta.py)
+        caveats += tta.add_tta(df, table_e, samples_to_target, epochs_at)
+        columns += TTA_COLUMNS + tta.MODEL_COLUMNS
+        if table_e is not None:
+            measured = ", ".join(f"{bb}: {e:g}" for bb, e in sorted(table_e.items()))
+            notes.append(f"epochs to target measured at global batch {{{measured}}}")
+        if samples_to_target is not None:
+            notes.append(tta.describe(samples_to_target))
+        if (df["epochs_extrapolated"] & ~df["epochs_source"].str.startswith("noise-scale")).any():
             caveats.append(TTA_CAVEAT)
     df = df[columns]
     if compute.precision in ("fp16", "bf16") and backend not in SHARDED and not transformer and len(df) > 1:
