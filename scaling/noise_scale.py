@@ -56,6 +56,15 @@ def t975(dof: int) -> float:
     return _T975[dof - 1] if 1 <= dof <= len(_T975) else 1.96
 
 
+def samples_growth(batch: float, anchor: float, noise_scale: float) -> float:
+    """Samples (epochs) to a target at `batch` over those at `anchor` (McCandlish et al.: E = E_min (1 + B/B_noise)):
+    (1 + B / B_noise) / (1 + B0 / B_noise); 1 at an infinite noise scale. scaling/projection/tta.py builds the
+    projection's epochs to target on it, the sweep's tables their expected TTA-to-throughput gap."""
+    if math.isinf(noise_scale):
+        return 1.0
+    return (1.0 + batch / noise_scale) / (1.0 + anchor / noise_scale)
+
+
 def step_terms(small_sq: float, big_sq: float, batch_small: float, batch_big: float) -> tuple[float, float]:
     """One step's unbiased (tr(Σ), |G|²) from its gradient's squared norms at two batch sizes (module docstring)."""
     if not batch_big > batch_small > 0:

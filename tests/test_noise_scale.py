@@ -197,3 +197,40 @@ def test_the_all_reduces_norms_are_the_ranks_gradient_and_the_global_one(tmp_pat
                 assert (row.noise_batch_small, row.noise_batch_big) == (BATCH, 2 * BATCH)
         epochs = RunDir(tmp_path / case).epochs()
         assert epochs["noise_steps"].iloc[0] == STEPS
+
+
+@pytest.mark.unit
+def test_a_sweeps_tables_give_the_tta_gap_the_noise_scale_expects_and_the_claim_names_the_cause():
+    import pandas as pd
+
+    from scaling.analysis import intervals as iv
+    from scaling.analysis import scaling_tables as st
+    from scaling.report import headline_claims
+
+    rows = []
+    for workers, tta_s in ((1, 100.0), (4, 50.0)):  # throughput 4x; TTA only 2x: a gap of 0.5
+        for repeat in range(3):
+            rows.append(
+                {
+                    "num_workers": workers,
+                    "status": "target_reached",
+                    "global_batch": 64 * workers,
+                    "throughput_samples_per_s": 100.0 * workers * (1 + 0.01 * repeat),
+                    "time_per_epoch_s": 10.0 / workers,
+                    "tta_s": tta_s * (1 + 0.01 * repeat),
+                    "epochs_to_target": 10.0,
+                    "noise_scale": 128.0 if workers == 1 else 500.0,
+                    "repeat": repeat,
+                }
+            )
+    runs = st.prepare_runs(pd.DataFrame(rows))
+    table = st.add_speedup(st.per_worker_count(runs))
+    # the baseline's noise scale: (1 + 64/128) / (1 + 256/128) = 0.5 expected from samples-to-target growth alone
+    assert table.loc[table["num_workers"] == 4, "gap_tta_model"].item() == pytest.approx(0.5)
+    assert table.loc[table["num_workers"] == 1, "gap_tta_model"].item() == pytest.approx(1.0)
+    claims = headline_claims(iv.scaling_intervals(runs, table))
+    assert any("samples-to-target growth at the larger batch explains it" in claim for claim in claims), claims
+    slower = runs.assign(tta_s=runs["tta_s"].where(runs["num_workers"] == 1, runs["tta_s"] * 1.6))  # gap 0.31
+    table = st.add_speedup(st.per_worker_count(slower))
+    claims = headline_claims(iv.scaling_intervals(slower, table))
+    assert any("more than samples-to-target growth explains" in claim for claim in claims), claims

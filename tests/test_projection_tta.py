@@ -119,3 +119,31 @@ def test_a_noise_scale_without_epochs_is_refused_in_one_line(capsys):
     assert main(["project", "--model", "resnet50", "--cluster", "p3.16xlarge", "--noise-scale", "2000"]) != 0
     error = capsys.readouterr().err.strip()
     assert "needs --epochs-to-target" in error and "\n" not in error
+
+
+def test_a_run_directory_with_its_noise_scale_projects_tta_speedup(tmp_path, capsys, monkeypatch):
+    from scaling import cli
+    from scaling.projection.from_run import project_run
+    from scaling.results import SUMMARY_JSON, write_json_atomic
+    from tests.test_projection_from_run import BATCH, _job_run
+
+    run = _job_run(tmp_path / "job")
+    summary = run.summary()
+    without = project_run(run, "p5.48xlarge", [8, 128])
+    assert "tta_s" not in without.columns  # no noise scale, no epochs: no time to accuracy
+    summary.update(noise_scale=64.0, noise_scale_low=40.0, noise_scale_high=100.0, epochs_to_target=3)
+    summary["epochs_to_target_progress"] = 2.5
+    write_json_atomic(run.path / SUMMARY_JSON, summary)
+    df = project_run(run, "p5.48xlarge", [8, 128])
+    assert df["epochs_source"].iloc[0] == "measured (the run)" and df["epochs_to_target"].iloc[0] == 2.5
+    assert df["epochs_to_target_lo"].iloc[0] == 1.5  # back to the evaluation before: one epoch, no config
+    assert df["epochs_to_target"].iloc[-1] == pytest.approx(2.5 * (1 + 128 * BATCH / 64) / (1 + BATCH / 64))
+    assert df["beyond_support"].iloc[-1]  # the linear rule (assumed: no config) far past the noise scale
+    said = {name: source for name, _, source in df.attrs["parameters"]}
+    assert "assumed (no config)" in said["epochs to target"]
+    tuned = project_run(run, "p5.48xlarge", [8, 128], lr_rule="tuned")
+    assert not tuned["beyond_support"].any()
+    monkeypatch.setenv("COLUMNS", "250")
+    assert cli.main(["project", str(run.path), "--cluster", "p5.48xlarge", "--gpus", "8,128"]) == 0
+    out = capsys.readouterr().out
+    assert "TTA x" in out and "throughput x" in out and "noise-scale model from batch" in out

@@ -41,6 +41,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scaling import noise_scale
+
 LR_RULES = ("linear", "tuned", "sqrt", "constant")
 # the columns a projection with time to accuracy adds (beside project.py's TTA_COLUMNS)
 MODEL_COLUMNS = (
@@ -96,11 +98,7 @@ class SamplesToTarget:
             )
 
 
-def growth(batch: float, anchor: float, noise_scale: float) -> float:
-    """epochs(batch) / epochs(anchor) by the model: (1 + B / B_noise) / (1 + B0 / B_noise); 1 at an infinite one."""
-    if math.isinf(noise_scale):
-        return 1.0
-    return (1.0 + batch / noise_scale) / (1.0 + anchor / noise_scale)
+growth = noise_scale.samples_growth  # epochs(batch) / epochs(anchor) by the model
 
 
 def epochs_by_model(model: SamplesToTarget, batch: int, anchor: tuple[int, float, float, float] | None = None):
