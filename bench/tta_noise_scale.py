@@ -196,7 +196,8 @@ def run_workload(workload: str, ladder, seeds, log) -> dict:
             result = train(workload, multiple, seed, noise=False)
             measured.setdefault(multiple, {})[seed] = result["epochs_to_target"]
             log(
-                f"{workload}: batch {b0 * multiple} seed {seed}: {result['epochs_to_target']} ({time.time() - begun:.0f} s)"
+                f"{workload}: batch {b0 * multiple} seed {seed}: {result['epochs_to_target']} "
+                f"({time.time() - begun:.0f} s)"
             )
     curve = []
     for multiple in ladder:

@@ -755,8 +755,8 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="B[:LOW:HIGH]",
         help="the job's gradient noise scale (a run's summary.json noise_scale, with its interval) for epochs to "
-        "target beyond the --epochs-to-target batches by the samples-to-target model (docs/projection.md; default: none, "
-        "the earlier rule beyond them)",
+        "target beyond the --epochs-to-target batches by the samples-to-target model (docs/projection.md; "
+        "default: none, the earlier rule beyond them)",
     )
     parser.add_argument(
         "--lr-rule",
@@ -1310,6 +1310,17 @@ def _fmt(value, spec: str = ".3f", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
+def _noise_scale_line(summary: dict) -> str:
+    """The run's gradient noise scale with its interval and what it rests on, or why it is absent."""
+    if summary.get("noise_scale") is None:
+        return summary.get("noise_scale_note") or "-"
+    high = _fmt(summary.get("noise_scale_high"), ",.0f") if summary.get("noise_scale_high") is not None else "no bound"
+    return (
+        f"{summary['noise_scale']:,.0f} samples [{_fmt(summary.get('noise_scale_low'), ',.0f')}, {high}] over "
+        f"{summary.get('noise_steps')} steps (B_simple = tr(Σ)/|G|²: the batch beyond which samples to target grow)"
+    )
+
+
 def _not_measured(summary: dict, figure: str) -> str | None:
     """ "not measured: <reason>" for a figure the summary names in `not_measured` (schema 4), or
     an older summary's `comm_overhead_note`; None for a figure that was measured."""
@@ -1464,6 +1475,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
             + _fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s")
             + ")",
         ),
+        ("noise scale", _noise_scale_line(summary)),
         ("results", str(run_dir)),
     ]
     after_tta = [key for key, _ in rows].index("TTA") + 1

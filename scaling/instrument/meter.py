@@ -940,6 +940,7 @@ class StepMeter:
                 q.grad = None
             for batch in pair:
                 self.forward_backward(batch)
+                self.backend.take()  # a 1-rank DDP group's all-reduces here are no training step's
                 grads = [q.grad for q in with_grad if q.grad is not None]
                 norms.append(float(sum(torch.stack(torch._foreach_norm(grads)) ** 2)) if grads else float("nan"))
             # after both: the sum of the two batches' mean gradients, twice their mean over 2B
