@@ -12,7 +12,8 @@
 - The all-reduce's norms (two gloo ranks, DDP, several buckets): each step's recorded |G_small|² is the rank's
   own gradient's squared norm (computed apart on a copy of the model), |G_big|² the all-reduced one's, by
   DDP's own path (the timing process group, which hands the rank's gradient divided by the world size) and
-  through a user's comm hook (its bucket undivided).
+  through a user's comm hook (its bucket undivided); the epoch's figure takes each step's small-batch norm as
+  the mean of the ranks'.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scaling import noise_scale
 
-PAIRS = 2000  # calibration pairs for the brute-force check (about 3 s on one core)
+PAIRS = 2000  # calibration pairs for the brute-force check (5 to 25 s on one core of a shared machine)
 BATCH = 16
 
 
@@ -197,6 +198,13 @@ def test_the_all_reduces_norms_are_the_ranks_gradient_and_the_global_one(tmp_pat
                 assert (row.noise_batch_small, row.noise_batch_big) == (BATCH, 2 * BATCH)
         epochs = RunDir(tmp_path / case).epochs()
         assert epochs["noise_steps"].iloc[0] == STEPS
+        # the epoch's figure pools the ranks: each step's small-batch norm the mean of the two ranks' own
+        both = [json.loads((tmp_path / f"{case}.rank{rank}.json").read_text()) for rank in range(2)]
+        terms = [
+            noise_scale.step_terms((a["small"] + b["small"]) / 2, a["big"], BATCH, 2 * BATCH) for a, b in zip(*both)
+        ]
+        assert epochs["grad_trace"].iloc[0] == pytest.approx(sum(t for t, _ in terms) / STEPS, rel=1e-4)
+        assert epochs["grad_sq"].iloc[0] == pytest.approx(sum(g for _, g in terms) / STEPS, rel=1e-4)
 
 
 @pytest.mark.unit

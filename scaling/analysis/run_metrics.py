@@ -161,7 +161,7 @@ import math
 import pandas as pd
 
 from scaling import noise_scale
-from scaling.schema import PHASE_COLUMNS, RANK_FIELDS, SHARE_FIELDS, STEP_FIELDS
+from scaling.schema import NOISE_FIGURES, PHASE_COLUMNS, RANK_FIELDS, SHARE_FIELDS, STEP_FIELDS
 
 # Figures made of observations, by what they are made of: with none of it recorded a figure is
 # None and `not_measured` says why (module docstring).
@@ -601,7 +601,7 @@ def noise_scale_figures(epochs: pd.DataFrame, num_workers: int) -> dict:
     epoch's own interval (over its steps). `noise_steps`: the steps (or calibration pairs) it rests on;
     `noise_scale_source`: where the two batch sizes came from; `noise_scale_note`: why it is absent.
     """
-    keys = ("noise_scale", "noise_scale_low", "noise_scale_high", "grad_trace", "grad_sq", "noise_steps")
+    keys = NOISE_FIGURES
     out: dict = dict.fromkeys(keys)
     out["noise_scale_source"] = (
         "the gradient before and after the all-reduce, on the timed steps"

@@ -872,9 +872,27 @@ class StepMeter:
                 continue
             small_sq = factor * float(torch.stack(before).sum())
             marks.grad_norms = (small_sq, float(torch.stack(after).sum()), batch_small, batch_big)
-        measured = [m.grad_norms for m in self._noise_steps if m.grad_norms is not None] + self._noise_window
+        measured = [m.grad_norms for m in self._noise_steps if m.grad_norms is not None]
+        if self._norms_on and self.sync_group is not None:
+            measured = self._pooled_over_ranks(measured)
+        measured += self._noise_window
         self._noise_steps, self._noise_window = [], []
         return noise_scale.estimate(measured) if measured else {}
+
+    def _pooled_over_ranks(self, measured: list[tuple]) -> list[tuple]:
+        """Each step's |G_small|² as the mean over the ranks' own (collective: every rank calls it at the epoch's
+        end). Every rank's is an unbiased small-batch norm of the same step, so their mean is too, with less
+        noise; the global batch's norm is the same on every rank. The ranks time the same steps (the sampling is
+        by step index); a count that differs leaves each rank its own (the records keep each rank's own anyway)."""
+        count = torch.tensor([float(len(measured))], dtype=torch.float64)
+        counts = [torch.zeros_like(count) for _ in range(self.world_size)]
+        dist.all_gather(counts, count, group=self.sync_group)
+        if not measured or any(int(c.item()) != len(measured) for c in counts):
+            return measured
+        small = torch.tensor([m[0] for m in measured], dtype=torch.float64)
+        dist.all_reduce(small, group=self.sync_group)
+        small /= self.world_size
+        return [(float(s), *rest) for s, (_, *rest) in zip(small.tolist(), measured)]
 
     def _calibrate(self) -> None:
         """The A/B window (module docstring): no_sync and sync halves alternate, ABBA. At one worker, where
