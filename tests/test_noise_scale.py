@@ -238,6 +238,11 @@ def test_a_sweeps_tables_give_the_tta_gap_the_noise_scale_expects_and_the_claim_
     assert table.loc[table["num_workers"] == 1, "gap_tta_model"].item() == pytest.approx(1.0)
     claims = headline_claims(iv.scaling_intervals(runs, table))
     assert any("samples-to-target growth at the larger batch explains it" in claim for claim in claims), claims
+    from scaling.plots.figures import throughput_vs_tta_figure
+
+    figure = throughput_vs_tta_figure(table)  # the model's TTA speedup drawn beside the measured bars
+    labels = [text.get_text() for ax in figure.axes if ax.get_legend() for text in ax.get_legend().get_texts()]
+    assert "TTA speedup, noise-scale model" in labels
     slower = runs.assign(tta_s=runs["tta_s"].where(runs["num_workers"] == 1, runs["tta_s"] * 1.6))  # gap 0.31
     table = st.add_speedup(st.per_worker_count(slower))
     claims = headline_claims(iv.scaling_intervals(slower, table))
