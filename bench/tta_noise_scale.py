@@ -38,7 +38,11 @@ PREDICTED = (4, 8, 16)
 SEEDS = (0, 1, 2)
 EVAL_EVERY = 0.25  # of an epoch
 GOAL = 0.20
-CALIBRATION_PAIRS = 16  # per epoch of the instrumented run
+# Per epoch of the instrumented run: an epoch's worth of calibration batches at B0 (the CNN's 2,048 samples at 8
+# give 128 pairs, the decoder's 512 at 4 give 64). With 16, the first run of this benchmark (2026-12-06), the
+# CNN's estimate had no bounds (778 [-9,441, none] over 32 pairs): the instrument's own interval said it could
+# not be used, and the prediction missed by 34-39% at 8x-16x; an estimate's noise is not the model's error.
+CALIBRATION_PAIRS = 128
 # workload -> (config, B0, its overrides: smaller data and targets so that the ladder fits the time)
 WORKLOADS = {
     "cnn": (
