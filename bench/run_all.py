@@ -33,11 +33,13 @@ BENCHMARKS = (
     "instrumentation_overhead",
     "instrumentation_overhead_own_job",
     "instrument_host_cost",
+    "noise_scale_host_cost",
     "ray_overhead",
     "cpu_scaling",
     "horovod_cycle_ground_truth",
     "fsdp_overhead",
     "projection_own_jobs",
+    "tta_noise_scale",
 )
 ROOT_BENCHMARKS = ("projection_own_jobs",)  # a minicluster of network namespaces: root
 # A benchmark that is another's script with arguments: name -> (script, arguments).

@@ -583,6 +583,7 @@ def _spec_values(args) -> dict:
 def _project_arguments(parser: argparse.ArgumentParser) -> None:
     from scaling.projection.from_run import DEFAULT_GPUS
     from scaling.projection.spec import flag_fields
+    from scaling.projection.tta import LR_RULES
 
     parser.add_argument(
         "run_dir",
@@ -621,6 +622,22 @@ def _project_arguments(parser: argparse.ArgumentParser) -> None:
         if flag.required:
             options["required"] = True
         parser.add_argument(flag.option(name), dest=_flag_dest(name, flag), **options)
+    # the samples-to-target model's inputs: they make the spec's samples_to_target (a run directory: its own)
+    parser.add_argument(
+        "--noise-scale",
+        default=None,
+        metavar="B[:LOW:HIGH]",
+        help="the job's gradient noise scale (a run's summary.json noise_scale, with its interval) for epochs to "
+        "target beyond the --epochs-to-target batches by the samples-to-target model (docs/projection.md; "
+        "default: none, the earlier rule beyond them)",
+    )
+    parser.add_argument(
+        "--lr-rule",
+        choices=LR_RULES,
+        default=None,
+        help="how the job's learning rate follows the global batch, for the samples-to-target model's support "
+        "(default: the run's optim.lr_rule, else linear)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument(
         "--out",
@@ -663,6 +680,7 @@ def _cmd_project(args) -> int:
     values["model"] = args.model or (run_model(runs[0]) if runs else None) or "resnet50"
     if args.nodes is None and args.workers is None:
         values["nodes"] = DEFAULT_NODES
+    values["samples_to_target"] = _samples_to_target(args)
     df = project(ProjectionSpec(**values))
     rows = [{k: console.json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
     written = console.write_projection(df, rows, args.out) if args.out is not None else []
@@ -681,6 +699,29 @@ def _cmd_project(args) -> int:
     return 0
 
 
+def _samples_to_target(args):
+    """`--noise-scale B[:LOW:HIGH]` with `--epochs-to-target`: the samples-to-target model anchored at the table's
+    smallest batch (scaling/projection/tta.py); None without a noise scale."""
+    from scaling.projection import tta
+    from scaling.projection.project import parse_epochs_table
+
+    if args.noise_scale is None:
+        return None
+    table = parse_epochs_table(args.epochs_to_target)
+    if table is None:
+        raise UsageError("--noise-scale needs --epochs-to-target: the epochs measured at one batch at least")
+    try:
+        values = [float(v) for v in str(args.noise_scale).split(":")]
+        value, low, high = values if len(values) == 3 else (values[0], values[0], values[0])
+        noise = tta.NoiseScale(value, low, high)
+    except ValueError:
+        raise UsageError(
+            f"--noise-scale takes B or B:LOW:HIGH with 0 <= LOW <= B <= HIGH, got {args.noise_scale!r}"
+        ) from None
+    batch = min(table)
+    return tta.SamplesToTarget(noise, batch, table[batch], table[batch], table[batch], args.lr_rule or "linear")
+
+
 def _project_run_dir(args) -> int:
     """`scaling project RUN_DIR`: the user's own job projected (scaling/projection/from_run.py)."""
     import json
@@ -693,7 +734,7 @@ def _project_run_dir(args) -> int:
         ("--from-run", args.from_run),
         ("--nodes", args.nodes),
         ("--samples-per-s", args.samples_per_s),
-        ("--epochs-to-target", args.epochs_to_target),
+        ("--noise-scale", args.noise_scale),
     ):
         if value is not None:
             raise UsageError(f"{flag} does not go with a run directory (the run is the model and the compute)")
@@ -718,6 +759,7 @@ def _project_run_dir(args) -> int:
         mfu=args.mfu,
         precision=args.precision,
         fsdp_units=args.fsdp_units,
+        lr_rule=args.lr_rule,
         **kwargs,
     )
     rows = [{k: console.json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")]

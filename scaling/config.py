@@ -51,6 +51,7 @@ def _backend_choices() -> tuple[str, ...]:
 # Closed choices, as types: `_coerce` refuses any other value when the tree is built.
 Backend = Annotated[str, RegistryChoice(_backend_choices)]  # the backend adapters' (scaling/instrument/backends/)
 Schedule = Literal["constant", "cosine"]
+LrRule = Literal["linear", "sqrt", "constant"]
 CompileBackend = Literal["inductor", "aot_eager"]
 OptimizerName = Literal["sgd", "adamw"]
 TtaRule = Literal["first_eval", "epoch_end"]
@@ -97,8 +98,12 @@ class OptimConfig:
     # sgd (Nesterov momentum) | adamw (decoupled weight decay; GPT-2's); torch's fused kernels on CUDA
     # (scaling/train/optimizer.py)
     name: OptimizerName = "sgd"
-    lr: float = 0.1  # learning rate at `reference_batch`; scaled linearly with the global batch (Goyal et al. 2017)
+    lr: float = 0.1  # learning rate at `reference_batch`; scaled with the global batch by `lr_rule`
     reference_batch: int = 256  # global batch at which `lr` applies
+    # how the peak rate follows the global batch B: linear (lr x B / reference_batch: Goyal et al. 2017) | sqrt
+    # (lr x sqrt(B / reference_batch)) | constant (lr); the samples-to-target projection takes it as its input
+    # (scaling/projection/tta.py: the linear rule tracks the best rate only below the gradient noise scale)
+    lr_rule: LrRule = "linear"
     momentum: float = 0.9  # sgd: momentum (Nesterov); adamw: beta1, the gradient average's decay
     adam_beta2: float = 0.95  # adamw: beta2, the squared gradient average's decay (0.95: nanoGPT's and GPT-3's)
     weight_decay: float = 5e-4
@@ -235,6 +240,12 @@ class ExperimentConfig:
     @property
     def global_batch(self) -> int:
         return self.train.per_worker_batch * self.workers.num_workers
+
+    @property
+    def lr_scale(self) -> float:
+        """The peak learning rate over `optim.lr`: `optim.lr_rule` at this global batch."""
+        ratio = self.global_batch / self.optim.reference_batch
+        return {"linear": ratio, "sqrt": ratio**0.5, "constant": 1.0}[self.optim.lr_rule]
 
     @property
     def resolved_backend(self) -> str:

@@ -114,13 +114,10 @@ def print_projection(df, console=None) -> None:
             too_big = r.get("fits") is False
             row[7], row[-1] = f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.memory_gib:.1f}" + (" > cap." if too_big else "")
         if tta:
-            row += [
-                f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else ""),
-                duration(r.tta_s),
-                f"{r.speedup_tta:.2f}",
-            ]
+            row += _tta_cells(r)
         table.add_row(*row)
     console.print(table)
+    _print_tta_sources(df, console)
     if df.attrs.get("sharded"):
         console.print(
             "[dim]communicating %: an all-gather or reduce-scatter in flight, hidden or not; exposed %: "
@@ -172,6 +169,29 @@ def write_projection(df, rows: list[dict], out: Path) -> list[Path]:
     return [*written, out / "projection.json"]
 
 
+def _tta_cells(r) -> list[str]:
+    """A projection row's epochs to target (* extrapolated, ! beyond the model's support), TTA and TTA speedup,
+    with the interval where the samples-to-target model gave one."""
+    epochs = (
+        f"{r.epochs_to_target:.1f}" + ("*" if r.epochs_extrapolated else "") + ("!" if r.get("beyond_support") else "")
+    )
+    speedup = f"{r.speedup_tta:.2f}"
+    if r.get("speedup_tta_lo") is not None and r.speedup_tta_lo == r.speedup_tta_lo:
+        speedup += f" [{r.speedup_tta_lo:.2f}, {r.speedup_tta_hi:.2f}]"
+    return [epochs, duration(r.tta_s), speedup]
+
+
+def _print_tta_sources(df, console) -> None:
+    if "epochs_source" not in df.columns:
+        return
+    sources = "; ".join(f"{n}: {source}" for n, source in zip(df["num_workers"], df["epochs_source"]))
+    console.print(
+        f"[dim]epochs to target by GPUs: {sources} (* beyond the measured batches, ! beyond the samples-to-target "
+        "model's support: docs/projection.md)[/dim]",
+        highlight=False,
+    )
+
+
 def print_run_projection(df, console=None) -> None:
     """The table of a run's projection: each figure with its interval [low, high], then what set each parameter."""
     from rich.markup import escape
@@ -185,7 +205,9 @@ def print_run_projection(df, console=None) -> None:
     )
     table = Table(title=title, title_justify="left", header_style="bold")
     rate = "tokens/s/GPU" if tokens else "samples/s"
-    for h in ("GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"):
+    tta = "tta_s" in df.columns
+    headers = ["GPUs", "step ms", rate, "communicating %", "exposed %", "A/B overhead %", "effic.", "memory GiB/GPU"]
+    for h in headers + (["epochs", "TTA", "TTA x", "throughput x"] if tta else []):
         table.add_column(h, justify="right", no_wrap=True)
     per = df.attrs.get("seq_len") or 1
 
@@ -208,8 +230,10 @@ def print_run_projection(df, console=None) -> None:
             band(r, "comm_overhead_pct", "{:.1f}"),
             band(r, "efficiency_throughput", "{:.3f}"),
             memory,
+            *([*_tta_cells(r), f"{r.speedup_throughput:.2f}"] if tta else []),
         )
     console.print(table)
+    _print_tta_sources(df, console)
     console.print(
         "[dim]communicating %: a collective in flight, hidden or not; exposed %: compute waiting on one; "
         "A/B overhead %: the step less the step without gradient synchronisation, / t_step; memory: the "
@@ -232,6 +256,17 @@ def print_run_projection(df, console=None) -> None:
         )
     for note in df.attrs.get("notes", []):
         console.print(f"[dim]- {escape(note)}[/dim]", highlight=False)
+
+
+def _noise_scale_line(summary: dict) -> str:
+    """The run's gradient noise scale with its interval and what it rests on, or why it is absent."""
+    if summary.get("noise_scale") is None:
+        return summary.get("noise_scale_note") or "-"
+    high = fmt(summary.get("noise_scale_high"), ",.0f") if summary.get("noise_scale_high") is not None else "no bound"
+    return (
+        f"{summary['noise_scale']:,.0f} samples [{fmt(summary.get('noise_scale_low'), ',.0f')}, {high}] over "
+        f"{summary.get('noise_steps')} steps (B_simple = tr(Σ)/|G|²: the batch beyond which samples to target grow)"
+    )
 
 
 def not_measured(summary: dict, figure: str) -> str | None:
@@ -388,6 +423,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
             + fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s")
             + ")",
         ),
+        ("noise scale", _noise_scale_line(summary)),
         ("results", str(run_dir)),
     ]
     after_tta = [key for key, _ in rows].index("TTA") + 1

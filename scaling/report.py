@@ -156,6 +156,13 @@ def _interval_cell(figure: str, spec: str, suffix: str = ""):
     return cell
 
 
+def _model_gap_cell(row) -> str:
+    """What the samples-to-target model expects of the TTA-to-throughput ratio from the batch alone
+    (scaling_tables.add_speedup's `gap_tta_model`); "-" where the baseline measured no noise scale."""
+    value = row.get("gap_tta_model")
+    return f"{value:.2f}×" if isinstance(value, float) and math.isfinite(value) else "-"
+
+
 def _repeats_cell(row) -> str:
     needed = [row[f"repeats_needed_{f}"] for f in ("speedup_throughput", "speedup_tta", "comm_overhead_pct")]
     needed = [n for n in needed if isinstance(n, float) and math.isfinite(n)]
@@ -169,10 +176,27 @@ def _interval_columns(keys) -> list[tuple]:
         (_interval_cell("speedup_throughput", ".2f", "×"), "speedup throughput", None),
         (_interval_cell("speedup_tta", ".2f", "×"), "speedup TTA", None),
         (_interval_cell("gap_tta_vs_throughput", ".2f", "×"), "TTA / throughput speedup", None),
+        (_model_gap_cell, "TTA / throughput, noise-scale model", None),
         (_interval_cell("comm_overhead_pct", ".1f", " %"), "comm overhead A/B", None),
         (_interval_cell("exposed_comm_pct", ".1f", " %"), "exposed comm", None),
         (_repeats_cell, "repeats for ±5%", None),
     ]
+
+
+def _gap_cause(row) -> str:
+    """Whether samples-to-target growth (the noise-scale model's expected ratio) accounts for a TTA speedup
+    behind the throughput speedup, or something else took the rest."""
+    model = row.get("gap_tta_model")
+    if not (isinstance(model, float) and math.isfinite(model)):
+        return ""
+    if row["gap_tta_vs_throughput_lo"] <= model <= row["gap_tta_vs_throughput_hi"]:
+        return (
+            f": samples-to-target growth at the larger batch explains it (the noise-scale model expects {model:.2f}×)"
+        )
+    return (
+        f": more than samples-to-target growth explains (the noise-scale model expects {model:.2f}×): something "
+        "else, e.g. the learning-rate rule at that batch, or epochs slowed by evaluation"
+    )
 
 
 def headline_claims(intervals: pd.DataFrame) -> list[str]:
@@ -193,7 +217,7 @@ def headline_claims(intervals: pd.DataFrame) -> list[str]:
                 "TTA scales better or worse than throughput"
             )
         elif gap == "below":
-            parts.append("TTA scales worse than throughput (outside the noise)")
+            parts.append("TTA scales worse than throughput (outside the noise)" + _gap_cause(row))
         elif gap == "above":
             parts.append("TTA scales better than throughput (outside the noise)")
         else:

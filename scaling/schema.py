@@ -65,3 +65,9 @@ STEP_COLUMNS = [
 # Each rank's phases too: a straggler that waits for its input (data_s) and one that computes slower
 # (forward_s, backward_s) are told apart here
 RANK_FIELDS = ("step_s", *PHASE_COLUMNS, "exposed_comm_s", "waiting_s", "transfer_s", "comm_span_s")
+# The gradient noise scale's inputs per step (scaling/noise_scale.py; NaN on the steps that took none): the
+# gradient's squared norm at the rank's batch and at the global one, and the two batch sizes
+NOISE_COLUMNS = ("grad_sq_small", "grad_sq_big", "noise_batch_small", "noise_batch_big")
+# Per epoch (epochs.parquet, the ranks' steps pooled) and per run (summary.json, over the epochs): the noise scale with
+# its 95% interval, its numerator and denominator, and what it rests on
+NOISE_FIGURES = ("noise_scale", "noise_scale_low", "noise_scale_high", "grad_trace", "grad_sq", "noise_steps")

@@ -157,6 +157,7 @@ def scaling_intervals(runs: pd.DataFrame, table: pd.DataFrame, width: float = DE
         out = {k: row[k] for k in keys}
         out["n_ok"] = len(group)
         out["base_workers"] = base_workers
+        out["gap_tta_model"] = row.get("gap_tta_model", math.nan)  # the noise-scale model's (scaling_tables)
         n_min = min(len(group), len(base)) if len(base) else len(group)
         if len(group) >= MIN_REPEATS:
             g = _group_statistics(group, _indices(len(group), rng))

@@ -160,7 +160,8 @@ import math
 
 import pandas as pd
 
-from scaling.schema import PHASE_COLUMNS, RANK_FIELDS, SHARE_FIELDS, STEP_FIELDS
+from scaling import noise_scale
+from scaling.schema import NOISE_FIGURES, PHASE_COLUMNS, RANK_FIELDS, SHARE_FIELDS, STEP_FIELDS
 
 # Figures made of observations, by what they are made of: with none of it recorded a figure is
 # None and `not_measured` says why (module docstring).
@@ -591,6 +592,48 @@ def ddp_second_opinion(epochs: pd.DataFrame, rank0_spans: pd.DataFrame) -> dict:
     return out
 
 
+def noise_scale_figures(epochs: pd.DataFrame, num_workers: int) -> dict:
+    """The run's gradient noise scale (scaling/noise_scale.py defines it and its estimator) over its epochs.
+
+    `noise_scale`, `noise_scale_low`, `noise_scale_high`: the ratio of the epochs' step-weighted mean tr(Σ)
+    (`grad_trace`) and mean |G|² (`grad_sq`), its 95% interval by batch means with the epochs as the batches
+    (their spread holds the noise scale's drift over training as well as the estimate's noise); one epoch: that
+    epoch's own interval (over its steps). `noise_steps`: the steps (or calibration pairs) it rests on;
+    `noise_scale_source`: where the two batch sizes came from; `noise_scale_note`: why it is absent.
+    """
+    keys = NOISE_FIGURES
+    out: dict = dict.fromkeys(keys)
+    out["noise_scale_source"] = (
+        "the gradient before and after the all-reduce, on the timed steps"
+        if num_workers > 1
+        else "the calibration window: a batch's gradient alone and two batches' together"
+    )
+    measured = epochs[epochs["noise_steps"] > 0] if "noise_steps" in epochs.columns else epochs.iloc[:0]
+    if measured.empty:
+        out["noise_scale_source"] = None
+        out["noise_scale_note"] = (
+            "not measured: no epoch recorded gradient norms (FSDP2's and Horovod's are not read; one worker needs "
+            "the calibration window: forward_backward, calibration data and instrument.noise_scale)"
+        )
+        return out
+    if len(measured) == 1:
+        row = measured.iloc[0]
+        figures = {key: _finite_or_none(row[key]) for key in keys if key != "noise_steps"}
+    else:
+        blocks = list(zip(measured["noise_steps"], measured["grad_trace"], measured["grad_sq"]))
+        figures = {key: _finite_or_none(value) for key, value in noise_scale.ratio_interval(blocks).items()}
+        figures.pop("noise_blocks", None)
+    out.update(figures)
+    out["noise_steps"] = int(measured["noise_steps"].sum())
+    if out["noise_scale"] is None:
+        out["noise_scale_note"] = "the gradient is below its noise (mean |G|² <= 0 over the measured steps)"
+    elif out["noise_scale_high"] is None and out["noise_scale_low"] is not None:
+        out["noise_scale_note"] = "no upper bound: the interval of |G|² reaches zero"
+    else:
+        out["noise_scale_note"] = None
+    return out
+
+
 def peak_memory(epochs: pd.DataFrame) -> dict:
     """`peak_memory_bytes`: the largest rank's peak over the run's epochs; `peak_memory_min_bytes`: the
     smallest rank's, over the same epochs; `peak_memory_method`: how (module docstring). None without them."""
@@ -752,6 +795,7 @@ def summarize_run(
             out[name.removesuffix("_s") + "_pct_half_width"] = half_width if out.get(name) is not None else None
     out.update(accumulator.timing_effect())
     out.update(peak_memory(epochs))
+    out.update(noise_scale_figures(epochs, num_workers))
 
     out["comm_overhead_note"] = None
     steps_recorded = accumulator.counts["train"]["step_s"] > 0

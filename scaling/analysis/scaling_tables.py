@@ -57,6 +57,10 @@ report's and the notebooks' rule for merged sweeps); its *repeats* are its runs 
   `speedup_throughput` = throughput(N) / throughput(base),
   `speedup_tta` = tta_mean_s(base) / tta_mean_s(N) (means over the repeats that reached the target).
   `efficiency_<same>` = speedup / (N / base_workers): 1.0 is linear scaling.
+  `gap_tta_model`: the TTA-to-throughput speedup ratio the samples-to-target model expects from
+  the global batch alone, 1 / samples_growth(B_N, B_base, B_noise) (scaling/noise_scale.py), B_noise
+  the baseline's `noise_scale` (median over its runs; NaN where none was measured): a measured
+  ratio below it says TTA lost more than samples-to-target growth explains.
 - Utilisation, **medians** over the group's runs of the run's figure (docs/results.md):
   `mfu`, `achieved_flops_per_s` (per worker), `arithmetic_intensity`, and the device roofs
   `peak_flops_per_s` and `mem_bytes_per_s` they are taken against.
@@ -79,6 +83,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.analysis.run_metrics import node_cost_usd
+from scaling.noise_scale import samples_growth
 from scaling.schema import KIND_FIELDS
 
 # Columns that may join `num_workers` as group keys when present (besides `sweep.*`).
@@ -88,6 +93,7 @@ SPEEDUP_METRICS = ("time_per_epoch", "throughput", "tta")
 # Per collective kind (scaling.schema.KIND_FIELDS as % of step): a sharded backend's all-gathers and reduce-scatters
 KIND_PCTS = tuple(kind.removesuffix("_s") + "_pct" for kind in KIND_FIELDS)
 _NUMERIC = (
+    "noise_scale",
     "num_workers",
     "num_nodes",
     "global_batch",
@@ -320,6 +326,9 @@ def _group_figures(group: pd.DataFrame) -> dict:
         "mem_bytes_per_s": _col(ok, "mem_bytes_per_s").median(),
         # minicluster runs: each node's link cap (NaN = uncapped or not a minicluster run)
         "link_bandwidth_bits_per_s": _col(ok, "link_bandwidth_bits_per_s").median(),
+        # the gradient noise scale (run_metrics.noise_scale_figures) and the global batch it was measured at
+        "noise_scale": _col(ok, "noise_scale").median(),
+        "global_batch_median": _col(ok, "global_batch").median(),
     }
     return {
         k: (float(v) if k not in ("n_runs", "n_failed", "n_resized", "n_ok", "n_reached") else int(v))
@@ -388,6 +397,13 @@ def add_speedup(table: pd.DataFrame, group_by: tuple[str, ...] | list[str] = ("n
         for metric, values in speedup.items():
             table.loc[index, f"speedup_{metric}"] = values
             table.loc[index, f"efficiency_{metric}"] = values / scale
+        noise, base_batch = base.get("noise_scale", np.nan), base.get("global_batch_median", np.nan)
+        if noise > 0 and base_batch > 0:
+            table.loc[index, "gap_tta_model"] = [
+                1.0 / samples_growth(b, base_batch, noise) if b > 0 else np.nan for b in part["global_batch_median"]
+            ]
+    if "gap_tta_model" not in table.columns:
+        table["gap_tta_model"] = np.nan
     return table
 
 

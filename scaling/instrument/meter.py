@@ -99,7 +99,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scaling import writer_lock
+from scaling import noise_scale, writer_lock
 from scaling.instrument.backends import detect
 from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
@@ -319,14 +319,19 @@ class StepMeter:
                 "the collectives themselves wait"
             )
         paces_itself = bool(self._pace_s) and self.backend.paces_collectives
+        # the noise scale's two batch sizes, a rank's and the global one, from the timed all-reduces' norms
+        self._norms_on = bool(self.timing and communicates and self.world_size > 1)
         if self.timing and (communicates or paces_itself):
             self.backend.install_timer(self.clock, settings.inject_comm_delay_s, settings.inject_comm_delay_into)
             if paces_itself:
                 self.backend.set_pace(self._pace)
+            self.backend.measure_norms(self._norms_on)
         elif settings.inject_comm_delay_s:
             raise ValueError(
                 "inject_comm_delay_s needs step timing and communication (a DDP model, or more than one worker)"
             )
+        self._noise_steps: list[StepMarks] = []  # this epoch's steady steps with the noise scale's norms
+        self._noise_window: list[tuple] = []  # 1 worker: the calibration window's (|G_small|², |G_big|², B, 2B)
         self._handles = []
         # the push API's state (request_batch, batch_arrived): an epoch's training in progress, its last
         # request's mark, and whether the batch asked for continues the step in progress
@@ -702,25 +707,30 @@ class StepMeter:
                 step.micro_buckets.append(self.backend.take())
         elif not step.micro_buckets:
             return  # nothing was trained: batches drawn and skipped up to the loader's end
+        norms = self.backend.take_norms()  # before host_s is read: taking them is the instrument's time
+        if norms is not None:  # the rank's samples in the step, and the global batch's (equal per rank)
+            norms = (*norms, step.samples, step.samples * self.world_size)
         host_s, self._host_s = self._host_s + self.backend.take_host_s(), 0.0
-        self.recorder.step(
-            StepMarks(
-                self.epoch + 1,
-                step.index,
-                "train",
-                step.index < self.settings.warmup_steps,
-                step.samples,
-                step.start,
-                step.segments,
-                step.micro_buckets,
-                step.pauses,
-                step.optimizer_steps,
-                comm_rule=self.backend.comm_rule,
-                comm_timed=step.comm_timed,
-                instrument_host_s=host_s,
-                job_collectives=step.job_collectives,
-            )
+        marks = StepMarks(
+            self.epoch + 1,
+            step.index,
+            "train",
+            step.index < self.settings.warmup_steps,
+            step.samples,
+            step.start,
+            step.segments,
+            step.micro_buckets,
+            step.pauses,
+            step.optimizer_steps,
+            comm_rule=self.backend.comm_rule,
+            comm_timed=step.comm_timed,
+            instrument_host_s=host_s,
+            job_collectives=step.job_collectives,
+            grad_norms=norms,
         )
+        if norms is not None and not marks.warmup:
+            self._noise_steps.append(marks)
+        self.recorder.step(marks)
 
     def _end_training(self) -> None:
         if self.clock.cuda:
@@ -774,6 +784,7 @@ class StepMeter:
         if self.clock.cuda:
             torch.cuda.synchronize()
         calibration_s = time.perf_counter() - calibration_start
+        columns = {**self._epoch_noise_scale(), **columns}
         self.epoch += 1
         samples = samples if samples is not None else self._epoch_samples * self.world_size
         row = {
@@ -880,24 +891,58 @@ class StepMeter:
             random.setstate(python_rng)
             _restore_numpy_rng_state(numpy_rng)
 
+    def _epoch_noise_scale(self) -> dict:
+        """The epoch's gradient noise scale and its interval (scaling/noise_scale.py), from its steady steps'
+        norms (more than one rank) or the calibration window's (one): the epoch row's `noise_scale`,
+        `noise_scale_low`, `noise_scale_high`, `grad_trace`, `grad_sq`, `noise_steps`, `noise_blocks`; nothing
+        where neither was measured. The norms are read here, once per epoch, after the epoch's synchronize."""
+        for marks in self._noise_steps:
+            before, after, factor, batch_small, batch_big = marks.grad_norms
+            if any(norm is None for norm in after):  # an all-reduce that never completed: no figure
+                marks.grad_norms = None
+                continue
+            small_sq = factor * float(torch.stack(before).sum())
+            marks.grad_norms = (small_sq, float(torch.stack(after).sum()), batch_small, batch_big)
+        measured = [m.grad_norms for m in self._noise_steps if m.grad_norms is not None]
+        if self._norms_on and self.sync_group is not None:
+            measured = self._pooled_over_ranks(measured)
+        measured += self._noise_window
+        self._noise_steps, self._noise_window = [], []
+        return noise_scale.estimate(measured) if measured else {}
+
+    def _pooled_over_ranks(self, measured: list[tuple]) -> list[tuple]:
+        """Each step's |G_small|² as the mean over the ranks' own (collective: every rank calls it at the epoch's
+        end). Every rank's is an unbiased small-batch norm of the same step, so their mean is too, with less
+        noise; the global batch's norm is the same on every rank. The ranks time the same steps (the sampling is
+        by step index); a count that differs leaves each rank its own (the records keep each rank's own anyway)."""
+        count = torch.tensor([float(len(measured))], dtype=torch.float64)
+        counts = [torch.zeros_like(count) for _ in range(self.world_size)]
+        dist.all_gather(counts, count, group=self.sync_group)
+        if not measured or any(int(c.item()) != len(measured) for c in counts):
+            return measured
+        small = torch.tensor([m[0] for m in measured], dtype=torch.float64)
+        dist.all_reduce(small, group=self.sync_group)
+        small /= self.world_size
+        return [(float(s), *rest) for s, (_, *rest) in zip(small.tolist(), measured)]
+
     def _calibrate(self) -> None:
-        """The A/B window (module docstring): no_sync and sync halves alternate, ABBA.
+        """The A/B window (module docstring): no_sync and sync halves alternate, ABBA. At one worker, where
+        there is no synchronisation to time, the same window measures the gradient noise scale instead
+        (`_noise_pairs`).
 
         Whatever it uses of the job's state it gives back: the gradients (set aside, then put
         back), the module buffers, and the random number generators its forwards and its
         iteration of the data draw from.
         """
         pairs = self.settings.calibration_pairs
-        if not (
-            self.timing
-            and self.world_size > 1
-            and pairs > 0
-            and self.forward_backward
-            and self.calibration_data is not None
-        ):
+        if not (self.timing and pairs > 0 and self.forward_backward and self.calibration_data is not None):
+            return
+        if self.world_size == 1 and not self.settings.noise_scale:
             return
         self._calibrating = True
         self.backend.time_collectives(True)  # the A/B halves are always timed (the next step sets its own)
+        # the A/B's sync halves take no gradient norms: its difference is the synchronisation's alone
+        self.backend.measure_norms(False)
         try:
             with self._rng_untouched(), self.backend.calibration():
                 # listed inside the backend's calibration(): FSDP's registers the sharded parameters there,
@@ -906,7 +951,10 @@ class StepMeter:
                 job_gradients = [q.grad for q in parameters]
                 saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
                 try:
-                    self._calibration_pairs(parameters, pairs)
+                    if self.world_size == 1:
+                        self._noise_pairs(parameters, pairs)
+                    else:
+                        self._calibration_pairs(parameters, pairs)
                 finally:
                     with torch.no_grad():
                         for name, buffer in self.model.named_buffers():
@@ -916,6 +964,38 @@ class StepMeter:
         finally:
             self._calibrating = False
             self._calib = None
+            self.backend.measure_norms(self._norms_on)
+
+    def _noise_pairs(self, parameters: list, pairs: int) -> None:
+        """One worker's noise scale (scaling/noise_scale.py): of each pair of consecutive calibration batches of
+        equal size B, the gradient's squared norm after the first alone (batch B) and after both accumulated
+        (their mean: batch 2B). One worker has no all-reduce to read a second batch size from, nor an A/B to
+        run, so its calibration window serves this instead, at the same cost (two forward+backward per pair,
+        outside training time). The job's loss is taken to average over its batch (a sum scales both norms
+        alike: the noise scale holds, |G|² and tr(Σ) come in its units)."""
+        data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
+        batches = iter(data)
+        with_grad = [q for q in parameters if q.requires_grad]
+        for _ in range(pairs):
+            pair = [next(batches, None), next(batches, None)]
+            if pair[1] is None:
+                break
+            sizes = [_first_tensor(batch) for batch in pair]
+            sizes = [int(first.shape[0]) if first is not None and first.dim() else 1 for first in sizes]
+            if sizes[0] != sizes[1]:  # the accumulated gradient is then no mean over 2B: the last, short batch
+                continue
+            norms = []
+            for q in with_grad:
+                q.grad = None
+            for batch in pair:
+                self.forward_backward(batch)
+                self.backend.take()  # a 1-rank DDP group's all-reduces here are no training step's
+                grads = [q.grad for q in with_grad if q.grad is not None]
+                norms.append(float(sum(torch.stack(torch._foreach_norm(grads)) ** 2)) if grads else float("nan"))
+            # after both: the sum of the two batches' mean gradients, twice their mean over 2B
+            self._noise_window.append((norms[0], norms[1] / 4.0, float(sizes[0]), 2.0 * sizes[0]))
+        for q in with_grad:
+            q.grad = None
 
     def _calibration_pairs(self, parameters: list, pairs: int) -> None:
         """The window's halves, each timed and recorded as a step of its kind; gradients cleared after each."""

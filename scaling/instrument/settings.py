@@ -68,6 +68,11 @@ class InstrumentSettings:
     (`comm_timed_steps`); docs/method.md, and docs/benchmarks.md for what each choice costs."""
     telemetry_interval_s: float = 1.0
     """GPU telemetry (NVML) sampling period, seconds; 0 = off."""
+    noise_scale: bool = True
+    """One worker: the calibration window (`calibration_pairs` pairs of batches, with `forward_backward`) measures
+    the gradient noise scale, from each pair's gradient after its first batch and after both (scaling/noise_scale.py).
+    At more workers the noise scale comes from the gradient before and after the all-reduce on the steps whose
+    collectives are timed, whatever this says. False: one worker runs no calibration window."""
 
     def problems(self, prefix: str = "") -> list[str]:
         """Values out of range, one line each naming the key (`prefix`: where the settings sit, e.g. "instrument.")."""

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from scaling.schema import PHASES
+from scaling.schema import NOISE_COLUMNS, PHASES
 
 # DDP's device-side injection, checked on a GPU by scripts/gpu_first_contact.py's NCCL ground truth
 # (H200, 2026-11-27, docs/gpu.md). False refuses instrument.inject_comm_delay_s on GPU runs at
@@ -160,6 +160,24 @@ class BucketMarks:
 _work_from_future = torch._C._distributed_c10d._create_work_from_future  # a Work whose wait is the future's
 
 
+def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
+    """A gradient bucket's squared L2 norm as a 0-d tensor, not read (no wait for the device): one fused op.
+
+    `torch.dot` of the flat buffer with itself: measured on a CPU core (2026-12-06) 2 µs for a 1,000-element
+    bucket against 9 µs for `pow(2).sum()` (which allocates the squares) and 3 µs for `torch._foreach_norm`;
+    bench/noise_scale_host_cost.py measures what the two norms cost a timed bucket. Buffers that are not a flat
+    float buffer take the general path.
+    """
+    if tensor.dim() == 1 and tensor.dtype in (torch.float32, torch.float64):
+        return torch.dot(tensor, tensor)
+    return tensor.float().pow(2).sum()
+
+
+def _future_tensor(value) -> torch.Tensor:
+    """The all-reduced bucket of a future's value: a process group's future holds a list, a comm hook's a tensor."""
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
 def _hold_on_host(delay_s: float):
     """A completion callback that holds an all-reduce's future for `delay_s` (the ground truth on an untimed step)."""
 
@@ -186,6 +204,13 @@ class _BucketTimer:
         self._buckets: list[BucketMarks] = []
         self.timed = True
         self.host_s = 0.0
+        # The gradient noise scale's two norms (scaling/noise_scale.py): on timed steps where `norms` is set (more
+        # than one rank), each bucket's squared norm before its all-reduce (this rank's gradient, times
+        # `local_norm_factor` where the reducer divided it by the world size first) and after it (the global
+        # batch's), as 0-d tensors read once per epoch: [[before, after], ...] since the last `take_norms()`.
+        self.norms = False
+        self.local_norm_factor = 1.0
+        self._norms: list[list] = []
         self.configure(clock or Clock(), inject_delay_s)
 
     def configure(self, clock: Clock, inject_delay_s: float = 0.0) -> None:
@@ -204,13 +229,19 @@ class _BucketTimer:
         else:
             self._hold = _hold_on_device(self.spin_cycles) if clock.cuda else _hold_on_host(inject_delay_s)
 
-    def _marked(self, index: int, last: bool, issue):
+    def _marked(self, index: int, last: bool, issue, buffer: torch.Tensor | None = None):
         """The future of a bucket's all-reduce, issued by `issue()` once its hand-over is marked,
         followed by the callback that marks its completion (and holds it for the ground-truth delay
-        if it is the step's last bucket): what DDP then waits on. Its value is the all-reduce's."""
+        if it is the step's last bucket): what DDP then waits on. Its value is the all-reduce's.
+        With `norms` on, `buffer`'s squared norm is taken before the all-reduce (in place: it is
+        overwritten) and the result's in the callback."""
         clock = self.clock
         marks = BucketMarks(index=index, handed_over=clock.mark())
         self._buckets.append(marks)
+        norms = None
+        if self.norms and buffer is not None:
+            norms = [squared_norm(buffer), None]
+            self._norms.append(norms)
         future = issue()
         delay_s = self.inject_delay_s if last else 0.0
         spin_cycles = self.spin_cycles if last else 0
@@ -231,7 +262,10 @@ class _BucketTimer:
                 marks.injected = (before, marks.completed)
             else:
                 marks.completed = clock.mark()
-            return fut.value()
+            value = fut.value()
+            if norms is not None:  # the all-reduced bucket, before DDP copies it out (off the training thread on gloo)
+                norms[1] = squared_norm(_future_tensor(value))
+            return value
 
         return future.then(on_complete)
 
@@ -241,6 +275,16 @@ class _BucketTimer:
             return ()  # an untimed step's: nothing allocated
         self._buckets = []
         return taken
+
+    def take_norms(self) -> tuple[list, list, float] | None:
+        """The buckets' squared norms since the last call, ([before ...], [after ...], `local_norm_factor`), the
+        norms 0-d tensors, not read; None where none were taken. Every bucket's completion is in once DDP's
+        backward returned: call it between steps."""
+        taken = self._norms
+        if not taken:
+            return None
+        self._norms = []
+        return [before for before, _ in taken], [after for _, after in taken], self.local_norm_factor
 
 
 class TimingProcessGroup(dist.ProcessGroup, _BucketTimer):
@@ -282,6 +326,9 @@ class TimingProcessGroup(dist.ProcessGroup, _BucketTimer):
         self.bucket_count = bucket_count
         self._calls = 0  # bucket all-reduces since the last `take()`
         self._init_timer(clock, inject_delay_s)
+        # the reducer hands this group each bucket divided by the world size already: the rank's own gradient
+        # is the bucket times the world size
+        self.local_norm_factor = float(group.size()) ** 2
 
     def allreduce(self, tensors, opts):
         entered = time.perf_counter()
@@ -291,7 +338,7 @@ class TimingProcessGroup(dist.ProcessGroup, _BucketTimer):
         last = self._hold is not None and self._calls == self.bucket_count()
         group = self.group
         if self.timed:
-            future = self._marked(index, last, lambda: group.allreduce(tensors, opts).get_future())
+            future = self._marked(index, last, lambda: group.allreduce(tensors, opts).get_future(), tensors[0])
         else:
             work = group.allreduce(tensors, opts)
             if not (last and self._hold is not None):
@@ -355,7 +402,7 @@ class CommTimingHook(_BucketTimer):
                 job_s = time.perf_counter() - began
 
         if self.timed:
-            future = self._marked(bucket.index(), bucket.is_last(), inner_hook)
+            future = self._marked(bucket.index(), bucket.is_last(), inner_hook, bucket.buffer())
         else:
             future = inner_hook()
             if self._hold is not None and bucket.is_last():
@@ -465,6 +512,10 @@ class StepMarks:
     # collectives the job runs beside its gradients', each timed on the host by the job's integration
     # (`StepMeter.record_job_collective`): kind -> [seconds, count], the columns `<kind>_s` and `<kind>s`
     job_collectives: dict | None = None
+    # the gradient noise scale's two squared norms (scaling/noise_scale.py): taken as the timer's
+    # ([before], [after], factor, B_small, B_big), read by the meter at the epoch's end into
+    # (|G_small|², |G_big|², B_small, B_big): the columns NOISE_COLUMNS (NaN on the steps without)
+    grad_norms: tuple | None = None
 
     @classmethod
     def single(
@@ -566,6 +617,7 @@ class StepMarks:
             "injected_s": injected_s,
             "comm_timed": self.comm_timed,
             "instrument_host_s": self.instrument_host_s,
+            **dict(zip(NOISE_COLUMNS, self._noise_values())),
             **{
                 column: value
                 for kind, (seconds, count) in (self.job_collectives or {}).items()
@@ -579,6 +631,12 @@ class StepMarks:
             "compute_end_t": start_t + compute_end,
             "comm_end_t": start_t + comm_end,
         }
+
+    def _noise_values(self) -> tuple:
+        norms = self.grad_norms
+        if norms is None or len(norms) != len(NOISE_COLUMNS):  # none, or never read (not a steady step)
+            return (float("nan"),) * len(NOISE_COLUMNS)
+        return tuple(float(value) for value in norms)
 
     def trace_events(self, clock: Clock, offset_s: float, rank: int) -> list[dict]:
         """Chrome trace events (times in s on rank 0's clock; scaling/instrument/trace.py writes µs):

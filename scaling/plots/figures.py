@@ -592,7 +592,8 @@ def accuracy_curves_figure(curves: pd.DataFrame, target_accuracy: float | None =
 @captioned(
     "Throughput speedup vs. TTA speedup",
     "The same throughput and TTA speedups side by side per worker count; the gap is the extra epochs a "
-    "larger global batch needs to reach the target (black line: ideal).",
+    "larger global batch needs to reach the target (black line: ideal; purple dots, where the baseline measured a "
+    "gradient noise scale: the TTA speedup the samples-to-target model expects from the batch alone).",
 )
 def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
     """Throughput speedup beside TTA speedup per worker count (grouped bars), with the ideal."""
@@ -650,6 +651,13 @@ def throughput_vs_tta_figure(table: pd.DataFrame) -> Figure:
         for i, (x, y) in enumerate(zip(positions, ideal)):
             if math.isfinite(y):
                 ax.hlines(y, x - width - 0.06, x + width + 0.06, label="ideal (linear)" if i == 0 else None, **IDEAL)
+        # the model's TTA speedup: the measured throughput speedup times the gap samples-to-target growth explains
+        if "gap_tta_model" in part.columns:
+            model = (part["speedup_throughput"] * part["gap_tta_model"]).to_numpy(dtype=float)
+            drawn = [(x, y) for x, y in zip(positions, model) if math.isfinite(y)]
+            for i, (x, y) in enumerate(drawn):
+                label = "TTA speedup, noise-scale model" if i == 0 else None
+                ax.hlines(y, x, x + width, colors="#7b3294", linestyles=":", linewidth=2.2, label=label)
         ax.set_xticks(positions, [str(int(n)) for n in part["num_workers"]])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(False, axis="x")

@@ -62,6 +62,7 @@ from scaling.projection.compute import (
     compute_from_concurrent_runs,
     compute_from_run,
 )
+from scaling.projection import tta
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, FSDP_DTYPES, MIB
 from scaling.projection.memory import DTYPE_BYTES
 from scaling.projection.project import project
@@ -444,6 +445,7 @@ def run_spec(
     precision: str | None = None,
     fsdp_units: int | None = None,
     same_device: bool = False,
+    lr_rule: str | None = None,
     **kwargs,
 ) -> RunSpec:
     """The projection the run's job asks (module docstring): a `ProjectionSpec` of its layer table and compute.
@@ -456,7 +458,9 @@ def run_spec(
     how the compute transfers to the target (module docstring). fsdp_units: blocks to split the
     model into where the run has no FSDP2 records. same_device: the cluster's workers are the run's
     own device (a minicluster of the machine it ran on), so its compute and jitter are taken as
-    measured, whatever the cluster's device. kwargs are the spec's other fields (bucket_cap_mb,
+    measured, whatever the cluster's device. lr_rule: how the job's learning rate follows the global batch
+    (default the run's optim.lr_rule, else linear), for the time to accuracy of a run whose summary has a noise
+    scale and epochs to target (scaling/projection/tta.py). kwargs are the spec's other fields (bucket_cap_mb,
     reshard_after_forward, fsdp_reduce_dtype, ...).
     """
     if backend is not None and backend not in BACKENDS:
@@ -548,8 +552,32 @@ def run_spec(
     if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in FSDP_DTYPES:
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
     kwargs.setdefault("activation_checkpointing", "none")
+    samples_to_target = _samples_to_target(run, summary, lr_rule)
+    if samples_to_target is not None:
+        kwargs["samples_to_target"] = samples_to_target
+        rule_source = (
+            "given" if lr_rule else ("the run's optim.lr_rule" if _config_rule(run) else "assumed (no config)")
+        )
+        parameters.append(("epochs to target", tta.describe(samples_to_target), f"summary.json; rule {rule_source}"))
     spec = ProjectionSpec(table, cluster, workers=gpus, compute=compute, backend=backend, **kwargs)
     return RunSpec(spec, parameters, steps, concurrent)
+
+
+def _config_rule(run) -> str | None:
+    return (run.config.get("optim") or {}).get("lr_rule")
+
+
+def _samples_to_target(run, summary: dict, lr_rule: str | None) -> tta.SamplesToTarget | None:
+    """The samples-to-target model from the run's own noise scale and epochs to target; None without either. E0's
+    interval: back to the evaluation before (the run's train.eval_every; a job without the lab's config: one
+    epoch)."""
+    batch = summary.get("global_batch") or (summary.get("num_workers") or 1) * (
+        _profile(run).get("per_worker_batch") or 0
+    )
+    if not batch:
+        return None
+    eval_every = (run.config.get("train") or {}).get("eval_every")
+    return tta.from_summary(summary, int(batch), lr_rule or _config_rule(run) or "linear", eval_every)
 
 
 # A 1-worker run under Ray's `prepare_model` trains the bare model: DDP wraps it only at 2+ workers.

@@ -87,7 +87,9 @@ Three communication figures, the lab's three (scaling/analysis/run_metrics.py), 
   (held constant with one point), never below the fewest measured epochs;
   tta_s = epochs_to_target x time_per_epoch_s; speedup_tta = tta(1) / tta(N). Rows beyond the
   measured batches carry epochs_extrapolated = True: large-batch training can need many more
-  epochs (or fail to reach the target) beyond what was measured.
+  epochs (or fail to reach the target) beyond what was measured. With a measured noise scale
+  (`samples_to_target`) rows beyond the measured batches follow the samples-to-target model
+  instead, with intervals, and each row names its source (scaling/projection/tta.py).
 
 Column names follow the lab's (docs/results.md, scaling/analysis/scaling_tables.py), so a
 projection can be drawn over a sweep's measured table.
@@ -122,6 +124,7 @@ from scaling.projection.compute import (
     jitter_straggler_s,
     run_model,
 )
+from scaling.projection import tta
 from scaling.projection.layers import (
     BYTES_PER_GRAD_ELEMENT,
     COMPRESSION_BYTES,
@@ -593,16 +596,17 @@ def _finish(s: _Setup, df: pd.DataFrame) -> pd.DataFrame:
         columns += TRANSFORMER_COLUMNS
     caveats = []
     table_e = parse_epochs_table(spec.epochs_to_target)
-    if table_e is not None:
-        at = [epochs_at(table_e, int(g)) for g in df["global_batch"]]
-        df["epochs_to_target"] = [e for e, _ in at]
-        df["epochs_extrapolated"] = [x for _, x in at]
-        df["tta_s"] = df["epochs_to_target"] * df["time_per_epoch_s"]
-        df["speedup_tta"] = df["tta_s"].iloc[0] / df["tta_s"]
-        columns += TTA_COLUMNS
-        measured = ", ".join(f"{bb}: {e:g}" for bb, e in sorted(table_e.items()))
-        notes.append(f"epochs to target measured at global batch {{{measured}}}")
-        if df["epochs_extrapolated"].any():
+    model = spec.samples_to_target
+    if table_e is not None or model is not None:
+        # each row's epochs from the measured points and the samples-to-target model (tta.py)
+        caveats += tta.add_tta(df, table_e, model, epochs_at)
+        columns += TTA_COLUMNS + tta.MODEL_COLUMNS
+        if table_e is not None:
+            measured = ", ".join(f"{bb}: {e:g}" for bb, e in sorted(table_e.items()))
+            notes.append(f"epochs to target measured at global batch {{{measured}}}")
+        if model is not None:
+            notes.append(tta.describe(model))
+        if (df["epochs_extrapolated"] & ~df["epochs_source"].str.startswith("noise-scale")).any():
             caveats.append(TTA_CAVEAT)
     df = df[columns]
     if s.compute.precision in ("fp16", "bf16") and backend not in SHARDED and not s.transformer and len(df) > 1:

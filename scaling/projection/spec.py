@@ -26,6 +26,7 @@ from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, Cluster, p
 from scaling.projection.compute import StepCompute
 from scaling.projection.cost import ALGORITHMS
 from scaling.projection.layers import COMPRESSION_BYTES, FSDP_DTYPES, available_models
+from scaling.projection.tta import SamplesToTarget
 
 BACKENDS = ("ddp", "horovod", "fsdp", "hsdp")
 DEFAULT_NODES = "1,2,4,8,16"  # a projection's node counts unless told (--nodes)
@@ -238,6 +239,9 @@ class ProjectionSpec:
         "(default: none, no TTA columns)",
     )
     """{global batch: epochs} measured at smaller scale, for TTA (project.parse_epochs_table)."""
+    samples_to_target: SamplesToTarget | None = None
+    """The samples-to-target model of epochs to target beyond the measured batches, from a measured gradient
+    noise scale (scaling/projection/tta.py): a run's own (from_run), or --noise-scale with --epochs-to-target."""
     compute: StepCompute | None = None
     """One worker's step, given (from_run.project_run: a run's compute on the target), instead of
     from_run, samples_per_s or the device."""

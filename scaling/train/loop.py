@@ -100,10 +100,11 @@ def seed_everything(seed: int) -> None:
 def lr_multiplier(step: int, steps_per_ep: int, cfg: ExperimentConfig) -> float:
     """Learning rate at `step` as a multiple of the peak (linearly scaled) rate.
 
-    Goyal et al. 2017: peak = lr x global_batch / reference_batch, reached by a linear ramp
-    from `lr` over `warmup_epochs`; then constant, or cosine to 0 at max_epochs.
+    Goyal et al. 2017: peak = lr x global_batch / reference_batch (`optim.lr_rule` linear; or its
+    square root, or 1: `cfg.lr_scale`), reached by a linear ramp from `lr` over `warmup_epochs`;
+    then constant, or cosine to 0 at max_epochs.
     """
-    scale = cfg.global_batch / cfg.optim.reference_batch
+    scale = cfg.lr_scale
     warmup_steps = cfg.optim.warmup_epochs * steps_per_ep
     if step < warmup_steps:
         start = min(1.0, 1.0 / scale)
@@ -295,7 +296,7 @@ def train_worker(
     dataset = load_dataset(cfg.data, ctx.device, channels_last=cfg.train.channels_last)
     precision = Precision(cfg.train.precision, cfg.train.channels_last, ctx.device)
     plain_model = precision.prepare_model(build_model(cfg.model.name, cfg.data.num_classes).to(ctx.device))
-    peak_lr = cfg.optim.lr * cfg.global_batch / cfg.optim.reference_batch
+    peak_lr = cfg.optim.lr * cfg.lr_scale
     optimizer = build_optimizer(cfg, plain_model.parameters(), ctx.device, peak_lr)  # fused on CUDA
     lab_backend = for_run(cfg, ctx.world_size)
     model, optimizer, close_backend = lab_backend.wrap(cfg, ctx, plain_model, optimizer, run_dir)

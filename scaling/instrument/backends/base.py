@@ -92,6 +92,16 @@ class Backend:
     def time_collectives(self, timed: bool) -> None:
         """Time the collectives from now on, or not (`samples_collectives`); nothing to choose here."""
 
+    def measure_norms(self, on: bool) -> None:
+        """Take the gradient's squared norms before and after its collective on the timed steps from now on, or
+        not (the noise scale: scaling/noise_scale.py). A backend that cannot read them (nothing here; Horovod's,
+        FSDP2's: not measured) ignores it, and its `take_norms` gives None."""
+
+    def take_norms(self) -> tuple[list, list, float] | None:
+        """The squared norms since the last take, ([before, per bucket], [after], factor of before): timing.py's
+        `take_norms`; None where none were taken."""
+        return None
+
     def take_host_s(self) -> float:
         """Seconds its collective timer spent in its own Python since the last take (the instrument's cost)."""
         return 0.0

@@ -95,7 +95,7 @@ class DDPBackend(Backend):
             hooked = CommTimingHook(
                 timer.clock, inner_hook=hook, inner_state=state, inject_delay_s=timer.inject_delay_s
             )
-            hooked.timed = timer.timed
+            hooked.timed, hooked.norms = timer.timed, timer.norms
             DistributedDataParallel.register_comm_hook(model, state=None, hook=hooked)
             self._timer = hooked
 
@@ -132,6 +132,13 @@ class DDPBackend(Backend):
         if isinstance(timer, TimingProcessGroup):
             # untimed steps without a ground truth to hold run DDP's own C++ path (module docstring)
             self._use_group(timer if timed or timer.inject_delay_s else self.model.process_group)
+
+    def measure_norms(self, on: bool) -> None:
+        if self._timer is not None:
+            self._timer.norms = on
+
+    def take_norms(self):
+        return self._timer.take_norms() if self._timer is not None else None
 
     def take_host_s(self) -> float:
         if self._timer is None:
