@@ -35,7 +35,7 @@ transformers.logging.set_verbosity_error()
 
 from scaling import instrument  # noqa: E402
 from scaling.instrument.flops import training_flops_per_sample  # noqa: E402
-from scaling.instrument.meter import _model_input  # noqa: E402
+from scaling.instrument.inputs import model_input  # noqa: E402
 
 VOCAB, SEQ, BATCH = 128, 32, 4
 PADDED_FROM = 24  # the mask leaves tokens [0, 24) of every other sample, all 32 of the rest
@@ -254,8 +254,8 @@ def test_inputs_not_understood_give_a_reason_and_the_true_precision(tmp_path):
 
 def test_which_argument_is_the_input():
     ids, mask, pixels = torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), torch.randn(2, 3)
-    assert _model_input((ids,), {"attention_mask": mask})[:2] == (ids, None)  # positional first, as before
-    assert _model_input((), {"attention_mask": mask, "input_ids": ids, "labels": ids})[:2] == (ids, "input_ids")
-    assert _model_input((), {"pixel_values": pixels, "labels": ids})[:2] == (pixels, "pixel_values")
-    assert _model_input((), {"a": pixels, "b": pixels})[0] is None
-    assert "no tensor" in _model_input((), {"n": 3})[2]
+    assert model_input((ids,), {"attention_mask": mask})[:2] == (ids, None)  # positional first, as before
+    assert model_input((), {"attention_mask": mask, "input_ids": ids, "labels": ids})[:2] == (ids, "input_ids")
+    assert model_input((), {"pixel_values": pixels, "labels": ids})[:2] == (pixels, "pixel_values")
+    assert model_input((), {"a": pixels, "b": pixels})[0] is None
+    assert "no tensor" in model_input((), {"n": 3})[2]

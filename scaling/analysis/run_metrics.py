@@ -80,7 +80,7 @@ Every figure in `summary.json` is defined here, once:
   dimension per sample: (T,)), T and throughput_samples_per_s x T; None for other inputs.
   A language model's figures are read per token: modded-nanogpt's and llm.c's tokens/s. The
   input is the first positional tensor, else `input_ids=` (a Hugging Face model called with
-  keywords: scaling/instrument/meter.py, `_model_input`).
+  keywords: scaling/instrument/inputs.py, `model_input`).
 - `real_tokens_per_sample`, `throughput_real_tokens_per_s`: where the first training batch came
   with an `attention_mask` that leaves positions out (padding), its unmasked tokens per sample
   (mean over that batch's samples) and throughput_samples_per_s x that; None where there is no

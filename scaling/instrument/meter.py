@@ -91,7 +91,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import random
 import time
 import warnings
 from pathlib import Path
@@ -101,6 +100,8 @@ import torch.distributed as dist
 
 from scaling import noise_scale, writer_lock
 from scaling.instrument.backends import detect
+from scaling.instrument.calibration import CalibrationWindow, rng_untouched
+from scaling.instrument.inputs import batch_samples, model_input
 from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
 from scaling.instrument.recorder import RunRecorder
@@ -108,83 +109,6 @@ from scaling.instrument.settings import FIRST_TIMED_STEPS, InstrumentSettings, L
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
 from scaling.results import COMPUTE_PROFILE_JSON, JOB_JSON
-
-
-def _first_tensor(value):
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-# Keywords of a Hugging Face model's forward that go beside its input, never are it.
-_BESIDE_INPUT = frozenset(
-    {
-        "attention_mask",
-        "labels",
-        "token_type_ids",
-        "position_ids",
-        "head_mask",
-        "encoder_attention_mask",
-        "decoder_attention_mask",
-        "cache_position",
-        "past_key_values",
-    }
-)
-
-
-def _model_input(args, kwargs) -> tuple:
-    """(input tensor, the keyword it came by or None, a reason or None) of a training forward's arguments.
-
-    The input is the first positional tensor (`model(x)`, as before); else `input_ids=`
-    (`model(input_ids=tokens, attention_mask=mask, labels=tokens)`, the Hugging Face call); else
-    the one keyword tensor that is not an attention mask, labels or the like (`pixel_values=`).
-    Anything else cannot be told apart: no input, and the reason in one line.
-    """
-    first = _first_tensor(args)
-    if first is not None:
-        return first, None, None
-    kwargs = kwargs or {}
-    ids = kwargs.get("input_ids")
-    if isinstance(ids, torch.Tensor):
-        return ids, "input_ids", None
-    candidates = [
-        name for name, value in kwargs.items() if isinstance(value, torch.Tensor) and name not in _BESIDE_INPUT
-    ]
-    if len(candidates) == 1:
-        return kwargs[candidates[0]], candidates[0], None
-    given = ", ".join(f"{name}=" for name, value in kwargs.items() if isinstance(value, torch.Tensor))
-    if not given:
-        return None, None, "the model's first training forward got no tensor (positional or keyword): no input to count"
-    return (
-        None,
-        None,
-        (
-            f"the model's first training forward got no positional tensor and no input_ids, only "
-            f"{given}: which is the input is not known"
-        ),
-    )
-
-
-def _numpy_rng_state():
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy.random.get_state()
-
-
-def _restore_numpy_rng_state(state) -> None:
-    if state is not None:
-        import numpy
-
-        numpy.random.set_state(state)
 
 
 class _OpenStep:
@@ -377,6 +301,7 @@ class StepMeter:
         self._resumed_from: dict | None = None
         self._step: _OpenStep | None = None  # marks of the step in progress
         self._calib: dict | None = None  # marks of the calibration half in progress
+        self.calibration = CalibrationWindow(self)  # the A/B window at each epoch's end (calibration.py)
         self._epoch_steps = 0
         self._epoch_samples = 0
         self._training_end: float | None = None
@@ -471,14 +396,14 @@ class StepMeter:
 
     def _observe_input(self, args, kwargs=None) -> None:
         """The first training forward, once: its input's shape and dtype and the keyword it came by
-        (`_model_input`), the real tokens per sample where an `attention_mask` came with token ids,
+        (`inputs.model_input`), the real tokens per sample where an `attention_mask` came with token ids,
         and the compute precision (attach's `precision`, else `_precision_seen`), for the FLOPs
         profile. An input not understood leaves its reason."""
         if self._input_observed:
             return
         self._input_observed = True
         self._precision = self._declared_precision or _precision_seen(self.device, self.backend)
-        first, keyword, problem = _model_input(args, kwargs)
+        first, keyword, problem = model_input(args, kwargs)
         if first is None:
             self._input_problem = problem
             return
@@ -614,8 +539,7 @@ class StepMeter:
         `samples` where the caller counts them) join the step it continues, or open the next step."""
         entered = time.perf_counter()
         if samples is None:
-            first = _first_tensor(batch)
-            samples = int(first.shape[0]) if first is not None and first.dim() else 1
+            samples = batch_samples(batch)
         self._per_rank_batch = self._per_rank_batch or samples
         self._epoch_samples += samples
         if not self.timing:
@@ -777,10 +701,10 @@ class StepMeter:
         if self.epoch == 0:
             self.recorder.write_json(JOB_JSON, self.observed())
             if self._input_shape is not None or self._input_problem is not None:
-                with self._rng_untouched():  # its probes draw random inputs
+                with rng_untouched(self.device):  # its probes draw random inputs
                     self._profile_compute()
         calibration_start = time.perf_counter()
-        self._calibrate()
+        self.calibration.calibrate()
         if self.clock.cuda:
             torch.cuda.synchronize()
         calibration_s = time.perf_counter() - calibration_start
@@ -879,18 +803,6 @@ class StepMeter:
             }
         )
 
-    @contextlib.contextmanager
-    def _rng_untouched(self):
-        """Whatever the instrument draws inside this block, the job's random streams go on as without it:
-        torch's (CPU, and the device's), Python's and NumPy's states are put back afterwards."""
-        python_rng, numpy_rng = random.getstate(), _numpy_rng_state()
-        try:
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                yield
-        finally:
-            random.setstate(python_rng)
-            _restore_numpy_rng_state(numpy_rng)
-
     def _epoch_noise_scale(self) -> dict:
         """The epoch's gradient noise scale and its interval (scaling/noise_scale.py), from its steady steps'
         norms (more than one rank) or the calibration window's (one): the epoch row's `noise_scale`,
@@ -925,124 +837,6 @@ class StepMeter:
         small /= self.world_size
         return [(float(s), *rest) for s, (_, *rest) in zip(small.tolist(), measured)]
 
-    def _calibrate(self) -> None:
-        """The A/B window (module docstring): no_sync and sync halves alternate, ABBA. At one worker, where
-        there is no synchronisation to time, the same window measures the gradient noise scale instead
-        (`_noise_pairs`).
-
-        Whatever it uses of the job's state it gives back: the gradients (set aside, then put
-        back), the module buffers, and the random number generators its forwards and its
-        iteration of the data draw from.
-        """
-        pairs = self.settings.calibration_pairs
-        if not (self.timing and pairs > 0 and self.forward_backward and self.calibration_data is not None):
-            return
-        if self.world_size == 1 and not self.settings.noise_scale:
-            return
-        self._calibrating = True
-        self.backend.time_collectives(True)  # the A/B halves are always timed (the next step sets its own)
-        # the A/B's sync halves take no gradient norms: its difference is the synchronisation's alone
-        self.backend.measure_norms(False)
-        try:
-            with self._rng_untouched(), self.backend.calibration():
-                # listed inside the backend's calibration(): FSDP's registers the sharded parameters there,
-                # the ones whose gradients the job keeps (a unit kept gathered names its unsharded ones)
-                parameters = list(self.model.parameters())
-                job_gradients = [q.grad for q in parameters]
-                saved_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
-                try:
-                    if self.world_size == 1:
-                        self._noise_pairs(parameters, pairs)
-                    else:
-                        self._calibration_pairs(parameters, pairs)
-                finally:
-                    with torch.no_grad():
-                        for name, buffer in self.model.named_buffers():
-                            buffer.copy_(saved_buffers[name])
-                    for q, grad in zip(parameters, job_gradients):
-                        q.grad = grad
-        finally:
-            self._calibrating = False
-            self._calib = None
-            self.backend.measure_norms(self._norms_on)
-
-    def _noise_pairs(self, parameters: list, pairs: int) -> None:
-        """One worker's noise scale (scaling/noise_scale.py): of each pair of consecutive calibration batches of
-        equal size B, the gradient's squared norm after the first alone (batch B) and after both accumulated
-        (their mean: batch 2B). One worker has no all-reduce to read a second batch size from, nor an A/B to
-        run, so its calibration window serves this instead, at the same cost (two forward+backward per pair,
-        outside training time). The job's loss is taken to average over its batch (a sum scales both norms
-        alike: the noise scale holds, |G|² and tr(Σ) come in its units)."""
-        data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
-        batches = iter(data)
-        with_grad = [q for q in parameters if q.requires_grad]
-        for _ in range(pairs):
-            pair = [next(batches, None), next(batches, None)]
-            if pair[1] is None:
-                break
-            sizes = [_first_tensor(batch) for batch in pair]
-            sizes = [int(first.shape[0]) if first is not None and first.dim() else 1 for first in sizes]
-            if sizes[0] != sizes[1]:  # the accumulated gradient is then no mean over 2B: the last, short batch
-                continue
-            norms = []
-            for q in with_grad:
-                q.grad = None
-            for batch in pair:
-                self.forward_backward(batch)
-                self.backend.take()  # a 1-rank DDP group's all-reduces here are no training step's
-                grads = [q.grad for q in with_grad if q.grad is not None]
-                norms.append(float(sum(torch.stack(torch._foreach_norm(grads)) ** 2)) if grads else float("nan"))
-            # after both: the sum of the two batches' mean gradients, twice their mean over 2B
-            self._noise_window.append((norms[0], norms[1] / 4.0, float(sizes[0]), 2.0 * sizes[0]))
-        for q in with_grad:
-            q.grad = None
-
-    def _calibration_pairs(self, parameters: list, pairs: int) -> None:
-        """The window's halves, each timed and recorded as a step of its kind; gradients cleared after each."""
-        for q in parameters:
-            q.grad = None
-        data = self.calibration_data(self.epoch + 1) if callable(self.calibration_data) else self.calibration_data
-        batches = iter(data)
-        for pair in range(pairs):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                break
-            first = _first_tensor(batch)
-            samples = int(first.shape[0]) if first is not None and first.dim() else 1
-            order = ("calib_nosync", "calib_sync") if pair % 2 == 0 else ("calib_sync", "calib_nosync")
-            for kind in order:
-                self._calib = {}
-                with self.backend.no_sync() if kind == "calib_nosync" else contextlib.nullcontext():
-                    start = self.clock.mark()
-                    self.forward_backward(batch)
-                    if kind == "calib_sync":
-                        self.backend.wait_after_backward()
-                        self.backend.after_step()
-                    end = self.clock.mark()
-                marks, self._calib = self._calib, None
-                for q in parameters:
-                    q.grad = None
-                segments = [
-                    ("data", marks.get("forward_start", start)),
-                    ("forward", marks.get("forward_end", start)),
-                    ("backward", end),
-                ]
-                self.recorder.step(
-                    StepMarks(
-                        self.epoch + 1,
-                        self.global_step - 1,
-                        kind,
-                        False,
-                        samples,
-                        start,
-                        segments,
-                        [self.backend.take()],
-                        pair=pair,
-                        comm_rule=self.backend.comm_rule,
-                    )
-                )
-
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.
 
@@ -1055,7 +849,7 @@ class StepMeter:
         from scaling.instrument import flops
 
         threads = torch.get_num_threads()
-        if self._input_shape is None:  # the input was not understood (_model_input): its reason, no guess
+        if self._input_shape is None:  # the input was not understood (inputs.model_input): its reason, no guess
             self.recorder.write_json(
                 COMPUTE_PROFILE_JSON,
                 {"error": f"input not understood: {self._input_problem}", "precision": self._precision},

@@ -40,7 +40,7 @@ INTENDED = {
 # The lab's functions that say which part of the loop a sync came from (innermost first wins).
 PHASES = (
     ("_evaluate", "evaluation"),
-    ("_calibrate", "calibration"),
+    ("calibrate", "calibration"),  # calibration.py CalibrationWindow.calibrate
     ("end_epoch", "epoch end"),
     ("_profile_compute", "epoch end"),
     ("train_worker", "training step"),
