@@ -124,7 +124,20 @@ def _build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"scaling {version()}", help="print the lab's version and exit"
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
+    _run_command(commands)
+    _sweep_command(commands)
+    _report_command(commands)
+    _compare_command(commands)
+    _why_command(commands)
+    _project_command(commands)
+    _cluster_command(commands)
+    _minicluster_command(commands)
+    _dashboard_command(commands)
+    _attach_command(commands)
+    return parser
 
+
+def _run_command(commands) -> None:
     run = _command(
         commands,
         "run",
@@ -156,6 +169,8 @@ def _build_parser() -> argparse.ArgumentParser:
         overrides="override a config field, e.g. --set optim.lr=0.2; repeatable (default: none)",
     )
 
+
+def _sweep_command(commands) -> None:
     sweep = _command(
         commands,
         "sweep",
@@ -201,6 +216,8 @@ def _build_parser() -> argparse.ArgumentParser:
         overrides="override a base config field for every run; repeatable (default: none)",
     )
 
+
+def _report_command(commands) -> None:
     report = _command(
         commands,
         "report",
@@ -229,6 +246,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the tables only: report.md without the figures, whose drawing is most of a report's time",
     )
 
+
+def _compare_command(commands) -> None:
     compare_ = _command(
         commands,
         "compare",
@@ -252,6 +271,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="the table as JSON, one object per figure (default: a table)"
     )
 
+
+def _why_command(commands) -> None:
     why_ = _command(
         commands,
         "why",
@@ -266,6 +287,8 @@ def _build_parser() -> argparse.ArgumentParser:
     why_.add_argument("path", type=Path, metavar="RUN_OR_SWEEP_DIR", help="a run directory or a sweep directory")
     why_.add_argument("--json", action="store_true", help="the verdict as one JSON object (default: one screen)")
 
+
+def _project_command(commands) -> None:
     project = _command(
         commands,
         "project",
@@ -286,6 +309,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _project_arguments(project)
 
+
+def _cluster_command(commands) -> None:
     cluster = _command(
         commands,
         "cluster",
@@ -309,6 +334,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("paths", nargs="+", type=Path, metavar="YAML", help="cluster YAML files to check")
 
+
+def _minicluster_command(commands) -> None:
     mini = _command(
         commands,
         "minicluster",
@@ -426,6 +453,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the command and its arguments, after -- (required)",
     )
 
+
+def _dashboard_command(commands) -> None:
     dashboard = _command(
         commands,
         "dashboard",
@@ -460,6 +489,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the Ray head's session directory, e.g. /tmp/ray/session_latest (default: $RAY_TMPDIR or the system's "
         "temp dir, then ray/session_latest)",
     )
+
+
+def _attach_command(commands) -> None:
     attach = _command(
         commands,
         "attach",
@@ -490,7 +522,6 @@ def _build_parser() -> argparse.ArgumentParser:
         "--target-loss", type=float, metavar="LOSS", help="the evaluation loss TTA is measured to (default: no TTA)"
     )
     attach.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command line")
-    return parser
 
 
 def _cmd_attach(args) -> int:

@@ -283,12 +283,106 @@ def not_measured(summary: dict, figure: str) -> str | None:
     return f"not measured: {reason}" if reason else None
 
 
+def _throughput_line(summary: dict, absent) -> str:
+    """The summary's throughput line: samples (and tokens) per second."""
+    return absent("throughput_samples_per_s") or fmt(
+        summary["throughput_samples_per_s"],
+        ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g",
+        " samples/s",
+    ) + (f" ({summary['throughput_tokens_per_s']:,.0f} tokens/s)" if summary.get("throughput_tokens_per_s") else "")
+
+
+def _step_line(summary: dict, absent) -> str:
+    """The summary's step line: the step's phases in ms."""
+    return (
+        absent("step_s")
+        or fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
+        + "  = data "
+        + fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
+        + " + fwd "
+        + fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
+        + " + bwd "
+        + fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
+        + " + opt "
+        + fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f")
+        + " ms"
+    )
+
+
+def _communicating_line(summary: dict, absent) -> str:
+    """The summary's communicating line: the share of the step with a collective in flight (each sharded kind beside it)."""
+    from scaling.schema import COLLECTIVE_KINDS, SHARDED_KINDS
+
+    return (
+        (
+            fmt(summary["comm_pct"], ".1f", "% of step")
+            + " with a collective in flight ("
+            + fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step")
+            + "; "
+            + ", ".join(
+                f"{COLLECTIVE_KINDS[kind]} " + fmt(summary.get(f"{kind}_pct"), ".1f", " %") for kind in SHARDED_KINDS
+            )
+            + ")"
+        )
+        if summary.get("comm_pct") is not None and any(summary.get(f"{kind}_pct") is not None for kind in SHARDED_KINDS)
+        else absent("allreduce_pct")
+        or fmt(summary.get("allreduce_pct"), ".1f", "% of step")
+        + " with an all-reduce in flight ("
+        + fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step")
+        + ")"
+    )
+
+
+def _exposed_line(summary: dict, absent) -> str:
+    """The summary's exposed comm line: the share of the step compute waited on communication."""
+    return (
+        absent("exposed_comm_pct")
+        or fmt(summary["exposed_comm_pct"], ".1f", "% of step")
+        + (
+            " not hidden behind compute ("
+            if summary.get("exposed_forward_comm_s") is not None
+            else " not hidden behind backward ("
+        )
+        + fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
+        + (
+            ", of which in forward " + fmt(summary["exposed_forward_comm_s"] * 1e3, ".2f", " ms")
+            if summary.get("exposed_forward_comm_s") is not None
+            else ""
+        )
+        + ")"
+    )
+
+
+def _compute_line(summary: dict, absent) -> str:
+    """The summary's compute line: FLOPs per sample, the rate and MFU."""
+    return (
+        fmt(
+            summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9,
+            ".3g",
+            " GFLOP/sample",
+        )
+        + ", "
+        + (
+            f"rate and MFU {absent('achieved_flops_per_s')}"
+            if absent("achieved_flops_per_s")
+            else fmt(
+                summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12,
+                ".3g",
+                " TFLOP/s per worker",
+            )
+            + ", MFU "
+            + fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %")
+        )
+        + f" ({summary.get('precision', 'fp32')}, peak "
+        + fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s")
+        + ")"
+    )
+
+
 def print_summary(summary: dict, run_dir: Path) -> None:
     """One screen: what ran, whether it reached the target, and where the time went."""
     from rich.markup import escape
     from rich.table import Table
-
-    from scaling.schema import COLLECTIVE_KINDS, SHARDED_KINDS
 
     console = output_console()
     # escaped: "[failed]" is otherwise read as a style tag and vanishes from the title
@@ -326,103 +420,19 @@ def print_summary(summary: dict, run_dir: Path) -> None:
             absent("time_per_epoch_s")
             or fmt(summary["time_per_epoch_s"], ".2f", " s") + " (median, epochs after the first)",
         ),
-        (
-            "throughput",
-            absent("throughput_samples_per_s")
-            or fmt(
-                summary["throughput_samples_per_s"],
-                ",.0f" if (summary["throughput_samples_per_s"] or 0) >= 100 else ".3g",
-                " samples/s",
-            )
-            + (
-                f" ({summary['throughput_tokens_per_s']:,.0f} tokens/s)"
-                if summary.get("throughput_tokens_per_s")
-                else ""
-            ),
-        ),
-        (
-            "step",
-            absent("step_s")
-            or fmt(summary["step_s"] and summary["step_s"] * 1e3, ".2f", " ms")
-            + "  = data "
-            + fmt(summary["data_s"] and summary["data_s"] * 1e3, ".2f")
-            + " + fwd "
-            + fmt(summary["forward_s"] and summary["forward_s"] * 1e3, ".2f")
-            + " + bwd "
-            + fmt(summary["backward_s"] and summary["backward_s"] * 1e3, ".2f")
-            + " + opt "
-            + fmt(summary["optimizer_s"] and summary["optimizer_s"] * 1e3, ".2f")
-            + " ms",
-        ),
+        ("throughput", _throughput_line(summary, absent)),
+        ("step", _step_line(summary, absent)),
         # the three communication figures (scaling/analysis/run_metrics.py), each by its name
         # a sharded run's collectives are all-gathers and reduce-scatters: comm_s is their union, each kind beside it
-        (
-            "communicating",
-            (
-                fmt(summary["comm_pct"], ".1f", "% of step")
-                + " with a collective in flight ("
-                + fmt(summary.get("comm_s") and summary["comm_s"] * 1e3, ".2f", " ms/step")
-                + "; "
-                + ", ".join(
-                    f"{COLLECTIVE_KINDS[kind]} " + fmt(summary.get(f"{kind}_pct"), ".1f", " %")
-                    for kind in SHARDED_KINDS
-                )
-                + ")"
-            )
-            if summary.get("comm_pct") is not None
-            and any(summary.get(f"{kind}_pct") is not None for kind in SHARDED_KINDS)
-            else absent("allreduce_pct")
-            or fmt(summary.get("allreduce_pct"), ".1f", "% of step")
-            + " with an all-reduce in flight ("
-            + fmt(summary["allreduce_s"] and summary["allreduce_s"] * 1e3, ".2f", " ms/step")
-            + ")",
-        ),
-        (
-            "exposed comm",
-            absent("exposed_comm_pct")
-            or fmt(summary["exposed_comm_pct"], ".1f", "% of step")
-            + (
-                " not hidden behind compute ("
-                if summary.get("exposed_forward_comm_s") is not None
-                else " not hidden behind backward ("
-            )
-            + fmt(summary["exposed_comm_s"] and summary["exposed_comm_s"] * 1e3, ".2f", " ms")
-            + (
-                ", of which in forward " + fmt(summary["exposed_forward_comm_s"] * 1e3, ".2f", " ms")
-                if summary.get("exposed_forward_comm_s") is not None
-                else ""
-            )
-            + ")",
-        ),
+        ("communicating", _communicating_line(summary, absent)),
+        ("exposed comm", _exposed_line(summary, absent)),
         (
             "comm overhead (A/B)",
             absent("comm_overhead_pct")
             or fmt(summary["comm_overhead_pct"], ".1f", " %")
             + " of step: comm_delta_s x synced_micro_batches / step_s",
         ),
-        (
-            "compute",
-            fmt(
-                summary.get("train_flops_per_sample") and summary["train_flops_per_sample"] / 1e9,
-                ".3g",
-                " GFLOP/sample",
-            )
-            + ", "
-            + (
-                f"rate and MFU {absent('achieved_flops_per_s')}"
-                if absent("achieved_flops_per_s")
-                else fmt(
-                    summary.get("achieved_flops_per_s") and summary["achieved_flops_per_s"] / 1e12,
-                    ".3g",
-                    " TFLOP/s per worker",
-                )
-                + ", MFU "
-                + fmt(summary.get("mfu") and 100 * summary["mfu"], ".1f", " %")
-            )
-            + f" ({summary.get('precision', 'fp32')}, peak "
-            + fmt(summary.get("peak_flops_per_s") and summary["peak_flops_per_s"] / 1e12, ".3g", " TFLOP/s")
-            + ")",
-        ),
+        ("compute", _compute_line(summary, absent)),
         ("noise scale", _noise_scale_line(summary)),
         ("results", str(run_dir)),
     ]
