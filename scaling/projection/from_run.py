@@ -552,13 +552,9 @@ def run_spec(
     if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in FSDP_DTYPES:
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
     kwargs.setdefault("activation_checkpointing", "none")
-    samples_to_target = _samples_to_target(run, summary, lr_rule)
+    samples_to_target = _samples_to_target(run, summary, lr_rule, parameters)
     if samples_to_target is not None:
         kwargs["samples_to_target"] = samples_to_target
-        rule_source = (
-            "given" if lr_rule else ("the run's optim.lr_rule" if _config_rule(run) else "assumed (no config)")
-        )
-        parameters.append(("epochs to target", tta.describe(samples_to_target), f"summary.json; rule {rule_source}"))
     spec = ProjectionSpec(table, cluster, workers=gpus, compute=compute, backend=backend, **kwargs)
     return RunSpec(spec, parameters, steps, concurrent)
 
@@ -567,17 +563,21 @@ def _config_rule(run) -> str | None:
     return (run.config.get("optim") or {}).get("lr_rule")
 
 
-def _samples_to_target(run, summary: dict, lr_rule: str | None) -> tta.SamplesToTarget | None:
-    """The samples-to-target model from the run's own noise scale and epochs to target; None without either. E0's
-    interval: back to the evaluation before (the run's train.eval_every; a job without the lab's config: one
-    epoch)."""
+def _samples_to_target(run, summary: dict, lr_rule: str | None, parameters: list) -> tta.SamplesToTarget | None:
+    """The samples-to-target model from the run's own noise scale and epochs to target, said in `parameters`;
+    None without either. E0's interval: back to the evaluation before (the run's train.eval_every; a job without
+    the lab's config: one epoch)."""
     batch = summary.get("global_batch") or (summary.get("num_workers") or 1) * (
         _profile(run).get("per_worker_batch") or 0
     )
     if not batch:
         return None
     eval_every = (run.config.get("train") or {}).get("eval_every")
-    return tta.from_summary(summary, int(batch), lr_rule or _config_rule(run) or "linear", eval_every)
+    model = tta.from_summary(summary, int(batch), lr_rule or _config_rule(run) or "linear", eval_every)
+    if model is not None:
+        rule = "given" if lr_rule else ("the run's optim.lr_rule" if _config_rule(run) else "assumed (no config)")
+        parameters.append(("epochs to target", tta.describe(model), f"summary.json; rule {rule}"))
+    return model
 
 
 # A 1-worker run under Ray's `prepare_model` trains the bare model: DDP wraps it only at 2+ workers.
