@@ -310,7 +310,8 @@ def _step_line(summary: dict, absent) -> str:
 
 
 def _communicating_line(summary: dict, absent) -> str:
-    """The summary's communicating line: the share of the step with a collective in flight (each sharded kind beside it)."""
+    """The summary's communicating line: the share of the step with a collective in flight (each sharded kind
+    beside it)."""
     from scaling.schema import COLLECTIVE_KINDS, SHARDED_KINDS
 
     return (

@@ -2,7 +2,8 @@
 
 On the session's minicluster (tests/conftest.py: `up` and `down` through the CLI, `down` checked
 to leave nothing behind), with every link capped, runs a 2-worker sweep across it (node ranks 0
-and 1 in the records; the same sweep submitted again from the other node meanwhile is refused) and checks the cap against gloo all-reduces between the nodes. A ring
+and 1 in the records; the same sweep submitted again from the other node meanwhile is refused) and checks the
+cap against gloo all-reduces between the nodes. A ring
 all-reduce of S bytes between 2 nodes sends S bytes each way over each capped link, so it takes
 about S x 8 / R seconds plus costs that do not grow with S (latency, the process group's own
 work, the token bucket's burst leaving at line speed).

@@ -155,7 +155,10 @@ def measured(work, older_env):
     python, scaling = venv / "bin" / "python", venv / "bin" / "scaling"
     torchrun = [venv / "bin" / "torchrun", "--standalone", "--nproc_per_node", "2"]  # a free port each
     commands = {
-        "own": [python, "-m", "examples.own_job.train", "--workers", "2", "--epochs", "1", "--out", sweep / "runs" / "own"],
+        "own": [
+            *(python, "-m", "examples.own_job.train"),
+            *("--workers", "2", "--epochs", "1", "--out", sweep / "runs" / "own"),
+        ],
         **{
             name: [scaling, "attach", "--out", sweep / "runs" / name, "--", *torchrun, f"{name}.py", *args]
             for name, args in (
@@ -167,7 +170,9 @@ def measured(work, older_env):
     # the three at once: Ray's start (most of the own job's time) is mostly waiting, and so is a torchrun's
     logs = {name: work / f"{name}.log" for name in commands}
     jobs_running = {
-        name: subprocess.Popen([str(c) for c in cmd], cwd=jobs, env=env, stdout=logs[name].open("w"), stderr=subprocess.STDOUT)
+        name: subprocess.Popen(
+            [str(c) for c in cmd], cwd=jobs, env=env, stdout=logs[name].open("w"), stderr=subprocess.STDOUT
+        )
         for name, cmd in commands.items()
     }  # fmt: skip
     for name, job in jobs_running.items():

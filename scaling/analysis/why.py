@@ -528,7 +528,10 @@ class StrongScaling(Cause):
                 f"per-worker batch {first['per_worker_batch']:.0f} -> {last['per_worker_batch']:.0f} "
                 f"({first['num_workers']} -> {last['num_workers']} workers); per-worker throughput -{lost:.0f}%"
             ),
-            fix="keep train.per_worker_batch fixed as workers grow (weak scaling) and scale the LR with the global batch",
+            fix=(
+                "keep train.per_worker_batch fixed as workers grow (weak scaling) "
+                "and scale the LR with the global batch"
+            ),
             estimate="per-worker throughput lost against the smallest worker count",
             decided=math.isfinite(lost) and lost > 0,
             decides=None if lost > 0 else "a sweep at a fixed per-worker batch",
