@@ -290,3 +290,14 @@ def write(record: dict, path: Path) -> None:
     tmp.write_text(json.dumps(record, indent=2, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n")
     os.chmod(tmp, 0o644)
     tmp.replace(path)
+
+
+if __name__ == "__main__":
+    # A library, not a benchmark: run as a script it only says so (and answers --help).
+    import argparse
+
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="A library the benchmarks import; it measures nothing itself. Run them with bench/run_all.py.",
+    ).parse_args()
+    print("bench/benchjobs.py is the benchmarks' shared jobs; run them with bench/run_all.py (see --help)")
