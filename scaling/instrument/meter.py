@@ -93,7 +93,10 @@ import contextlib
 import datetime as dt
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -145,40 +148,48 @@ class _OpenStep:
         self.segments.append((phase, mark))
 
 
+@dataclass(frozen=True)
+class Job:
+    """What a job tells the instrument of itself beyond its model and optimizer: `attach`'s keywords of the
+    same names, whose docstring says what each is for. `attach` makes one; the meter reads it."""
+
+    run_dir: str | Path | None = None
+    forward_module: torch.nn.Module | None = None
+    flops_module: torch.nn.Module | None = None
+    forward_backward: Callable | None = None
+    calibration_data: Any = None
+    name: str | None = None
+    target_accuracy: float | None = None
+    target_loss: float | None = None
+    precision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.precision not in (None, "fp32", "bf16", "fp16"):
+            raise ValueError(
+                f"attach: precision={self.precision!r}; valid: 'fp32', 'bf16', 'fp16' or None (the forward's)"
+            )
+
+
 class StepMeter:
     """Per-step, per-rank timing of a training job; see the module docstring. Create with `attach`."""
 
-    def __init__(
-        self,
-        model,
-        optimizer,
-        *,
-        settings: InstrumentSettings,
-        parts: Parts,
-        run_dir=None,
-        forward_module=None,
-        flops_module=None,
-        forward_backward=None,
-        calibration_data=None,
-        name: str | None = None,
-        target_accuracy: float | None = None,
-        target_loss: float | None = None,
-        precision: str | None = None,
-    ):
+    def __init__(self, model, optimizer, job: Job, *, settings: InstrumentSettings, parts: Parts):
         self.settings = settings
+        forward_module = job.forward_module
         # the compute precision its caller knows (autocast entered inside the model's forward: attach's docstring)
-        self._declared_precision = precision
-        self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        self._declared_precision = job.precision
+        self.run_dir = Path(job.run_dir).resolve() if job.run_dir is not None else None
         # two optimizers stepped per batch (a GAN) may come as a list: all are watched, the first is the job's
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         self.model, self.optimizer = model, optimizers[0]
         self.backend = detect(model, optimizers[0])
         # the module whose forward is the model's, for the FLOPs count and the job's description
-        self.flops_module = flops_module if flops_module is not None else self.backend.plain_model
-        self.forward_backward, self.calibration_data = forward_backward, calibration_data
-        self.name = name or type(self.flops_module).__name__
-        self.target_accuracy = target_accuracy
-        self.target_loss = target_loss  # a lower-is-better target on the `val_loss` column, instead of the accuracy's
+        self.flops_module = job.flops_module if job.flops_module is not None else self.backend.plain_model
+        self.forward_backward, self.calibration_data = job.forward_backward, job.calibration_data
+        self.name = job.name or type(self.flops_module).__name__
+        self.target_accuracy = job.target_accuracy
+        # a lower-is-better target on the `val_loss` column, instead of the accuracy's
+        self.target_loss = job.target_loss
         self.finisher = parts.finisher
         identity = parts.identity or identity_from_environment()
         self.rank, self.world_size = identity.rank, identity.world_size
@@ -260,38 +271,7 @@ class StepMeter:
         # the push API's state (request_batch, batch_arrived): an epoch's training in progress, its last
         # request's mark, and whether the batch asked for continues the step in progress
         self._feeding, self._request, self._continues = False, None, False
-        watched = forward_module if forward_module is not None else model
-        if self.timing:
-            # first among the pre-hooks: FSDP's own (its root's all-gather) belongs to forward
-            # with_kwargs: a model called with keywords (a Hugging Face model's input_ids=) shows its input
-            self._handles += [
-                watched.register_forward_pre_hook(self._on_forward_start, prepend=True, with_kwargs=True),
-                watched.register_forward_hook(self._on_forward_end),
-            ]
-            inner = self.backend.plain_model
-            if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
-                self._handles.append(inner.register_forward_pre_hook(self._on_eval_forward_start))
-        else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
-
-            def once_before(module, args, kwargs):
-                if self._train_started is not None:
-                    self._observe_input(args, kwargs)
-                    before.remove()
-
-            def once_after(module, args, output):
-                if self._train_started is not None and self._input_observed:  # understood or not: once
-                    self._observe_output(output)
-                    after.remove()
-
-            before = watched.register_forward_pre_hook(once_before, with_kwargs=True)
-            after = watched.register_forward_hook(once_after)
-            self._handles += [before, after]
-        if self.timing or self.backend.waits_at_step:
-            for each in optimizers:
-                self._handles += [
-                    each.register_step_pre_hook(self._on_step_start),
-                    each.register_step_post_hook(self._on_step_end),
-                ]
+        self._install_hooks(model, forward_module, optimizers)
         self.attached_unix = time.time()
         self._started_at = dt.datetime.now(dt.timezone.utc)
         self.global_step = 0  # training steps so far, over the run (continues after a restart)
@@ -334,6 +314,42 @@ class StepMeter:
             self._telemetry, self.telemetry_note = start_telemetry(self.device, settings.telemetry_interval_s)
 
     # --- hooks ----------------------------------------------------------------------------
+
+    def _install_hooks(self, model, forward_module, optimizers: list) -> None:
+        """The forward hooks on the module whose forward is the model's (or, with step timing off, two that
+        look at the first training forward once and let go) and the optimizers' step hooks."""
+        watched = forward_module if forward_module is not None else model
+        if self.timing:
+            # first among the pre-hooks: FSDP's own (its root's all-gather) belongs to forward
+            # with_kwargs: a model called with keywords (a Hugging Face model's input_ids=) shows its input
+            self._handles += [
+                watched.register_forward_pre_hook(self._on_forward_start, prepend=True, with_kwargs=True),
+                watched.register_forward_hook(self._on_forward_end),
+            ]
+            inner = self.backend.plain_model
+            if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
+                self._handles.append(inner.register_forward_pre_hook(self._on_eval_forward_start))
+        else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
+
+            def once_before(module, args, kwargs):
+                if self._train_started is not None:
+                    self._observe_input(args, kwargs)
+                    before.remove()
+
+            def once_after(module, args, output):
+                if self._train_started is not None and self._input_observed:  # understood or not: once
+                    self._observe_output(output)
+                    after.remove()
+
+            before = watched.register_forward_pre_hook(once_before, with_kwargs=True)
+            after = watched.register_forward_hook(once_after)
+            self._handles += [before, after]
+        if self.timing or self.backend.waits_at_step:
+            for each in optimizers:
+                self._handles += [
+                    each.register_step_pre_hook(self._on_step_start),
+                    each.register_step_post_hook(self._on_step_end),
+                ]
 
     def _training_forward(self, module) -> bool:
         return module.training and torch.is_grad_enabled()
@@ -1061,8 +1077,17 @@ def attach(
       them, those the installed providers give (scaling/instrument/parts.py). A run a launcher
       handed over is finished by that launcher: no finisher.
     """
-    if precision not in (None, "fp32", "bf16", "fp16"):
-        raise ValueError(f"attach: precision={precision!r}; valid: 'fp32', 'bf16', 'fp16' or None (the forward's)")
+    job = Job(
+        run_dir,
+        forward_module,
+        flops_module,
+        forward_backward,
+        calibration_data,
+        name,
+        target_accuracy,
+        target_loss,
+        precision,
+    )
     launched = LaunchedRun.from_environment()
     if settings is None:
         settings = launched.settings if launched is not None else InstrumentSettings()
@@ -1070,9 +1095,10 @@ def attach(
     problems = settings.problems()
     if problems:
         raise ValueError(f"instrument setting {problems[0]}")
-    if launched is not None:
-        run_dir = run_dir if run_dir is not None else launched.run_dir
-        name = name or launched.name
+    if launched is not None:  # a launcher's run: its directory and name unless the job gives its own
+        job = replace(job, run_dir=job.run_dir if job.run_dir is not None else launched.run_dir)
+        job = replace(job, name=job.name or launched.name)
+    run_dir = job.run_dir
     parts = parts if parts is not None else installed_parts()
     if launched is not None:
         parts = Parts(identity=parts.identity, live_metrics=parts.live_metrics)
@@ -1083,18 +1109,4 @@ def attach(
             "parts=Parts(finisher=...))",
             stacklevel=2,
         )
-    return StepMeter(
-        model,
-        optimizer,
-        settings=settings,
-        parts=parts,
-        run_dir=run_dir,
-        forward_module=forward_module,
-        flops_module=flops_module,
-        forward_backward=forward_backward,
-        calibration_data=calibration_data,
-        name=name,
-        target_accuracy=target_accuracy,
-        target_loss=target_loss,
-        precision=precision,
-    )
+    return StepMeter(model, optimizer, job, settings=settings, parts=parts)
