@@ -13,6 +13,15 @@ Faults, and the fix each verdict is expected to name and that is then applied:
   it. (Halving the bytes, which the verdict names beside it, cannot remove a delay per sync.)
 - clean: the same job at 1 worker, nothing planted: no cause may cost above 5% of its step.
 
+And on a user's own job, measured with `scaling.instrument.attach` (a DDP MLP, 2 gloo ranks spawned here,
+`attach_job`):
+- attach_input_bound: every rank's data iterator sleeps `INPUT_SLEEP_S` before each batch (a slow disk,
+  too few loader workers); the fix the verdict names (the loader) is applied as the iterator without
+  the sleep.
+- attach_accumulation_syncs: two micro-batches per step, both synchronised, each all-reduce held
+  `ACCUM_DELAY_S` (`inject_comm_delay_s`); the fix the verdict names, `no_sync()` on the first, is applied.
+Both gains are priced by the verdict as the measured share removed (the projection has no term for them).
+
 Fault and fixed runs alternate (ABBA); the realised gain of a pair is 100 x (fault step - fixed step) /
 fault step, each run's step the median over its steady steps of the mean over ranks (a median, so that
 the preemptions of a loaded machine, which only ever add time, move it least), divided by its samples
@@ -25,6 +34,7 @@ per step where the fix changes them; figures are medians over pairs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -36,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 
 STRAGGLER_S = 0.1
+INPUT_SLEEP_S = 0.04  # attach_input_bound: the data iterator's wait per batch
+ACCUM_DELAY_S = 0.05  # attach_accumulation_syncs: each synchronised all-reduce held this long
 COMM_DELAY_S = 0.1
 STEPS_PER_EPOCH, EPOCHS = 16, 2
 BATCH = 64  # experiments/quickstart.yaml's train.per_worker_batch
@@ -81,6 +93,84 @@ def _run(out: Path, name: str, overrides: list[str], workers: int = 2) -> dict:
     return summary
 
 
+# The attach faults: (the job's keyword arguments with the fault, with the fix, the cause, the fix named)
+ATTACH_FAULTS = {
+    "attach_input_bound": {
+        "cause": "input_bound",
+        "fault": {"input_sleep_s": INPUT_SLEEP_S},
+        "fix": {},
+        "fix_named": "DataLoader workers",
+    },
+    "attach_accumulation_syncs": {
+        "cause": "accumulation_syncs",
+        "fault": {"accumulate": 2, "no_sync": False, "comm_delay_s": ACCUM_DELAY_S},
+        "fix": {"accumulate": 2, "no_sync": True, "comm_delay_s": ACCUM_DELAY_S},
+        "fix_named": "no_sync()",
+    },
+}
+ATTACH_STEPS, ATTACH_EPOCHS, ATTACH_BATCH, ATTACH_FEATURES = 20, 2, 32, 64
+
+
+def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
+    """One of 2 gloo ranks of a user's DDP job, written as a user writes it, measured with `attach`: an MLP over
+    generated batches; `input_sleep_s` before each batch; `accumulate` micro-batches per step, all but the
+    last under `no_sync()` where `no_sync`; `comm_delay_s` held in each synchronised all-reduce."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from scaling import instrument
+    from scaling.launch.local import exit_without_finalization, release_process_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(ATTACH_FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    accumulate = options.get("accumulate", 1)
+    generator = torch.Generator().manual_seed(rank)
+    data = [torch.randn(ATTACH_BATCH, ATTACH_FEATURES, generator=generator) for _ in range(ATTACH_STEPS * accumulate)]
+
+    def loader():
+        for x in data:
+            if options.get("input_sleep_s"):
+                time.sleep(options["input_sleep_s"])
+            yield x, x[:, :4].argmax(dim=1)
+
+    with instrument.attach(
+        model, optimizer, run_dir=run_dir, warmup_steps=3, inject_comm_delay_s=options.get("comm_delay_s", 0.0)
+    ) as meter:
+        for _ in range(ATTACH_EPOCHS):
+            for i, (x, y) in enumerate(meter.batches(loader())):
+                last = (i + 1) % accumulate == 0
+                quiet = options.get("no_sync") and not last
+                with model.no_sync() if quiet else contextlib.nullcontext():
+                    (loss_fn(model(x), y) / accumulate).backward()
+                if last:
+                    optimizer.step()
+                    optimizer.zero_grad()
+            meter.end_epoch(val_accuracy=0.5)
+    release_process_group()
+    exit_without_finalization()
+
+
+def _run_attach(out: Path, name: str, options: dict) -> None:
+    import torch.multiprocessing as mp
+
+    from scaling.testbed.local_cluster import free_port
+
+    mp.start_processes(
+        attach_job, args=(free_port(), str(out / name), options), nprocs=2, join=True, start_method="spawn"
+    )
+
+
 def _median_step_s(run_dir: Path) -> float:
     from scaling.results import RunDir
 
@@ -99,11 +189,14 @@ def _ranked(verdict: dict) -> list[dict]:
     return [f for f in verdict["findings"] if f["decided"] and f["of"] == "step"]
 
 
-def fault_pairs(out: Path, name: str, spec: dict, pairs: int) -> dict:
+def fault_pairs(out: Path, name: str, spec: dict, pairs: int, run=None) -> dict:
+    """ABBA pairs of the fault and its fix, each fault run's verdict, the realised gain against the projected one.
+    `run(out, label, overrides)` makes a run (default: the lab's loop, `_run`; `_run_attach` for a user's job)."""
+    run = run or _run
     steps, verdicts, order = {"fault": [], "fixed": []}, [], bl.abba(pairs, "fault", "fixed")
     for i, arm in enumerate(order):
         label = f"{name}-{arm}-{i}"
-        _run(out, label, spec["fault"] if arm == "fault" else spec["fix"])
+        run(out, label, spec["fault"] if arm == "fault" else spec["fix"])
         steps[arm].append(_median_step_s(out / label))
         if arm == "fault":
             verdict = _verdict(out / label)
@@ -155,8 +248,10 @@ def main() -> int:
     results, comparisons = [], []
     with tempfile.TemporaryDirectory(prefix="why-bench-") as tmp:
         out = Path(tmp)
-        for name, spec in FAULTS.items():
-            result = fault_pairs(out, name, spec, pairs)
+        cases = [(name, spec, _run) for name, spec in FAULTS.items()]
+        cases += [(name, spec, _run_attach) for name, spec in ATTACH_FAULTS.items()]
+        for name, spec, run in cases:
+            result = fault_pairs(out, name, spec, pairs, run)
             results.append(result)
             row = bl.comparison(
                 f"why_{name}_gain",
@@ -212,7 +307,13 @@ def main() -> int:
         comparisons,
         faults=results,
         clean=[{k: v for k, v in r.items() if k != "ranked"} for r in clean_runs],
-        settings={"straggler_s": STRAGGLER_S, "comm_delay_s": COMM_DELAY_S, "pairs": pairs},
+        settings={
+            "straggler_s": STRAGGLER_S,
+            "comm_delay_s": COMM_DELAY_S,
+            "input_sleep_s": INPUT_SLEEP_S,
+            "accumulation_delay_s": ACCUM_DELAY_S,
+            "pairs": pairs,
+        },
     )
     bl.print_comparisons(comparisons)
     print(f"wrote {path}")
