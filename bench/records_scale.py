@@ -66,10 +66,7 @@ def _marks(epoch: int, base_step: int, rank: int):
                 False,
                 64,
                 t,
-                t + 0.001,
-                t + 0.012,
-                t + 0.035,
-                t + 0.04,
+                (t + 0.001, t + 0.012, t + 0.035, t + 0.04),
                 [BucketMarks(0, t + 0.03, t + 0.034 + 0.001 * rank)],
             )
         )
@@ -84,10 +81,7 @@ def _marks(epoch: int, base_step: int, rank: int):
                     False,
                     64,
                     t,
-                    t,
-                    t + 0.012,
-                    t + 0.035,
-                    t + 0.035,
+                    (t, t + 0.012, t + 0.035, t + 0.035),
                     [BucketMarks(0, t + 0.03, t + 0.034)] if kind == "calib_sync" else [],
                     pair=pair,
                 )

@@ -88,7 +88,7 @@ def marks(
     buckets = [BucketMarks(i, h, c) for i, (h, c) in enumerate(zip(handed_over, completed, strict=True))]
     backward_end = max(completed) if completed else start + 0.5
     return StepMarks.single(
-        epoch, step, kind, warmup, 64, start, start + 0.01, start + 0.03, backward_end, backward_end + 0.01, buckets
+        epoch, step, kind, warmup, 64, start, (start + 0.01, start + 0.03, backward_end, backward_end + 0.01), buckets
     )
 
 

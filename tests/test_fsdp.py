@@ -217,7 +217,7 @@ def _collective(kind, issued, done, waited_from=None, *, nbytes=1000, module="m"
 
 def _step(buckets, rule, start=0.0, end=3.0, step=0) -> StepMarks:
     return StepMarks.single(
-        1, step, "train", False, 16, start, start, start + 1.0, start + 2.5, end, buckets, comm_rule=rule
+        1, step, "train", False, 16, start, (start, start + 1.0, start + 2.5, end), buckets, comm_rule=rule
     )
 
 

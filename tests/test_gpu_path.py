@@ -270,7 +270,7 @@ def test_gpu_injection_is_a_spin_on_the_callback_stream_measured_around(monkeypa
     assert [cycles for cycles, _, _ in spins] == [hook.spin_cycles]  # once per step, in the last bucket's callback only
     assert [m.injected is not None for m in marks] == [False, False, True]
     step = timing.StepMarks.single(
-        1, 0, "train", False, 4, start, start, start, marks[-1].handed_over, time.perf_counter(), marks
+        1, 0, "train", False, 4, start, (start, start, marks[-1].handed_over, time.perf_counter()), marks
     )
     row = step.resolve(_HostCudaClock())
     # Measured around the spin, and only around it: the marks (host clock here) enclose the spin's
@@ -296,10 +296,10 @@ def test_cpu_injection_is_a_host_sleep_recorded_as_injected_s():
     hook(None, _Bucket(0, True)).wait()
     end = time.perf_counter()
     marks = hook.take()
-    row = StepMarks.single(1, 0, "train", False, 4, start, start, start, start, end, marks).resolve(Clock())
+    row = StepMarks.single(1, 0, "train", False, 4, start, (start, start, start, end), marks).resolve(Clock())
     # a sleep lasts at least what was asked, and was measured inside the hook's call (same clock)
     assert 0.02 <= row["injected_s"] <= end - start and isinstance(row["injected_s"], float)
-    no_buckets = StepMarks.single(1, 0, "train", False, 4, start, start, start, start, start, []).resolve(Clock())
+    no_buckets = StepMarks.single(1, 0, "train", False, 4, start, (start, start, start, start), []).resolve(Clock())
     assert no_buckets["injected_s"] == 0.0 and isinstance(no_buckets["injected_s"], float)  # one column type per run
 
 
@@ -417,7 +417,7 @@ def _horovod_step(clock, hvd):
         optimizer._allreduce_grad_async(p)
     timer.synchronize()
     marks = timer.take()
-    row = StepMarks.single(1, 0, "train", False, 4, start, start, start, clock.mark(), clock.mark(), marks).resolve(
+    row = StepMarks.single(1, 0, "train", False, 4, start, (start, start, clock.mark(), clock.mark()), marks).resolve(
         clock
     )
     return marks, row

@@ -139,7 +139,14 @@ def _job(rank: int, world: int, local_rank: int, local_world: int, node_rank: in
         hopt.zero_grad()
         records.append(
             StepMarks.single(
-                1, step, "train", False, len(y), start, start, after_forward, after_backward, clock.mark(), timer.take()
+                1,
+                step,
+                "train",
+                False,
+                len(y),
+                start,
+                (start, after_forward, after_backward, clock.mark()),
+                timer.take(),
             ).resolve(clock)
         )
         hvd_losses.append(loss.item())

@@ -21,7 +21,7 @@ def test_step_marks_resolve_phases_and_exposed_comm():
 
     # data 0-1, forward 1-3, backward 3-10, optimizer 10-11 (seconds since an origin of 100)
     buckets = [BucketMarks(0, 105.0, 107.0), BucketMarks(1, 108.0, 109.5), BucketMarks(2, 109.0, 109.8)]
-    marks = StepMarks.single(1, 0, "train", False, 32, 100.0, 101.0, 103.0, 110.0, 111.0, buckets)
+    marks = StepMarks.single(1, 0, "train", False, 32, 100.0, (101.0, 103.0, 110.0, 111.0), buckets)
     row = marks.resolve(Clock())
     assert row["data_s"] == 1 and row["forward_s"] == 2 and row["backward_s"] == 7 and row["optimizer_s"] == 1
     assert row["step_s"] == 11

@@ -526,21 +526,14 @@ class StepMarks:
         warmup: bool,
         samples: int,
         start,
-        after_data,
-        after_forward,
-        after_backward,
-        after_optimizer,
+        phase_ends: tuple,
         buckets: list | None = None,
         pair: int = -1,
         comm_rule: CommRule | None = None,
     ) -> StepMarks:
-        """A step of one micro-batch and one optimizer step, from the marks between its phases."""
-        segments = [
-            ("data", after_data),
-            ("forward", after_forward),
-            ("backward", after_backward),
-            ("optimizer", after_optimizer),
-        ]
+        """A step of one micro-batch and one optimizer step, from the marks that end each of its phases
+        (`phase_ends`: after the data, the forward, the backward and the optimizer, in PHASES' order)."""
+        segments = list(zip(PHASES, phase_ends, strict=True))
         return cls(
             epoch, step, kind, warmup, samples, start, segments, [list(buckets or [])], pair=pair, comm_rule=comm_rule
         )
