@@ -506,6 +506,43 @@ def _why_section(runs: pd.DataFrame, largest: RunDir | None, console) -> list[st
     return lines + ["```", *said, "```", "", 'Causes, figures and fixes: docs/method.md, "Why it scales".', ""]
 
 
+def _figures_section(drawn: dict, figures: bool, projected: pd.DataFrame, projection_notes: list[str]) -> list[str]:
+    """report.md's figures: each drawn figure with its heading and caption, and what the projection's marks are."""
+    md = ["## Figures", ""]
+    md += ["Each figure is also written as SVG beside the PNG.", ""] if figures else ["Not drawn (`--no-figures`).", ""]
+    if figures and not projected.empty:
+        md += [
+            "Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
+            "at the measured worker counts, from each series' smallest-worker run:",
+            "",
+            *[f"- {note}" for note in projection_notes],
+            "",
+        ]
+    for stem, (draw, *_) in drawn.items():
+        md += [f"### {draw.heading}", "", f"![{draw.heading}]({stem}.png)", "", draw.caption, ""]
+    return md
+
+
+def _tables_section(sections: list, keys: list, console) -> list[str]:
+    """Each table printed on the terminal (folded to its width, the runs' table cut short) and, whole, in
+    report.md's lines returned."""
+    md = ["## Tables", ""]
+    key_headers = {header for _, header, _ in _key_columns(keys)}  # repeated in each part of a folded table
+    for title, columns, frame in sections:
+        headers, rows = _cells(frame, columns)
+        shown = rows
+        if title == "Runs" and len(rows) > TERMINAL_RUN_ROWS:
+            shown = rows[:TERMINAL_RUN_ROWS]
+            title_shown = f"{title} (first {TERMINAL_RUN_ROWS} of {len(rows)}; all in report.md)"
+        else:
+            title_shown = title
+        repeat = sum(1 for _ in itertools.takewhile(lambda h: h in key_headers, headers))
+        for rich_table in _rich_tables(title_shown, headers, shown, console.width, repeat):
+            console.print(rich_table)
+        md += [f"### {title}", "", _markdown_table(headers, rows), ""]
+    return md
+
+
 def write_report(
     sweep_dirs, console=None, out: str | os.PathLike | None = None, warnings_console=None, figures: bool = True
 ) -> Path:
@@ -630,32 +667,8 @@ def write_report(
         ]
         for claim in claims:
             console.print(f"[bold]{escape(claim)}[/bold]")
-    md += ["## Figures", ""]
-    md += ["Each figure is also written as SVG beside the PNG.", ""] if figures else ["Not drawn (`--no-figures`).", ""]
-    if figures and not projected.empty:
-        md += [
-            "Dotted lines with crosses are projections of the α–β model (scaling/projection/overlay.py) "
-            "at the measured worker counts, from each series' smallest-worker run:",
-            "",
-            *[f"- {note}" for note in projection_notes],
-            "",
-        ]
-    for stem, (draw, *_) in drawn.items():
-        md += [f"### {draw.heading}", "", f"![{draw.heading}]({stem}.png)", "", draw.caption, ""]
-    md += ["## Tables", ""]
-    key_headers = {header for _, header, _ in _key_columns(keys)}  # repeated in each part of a folded table
-    for title, columns, frame in sections:
-        headers, rows = _cells(frame, columns)
-        shown = rows
-        if title == "Runs" and len(rows) > TERMINAL_RUN_ROWS:
-            shown = rows[:TERMINAL_RUN_ROWS]
-            title_shown = f"{title} (first {TERMINAL_RUN_ROWS} of {len(rows)}; all in report.md)"
-        else:
-            title_shown = title
-        repeat = sum(1 for _ in itertools.takewhile(lambda h: h in key_headers, headers))
-        for rich_table in _rich_tables(title_shown, headers, shown, console.width, repeat):
-            console.print(rich_table)
-        md += [f"### {title}", "", _markdown_table(headers, rows), ""]
+    md += _figures_section(drawn, figures, projected, projection_notes)
+    md += _tables_section(sections, keys, console)
     md += [
         "Uncertainty: [lo, hi] is the 95% interval over repeats; 'within noise' marks an interval that includes the "
         "comparison (1× for a speedup or for the TTA / throughput speedup ratio, 0 % for an overhead); 'no interval' "
