@@ -736,6 +736,35 @@ def worker_counts(attempts: list[dict] | None) -> dict:
     }
 
 
+def _ab_overhead(out: dict, accumulator, num_workers: int, steps_recorded: bool, ab_calibration, nothing: str):
+    """The A/B figures into `out` (comm_delta_s, comm_overhead_pct, interference_s: 0 by definition at one worker,
+    else from the calibration pairs); returns why they are absent, or None."""
+    step_s = out["step_s"]
+    ab_reason = None
+    if num_workers == 1:
+        # 0 by definition (nothing to communicate), said only of a run that recorded steps
+        definitional = 0.0 if steps_recorded else None
+        out["comm_delta_s"] = out["comm_overhead_pct"] = out["interference_s"] = definitional
+        ab_reason = None if steps_recorded else nothing
+    else:
+        calibration = accumulator.calibration_frame()
+        delta = comm_delta_s(calibration) if not calibration.empty else None
+        out["comm_delta_s"] = delta
+        synced = _synced_per_step(out)
+        out["comm_overhead_pct"] = 100.0 * delta * synced / step_s if (delta is not None and step_s) else None
+        interference = interference_s(calibration) if not calibration.empty else None
+        out["interference_s"] = interference * synced if interference is not None else None
+        if delta is None:
+            ab_reason = (
+                "the job gave the instrument no forward_backward function"
+                if not ab_calibration
+                else nothing
+                if not steps_recorded
+                else "no calibration steps recorded"
+            )
+    return ab_reason
+
+
 def summarize_run(
     steps: pd.DataFrame,
     epochs: pd.DataFrame,
@@ -800,28 +829,7 @@ def summarize_run(
     out["comm_overhead_note"] = None
     steps_recorded = accumulator.counts["train"]["step_s"] > 0
     nothing = NO_EPOCH if epochs.empty else NO_STEP  # why a figure of the steps has no observations
-    ab_reason = None
-    if num_workers == 1:
-        # 0 by definition (nothing to communicate), said only of a run that recorded steps
-        definitional = 0.0 if steps_recorded else None
-        out["comm_delta_s"] = out["comm_overhead_pct"] = out["interference_s"] = definitional
-        ab_reason = None if steps_recorded else nothing
-    else:
-        calibration = accumulator.calibration_frame()
-        delta = comm_delta_s(calibration) if not calibration.empty else None
-        out["comm_delta_s"] = delta
-        synced = _synced_per_step(out)
-        out["comm_overhead_pct"] = 100.0 * delta * synced / step_s if (delta is not None and step_s) else None
-        interference = interference_s(calibration) if not calibration.empty else None
-        out["interference_s"] = interference * synced if interference is not None else None
-        if delta is None:
-            ab_reason = (
-                "the job gave the instrument no forward_backward function"
-                if not ab_calibration
-                else nothing
-                if not steps_recorded
-                else "no calibration steps recorded"
-            )
+    ab_reason = _ab_overhead(out, accumulator, num_workers, steps_recorded, ab_calibration, nothing)
 
     out["instrument_host_pct"] = (
         100.0 * out["instrument_host_s"] / step_s if (step_s and out["instrument_host_s"] is not None) else None
