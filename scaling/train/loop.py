@@ -271,6 +271,30 @@ def run_worker(
         return train_worker(cfg, ctx, run_dir, checkpoints, live_metrics)
 
 
+def _start_notes(cfg, ctx, meter) -> None:
+    """Rank 0's lines before training: a bf16 the GPU runs slowly, fp16 emulated on a CPU, and what telemetry
+    started (or why none)."""
+    if ctx.device.type == "cuda" and cfg.train.precision == "bf16":
+        # Under Ray only the workers see their GPUs; the plain launcher refused this at preflight.
+        problem = bf16_problem(torch.cuda.get_device_name(ctx.device), torch.cuda.get_device_capability(ctx.device))
+        if problem:
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
+    if ctx.device.type == "cpu" and cfg.train.precision == "fp16":
+        print(
+            "note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
+            "bf16 is the CPU's mixed precision (train.precision=bf16)",
+            file=sys.stderr,
+            flush=True,
+        )
+    if cfg.instrument.telemetry_interval_s > 0:
+        # One line: what was started on a GPU, or that a machine has no NVML to read.
+        from scaling.instrument.telemetry import telemetry_available
+
+        available, why_not = telemetry_available()
+        if ctx.device.type == "cuda" or not available:
+            print(meter.telemetry_note if ctx.device.type == "cuda" else why_not, flush=True)
+
+
 def train_worker(
     cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None, live_metrics=None
 ) -> dict:
@@ -344,25 +368,8 @@ def train_worker(
     steps_per_ep = steps_per_epoch(dataset.num_train, ctx.world_size, cfg.train.per_worker_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps_per_ep, cfg))
 
-    if ctx.rank == 0 and ctx.device.type == "cuda" and cfg.train.precision == "bf16":
-        # Under Ray only the workers see their GPUs; the plain launcher refused this at preflight.
-        problem = bf16_problem(torch.cuda.get_device_name(ctx.device), torch.cuda.get_device_capability(ctx.device))
-        if problem:
-            print(f"warning: {problem}", file=sys.stderr, flush=True)
-    if ctx.rank == 0 and ctx.device.type == "cpu" and cfg.train.precision == "fp16":
-        print(
-            "note: fp16 autocast on CPU runs convolution backward in slow emulated kernels; "
-            "bf16 is the CPU's mixed precision (train.precision=bf16)",
-            file=sys.stderr,
-            flush=True,
-        )
-    if ctx.rank == 0 and cfg.instrument.telemetry_interval_s > 0:
-        # One line: what was started on a GPU, or that a machine has no NVML to read.
-        from scaling.instrument.telemetry import telemetry_available
-
-        available, why_not = telemetry_available()
-        if ctx.device.type == "cuda" or not available:
-            print(meter.telemetry_note if ctx.device.type == "cuda" else why_not, flush=True)
+    if ctx.rank == 0:
+        _start_notes(cfg, ctx, meter)
 
     # Evaluations inside an epoch (train.eval_every < 1), after these steps; the epoch's end always evaluates.
     evaluations = round(1 / cfg.train.eval_every)
