@@ -295,6 +295,17 @@ def _start_notes(cfg, ctx, meter) -> None:
             print(meter.telemetry_note if ctx.device.type == "cuda" else why_not, flush=True)
 
 
+def _print_epoch(cfg, epoch: int, row: dict, evaluation: dict | None, train_loss: float) -> None:
+    """Rank 0's line per epoch: the target's figure (none for a dataset without validation, rather than
+    "nan"), the training loss and time, and the throughput (with tokens for token data)."""
+    rate = f"{row['throughput_samples_per_s']:,.0f} samples/s"
+    if cfg.data.name in TOKEN_DATASETS:
+        rate += f" ({row['throughput_samples_per_s'] * cfg.data.seq_len:,.0f} tokens/s)"
+    figure = "val_loss" if cfg.train.target_metric == "val_loss" else f"val_acc({cfg.train.target_metric})"
+    validation = f"  {figure} {_target_value(evaluation, cfg):.4f}" if evaluation is not None else ""
+    print(f"epoch {epoch:3d}{validation}  loss {train_loss:.4f}  train {row['train_s']:.2f}s  {rate}", flush=True)
+
+
 def train_worker(
     cfg: ExperimentConfig, ctx: WorkerContext, run_dir, checkpoints: Checkpoints | None = None, live_metrics=None
 ) -> dict:
@@ -428,16 +439,7 @@ def train_worker(
                 **compile_clock.columns(),  # compile_s, compile_steps: in the epoch whose steps compiled
             )
             if ctx.rank == 0:
-                rate = f"{last_row['throughput_samples_per_s']:,.0f} samples/s"
-                if tokens:
-                    rate += f" ({last_row['throughput_samples_per_s'] * cfg.data.seq_len:,.0f} tokens/s)"
-                figure = "val_loss" if cfg.train.target_metric == "val_loss" else f"val_acc({cfg.train.target_metric})"
-                # a dataset without validation (synthetic) has no figure to print, rather than "nan"
-                validation = f"  {figure} {_target_value(evaluation, cfg):.4f}" if dataset.has_validation else ""
-                print(
-                    f"epoch {epoch:3d}{validation}  loss {train_loss:.4f}  train {last_row['train_s']:.2f}s  {rate}",
-                    flush=True,
-                )
+                _print_epoch(cfg, epoch, last_row, evaluation if dataset.has_validation else None, train_loss)
             reached = dataset.has_validation and _reached(evaluation, cfg)
             every = cfg.failure.checkpoint_every_epochs
             state = None
