@@ -5,12 +5,13 @@ step's all-reduce is ranked first as exposed communication. The generated-record
 and the sweep's causes are tests/test_why.py's (unit tier); the fix applied and re-run is
 bench/why_planted_faults.py's.
 
-The planted costs (60 ms in a step of about 80 ms on 2 shared cores) are far above what load moves:
+The planted costs (60 ms in a step of about 110 ms on 2 shared cores) are far above what load moves:
 each run's own step and waits are the figures, so no comparison between runs is made here.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from scaling.config import load_config
@@ -53,8 +54,22 @@ def test_a_slow_rank_is_the_first_cause_and_its_compute_is_named(tmp_path):
     assert first["gain"]["how"].startswith("projected") and first["gain"]["step_pct"] > 20
 
 
+def _planted_share(run_dir) -> float:
+    """The planted delay as a share (%) of the run's own steady steps: the ground truth the exposed
+    share is held against (the real all-reduce adds a little to it)."""
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    train = steps[(steps["kind"] == "train") & ~steps["warmup"].astype(bool)]
+    per_step = train.groupby(["epoch", "step"])["step_s"].mean()
+    return 100 * PLANTED_S * len(per_step) / per_step.sum()
+
+
 def test_a_delay_in_the_all_reduce_is_the_first_cause(tmp_path):
     ranked = _verdict(tmp_path, "delay", [f"instrument.inject_comm_delay_s={PLANTED_S}"])
     first = ranked[0]
     assert first["cause"] == "exposed_comm", [(f["cause"], f["cost"]["pct"]) for f in ranked]
-    assert first["cost"]["lo"] > 20 and "bf16" in first["fix"]
+    assert "bf16" in first["fix"]
+    # Held against the planted share of this run's own steps, not a fixed percentage: a loaded machine
+    # lengthens the step and shrinks both alike. Measured (5 runs, 2 of them beside two busy loops):
+    # exposed / planted 1.03-1.09, steps 104-140 ms; the bounds leave room for the real all-reduce.
+    ratio = first["cost"]["pct"] / _planted_share(tmp_path / "delay")
+    assert 0.9 < ratio < 1.6, (first["cost"], ratio)
