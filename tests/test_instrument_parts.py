@@ -64,7 +64,8 @@ def test_the_config_tree_holds_the_instruments_settings():
 
 
 def test_unknown_and_out_of_range_settings_are_refused_in_one_line():
-    with pytest.raises(TypeError, match=r"unknown instrument setting\(s\) \['warmup'\]; valid: warmup_steps, "):
+    valid = r"the job's: run_dir, .*; the instrument's settings: warmup_steps, "
+    with pytest.raises(TypeError, match=r"attach: unknown keyword\(s\) \['warmup'\]; " + valid):
         _attach(warmup=3)
     with pytest.raises(ValueError, match="instrument setting warmup_steps must be >= 0, got -1"):
         _attach(warmup_steps=-1)

@@ -94,7 +94,7 @@ import datetime as dt
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,18 +150,34 @@ class _OpenStep:
 
 @dataclass(frozen=True)
 class Job:
-    """What a job tells the instrument of itself beyond its model and optimizer: `attach`'s keywords of the
-    same names, whose docstring says what each is for. `attach` makes one; the meter reads it."""
+    """What a job tells the instrument of itself beyond its model and optimizer, each field an `attach`
+    keyword of the same name. `attach` makes one; the meter reads it."""
 
     run_dir: str | Path | None = None
+    """Where the records go: None under `scaling run`, which hands it over; None on its own keeps them
+    in memory only."""
     forward_module: torch.nn.Module | None = None
+    """The module the loop calls for forward, when it is not `model` (a `torch.compile`d wrapper: hooks
+    on the module inside a compiled graph would be traced)."""
     flops_module: torch.nn.Module | None = None
+    """The module whose forward the FLOPs are counted on, when the wrapped module runs more than the
+    model (Lightning's DDP forward is `training_step`: scaling/integrations/)."""
     forward_backward: Callable | None = None
+    """`forward_backward(batch)`, with `calibration_data`: for the A/B communication overhead."""
     calibration_data: Any = None
+    """The batches the A/B calibration window steps on (see `forward_backward`)."""
     name: str | None = None
+    """What the summary calls the job (default: the model's class name)."""
     target_accuracy: float | None = None
+    """The validation accuracy whose first epoch at or above it is the time-to-accuracy."""
     target_loss: float | None = None
+    """Instead of `target_accuracy`: a validation loss, reached at or below it (a language model's: pass
+    `meter.end_epoch(val_loss=...)`; TTA as modded-nanogpt's speedrun measures it)."""
     precision: str | None = None
+    """"fp32", "bf16" or "fp16": the compute precision, for a model that enters autocast inside its own
+    forward, after the instrument's forward pre-hook has looked (what Accelerate's `prepare` does with
+    `mixed_precision`: scaling/integrations/hf.py passes it). None: autocast's at the forward's call,
+    else the parameters' dtype."""
 
     def __post_init__(self) -> None:
         if self.precision not in (None, "fp32", "bf16", "fp16"):
@@ -1036,58 +1052,32 @@ def _precision_seen(device: torch.device, backend) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def attach(
-    model,
-    optimizer,
-    *,
-    run_dir=None,
-    forward_module=None,
-    flops_module=None,
-    forward_backward=None,
-    calibration_data=None,
-    name: str | None = None,
-    target_accuracy: float | None = None,
-    target_loss: float | None = None,
-    precision: str | None = None,
-    settings: InstrumentSettings | None = None,
-    parts: Parts | None = None,
-    **overrides,
-) -> StepMeter:
-    """Attach the instrument to a training job's model and optimizer (module docstring).
+def attach(model, optimizer, *, settings: InstrumentSettings | None = None, parts: Parts | None = None, **keywords):
+    """Attach the instrument to a training job's model and optimizer (module docstring); returns its
+    StepMeter.
 
     - `model`: the DDP model (or the plain module at world size 1); with Horovod the module
       whose optimizer is `hvd.DistributedOptimizer`.
-    - `forward_module`: the module the loop calls for forward, when it is not `model` (a
-      `torch.compile`d wrapper: hooks on the module inside a compiled graph would be traced).
-    - `flops_module`: the module whose forward the FLOPs are counted on, when the wrapped module
-      runs more than the model (Lightning's DDP forward is `training_step`: scaling/integrations/).
-    - `forward_backward(batch)`, `calibration_data`: for the A/B communication overhead.
-    - `run_dir`: where the records go (None under `scaling run`, which hands it over; None on its
-      own keeps them in memory only). `name`, `target_accuracy`: what the summary says of the job;
-      `target_loss` instead: the target is a validation loss, reached at or below it (a language
-      model's: pass `meter.end_epoch(val_loss=...)`; TTA as modded-nanogpt's speedrun measures it).
-    - `precision` ("fp32", "bf16" or "fp16"): the compute precision, for a model that enters
-      autocast inside its own forward, after the instrument's forward pre-hook has looked (what
-      Accelerate's `prepare` does with `mixed_precision`: scaling/integrations/hf.py passes it).
-      None: autocast's at the forward's call, else the parameters' dtype.
-    - `settings` (`InstrumentSettings`), and any of its fields as keywords on top
-      (`warmup_steps=3`); without `settings`, those of the run a launcher handed this process,
-      else the defaults.
+    - `keywords`: the job's description, any field of `Job` (`run_dir`, `forward_module`,
+      `flops_module`, `forward_backward`, `calibration_data`, `name`, `target_accuracy`,
+      `target_loss`, `precision`: its docstrings say what each is for), and any field of
+      `InstrumentSettings` on top of `settings` (`warmup_steps=3`).
+    - `settings` (`InstrumentSettings`): without it, those of the run a launcher handed this
+      process, else the defaults.
     - `parts` (`Parts`: identity, live metrics, finisher) from whoever runs the job; without
       them, those the installed providers give (scaling/instrument/parts.py). A run a launcher
       handed over is finished by that launcher: no finisher.
     """
-    job = Job(
-        run_dir,
-        forward_module,
-        flops_module,
-        forward_backward,
-        calibration_data,
-        name,
-        target_accuracy,
-        target_loss,
-        precision,
-    )
+    job_fields = [f.name for f in fields(Job)]
+    setting_fields = [f.name for f in fields(InstrumentSettings)]
+    unknown = sorted(set(keywords) - set(job_fields) - set(setting_fields))
+    if unknown:
+        raise TypeError(
+            f"attach: unknown keyword(s) {unknown}; the job's: {', '.join(job_fields)}; "
+            f"the instrument's settings: {', '.join(setting_fields)}"
+        )
+    job = Job(**{key: value for key, value in keywords.items() if key in job_fields})
+    overrides = {key: value for key, value in keywords.items() if key not in job_fields}
     launched = LaunchedRun.from_environment()
     if settings is None:
         settings = launched.settings if launched is not None else InstrumentSettings()

@@ -496,52 +496,67 @@ def run_spec(
         fsdp_units,
         DTYPE_BYTES.get(reduce_dtype, 4),
     )
-    parameters.append(
+    parameters += _model_lines(table, profile, backend, units_source)
+    measured_only = compute_ms is None and mfu is None
+    cluster, jitter_line = _jitter(steps, summary, cluster, measured_only=measured_only, same_device=same_device)
+    parameters.append(jitter_line)
+    if backend == "fsdp":
+        _fsdp_settings(kwargs, summary, profile, reduce_dtype, parameters)
+    kwargs.setdefault("activation_checkpointing", "none")
+    samples_to_target = _samples_to_target(run, summary, lr_rule, parameters)
+    if samples_to_target is not None:
+        kwargs["samples_to_target"] = samples_to_target
+    spec = ProjectionSpec(table, cluster, workers=gpus, compute=compute, backend=backend, **kwargs)
+    return RunSpec(spec, parameters, steps, concurrent)
+
+
+def _model_lines(table: dict, profile: dict, backend: str, units_source: str) -> list[tuple[str, str, str]]:
+    """The "set by" lines of the model a run's projection carries: its size, units and activations."""
+    return [
         (
             "model size",
             f"{table['parameters']:,} parameters, {4 * table['parameters'] / 1e6:.1f} MB of fp32 gradients",
             "compute_profile.json parameters (trainable)",
-        )
-    )
-    parameters.append(
+        ),
         (
             "FSDP units" if backend == "fsdp" else "gradient tensors",
             units_source if backend == "fsdp" else f"{len(table['layers'])} of at most 1 MiB",
             "" if backend == "fsdp" else "the model size; DDP's bucket assignment over them (no per-parameter record)",
-        )
-    )
-    parameters.append(
+        ),
         (
             "activations",
             f"{float(profile.get('activation_elements') or 0):,.0f} elements per sample",
             "compute_profile.json activation_elements, at the compute precision's bytes",
-        )
-    )
-    # jitter: the run's per-step spread of compute where it ran on the target's device
+        ),
+    ]
+
+
+def _jitter(steps: pd.DataFrame, summary: dict, cluster: Cluster, *, measured_only: bool, same_device: bool):
+    """The cluster with the run's per-step spread of compute where it ran on the target's device (the wait
+    for the slowest of n ranks), else the preset's; and its "set by" line. `measured_only`: the compute is
+    the run's own (no --compute-ms or --mfu given)."""
     cv = float(steps["compute_s"].std() / steps["compute_s"].mean())
-    if (
-        compute_ms is None
-        and mfu is None
-        and (same_device or _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device))
-    ):
-        cluster = replace(cluster, step_jitter_cv=cv)
-        parameters.append(
-            (
-                "step jitter (CV)",
-                f"{100 * cv:.2f}%",
-                f"the run's {len(steps)} steps' compute, std / mean: the wait for the slowest of n ranks",
-            )
+    on_target = same_device or _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device)
+    if measured_only and on_target:
+        line = (
+            "step jitter (CV)",
+            f"{100 * cv:.2f}%",
+            f"the run's {len(steps)} steps' compute, std / mean: the wait for the slowest of n ranks",
         )
-    else:
-        parameters.append(
-            (
-                "step jitter (CV)",
-                f"{100 * cluster.step_jitter_cv:.2g}%",
-                f"the preset {cluster.name}'s (the run's {100 * cv:.1f}% was measured on another device)",
-            )
-        )
+        return replace(cluster, step_jitter_cv=cv), line
+    line = (
+        "step jitter (CV)",
+        f"{100 * cluster.step_jitter_cv:.2g}%",
+        f"the preset {cluster.name}'s (the run's {100 * cv:.1f}% was measured on another device)",
+    )
+    return cluster, line
+
+
+def _fsdp_settings(kwargs: dict, summary: dict, profile: dict, reduce_dtype: str, parameters: list) -> None:
+    """FSDP2's settings the run ran with, into the spec's `kwargs` where not given: resharding after forward
+    (the lab's config, else each unit's as recorded) and the gradients' reduce dtype."""
     reshard = summary.get("fsdp_reshard_after_forward")
-    if backend == "fsdp" and "reshard_after_forward" not in kwargs:
+    if "reshard_after_forward" not in kwargs:
         if reshard is not None:  # the lab's loop: its config's fsdp.reshard_after_forward
             kwargs["reshard_after_forward"] = "all" if reshard else "none"
         elif policy := reshard_policy(profile.get("sharded_units")):
@@ -549,14 +564,8 @@ def run_spec(
             parameters.append(
                 ("resharded after forward", policy, "compute_profile.json sharded_units, each unit's as FSDP2 ran it")
             )
-    if backend == "fsdp" and "fsdp_reduce_dtype" not in kwargs and reduce_dtype in FSDP_DTYPES:
+    if "fsdp_reduce_dtype" not in kwargs and reduce_dtype in FSDP_DTYPES:
         kwargs["fsdp_reduce_dtype"] = reduce_dtype
-    kwargs.setdefault("activation_checkpointing", "none")
-    samples_to_target = _samples_to_target(run, summary, lr_rule, parameters)
-    if samples_to_target is not None:
-        kwargs["samples_to_target"] = samples_to_target
-    spec = ProjectionSpec(table, cluster, workers=gpus, compute=compute, backend=backend, **kwargs)
-    return RunSpec(spec, parameters, steps, concurrent)
 
 
 def _config_rule(run) -> str | None:
