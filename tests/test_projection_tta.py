@@ -147,3 +147,28 @@ def test_a_run_directory_with_its_noise_scale_projects_tta_speedup(tmp_path, cap
     assert cli.main(["project", str(run.path), "--cluster", "p5.48xlarge", "--gpus", "8,128"]) == 0
     out = capsys.readouterr().out
     assert "TTA x" in out and "throughput x" in out and "noise-scale model from batch" in out
+
+
+def test_a_sweep_directory_gives_the_measured_epochs_per_global_batch(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from scaling.cli import main
+
+    rows = [
+        {"run_id": f"r{i}", "status": status, "global_batch": batch, "epochs_to_target": epochs}
+        for i, (status, batch, epochs) in enumerate(
+            [("reached", 64, 30), ("reached", 64, 32), ("max_epochs", 512, None), ("reached", 512, 36)]
+        )
+    ]
+    (tmp_path / "runs").mkdir()
+    pd.DataFrame(rows).to_parquet(tmp_path / "runs.parquet")
+    args = ["project", "--model", "resnet50", "--cluster", "p3.16xlarge", "--nodes", "1,16"]
+    assert main([*args, "--epochs-to-target", str(tmp_path), "--json"]) == 0
+    by_batch = {row["global_batch"]: row for row in json.loads(capsys.readouterr().out)}
+    assert by_batch[64]["epochs_to_target"] == 31 and by_batch[512]["epochs_to_target"] == 36  # the medians
+    (tmp_path / "empty").mkdir()
+    assert main([*args, "--epochs-to-target", str(tmp_path / "empty")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: --epochs-to-target") and "\n" not in error, error

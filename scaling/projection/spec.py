@@ -234,11 +234,13 @@ class ProjectionSpec:
     """Samples per epoch: default the run's, else the model's usual dataset."""
     epochs_to_target: Mapping[int, float] | str | None = _flag(
         None,
-        metavar="BATCH:EPOCHS,...",
-        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, for TTA "
+        metavar="BATCH:EPOCHS,...|SWEEP",
+        help="epochs to the target accuracy measured at global batches, e.g. 256:30,1024:31, or a sweep "
+        "directory whose runs measured them (the median per global batch of those that reached it), for TTA "
         "(default: none, no TTA columns)",
     )
-    """{global batch: epochs} measured at smaller scale, for TTA (project.parse_epochs_table)."""
+    """{global batch: epochs} measured at smaller scale, or a sweep directory that measured them, for TTA
+    (project.parse_epochs_table)."""
     samples_to_target: SamplesToTarget | None = None
     """The samples-to-target model of epochs to target beyond the measured batches, from a measured gradient
     noise scale (scaling/projection/tta.py): a run's own (from_run), or --noise-scale with --epochs-to-target."""
