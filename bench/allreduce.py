@@ -34,9 +34,7 @@ bandwidth against message size).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import time
 
 import benchlib as bl
 from benchjobs import measure, sizes_bytes
@@ -154,20 +152,20 @@ def figure(rows: dict[str, list[dict]]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 KiB .. 16 MiB, 2 rounds")
-    parser.add_argument("--max-mib", type=int, help="largest message in MiB (default 256; quick 16)")
-    parser.add_argument("--rounds", type=int, help="rounds over the sizes, ascending/descending (default 3; quick 2)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per size, backend and round")
-    parser.add_argument(
+    bench = bl.Benchmark(NAME, __doc__, quick="4 KiB .. 16 MiB, 2 rounds")
+    bench.parser.add_argument("--max-mib", type=int, help="largest message in MiB (default 256; quick 16)")
+    bench.parser.add_argument(
+        "--rounds", type=int, help="rounds over the sizes, ascending/descending (default 3; quick 2)"
+    )
+    bench.parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per size, backend and round")
+    bench.parser.add_argument(
         "--target-s", type=float, help="timed seconds per size, backend and round (default 0.6; quick 0.2)"
     )
-    parser.add_argument("--no-horovod", action="store_true", help="torch.distributed gloo only")
-    args = parser.parse_args()
+    bench.parser.add_argument("--no-horovod", action="store_true", help="torch.distributed gloo only")
+    args = bench.parse()
     max_bytes = (args.max_mib or (16 if args.quick else 256)) * MIB
     rounds = args.rounds or (2 if args.quick else 3)
     target_s = args.target_s or (0.2 if args.quick else 0.6)
-    started, load_start = time.time(), bl.load_average()
 
     horovod_ok, horovod_why = (False, "left out (--no-horovod)") if args.no_horovod else horovod_importable()
     backends = ["torch_gloo"] + (["horovod_gloo"] if horovod_ok else [])
@@ -249,12 +247,7 @@ def main() -> None:
             f"{peak['size']}" + why_no_b,
         ),
     ]
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         world_size=WORLD,
         threads_per_rank=1,
@@ -280,8 +273,7 @@ def main() -> None:
         figure=[str(p.relative_to(bl.REPO)) for p in figure_paths],
         iteration_times_s={b: {str(k): v for k, v in per.items()} for b, per in times.items()},
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)} and {', '.join(p.name for p in figure_paths)}", flush=True)
+    print(f"[{NAME}] figures {', '.join(p.name for p in figure_paths)}", flush=True)
 
 
 if __name__ == "__main__":

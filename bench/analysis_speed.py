@@ -32,7 +32,6 @@ saving them; printing the tables; the rest), to show where the time goes.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
@@ -356,14 +355,13 @@ def report_files(sweep: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 pair, no cProfile run (the sweep is the same 200 runs)")
-    parser.add_argument("--pairs", type=int, help="(cli, in-process) pairs (default 2; quick 1)")
-    parser.add_argument("--repeats", type=int, default=25, help="repeats per (workers, batch): 25 gives 200 runs")
-    parser.add_argument("--keep", type=Path, help="write the sweep here and keep it (default: a temporary folder)")
-    args = parser.parse_args()
-    pairs = args.pairs or (1 if args.quick else 2)
-    started, load_start = time.time(), bl.load_average()
+    bench = bl.Benchmark(NAME, __doc__, quick="1 pair, no cProfile run (the sweep is the same 200 runs)", pairs=(2, 1))
+    bench.parser.add_argument("--repeats", type=int, default=25, help="repeats per (workers, batch): 25 gives 200 runs")
+    bench.parser.add_argument(
+        "--keep", type=Path, help="write the sweep here and keep it (default: a temporary folder)"
+    )
+    args = bench.parse()
+    pairs = args.pairs
 
     with tempfile.TemporaryDirectory(prefix="bench-analysis-") as tmp:
         root = args.keep.absolute() if args.keep else Path(tmp)
@@ -406,12 +404,7 @@ def main() -> None:
             note=f"medians of {pairs} each; report.md + 7 figures (PNG + SVG) + every table printed",
         )
     ]
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         sweep={
             "runs": n_runs,
@@ -431,8 +424,6 @@ def main() -> None:
         phases_in_process=phases,
         profile={"wall_s_under_cprofile": profiled_s, "top_cumulative": profile_text.splitlines()},
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":

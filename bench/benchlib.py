@@ -2,7 +2,7 @@
 
 Each benchmark script (bench/<name>.py) measures one thing, defined in its own docstring, and
 writes `bench/results/<name>.json` (`--quick`: `bench/results/quick/<name>.json`) through
-`write_result`, which wraps its figures in the same envelope:
+`Benchmark.finish` (`write_result`), which wraps its figures in the same envelope:
 
     benchmark    the script's name
     what         one paragraph: what is measured and how (the script's docstring, first paragraph)
@@ -26,6 +26,7 @@ Run the scripts with the repository's venv from the repository root, e.g.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import os
@@ -617,6 +618,61 @@ def results_dir(quick: bool) -> Path:
     if not ignore.exists():
         ignore.write_text("# quick-mode results: not committed\n*\n")
     return folder
+
+
+class Benchmark:
+    """One benchmark from its command line to its result file: the arguments the A/B benchmarks share
+    (`--quick`, and where asked `--pairs`, `--epochs`, `--config`, each resolved to its full or quick
+    default), when it started, and the tail every benchmark ends with (`finish`).
+
+        bench = bl.Benchmark(NAME, __doc__, quick="1 pair of 2-epoch runs", pairs=(2, 1), epochs=(3, 2))
+        bench.parser.add_argument(...)  # the benchmark's own
+        args = bench.parse()
+        ...
+        bench.finish(comparisons, runs=runs)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        quick: str,
+        *,
+        pairs: tuple[int, int] | None = None,
+        epochs: tuple[int, int] | None = None,
+        config: str | None = None,
+    ):
+        self.name, self.doc = name, doc
+        self.parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+        self.parser.add_argument("--quick", action="store_true", help=f"{quick} (into bench/results/quick/)")
+        self._defaults: dict[str, tuple[int, int]] = {}
+        if pairs is not None:
+            self._counted("pairs", pairs, "A/B pairs")
+        if epochs is not None:
+            self._counted("epochs", epochs, "epochs per run")
+        if config is not None:
+            self.parser.add_argument("--config", default=config, help=f"the experiment config (default {config})")
+        self.quick, self.started, self.load_start = False, time.time(), None
+
+    def _counted(self, name: str, defaults: tuple[int, int], what: str) -> None:
+        self._defaults[name] = defaults
+        self.parser.add_argument(f"--{name}", type=int, help=f"{what} (default {defaults[0]}; quick {defaults[1]})")
+
+    def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
+        """The command line, each shared count resolved; the benchmark's clock and load start here."""
+        args = self.parser.parse_args(argv)
+        for name, (full, quick) in self._defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, quick if args.quick else full)
+        self.quick, self.started, self.load_start = args.quick, time.time(), load_average()
+        return args
+
+    def finish(self, comparisons: list[dict], **details) -> Path:
+        """Write the result (`write_result`), print its comparisons and where it went; its path."""
+        path = write_result(self.name, self.doc, self.quick, self.started, self.load_start, comparisons, **details)
+        print_comparisons(comparisons)
+        print(f"[{self.name}] wrote {path.relative_to(REPO)}", flush=True)
+        return path
 
 
 def write_result(

@@ -20,10 +20,8 @@ anything else running), so the efficiency measures that too. No budget: it is a 
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import tempfile
-import time
 from pathlib import Path
 
 import benchlib as bl
@@ -32,19 +30,15 @@ NAME = "cpu_scaling"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs")
-    parser.add_argument("--pairs", type=int, help="A/B pairs (default 2; quick 1)")
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
-    parser.add_argument("--config", default="experiments/quickstart.yaml")
-    args = parser.parse_args()
-    pairs = args.pairs or (1 if args.quick else 2)
-    epochs = args.epochs or (2 if args.quick else 3)
+    bench = bl.Benchmark(
+        NAME, __doc__, quick="1 pair of 2-epoch runs", pairs=(2, 1), epochs=(3, 2), config="experiments/quickstart.yaml"
+    )
+    args = bench.parse()
+    pairs, epochs = args.pairs, args.epochs
 
     from scaling.config import load_config
     from scaling.launch.run import execute_run
 
-    started, load_start = time.time(), bl.load_average()
     overrides = [
         f"train.max_epochs={epochs}",
         "train.target_accuracy=1.0",
@@ -102,12 +96,7 @@ def main() -> None:
     cli = f".venv/bin/scaling run {args.config} --launcher local " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides
     )
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         config=args.config,
         pairs=pairs,
@@ -119,8 +108,6 @@ def main() -> None:
         pair_speedups=speedups,
         runs=runs,
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":  # the plain launcher spawns processes that re-import this module

@@ -20,7 +20,6 @@ block ratios with its 95% order-statistic interval; no budget: the figure is wha
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -37,14 +36,12 @@ BATCH, STEPS_PER_BLOCK, WARMUP_STEPS = 32, 8, 10
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=200, help="blocks of interleaved steps (default 200)")
-    parser.add_argument("--quick", action="store_true", help="20 blocks, into bench/results/quick/")
-    args = parser.parse_args()
+    bench = bl.Benchmark(RESULT, __doc__, quick="20 blocks")
+    bench.parser.add_argument("--blocks", type=int, default=200, help="blocks of interleaved steps (default 200)")
+    args = bench.parse()
     if args.blocks < 6:
-        parser.error("--blocks must be at least 6 (the interval of the median needs them)")
+        bench.parser.error("--blocks must be at least 6 (the interval of the median needs them)")
     blocks = 20 if args.quick else args.blocks
-    started, load_start = time.time(), bl.load_average()
 
     import torch
     import torch.distributed as dist
@@ -99,12 +96,7 @@ def main() -> int:
         pair_ratios=ratios,
         decided_by_interval=False,
     )
-    path = bl.write_result(
-        RESULT,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         [row],
         blocks=blocks,
         steps_per_block=STEPS_PER_BLOCK,
@@ -112,8 +104,7 @@ def main() -> int:
         extra_ms_interval=[lo, hi],
         per_block_ms=[{arm: round(1e3 * s, 4) for arm, s in b.items()} for b in per_block],
     )
-    bl.print_comparisons([row])
-    print(f"DDP's own work: {bl.median(extra_ms):.3f} ms per step [{lo:.3f}, {hi:.3f}]; {path}")
+    print(f"DDP's own work: {bl.median(extra_ms):.3f} ms per step [{lo:.3f}, {hi:.3f}]")
     return 0
 
 

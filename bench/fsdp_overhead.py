@@ -65,13 +65,11 @@ count either.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import benchlib as bl
@@ -325,27 +323,20 @@ def figures(blocks: dict[str, list[dict]], epochs: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 short epochs per phase (a check that it runs)")
-    parser.add_argument(
-        "--epochs",
-        type=int,
-        help="epochs per phase in each pair of processes, the first left out (default 16; quick 2)",
-    )
-    parser.add_argument(
+    bench = bl.Benchmark(NAME, __doc__, quick="2 short epochs per phase (a check that it runs)", epochs=(16, 2))
+    bench.parser.add_argument(
         "--max-minutes",
         type=float,
         default=30.0,
         help="no further pair of processes starts once it would end after this (default 30)",
     )
-    args = parser.parse_args()
-    epochs = args.epochs or (2 if args.quick else 16)
+    args = bench.parse()
+    epochs = args.epochs
     if epochs < 2:
-        parser.error("--epochs must be 2 or more: the first epoch is left out")
+        bench.parser.error("--epochs must be 2 or more: the first epoch is left out")
 
     from scaling.config import load_config
 
-    started, load_start = time.time(), bl.load_average()
     overrides = timing_overrides(epochs, args.quick)
     cfg = load_config(bl.REPO / CONFIG, overrides=overrides, num_workers=WORKERS)
     if cfg.backend != "fsdp" or cfg.train.precision != "fp32" or cfg.fsdp.shard != "blocks":
@@ -361,7 +352,7 @@ def main() -> None:
         bl.measure_until_decided(
             measure_next,
             lambda: figures(blocks, epochs),
-            started,
+            bench.started,
             args.max_minutes,
             NAME,
             f"a pair of processes, {epochs} epochs per phase",
@@ -371,12 +362,7 @@ def main() -> None:
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides
     )
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         config=CONFIG,
         workers=WORKERS,
@@ -394,8 +380,6 @@ def main() -> None:
         },
         blocks=blocks,
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":  # torch.multiprocessing and the plain launcher spawn processes that re-import this module

@@ -39,7 +39,6 @@ recorded). The JSON keeps every run's figures and the per-step distribution of s
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import subprocess
@@ -187,13 +186,11 @@ def spread(values: list[float]) -> list[float] | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 1-epoch runs on a quarter of the data")
-    parser.add_argument("--repeats", type=int, help="rounds over the arms (default 3; quick 1)")
-    parser.add_argument("--epochs", type=int, help="epochs per 2-worker run (default 2; quick 1)")
-    args = parser.parse_args()
+    bench = bl.Benchmark(NAME, __doc__, quick="1 repeat of 1-epoch runs on a quarter of the data", epochs=(2, 1))
+    bench.parser.add_argument("--repeats", type=int, help="rounds over the arms (default 3; quick 1)")
+    args = bench.parse()
     repeats = args.repeats or (1 if args.quick else 3)
-    epochs = args.epochs or (1 if args.quick else 2)
+    epochs = args.epochs
 
     from scaling.config import load_config
     from scaling.testbed.local_cluster import private_ray_head
@@ -205,7 +202,6 @@ def main() -> None:
     if not usable:
         raise SystemExit(f"[{NAME}] needs Horovod (`make horovod`): {why}")
 
-    started, load_start = time.time(), bl.load_average()
     data = ["train.target_accuracy=1.0", "data.val_samples=512", *(["data.train_samples=2048"] if args.quick else [])]
     log("all-reduce fit: gloo and Horovod between 2 local processes")
     fit = fit_allreduce(args.quick)
@@ -256,7 +252,7 @@ def main() -> None:
             predicted_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         )
         # the predictions are on disk before any 2-worker run starts
-        bl.write_result(NAME, __doc__, args.quick, started, load_start, [], **record)
+        bl.write_result(bench.name, bench.doc, bench.quick, bench.started, bench.load_start, [], **record)
         for arm, p in predictions.items():
             h = p["concurrent+straggler"]
             log(
@@ -313,7 +309,7 @@ def main() -> None:
         }
     comparisons, rows = compare(predictions, runs, by_arm)
     record.update(status="done", runs=runs, measured=by_arm, table=rows, note=bl.contention_note(runs))
-    path = bl.write_result(NAME, __doc__, args.quick, started, load_start, comparisons, **record)
+    bench.finish(comparisons, **record)
     print(
         f"{'arm':<40}{'step pred/meas':>16}{'exposed pred/meas':>20}{'communicating pred/meas':>26}"
         f"{'step, own compute':>20}"
@@ -325,8 +321,6 @@ def main() -> None:
             f"{row['communicating_ms'][0]:15.1f} /{row['communicating_ms'][1]:7.1f}"
             f"{row['step_own_compute_ms']:18.1f}"
         )
-    bl.print_comparisons(comparisons)
-    log(f"wrote {path}")
 
 
 def compare(predictions: dict, runs: list[dict], by_arm: dict) -> tuple[list[dict], list[dict]]:

@@ -51,7 +51,6 @@ Run: `.venv/bin/python bench/instrument_host_cost.py` (about 5 minutes on a 2-co
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import shutil
@@ -392,26 +391,23 @@ def run_blocks(jobs: dict, arms: tuple[str, ...], blocks: int, label: str) -> bl
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="exit status: 0 measured (whatever the verdicts), 2 bad arguments"
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer blocks and runs (bench/results/quick/)")
-    parser.add_argument(
+    bench = bl.Benchmark("instrument_host_cost", __doc__, quick="fewer blocks and runs")
+    bench.parser.epilog = "exit status: 0 measured (whatever the verdicts), 2 bad arguments"
+    bench.parser.add_argument(
         "--blocks", type=int, default=None, help="blocks of steps of the attach part (default 240; quick 16)"
     )
-    parser.add_argument(
+    bench.parser.add_argument(
         "--fsdp-blocks",
         type=int,
         default=None,
         help=f"blocks of steps of the FSDP2 part (default {FSDP_BLOCKS}; quick 8)",
     )
-    args = parser.parse_args()
+    args = bench.parse()
     blocks = args.blocks if args.blocks is not None else (16 if args.quick else 240)
     fsdp_blocks = args.fsdp_blocks if args.fsdp_blocks is not None else (8 if args.quick else FSDP_BLOCKS)
     if min(blocks, fsdp_blocks) < 6:
-        parser.error("--blocks and --fsdp-blocks must be >= 6 (the 95% interval of a median needs 6 values)")
+        bench.parser.error("--blocks and --fsdp-blocks must be >= 6 (the 95% interval of a median needs 6 values)")
     lab_instances, lab_epochs = (1, 3) if args.quick else (INSTANCES, LAB_EPOCHS)
-    started, load_start = time.time(), bl.load_average()
 
     import warnings
 
@@ -493,12 +489,7 @@ def main() -> int:
             name = f"{label}, extra {clock} per step"
             trainer_comparisons.append(_row(name, label, extra[clock], STEP_BUDGET_US, "us per step", bare_us))
     comparisons += lab_comparisons + fsdp_comparisons + trainer_comparisons
-    path = bl.write_result(
-        "instrument_host_cost",
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         blocks=blocks,
         steps_per_block=STEPS_PER_BLOCK,
@@ -515,7 +506,6 @@ def main() -> int:
         trainer_runs={"pairs": 2 if args.quick else TRAINER_PAIRS, "steps": TRAINER_STEPS, "skipped": TRAINER_SKIPPED},
         trainers=trainer_table,
     )
-    bl.print_comparisons(comparisons)
     for job, table in (("attach", attach_table), ("lab", lab_table), ("fsdp", fsdp_table), ("trainer", trainer_table)):
         for row in table:
             interval = f" [{row['lo']:.0f}, {row['hi']:.0f}]" if row["lo"] is not None else ""
@@ -524,7 +514,6 @@ def main() -> int:
                 f"+{row['extra_us_per_step']:.0f} us/step{interval} (bare step {row['bare_us_per_step']:.0f} us)",
                 flush=True,
             )
-    print(f"wrote {path}")
     return 0
 
 

@@ -55,13 +55,11 @@ docstring). It writes instrumentation_overhead_own_job.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import benchlib as bl
@@ -170,7 +168,7 @@ def lab_figures(blocks: list[dict], epochs: int) -> list[dict]:
     )
 
 
-def main_lab(args, started: float, load_start) -> None:
+def main_lab(args, bench: bl.Benchmark) -> None:
     """The lab's loop: pairs of processes while a verdict is undecided."""
     from scaling.config import load_config
 
@@ -182,7 +180,7 @@ def main_lab(args, started: float, load_start) -> None:
         bl.measure_until_decided(
             lambda index: blocks.extend(measure_lab_pair(index, cfg, tmp)),
             lambda: lab_figures(blocks, epochs),
-            started,
+            bench.started,
             args.max_minutes,
             NAME,
             f"a pair of processes, {epochs} epochs",
@@ -192,12 +190,7 @@ def main_lab(args, started: float, load_start) -> None:
     cli = f".venv/bin/scaling run {CONFIG} --launcher local --workers {WORKERS} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides
     )
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         config=CONFIG,
         workers=WORKERS,
@@ -210,8 +203,6 @@ def main_lab(args, started: float, load_start) -> None:
         block_ratios={key: [b["lab"][key] / b["bare"][key] for b in blocks] for key in ("wall_s", "cpu_s")},
         blocks=blocks,
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 OWN_FUNCTION = "bench.own_job_interleaved:train_func"
@@ -265,9 +256,9 @@ def own_figures(blocks: list[dict], workers: int, epochs: int) -> list[dict]:
     )
 
 
-def main_own(args, started: float, load_start) -> None:
+def main_own(args, bench: bl.Benchmark) -> None:
     """--job own: Ray Train runs of the interleaved jobs, another while a verdict is undecided."""
-    name = f"{NAME}_own_job"
+    name = bench.name = f"{NAME}_own_job"  # its own result file
     epochs = args.epochs or (2 if args.quick else 13)
     overrides = [*bl.steady_run_overrides(epochs, args.quick), "train.function_config.num_train=8192"]
     blocks: list[dict] = []
@@ -275,7 +266,7 @@ def main_own(args, started: float, load_start) -> None:
         bl.measure_until_decided(
             lambda index: blocks.extend(measure_own_run(index, overrides, args.workers, tmp, name)),
             lambda: own_figures(blocks, args.workers, epochs),
-            started,
+            bench.started,
             args.max_minutes,
             name,
             f"a Ray Train run, {epochs} epochs of both jobs",
@@ -285,12 +276,7 @@ def main_own(args, started: float, load_start) -> None:
     cli = f".venv/bin/scaling run examples/own_job/sweep.yaml --launcher ray --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in [*overrides, f"train.function={OWN_FUNCTION}"]
     )
-    path = bl.write_result(
-        name,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         config="examples/own_job/sweep.yaml",
         workers=args.workers,
@@ -300,37 +286,33 @@ def main_own(args, started: float, load_start) -> None:
         block_ratios={key: [b["instrumented"][key] / b["bare"][key] for b in blocks] for key in ("wall_s", "cpu_s")},
         blocks=blocks,
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{name}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one run of 2 short epochs (a check that it runs)")
-    parser.add_argument(
+    bench = bl.Benchmark(NAME, __doc__, quick="one run of 2 short epochs (a check that it runs)")
+    bench.parser.add_argument(
         "--max-minutes",
         type=float,
         help="no further pair of processes (own: run) starts once it would end after this (default 15; own 20)",
     )
-    parser.add_argument(
+    bench.parser.add_argument(
         "--epochs",
         type=int,
         help="epochs per pair of processes (own: per run), the first left out (default: lab 16, own 13; quick 2)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="--job own: workers (default 2)")
-    parser.add_argument(
+    bench.parser.add_argument("--workers", type=int, default=2, help="--job own: workers (default 2)")
+    bench.parser.add_argument(
         "--job",
         choices=("lab", "own"),
         default="lab",
         help="lab: the lab's loop on the quickstart; own: the user's job of examples/own_job (Ray launcher)",
     )
-    args = parser.parse_args()
+    args = bench.parse()
     if args.epochs is not None and args.epochs < 2:
-        parser.error("--epochs must be 2 or more: the first epoch is left out")
-    started, load_start = time.time(), bl.load_average()
+        bench.parser.error("--epochs must be 2 or more: the first epoch is left out")
     if args.max_minutes is None:
         args.max_minutes = 20.0 if args.job == "own" else 15.0
-    (main_own if args.job == "own" else main_lab)(args, started, load_start)
+    (main_own if args.job == "own" else main_lab)(args, bench)
 
 
 if __name__ == "__main__":  # torch.multiprocessing and Ray Train's workers re-import this module

@@ -24,9 +24,7 @@ per run is recorded).
 
 from __future__ import annotations
 
-import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import benchlib as bl
@@ -47,21 +45,17 @@ FIGURES = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs")
-    parser.add_argument("--pairs", type=int, help="A/B pairs (default 2; quick 1)")
-    parser.add_argument("--epochs", type=int, help="epochs per run (default 3; quick 2)")
-    parser.add_argument("--config", default="experiments/quickstart.yaml")
-    args = parser.parse_args()
-    pairs = args.pairs or (1 if args.quick else 2)
-    epochs = args.epochs or (2 if args.quick else 3)
+    bench = bl.Benchmark(
+        NAME, __doc__, quick="1 pair of 2-epoch runs", pairs=(2, 1), epochs=(3, 2), config="experiments/quickstart.yaml"
+    )
+    args = bench.parse()
+    pairs, epochs = args.pairs, args.epochs
 
     from scaling.config import load_config
     from scaling.launch.run import execute_run
     from scaling.projection.compute import measured_overlap_slowdown
     from scaling.results import RunDir
 
-    started, load_start = time.time(), bl.load_average()
     base = [
         f"train.max_epochs={epochs}",
         "train.target_accuracy=1.0",
@@ -123,12 +117,7 @@ def main() -> None:
         "predicted / measured interference per step",
         note=f"slowdown measured on arm A (0.25 MB buckets): {slowdown_a}; 2 gloo ranks sharing 2 CPU cores",
     )
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         [comparison],
         runs=runs,
         by_arm=summary_by_arm,
@@ -138,7 +127,7 @@ def main() -> None:
     )
     print(
         f"[{NAME}] slowdown measured on A: {slowdown_a}; B interference predicted {bl.median(predicted)} s, "
-        f"measured {bl.median(measured)} s; wrote {path}"
+        f"measured {bl.median(measured)} s"
     )
 
 

@@ -50,7 +50,6 @@ budget, with its interval; written to live_metrics_overhead_exporter.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import tempfile
@@ -158,14 +157,14 @@ def exporter_probe_class():
     return ExporterProbe
 
 
-def run_exporter(args, started: float, load_start) -> None:
+def run_exporter(args, bench: bl.Benchmark) -> None:
     import ray
 
     from scaling.testbed.local_cluster import PrivateRayHead
 
     pairs = args.pairs or (1 if args.quick else 6)
     window_s = 10.0 if args.quick else WINDOW_S
-    name = f"{NAME}_exporter"
+    name = bench.name = f"{NAME}_exporter"  # its own result file
     head = PrivateRayHead(num_cpus=2, settle_s=SETTLE_S, prefix="blive-")
     os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": head.address})
     runs, sequence = [], []
@@ -230,12 +229,7 @@ def run_exporter(args, started: float, load_start) -> None:
         f"{', '.join(f'{x * 1e3:+.2f} ms' for x in extra)}"
         + ("" if switch_worked else "; THE SWITCH DID NOT WORK (exported_seen per run)"),
     )
-    path = bl.write_result(
-        name,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         [row],
         pairs=pairs,
         window_s=window_s,
@@ -250,29 +244,25 @@ def run_exporter(args, started: float, load_start) -> None:
         f"{row['verdict']}",
         flush=True,
     )
-    print(f"[{name}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs (default: off)")
-    parser.add_argument("--pairs", type=int, help="A/B pairs (default 10, --exporter 6; quick 1)")
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
-    parser.add_argument("--workers", type=int, default=2, help="data-parallel workers (default 2)")
-    parser.add_argument(
-        "--config", default="experiments/quickstart.yaml", help="experiment YAML (default experiments/quickstart.yaml)"
+    bench = bl.Benchmark(
+        NAME, __doc__, quick="1 pair of 2-epoch runs", epochs=(3, 2), config="experiments/quickstart.yaml"
     )
-    parser.add_argument(
+    bench.parser.add_argument("--pairs", type=int, help="A/B pairs (default 10, --exporter 6; quick 1)")
+    bench.parser.add_argument("--workers", type=int, default=2, help="data-parallel workers (default 2)")
+    bench.parser.add_argument(
         "--exporter",
         action="store_true",
         help="measure the exporter's own CPU with stand-in workers instead of training (default: off)",
     )
-    args = parser.parse_args()
+    args = bench.parse()
     if args.exporter:
-        run_exporter(args, time.time(), bl.load_average())
+        run_exporter(args, bench)
         return
     pairs = args.pairs or (1 if args.quick else 10)
-    epochs = args.epochs or (2 if args.quick else 3)
+    epochs = args.epochs
 
     import ray
 
@@ -284,7 +274,6 @@ def main() -> None:
     from scaling.results import RunDir
     from scaling.testbed.local_cluster import PrivateRayHead
 
-    started, load_start = time.time(), bl.load_average()
     overrides = bl.steady_run_overrides(epochs, args.quick)
     sequence, sequence_epochs, sequence_cpu, runs = [], [], [], []
     head = PrivateRayHead(num_cpus=args.workers, settle_s=SETTLE_S, prefix="blive-")
@@ -417,12 +406,7 @@ def main() -> None:
     cli = f".venv/bin/scaling run {args.config} --launcher ray --workers {args.workers} " + " ".join(
         f"--set {shlex.quote(o)}" for o in overrides
     )
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         config=args.config,
         workers=args.workers,
@@ -442,7 +426,6 @@ def main() -> None:
             f"(budget <= {BUDGET}): {row['verdict']}",
             flush=True,
         )
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Run: `.venv/bin/python bench/noise_scale_host_cost.py` (about a minute on a 2-co
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -35,10 +34,8 @@ BUCKET_BUDGET_US = 10.0  # instrument_host_cost's per-bucket budget
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few blocks: a check that it runs")
-    args = parser.parse_args()
-    started, load_start = time.time(), bl.load_average()
+    bench = bl.Benchmark("noise_scale_host_cost", __doc__, quick="few blocks: a check that it runs")
+    args = bench.parse()
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -162,16 +159,10 @@ def main() -> int:
             squared_norm(t)
         per_op.append({"floats": floats, "us": (time.perf_counter() - begin) / reps * 1e6})
     dist.destroy_process_group()
-    bl.print_comparisons(comparisons)
     for row in per_op:
         print(f"squared_norm of {row['floats']:,} floats: {row['us']:.1f} us", flush=True)
     extra_by_size = {str(b): {"buckets": seen[b], "extra_us_median": bl.median(extra[b])} for b in SIZES}
-    path = bl.write_result(
-        "noise_scale_host_cost",
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         layers=LAYERS,
         width=WIDTH,
@@ -181,7 +172,6 @@ def main() -> int:
         extra_by_size=extra_by_size,
         squared_norm_us=per_op,
     )
-    print(f"wrote {path}", flush=True)
     return 0
 
 

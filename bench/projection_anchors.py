@@ -36,15 +36,13 @@ anchors, not counted (tests/test_projection.py runs the same command in process)
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import load_average, write_result  # noqa: E402
+from benchlib import Benchmark  # noqa: E402
 
 from scaling.projection import run_projection  # noqa: E402
 
@@ -364,22 +362,13 @@ def markdown(points: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="print docs/projection.md's table")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the same benchmark (it takes seconds), written to bench/results/quick/ as `make bench QUICK=1` expects",
+    bench = Benchmark(
+        "projection_anchors", __doc__, quick="the same benchmark (it takes seconds), as `make bench QUICK=1` expects"
     )
-    args = parser.parse_args(argv)
-    started, load_start = time.time(), load_average()
+    bench.parser.add_argument("--markdown", action="store_true", help="print docs/projection.md's table")
+    args = bench.parse(argv)
     points = [evaluate(anchor) for anchor in ANCHORS + DEFAULT_COMMANDS]
-    path = write_result(
-        "projection_anchors",
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         [],
         anchors=points,
         goal={"efficiency_pp": EFFICIENCY_GOAL_PP, "share_ratio": SHARE_GOAL_RATIO},
@@ -403,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for caveat in p["caveats"]:
             print(f"        caveat: {caveat}")
-    print(f"{count_line(points)}; wrote {path}")
+    print(count_line(points))
     if args.markdown:
         print(markdown(points))
     return 0

@@ -69,7 +69,6 @@ communication within 3 percentage points, at every cap, for both jobs. The machi
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import shutil
 import subprocess
@@ -612,33 +611,31 @@ def expected_minutes(jobs: list[str], caps: int, rounds: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", default="ddp,fsdp", help="which jobs, comma-separated: ddp, fsdp (default both)")
-    parser.add_argument(
+    bench = bl.Benchmark(
+        RESULT,
+        __doc__,
+        quick="a smoke check of every piece (the first cap, 1 short run, short baselines); not a measurement",
+    )
+    bench.parser.add_argument(
+        "--jobs", default="ddp,fsdp", help="which jobs, comma-separated: ddp, fsdp (default both)"
+    )
+    bench.parser.add_argument(
         "--rounds",
         type=int,
         default=4,
         help="rounds per job and cap, each a paced pair of 1-worker runs (a prediction) then a 2-worker run; "
         "the medians are compared (default 4)",
     )
-    parser.add_argument(
+    bench.parser.add_argument(
         "--work", type=Path, default=None, help="where the runs go (default results/projection-own-jobs/<time>)"
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke check of every piece (the first cap, 1 short run, short baselines), written to "
-        "bench/results/quick/; not a measurement",
-    )
-    args = parser.parse_args()
+    args = bench.parse()
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
     if unknown or not jobs:
-        parser.error(f"--jobs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(JOBS)}")
+        bench.parser.error(f"--jobs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(JOBS)}")
     if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    started = time.time()
-    load_start = bl.load_average()
+        bench.parser.error("--rounds must be at least 1")
     caps = list(CAPS[:1] if args.quick else CAPS)
     rounds = 1 if args.quick else args.rounds
     if args.quick:
@@ -751,8 +748,8 @@ def main() -> int:
         goal_met=all(r["step_pass"] and r["exposed_pass"] for rows in comparison.values() for r in rows),
         load_by_phase=sampler.by_phase(),
         date=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        wall_s=round(time.time() - started, 1),
-        machine=bl.describe_machine(load_start),
+        wall_s=round(time.time() - bench.started, 1),
+        machine=bl.describe_machine(bench.load_start),
     )
     figure(record, out_png)
     write(record, out_json)

@@ -36,15 +36,13 @@ Nothing is tuned per anchor; a miss stays a miss, and docs/projection.md says wh
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import load_average, write_result  # noqa: E402
+from benchlib import Benchmark  # noqa: E402
 
 from scaling.projection import run_projection  # noqa: E402
 
@@ -228,22 +226,15 @@ def markdown(record: dict, short: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="print docs/projection.md's table")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the same benchmark (it takes a second), written to bench/results/quick/ as `make bench QUICK=1` expects",
-    )
-    args = parser.parse_args(argv)
-    started, load_start = time.time(), load_average()
-    record = evaluate()
-    path = write_result(
+    bench = Benchmark(
         "projection_torchtitan",
         __doc__,
-        args.quick,
-        started,
-        load_start,
+        quick="the same benchmark (it takes a second), as `make bench QUICK=1` expects",
+    )
+    bench.parser.add_argument("--markdown", action="store_true", help="print docs/projection.md's table")
+    args = bench.parse(argv)
+    record = evaluate()
+    bench.finish(
         [],
         source=SOURCE,
         configuration=CONFIGURATION,
@@ -263,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{_cell(r, 'projected')} ({r['error_text']})"
         )
     counted = tally(record["rows"])
-    print(f"{counted['met']} of {counted['of']} counted checks meet the goal; wrote {path}")
+    print(f"{counted['met']} of {counted['of']} counted checks meet the goal")
     if args.markdown:
         record.update(configuration=CONFIGURATION)
         print(markdown(record))

@@ -67,7 +67,6 @@ interval.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -140,41 +139,42 @@ def training_thread(epochs, global_batch: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 pair of 2-epoch runs, one ray.init probe")
-    parser.add_argument(
-        "--pairs", type=int, help=f"A/B pairs before the verdict is first judged (default {DEFAULT_PAIRS}; quick 1)"
+    bench = bl.Benchmark(
+        NAME,
+        __doc__,
+        quick="1 pair of 2-epoch runs, one ray.init probe",
+        pairs=(DEFAULT_PAIRS, 1),
+        epochs=(3, 2),
+        config="experiments/quickstart.yaml",
     )
-    parser.add_argument(
+    bench.parser.add_argument(
         "--max-minutes",
         type=float,
         default=DEFAULT_MAX_MINUTES,
         help=f"while the step-time verdict is undecided, another pair runs unless it would end after this many "
         f"minutes from the start (default {DEFAULT_MAX_MINUTES:g}; quick: no more pairs)",
     )
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first is left out (default 3; quick 2)")
-    parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
-    parser.add_argument(
+    bench.parser.add_argument("--init-probes", type=int, help="cold ray.init measurements (default 2; quick 1)")
+    bench.parser.add_argument(
         "--workers",
         type=int,
         default=DEFAULT_WORKERS,
         help=f"training workers (default {DEFAULT_WORKERS}; another count writes ray_overhead_w<N>.json)",
     )
-    parser.add_argument("--config", default="experiments/quickstart.yaml")
-    parser.add_argument(
+    bench.parser.add_argument(
         "--pin",
         action="store_true",
         help="the Ray head (so every Ray process) and both arms' drivers on the last CPU, the training threads "
         "pinned to CPUs 0..workers-1 (workers.pin_cpus); needs a CPU to spare; writes <name>_pinned.json",
     )
-    args = parser.parse_args()
+    args = bench.parse()
     cpus = os.cpu_count() or 1
     if args.pin and args.workers >= cpus:
-        parser.error(f"--pin leaves the last CPU to Ray: use --workers {cpus - 1} or fewer on this {cpus}-CPU machine")
-    pairs = max(1, args.pairs or (1 if args.quick else DEFAULT_PAIRS))
-    epochs = args.epochs or (2 if args.quick else 3)
+        bench.parser.error(
+            f"--pin leaves the last CPU to Ray: use --workers {cpus - 1} or fewer on this {cpus}-CPU machine"
+        )
+    pairs, epochs = max(1, args.pairs), args.epochs
     probes = args.init_probes if args.init_probes is not None else (1 if args.quick else 2)
-    started, load_start = time.time(), bl.load_average()
 
     print(f"[{NAME}] cold ray.init(address='local'): {probes} probe(s)", flush=True)
     init_probes = [measure_ray_init() for _ in range(probes)]
@@ -273,7 +273,7 @@ def main() -> None:
             if measured >= pairs:
                 if args.quick or not undecided():
                     break
-                elapsed, per_pair = time.time() - started, (time.time() - pairs_started) / measured
+                elapsed, per_pair = time.time() - bench.started, (time.time() - pairs_started) / measured
                 if elapsed + per_pair > 60 * args.max_minutes:
                     print(
                         f"[{NAME}] undecided after {measured} pairs, and one more would end after "
@@ -308,7 +308,9 @@ def main() -> None:
     where = f"quickstart, {args.workers} workers, {pairs} pairs x {epochs} epochs"
     # Another worker count is another question (e.g. 1 worker: a core left to Ray's own processes):
     # its own result file and row names, beside the default 2-worker ones.
-    name = (NAME if args.workers == DEFAULT_WORKERS else f"{NAME}_w{args.workers}") + ("_pinned" if args.pin else "")
+    bench.name = (NAME if args.workers == DEFAULT_WORKERS else f"{NAME}_w{args.workers}") + (
+        "_pinned" if args.pin else ""
+    )
     of = "" if args.workers == DEFAULT_WORKERS else f", {args.workers} worker{'s' if args.workers > 1 else ''}"
     of += ", Ray on its own CPU, training threads pinned" if args.pin else ""
     if args.pin:
@@ -439,12 +441,7 @@ def main() -> None:
         + f".venv/bin/scaling run {args.config} --workers {args.workers} "
         + " ".join(f"--set {shlex.quote(o)}" for o in overrides)
     )
-    path = bl.write_result(
-        name,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         config=args.config,
         workers=args.workers,
@@ -473,8 +470,6 @@ def main() -> None:
         ray_init_probes=init_probes,
         runs=runs,
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":

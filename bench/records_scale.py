@@ -30,7 +30,6 @@ column types and values; the generation is not timed), then times, each in its o
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -266,14 +265,12 @@ def _child(code: str, *args: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2-8 ranks; a 64-rank x 10-epoch largest run")
-    args = parser.parse_args()
+    bench = bl.Benchmark(NAME, __doc__, quick="2-8 ranks; a 64-rank x 10-epoch largest run")
+    args = bench.parse()
     worlds = [2, 4, 8] if args.quick else [2, 4, 8, 16, 32]
     sweep_counts, epochs = ([1, 8, 64], 10) if args.quick else ([1, 8, 64, 1024], 90)
     from scaling.results import SweepDir, run_key
 
-    started, load_start = time.time(), bl.load_average()
     comparisons, measured, costs = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-records-") as tmp:
         tmp = Path(tmp)
@@ -373,12 +370,7 @@ def main() -> None:
             )
         )
         costs["report"] = report
-    path = bl.write_result(
-        NAME,
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         recording_s={f"{arm}@{w}": v for (arm, w), v in measured.items()},
         summary=costs["summary"],
@@ -387,8 +379,6 @@ def main() -> None:
         epochs=epochs,
         steps=STEPS,
     )
-    bl.print_comparisons(comparisons)
-    print(f"[{NAME}] wrote {path.relative_to(bl.REPO)}", flush=True)
 
 
 if __name__ == "__main__":  # the spawned recorder processes re-import this module

@@ -24,7 +24,6 @@ Run: `.venv/bin/python bench/tta_noise_scale.py` (about 30 minutes on a 2-core m
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -257,11 +256,9 @@ def run_workload(workload: str, ladder, seeds, log) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the CNN at B0, 4 B0 and 8 B0, one seed")
-    parser.add_argument("--only", choices=sorted(WORKLOADS), default=None, help="one workload")
-    args = parser.parse_args()
-    started, load_start = time.time(), bl.load_average()
+    bench = bl.Benchmark("tta_noise_scale", __doc__, quick="the CNN at B0, 4 B0 and 8 B0, one seed")
+    bench.parser.add_argument("--only", choices=sorted(WORKLOADS), default=None, help="one workload")
+    args = bench.parse()
     import torch
 
     torch.set_num_threads(1)  # one core: the machine's other is another job's
@@ -294,13 +291,7 @@ def main() -> int:
                 )
             )
             comparisons[-1]["pass"] = row["within_goal"]
-    bl.print_comparisons(comparisons)
-    path = bl.write_result(
-        "tta_noise_scale",
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         ladder=list(ladder),
         seeds=list(seeds),
@@ -309,7 +300,6 @@ def main() -> int:
         lr_rule="linear (the configs' optim.lr_rule), warm-up over optim.warmup_epochs",
         workloads=results,
     )
-    print(f"wrote {path}", flush=True)
     return 0
 
 

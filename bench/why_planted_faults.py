@@ -33,7 +33,6 @@ per step where the fix changes them; figures are medians over pairs.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
@@ -240,11 +239,9 @@ def fault_pairs(out: Path, name: str, spec: dict, pairs: int, run=None) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 fault/fixed pair per fault (default 3)")
-    args = parser.parse_args()
-    started, load_start = time.time(), bl.load_average()
-    pairs = 1 if args.quick else 3
+    bench = bl.Benchmark("why_planted_faults", __doc__, quick="1 fault/fixed pair per fault", pairs=(3, 1))
+    args = bench.parse()
+    pairs = args.pairs
     results, comparisons = [], []
     with tempfile.TemporaryDirectory(prefix="why-bench-") as tmp:
         out = Path(tmp)
@@ -298,12 +295,7 @@ def main() -> int:
         budget_definition="no cause above 5% of the step on a job with nothing planted",
     )
     comparisons.append(row)
-    path = bl.write_result(
-        "why_planted_faults",
-        __doc__,
-        args.quick,
-        started,
-        load_start,
+    bench.finish(
         comparisons,
         faults=results,
         clean=[{k: v for k, v in r.items() if k != "ranked"} for r in clean_runs],
@@ -315,8 +307,6 @@ def main() -> int:
             "pairs": pairs,
         },
     )
-    bl.print_comparisons(comparisons)
-    print(f"wrote {path}")
     return 0
 
 
