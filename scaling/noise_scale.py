@@ -25,10 +25,11 @@ B_simple = mean(T) / mean(G). Its biases, stated:
 - B_simple is invariant to the scale of the loss (|G|² and tr(Σ) scale alike): a job that sums its
   loss over micro-batches instead of averaging gets the same noise scale, |G|² and tr(Σ) in its units.
 
-Where the two norms come from (scaling/instrument/timing.py and meter.py): at N workers a rank's gradient before the
-all-reduce (B_small: its samples in the step; the epoch's figure takes each step's mean over the ranks, as
-unbiased and less noisy) and the all-reduced one (B_big: the global batch); at 1 worker two consecutive
-batches of the calibration window, one alone and both accumulated.
+Where the two norms come from (scaling/instrument/timing.py and meter.py, the backends' timers): at N workers a
+rank's gradient before its collective (B_small: its samples in the step; the epoch's figure takes each step's mean
+over the ranks, as unbiased and less noisy) and the averaged one after it (B_big: the global batch; DDP's
+all-reduced buckets, Horovod's averaged gradients, FSDP2's reduce-scattered shards summed over the ranks); at 1
+worker two consecutive batches of the calibration window, one alone and both accumulated.
 
 The interval is by batch means: the n per-step (T_i, G_i) in order, in k ≤ `BLOCKS` contiguous blocks
 (neighbouring steps are correlated through the parameters they share); the ratio's standard error by

@@ -153,6 +153,8 @@ def test_the_lab_loop_trains_fsdp_and_records_every_collective_per_kind(world):
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     assert list(epochs["epoch"]) == [1, 2] and (epochs["peak_memory_bytes"] > 0).all()
     assert (epochs["peak_memory_min_bytes"] <= epochs["peak_memory_bytes"]).all()
+    # the noise scale's norms, from the reduce-scatters' inputs and outputs (tests/test_noise_scale.py checks them)
+    assert (epochs["noise_steps"] > 0).all() and (epochs["grad_sq"] > 0).all(), epochs.filter(like="noise")
 
 
 @pytest.mark.slow

@@ -164,9 +164,12 @@ def _job(rank: int, world: int, local_rank: int, local_world: int, node_rank: in
     out["nosync_grad"] = _flat(p.grad for p in model.parameters())
     out["nosync_equals_local"] = bool(torch.equal(out["nosync_grad"], _flat(reference)))
     hopt.zero_grad()  # refused by Horovod if placeholders of the no_sync pass were left behind
-    # and the hooks are live again: the next backward is averaged
+    # and the hooks are live again: the next backward is averaged; the noise scale's norms taken around it
+    timer.norms = True
     F.cross_entropy(model(x), y).backward()
     timer.synchronize()
+    before, after, factor = timer.take_norms()
+    out["norms"] = (factor * float(torch.stack(before).sum()), float(torch.stack(after).sum()))
     out["sync_grad"] = _flat(p.grad for p in model.parameters())
     out["local_grad"] = _flat(reference)
     hopt.zero_grad()
@@ -284,6 +287,16 @@ def test_no_sync_keeps_gradients_rank_local(hvd_job):
     assert np.array_equal(outs[0]["sync_grad"], outs[1]["sync_grad"])
     mean_local = (outs[0]["local_grad"] + outs[1]["local_grad"]) / 2
     assert np.allclose(outs[0]["sync_grad"], mean_local, rtol=1e-5, atol=1e-7)
+
+
+@needs_horovod
+def test_the_noise_scales_norms_are_the_ranks_gradient_and_the_average(hvd_job):
+    outs, _ = hvd_job
+    # the two squared norms scaling/noise_scale.py reads: this rank's own gradient, and the averaged one
+    for o in outs:
+        small, big = o["norms"]
+        assert small == pytest.approx(float((o["local_grad"].astype(np.float64) ** 2).sum()), rel=1e-4)
+        assert big == pytest.approx(float((o["sync_grad"].astype(np.float64) ** 2).sum()), rel=1e-4)
 
 
 @needs_horovod

@@ -14,6 +14,9 @@
   DDP's own path (the timing process group, which hands the rank's gradient divided by the world size) and
   through a user's comm hook (its bucket undivided); the epoch's figure takes each step's small-batch norm as
   the mean of the ranks'.
+- The reduce-scatters' norms (two gloo ranks, FSDP2, a unit per layer and the root): the inputs' squared norms
+  sum to the rank's own gradient's, the outputs' (each rank's shard of the average) summed over the ranks to
+  the averaged gradient's, both computed apart on an unsharded copy.
 """
 
 from __future__ import annotations
@@ -164,15 +167,51 @@ def _ddp_case(rank: int, run_dir: str, user_hook: bool) -> list[dict]:
     return expected
 
 
-def _ddp_job(rank: int, port: int, tmp: str) -> None:
+def _fsdp_case(rank: int, run_dir: str) -> list[dict]:
+    from torch.distributed.fsdp import fully_shard
+
+    from scaling import instrument
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
+    own = copy.deepcopy(module)  # the rank's gradient, and the average, computed apart
+    for layer in (module[0], module[2], module[4]):
+        fully_shard(layer)
+    model = fully_shard(module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    meter = instrument.attach(
+        model, optimizer, run_dir=run_dir, warmup_steps=0, collective_timing_every=1, telemetry_interval_s=0
+    )
+    generator = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(BATCH, 8, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator))]
+    expected = []
+    for x, y in meter.batches(batches * STEPS):
+        nn.functional.cross_entropy(model(x), y).backward()
+        own.zero_grad()
+        nn.functional.cross_entropy(own(x), y).backward()
+        small = _squared(own.parameters())
+        for p in own.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= 2
+        expected.append({"small": small, "big": _squared(own.parameters())})
+        optimizer.step()
+        optimizer.zero_grad()
+    meter.end_epoch(val_accuracy=0.5)
+    meter.finish()
+    return expected
+
+
+def _two_rank_job(rank: int, port: int, tmp: str) -> None:
     from scaling.launch.local import exit_without_finalization, release_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
-    for user_hook in (False, True):
-        case = "hook" if user_hook else "reducer"
-        expected = _ddp_case(rank, os.path.join(tmp, case), user_hook)
+    for case in ("reducer", "hook", "fsdp"):
+        if case == "fsdp":
+            expected = _fsdp_case(rank, os.path.join(tmp, case))
+        else:
+            expected = _ddp_case(rank, os.path.join(tmp, case), user_hook=case == "hook")
         with open(os.path.join(tmp, f"{case}.rank{rank}.json"), "w") as f:
             json.dump(expected, f)
     release_process_group()
@@ -180,13 +219,13 @@ def _ddp_job(rank: int, port: int, tmp: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_all_reduces_norms_are_the_ranks_gradient_and_the_global_one(tmp_path):
+def test_the_collectives_norms_are_the_ranks_gradient_and_the_global_one(tmp_path):
     from scaling.launch.local import start_workers
     from scaling.results import RunDir
     from scaling.testbed.local_cluster import free_port
 
-    start_workers(_ddp_job, (free_port(), str(tmp_path)), 2)
-    for case in ("reducer", "hook"):
+    start_workers(_two_rank_job, (free_port(), str(tmp_path)), 2)
+    for case in ("reducer", "hook", "fsdp"):
         steps = RunDir(tmp_path / case).steps()
         for rank in range(2):
             expected = json.loads((tmp_path / f"{case}.rank{rank}.json").read_text())

@@ -604,7 +604,7 @@ def noise_scale_figures(epochs: pd.DataFrame, num_workers: int) -> dict:
     keys = NOISE_FIGURES
     out: dict = dict.fromkeys(keys)
     out["noise_scale_source"] = (
-        "the gradient before and after the all-reduce, on the timed steps"
+        "the gradient before and after its collective (all-reduce or reduce-scatter), on the timed steps"
         if num_workers > 1
         else "the calibration window: a batch's gradient alone and two batches' together"
     )
@@ -612,8 +612,9 @@ def noise_scale_figures(epochs: pd.DataFrame, num_workers: int) -> dict:
     if measured.empty:
         out["noise_scale_source"] = None
         out["noise_scale_note"] = (
-            "not measured: no epoch recorded gradient norms (FSDP2's and Horovod's are not read; one worker needs "
-            "the calibration window: forward_backward, calibration data and instrument.noise_scale)"
+            "not measured: no epoch recorded gradient norms (none where the collective does not average over every "
+            "rank: fp16 FSDP2 gradients, HSDP, Adasum; one worker needs the calibration window: forward_backward, "
+            "calibration data and instrument.noise_scale)"
         )
         return out
     if len(measured) == 1:

@@ -847,9 +847,15 @@ class StepMeter:
                 continue
             small_sq = factor * float(torch.stack(before).sum())
             marks.grad_norms = (small_sq, float(torch.stack(after).sum()), batch_small, batch_big)
-        measured = [m.grad_norms for m in self._noise_steps if m.grad_norms is not None]
+        steps = [m for m in self._noise_steps if m.grad_norms is not None]
+        measured = [m.grad_norms for m in steps]
         if self._norms_on and self.sync_group is not None:
             measured = self._pooled_over_ranks(measured)
+            if self.backend.norms_sharded:  # a step row's |G_big|² is the whole gradient's, as DDP's, or none
+                for i, marks in enumerate(steps):
+                    marks.grad_norms = (
+                        (marks.grad_norms[0], measured[i][1], *marks.grad_norms[2:]) if measured else None
+                    )
         measured += self._noise_window
         self._noise_steps, self._noise_window = [], []
         return noise_scale.estimate(measured) if measured else {}
@@ -857,17 +863,20 @@ class StepMeter:
     def _pooled_over_ranks(self, measured: list[tuple]) -> list[tuple]:
         """Each step's |G_small|² as the mean over the ranks' own (collective: every rank calls it at the epoch's
         end). Every rank's is an unbiased small-batch norm of the same step, so their mean is too, with less
-        noise; the global batch's norm is the same on every rank. The ranks time the same steps (the sampling is
-        by step index); a count that differs leaves each rank its own (the records keep each rank's own anyway)."""
+        noise; the global batch's norm is the same on every rank (DDP), or the sum of the ranks' shards' (FSDP2:
+        `norms_sharded`). The ranks time the same steps (the sampling is by step index); a count that differs
+        leaves each rank its own (the records keep each rank's own anyway), and a sharded run no figure."""
+        sharded = self.backend.norms_sharded
         count = torch.tensor([float(len(measured))], dtype=torch.float64)
         counts = [torch.zeros_like(count) for _ in range(self.world_size)]
         dist.all_gather(counts, count, group=self.sync_group)
         if not measured or any(int(c.item()) != len(measured) for c in counts):
-            return measured
-        small = torch.tensor([m[0] for m in measured], dtype=torch.float64)
-        dist.all_reduce(small, group=self.sync_group)
-        small /= self.world_size
-        return [(float(s), *rest) for s, (_, *rest) in zip(small.tolist(), measured)]
+            return [] if sharded else measured
+        pooled = torch.tensor([[m[0], m[1] if sharded else 0.0] for m in measured], dtype=torch.float64)
+        dist.all_reduce(pooled, group=self.sync_group)
+        small = (pooled[:, 0] / self.world_size).tolist()
+        big = pooled[:, 1].tolist() if sharded else [m[1] for m in measured]
+        return [(s, b, *rest) for s, b, (_, _, *rest) in zip(small, big, measured)]
 
     def _profile_compute(self) -> None:
         """Training FLOPs per sample (counted on the meta device) and the device's roofs.

@@ -71,8 +71,9 @@ class InstrumentSettings:
     noise_scale: bool = True
     """One worker: the calibration window (`calibration_pairs` pairs of batches, with `forward_backward`) measures
     the gradient noise scale, from each pair's gradient after its first batch and after both (scaling/noise_scale.py).
-    At more workers the noise scale comes from the gradient before and after the all-reduce on the steps whose
-    collectives are timed, whatever this says. False: one worker runs no calibration window."""
+    At more workers the noise scale comes from the gradient before and after its collective (DDP's all-reduce,
+    Horovod's, FSDP2's reduce-scatter) on the steps whose collectives are timed, whatever this says. False: one
+    worker runs no calibration window."""
 
     def problems(self, prefix: str = "") -> list[str]:
         """Values out of range, one line each naming the key (`prefix`: where the settings sit, e.g. "instrument.")."""

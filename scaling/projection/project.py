@@ -252,7 +252,9 @@ def epochs_from_sweep(path: str) -> dict[int, float]:
     try:
         runs = SweepDir(path).read().runs
     except (OSError, ValueError, UsageError) as error:
-        raise UsageError(f"--epochs-to-target {path}: neither GLOBAL_BATCH:EPOCHS pairs nor a sweep ({error})") from None
+        raise UsageError(
+            f"--epochs-to-target {path}: neither GLOBAL_BATCH:EPOCHS pairs nor a sweep ({error})"
+        ) from None
     if runs.empty or not {"global_batch", "epochs_to_target"} <= set(runs.columns):
         raise UsageError(f"--epochs-to-target {path}: the sweep has no run with a global batch and epochs to target")
     reached = runs[runs["epochs_to_target"].notna() & runs["global_batch"].notna()]

@@ -92,10 +92,14 @@ class Backend:
     def time_collectives(self, timed: bool) -> None:
         """Time the collectives from now on, or not (`samples_collectives`); nothing to choose here."""
 
+    # whether `take_norms`'s after-norms are this rank's shard of the averaged gradient (FSDP2's), summed over
+    # the ranks by the meter, rather than the whole averaged gradient (DDP's)
+    norms_sharded = False
+
     def measure_norms(self, on: bool) -> None:
         """Take the gradient's squared norms before and after its collective on the timed steps from now on, or
-        not (the noise scale: scaling/noise_scale.py). A backend that cannot read them (nothing here; Horovod's,
-        FSDP2's: not measured) ignores it, and its `take_norms` gives None."""
+        not (the noise scale: scaling/noise_scale.py). A backend that cannot read them (nothing here) ignores it,
+        and its `take_norms` gives None."""
 
     def take_norms(self) -> tuple[list, list, float] | None:
         """The squared norms since the last take, ([before, per bucket], [after], factor of before): timing.py's

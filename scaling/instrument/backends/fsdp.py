@@ -121,7 +121,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from scaling.instrument.backends.base import Backend
-from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s
+import torch.distributed as dist
+
+from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s, squared_norm
 from scaling.schema import REGATHER, SHARDED_COLLECTIVES
 
 # FSDP2's device-side injection (a spin on the collective's stream) has not run on a GPU: one GPU
@@ -256,6 +258,16 @@ class FSDPBackend(Backend):
     def set_pace(self, pace) -> None:
         self._timer.pace = pace
 
+    # each rank's reduce-scatter output is its shard of the averaged gradient: the meter sums the ranks'
+    norms_sharded = True
+
+    def measure_norms(self, on: bool) -> None:
+        if self._timer is not None:
+            self._timer.norms = on
+
+    def take_norms(self):
+        return self._timer.take_norms() if self._timer is not None else None
+
     def time_collectives(self, timed: bool) -> None:
         if self._timer is not None:
             self._timer.set_timed(timed)
@@ -388,6 +400,12 @@ class ShardedCommTimer:
         self.timed = True
         self.pace = None  # a paced 1-worker run's idle (the meter's), at each unshard and reduce-scatter point
         self.host_s = 0.0  # this timer's own Python around the collectives it marked, since the last take
+        # The gradient noise scale's two norms (scaling/noise_scale.py) on timed steps where `norms` is set: each
+        # reduce-scatter's input (this rank's whole gradient of the unit) and its output (this rank's shard of
+        # the average), squared, as 0-d tensors read once per epoch: [[before, after], ...] since `take_norms()`.
+        # Only where the output is the plain average over every rank (`_norms_before`).
+        self.norms = False
+        self._norms: list[list] = []
         # per parameter group: (group, its timed all-gather, its timed reduce-scatter, the waits' holder)
         self._installed: list[tuple] = []
         # FSDP all-gathers under no_grad: whether a forward trains is read as the model's forward
@@ -598,10 +616,13 @@ class ShardedCommTimer:
             backward=True,
         )
         self._marks.append(marks)
+        norms = self._norms_before(input_tensor, group, op)
         called = time.perf_counter()
         work = comm.inner(output_tensor, input_tensor, group, op, async_op)
         returned = time.perf_counter()
-        if work is not None:
+        if work is not None:  # completes later, out of sight: no norms (the step keeps none)
+            if norms is not None:
+                self._norms.append([norms, None])
             self._observe_completion(marks, work)
             marks.waited_from = comm.group.gradients_ready if self.stream_ordered else None
             self.host_s += called - entered + time.perf_counter() - returned
@@ -610,6 +631,8 @@ class ShardedCommTimer:
             self._delay(marks)
             returned = time.perf_counter()
         marks.completed = clock.mark()
+        if norms is not None:  # on the call's stream, behind the reduce-scatter (FSDP's stream on a GPU)
+            self._norms.append([norms, squared_norm(output_tensor)])
         if self.stream_ordered:
             # compute waits for it at a later post-backward, or at the end of backward from its
             # own gradients' readiness (module docstring)
@@ -619,6 +642,22 @@ class ShardedCommTimer:
             marks.waited_from = marks.handed_over  # the training thread waited in the call
         self.host_s += called - entered + time.perf_counter() - returned
         return None
+
+    def _norms_before(self, input_tensor, group, op):
+        """The reduce-scatter input's squared norm where the noise scale can read this one: norms on, and the
+        output the plain average over every rank of the job (ReduceOp.AVG, FSDP2's for fp32 and bf16 gradients;
+        not fp16's divided input, a PREMUL_SUM factor of the user's, or HSDP's shard group); else None."""
+        if not self.norms or op != dist.ReduceOp.AVG or group.size() != dist.get_world_size():
+            return None
+        return squared_norm(input_tensor)
+
+    def take_norms(self) -> tuple[list, list, float] | None:
+        """The reduce-scatters' squared norms since the last call, ([before ...], [after ...], 1.0) as the DDP
+        timer's (timing.py), the after ones this rank's shards; None where none were taken."""
+        taken, self._norms = self._norms, []
+        if not taken:
+            return None
+        return [before for before, _ in taken], [after for _, after in taken], 1.0
 
     def take(self) -> list[BucketMarks]:
         """The collectives since the last take (one micro-batch's), in issue order."""

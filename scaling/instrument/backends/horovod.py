@@ -16,7 +16,7 @@ import contextlib
 import time
 
 from scaling.instrument.backends.base import Backend
-from scaling.instrument.timing import BucketMarks, Clock
+from scaling.instrument.timing import BucketMarks, Clock, squared_norm
 
 
 class HorovodBackend(Backend):
@@ -54,6 +54,13 @@ class HorovodBackend(Backend):
 
     def take(self) -> list[BucketMarks]:
         return self._timer.take() if self._timer is not None else []
+
+    def measure_norms(self, on: bool) -> None:
+        if self._timer is not None:
+            self._timer.norms = on
+
+    def take_norms(self):
+        return self._timer.take_norms() if self._timer is not None else None
 
     def observed_backend(self) -> str:
         return "horovod"
@@ -106,6 +113,10 @@ class HorovodCommTimer:
     all-reduces completed: a known exposed cost per synchronised step. Unlike DDP's it is not
     inside the communication path (Horovod's C++ thread owns that).
 
+    With `norms` on (the gradient noise scale: scaling/noise_scale.py) and Horovod averaging, each parameter's
+    gradient is squared at its hand-over (this rank's, before the in-place all-reduce may touch it) and again
+    after `synchronize()` (the average), as 0-d tensors read once per epoch (`take_norms`).
+
     On GPU (a CUDA clock) a mark is an event recorded on the default stream, and an event
     recorded at a later hook lands behind everything the host has queued there by then: a
     completion observed at a hook would be late by the GPU's backlog, and `allreduce_s` inflated
@@ -132,6 +143,9 @@ class HorovodCommTimer:
         self._done: list = []  # BucketMarks complete, not yet taken
         self._count = 0
         self.last_wait_s = 0.0
+        self.norms = False
+        self._normed: list = []  # (parameter, its gradient's squared norm at hand-over) since the last synchronize
+        self._norms: list = []  # [[before, after], ...] since the last take_norms
         inner = optimizer._allreduce_grad_async  # bound method of the class
 
         def timed_allreduce_grad_async(p):
@@ -139,6 +153,8 @@ class HorovodCommTimer:
             self._observe(mark)
             marks = BucketMarks(index=self._count, handed_over=mark)
             self._count += 1
+            if self.norms and p.grad is not None and getattr(optimizer, "op", None) == hvd.Average:
+                self._normed.append((p, squared_norm(p.grad)))
             handle, ctx = inner(p)
             self._open.append((marks, handle))
             return handle, ctx
@@ -175,6 +191,9 @@ class HorovodCommTimer:
         self._done.extend(m for m, _ in self._open)
         self._open = []
         self._count = 0
+        if self._normed:  # every gradient now holds the average
+            self._norms.extend([before, squared_norm(p.grad)] for p, before in self._normed)
+            self._normed = []
 
     def handed_over(self) -> int:
         """Parameters handed to Horovod since the last synchronize()."""
@@ -183,3 +202,11 @@ class HorovodCommTimer:
     def take(self) -> list:
         taken, self._done = self._done, []
         return sorted(taken, key=lambda m: m.index)
+
+    def take_norms(self) -> tuple[list, list, float] | None:
+        """The gradients' squared norms since the last call, ([before ...], [after ...], 1.0) as the DDP timer's
+        (timing.py); None where none were taken."""
+        taken, self._norms = self._norms, []
+        if not taken:
+            return None
+        return [before for before, _ in taken], [after for _, after in taken], 1.0
