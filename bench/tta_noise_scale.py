@@ -6,7 +6,7 @@ learning-rate rule (`optim.lr_rule: linear`, peak rate optim.lr x B / optim.refe
 warm-up over optim.warmup_epochs, as the lab's loop): the quickstart CNN (`small_cnn`) on its embedded dataset
 to a validation accuracy, and the GPT-2-style decoder (`gpt2-tiny`) on its token sequences to a validation
 loss, both made small (fewer samples, lower targets: the constants below) so the whole ladder runs in about
-half an hour on a 2-core machine. Epochs to target: the first evaluation (every `EVAL_EVERY` of an epoch) at
+minutes on a 2-core machine. Epochs to target: the first evaluation (every `EVAL_EVERY` of an epoch) at
 the target, as a fraction of epochs.
 
 The prediction uses ONE run, the smallest batch's seed 0, with the instrument attached: its gradient noise
@@ -16,9 +16,11 @@ give epochs(B) = E0 (1 + B/B_noise) / (1 + B0/B_noise) at 4x, 8x and 16x B0, eac
 projection's earlier rule from the same one point (`epochs_at`: constant epochs). The measured curve's own
 critical batch: E_min and B_crit of E(B) = E_min (1 + B/B_crit) fitted by least squares to the medians.
 Epochs to target depend on the global batch, not on how many workers make it, so the ladder runs at one
-worker (the 2-worker check of that is not part of this benchmark). The instrument does not change what the job
+worker; checked once (`workers_check`): the CNN at 4 B0 through the lab's own loop (`scaling run`'s, the plain
+launcher), by 1 worker and by 2 workers of 2 B0 each, 3 seeds each, alternating; goal: the 2-worker median within
+20% of the 1-worker median (or within the seeds' spread where that is wider). The instrument does not change what the job
 computes (tests/test_own_job.py), so the instrumented run is also one of the smallest batch's 3 seeds.
-Run: `.venv/bin/python bench/tta_noise_scale.py` (about 30 minutes on a 2-core machine; --quick: one workload's
+Run: `.venv/bin/python bench/tta_noise_scale.py` (about 5 minutes on a 2-core machine; --quick: one workload's
 3 batches, 1 seed, a few minutes).
 """
 
@@ -37,6 +39,7 @@ PREDICTED = (4, 8, 16)
 SEEDS = (0, 1, 2)
 EVAL_EVERY = 0.25  # of an epoch
 GOAL = 0.20
+CHECK_MULTIPLE = 4  # workers_check: the global batch, as a multiple of the CNN's B0
 # Per epoch of the instrumented run: an epoch's worth of calibration batches at B0 (the CNN's 2,048 samples at 8
 # give 128 pairs, the decoder's 512 at 4 give 64). With 16, the first run of this benchmark (2026-12-06), the
 # CNN's estimate had no bounds (778 [-9,441, none] over 32 pairs): the instrument's own interval said it could
@@ -255,6 +258,60 @@ def run_workload(workload: str, ladder, seeds, log) -> dict:
     }
 
 
+def workers_check(seeds, log) -> dict:
+    """Epochs to target of the CNN at global batch `CHECK_MULTIPLE` B0 made by 1 worker and by 2, through the lab's
+    loop (its summary's epochs_to_target_progress: the first evaluation at the target), seeds alternating ABBA."""
+    import tempfile
+
+    from scaling.config import load_config
+    from scaling.launch.run import execute_run
+
+    path, b0, overrides = WORKLOADS["cnn"]
+    batch = b0 * CHECK_MULTIPLE
+    measured: dict[int, dict[int, float | None]] = {1: {}, 2: {}}
+    with tempfile.TemporaryDirectory(prefix="bench-tta-workers-") as tmp:
+        for i, seed in enumerate(seeds):
+            for workers in (1, 2) if i % 2 == 0 else (2, 1):
+                cfg = load_config(
+                    bl.REPO / path,
+                    overrides
+                    + [
+                        f"train.per_worker_batch={batch // workers}",
+                        f"train.seed={seed}",
+                        f"train.eval_every={EVAL_EVERY}",
+                        "instrument.calibration_pairs=0",
+                    ],
+                    num_workers=workers,
+                )
+                begun = time.time()
+                summary = execute_run(cfg, Path(tmp) / f"w{workers}-s{seed}", launcher="local")
+                epochs = summary.get("epochs_to_target_progress") or summary.get("epochs_to_target")
+                measured[workers][seed] = epochs
+                log(
+                    f"cnn check: batch {batch} by {workers} worker(s), seed {seed}: {epochs} ({time.time() - begun:.0f} s)"
+                )
+    medians = {}
+    for workers, by_seed in measured.items():
+        reached = [e for e in by_seed.values() if e is not None]
+        medians[workers] = statistics.median(reached) if len(reached) == len(seeds) else None
+    one, two = medians[1], medians[2]
+    spread = None
+    if one:
+        reached = [e for e in measured[1].values() if e is not None]
+        spread = max(abs(max(reached) / one - 1), abs(min(reached) / one - 1))
+    error = two / one - 1 if (one and two) else None
+    return {
+        "workload": "cnn",
+        "batch": batch,
+        "epochs_by_seed": {str(w): [measured[w][s] for s in seeds] for w in (1, 2)},
+        "median_1_worker": one,
+        "median_2_workers": two,
+        "error": error,
+        "seed_spread": spread,
+        "within_goal": None if error is None else bool(abs(error) <= max(GOAL, spread or 0.0)),
+    }
+
+
 def main() -> int:
     bench = bl.Benchmark("tta_noise_scale", __doc__, quick="the CNN at B0, 4 B0 and 8 B0, one seed")
     bench.parser.add_argument("--only", choices=sorted(WORKLOADS), default=None, help="one workload")
@@ -270,6 +327,7 @@ def main() -> int:
     ladder = (1, 4, 8) if args.quick else LADDER
     seeds = SEEDS[:1] if args.quick else SEEDS
     results = [run_workload(w, ladder, seeds, log) for w in workloads]
+    check = workers_check(seeds, log) if args.only in (None, "cnn") else None
     comparisons = []
     for result in results:
         for row in result["predictions"]:
@@ -291,6 +349,22 @@ def main() -> int:
                 )
             )
             comparisons[-1]["pass"] = row["within_goal"]
+    if check is not None and check["error"] is not None:
+        comparisons.append(
+            bl.comparison(
+                f"cnn: epochs to target at batch {check['batch']} by 2 workers against 1",
+                "2 workers",
+                "1 worker",
+                check["median_2_workers"],
+                check["median_1_worker"],
+                "epochs",
+                check["median_2_workers"] / check["median_1_worker"],
+                "2-worker median / 1-worker median",
+                budget=1 + max(GOAL, check["seed_spread"] or 0.0),
+                budget_definition=f"|2 workers / 1 worker - 1| at most {GOAL:.0%} or the 1-worker seeds' spread",
+            )
+        )
+        comparisons[-1]["pass"] = check["within_goal"]
     bench.finish(
         comparisons,
         ladder=list(ladder),
@@ -299,6 +373,7 @@ def main() -> int:
         goal=GOAL,
         lr_rule="linear (the configs' optim.lr_rule), warm-up over optim.warmup_epochs",
         workloads=results,
+        workers_check=check,
     )
     return 0
 
