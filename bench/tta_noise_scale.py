@@ -5,7 +5,7 @@ of 6 global batches spanning 32x (B0 to 32 B0), 3 seeds each, to its target unde
 learning-rate rule (`optim.lr_rule: linear`, peak rate optim.lr x B / optim.reference_batch after a linear
 warm-up over optim.warmup_epochs, as the lab's loop): the quickstart CNN (`small_cnn`) on its embedded dataset
 to a validation accuracy, and the GPT-2-style decoder (`gpt2-tiny`) on its token sequences to a validation
-loss, both made small (fewer samples, lower targets: the constants below) so the whole ladder runs in about
+loss, both made small (fewer samples, lower targets: the constants below) so the whole ladder runs in
 minutes on a 2-core machine. Epochs to target: the first evaluation (every `EVAL_EVERY` of an epoch) at
 the target, as a fraction of epochs.
 
