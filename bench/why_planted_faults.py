@@ -11,6 +11,9 @@ Faults, and the fix each verdict is expected to name and that is then applied:
   sample, applied as the per-worker batch doubled (`train.per_worker_batch`) with the delay still
   there; its gain is in the time per sample (the step's time over its samples), as the verdict prices
   it. (Halving the bytes, which the verdict names beside it, cannot remove a delay per sync.)
+- input_bound: every rank waits `INPUT_SLEEP_S` for each batch, inside its fetch
+  (`instrument.inject_data_delay_s`: a slow input pipeline); the fix the verdict names (the loader) is
+  applied as the run without the wait.
 - clean: the same job at 1 worker, nothing planted: no cause may cost above 5% of its step.
 
 And on a user's own job, measured with `scaling.instrument.attach` (a DDP MLP, 2 gloo ranks spawned here,
@@ -45,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 
 STRAGGLER_S = 0.1
-INPUT_SLEEP_S = 0.04  # attach_input_bound: the data iterator's wait per batch
+INPUT_SLEEP_S = 0.04  # input_bound, attach_input_bound: the wait for each batch
 ACCUM_DELAY_S = 0.05  # attach_accumulation_syncs: each synchronised all-reduce held this long
 COMM_DELAY_S = 0.1
 STEPS_PER_EPOCH, EPOCHS = 16, 2
@@ -58,6 +61,12 @@ FAULTS = {
         "fault": [f"instrument.inject_straggler_s={STRAGGLER_S}", "instrument.straggler_rank=1"],
         "fix": [],
         "fix_named": "rank 1 computes slower",
+    },
+    "input_bound": {
+        "cause": "input_bound",
+        "fault": [f"instrument.inject_data_delay_s={INPUT_SLEEP_S}"],
+        "fix": [],
+        "fix_named": "DataLoader workers",
     },
     "exposed_comm": {
         "cause": "exposed_comm",

@@ -1,7 +1,8 @@
 """`scaling why` on real runs of the lab's loop with a fault planted (the quickstart CNN, 2 workers, the
 plain launcher, 2 epochs of 8 steps): rank 1 sleeping before its backward every step is ranked first
 as a straggler whose compute is slower, with a gain the projection prices; a delay held in every
-step's all-reduce is ranked first as exposed communication. The generated-record cases, the clean job
+step's all-reduce is ranked first as exposed communication; a delay in every batch's fetch is ranked
+first as input-bound steps. The generated-record cases, the clean job
 and the sweep's causes are tests/test_why.py's (unit tier); the fix applied and re-run is
 bench/why_planted_faults.py's.
 
@@ -72,4 +73,14 @@ def test_a_delay_in_the_all_reduce_is_the_first_cause(tmp_path):
     # lengthens the step and shrinks both alike. Measured (5 runs, 2 of them beside two busy loops):
     # exposed / planted 1.03-1.09, steps 104-140 ms; the bounds leave room for the real all-reduce.
     ratio = first["cost"]["pct"] / _planted_share(tmp_path / "delay")
+    assert 0.9 < ratio < 1.6, (first["cost"], ratio)
+
+
+def test_a_delay_in_every_batchs_fetch_is_the_first_cause(tmp_path):
+    ranked = _verdict(tmp_path, "input", [f"instrument.inject_data_delay_s={PLANTED_S}"])
+    first = ranked[0]
+    assert first["cause"] == "input_bound", [(f["cause"], f["cost"]["pct"]) for f in ranked]
+    assert "DataLoader workers" in first["fix"]
+    # the data wait's share against the planted share of the run's own steps (the real fetch adds a little)
+    ratio = first["cost"]["pct"] / _planted_share(tmp_path / "input")
     assert 0.9 < ratio < 1.6, (first["cost"], ratio)

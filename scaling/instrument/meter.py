@@ -569,6 +569,8 @@ class StepMeter:
     def batch_arrived(self, batch=None, samples: int | None = None) -> None:
         """The batch `request_batch` asked for is here: its samples (its first tensor's first dimension, or
         `samples` where the caller counts them) join the step it continues, or open the next step."""
+        if self.settings.inject_data_delay_s:  # ground truth: the batch came this much later (its wait, data_s)
+            time.sleep(self.settings.inject_data_delay_s)
         entered = time.perf_counter()
         if samples is None:
             samples = batch_samples(batch)

@@ -54,6 +54,8 @@ class InstrumentSettings:
     """Ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler)."""
     straggler_rank: int = 0
     """The rank `inject_straggler_s` slows."""
+    inject_data_delay_s: float = 0.0
+    """Ground truth: seconds every rank waits for each training batch, inside its fetch (a slow input pipeline)."""
     trace_steps: int = 20
     """Training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none."""
     step_timing: bool = True
@@ -82,6 +84,7 @@ class InstrumentSettings:
             "calibration_pairs",
             "inject_comm_delay_s",
             "inject_straggler_s",
+            "inject_data_delay_s",
             "pace_idle_s",
             "straggler_rank",
             "trace_steps",
