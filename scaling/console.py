@@ -42,6 +42,8 @@ def duration(s: float) -> str:
         return f"{s / 3600:.2f}h"
     if s >= 60:
         return f"{s / 60:.1f}m"
+    if s < 0.1:  # a small model projected onto a fast cluster: milliseconds, not "0.0s"
+        return f"{1e3 * s:.1f}ms"
     return f"{s:.1f}s"
 
 
