@@ -690,6 +690,24 @@ def _check_out_dir(out: Path) -> None:
         raise UsageError(f"--out {out} exists and is not a directory")
 
 
+def _epochs_from_sweep(args) -> None:
+    """`--epochs-to-target SWEEP_DIR`: the sweep's measured epochs to target per global batch, in its place."""
+    from scaling.results import SweepDir
+
+    text = args.epochs_to_target
+    if text is None or ":" in str(text):
+        return
+    try:
+        table = SweepDir(text).epochs_to_target()
+    except (OSError, ValueError, UsageError) as error:
+        raise UsageError(
+            f"--epochs-to-target {text}: neither GLOBAL_BATCH:EPOCHS pairs nor a sweep ({error})"
+        ) from None
+    if not table:
+        raise UsageError(f"--epochs-to-target {text}: no run of the sweep reached its target at a known global batch")
+    args.epochs_to_target = table
+
+
 def _cmd_project(args) -> int:
     import json
 
@@ -697,6 +715,8 @@ def _cmd_project(args) -> int:
     from scaling.projection.project import project
     from scaling.projection.spec import DEFAULT_NODES, ProjectionSpec
     from scaling.results import RunDir
+
+    _epochs_from_sweep(args)
 
     if args.out is not None:
         _check_out_dir(args.out)

@@ -507,6 +507,16 @@ class SweepDir:
             return []
         return [RunDir(p) for p in sorted(self.runs_path.iterdir()) if p.is_dir()]
 
+    def epochs_to_target(self) -> dict[int, float]:
+        """Per global batch, the median `epochs_to_target` of the sweep's runs that reached their target
+        (scaling/analysis/run_metrics.py defines it); {} where none did. The projection's measured points."""
+        runs = self.read().runs
+        if runs.empty or not {"global_batch", "epochs_to_target"} <= set(runs.columns):
+            return {}
+        reached = runs[runs["epochs_to_target"].notna() & runs["global_batch"].notna()]
+        medians = reached.groupby(reached["global_batch"].astype(int))["epochs_to_target"].median()
+        return {int(batch): float(epochs) for batch, epochs in medians.items()}
+
     def write_index(self, rows: list[dict]) -> pd.DataFrame:
         """runs.parquet from `summary_row` rows; returns it."""
         index = pd.DataFrame(rows)

@@ -82,7 +82,7 @@ Three communication figures, the lab's three (scaling/analysis/run_metrics.py), 
   drop_last, as the lab); time_per_epoch_s = steps_per_epoch x step_s;
   speedup_time_per_epoch = time_per_epoch(1) / time_per_epoch(N).
 - TTA (only with an epochs-to-target table {global batch: epochs}, measured at smaller scale, given
-  as pairs or read from a sweep directory's runs: `epochs_from_sweep`):
+  as pairs or read from a sweep directory's runs: `scaling.results.SweepDir.epochs_to_target`):
   epochs_to_target at a row's global batch is interpolated linearly in log2(global batch)
   between measured points and, outside them, extrapolated along the last two points' slope
   (held constant with one point), never below the fewest measured epochs;
@@ -214,11 +214,10 @@ def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
 
 
 def parse_epochs_table(text: str | Mapping | None) -> dict[int, float] | None:
-    """'256:3,512:4', {256: 3, 512: 4} or a sweep directory -> {global batch: epochs to target}."""
+    """'256:3,512:4' or {256: 3, 512: 4} (a sweep's: results.SweepDir.epochs_to_target) -> {global batch: epochs
+    to target}."""
     if text is None:
         return None
-    if isinstance(text, str) and ":" not in text:
-        return epochs_from_sweep(text)
     if isinstance(text, Mapping):
         items = list(text.items())
     else:
@@ -242,26 +241,6 @@ def parse_epochs_table(text: str | Mapping | None) -> dict[int, float] | None:
     if not table:
         raise UsageError("epochs-to-target: empty table")
     return table
-
-
-def epochs_from_sweep(path: str) -> dict[int, float]:
-    """A sweep directory's measured epochs to target: per global batch, the median `epochs_to_target` of
-    its runs that reached the target (each run's summary; scaling/analysis/run_metrics.py defines it)."""
-    from scaling.results import SweepDir
-
-    try:
-        runs = SweepDir(path).read().runs
-    except (OSError, ValueError, UsageError) as error:
-        raise UsageError(
-            f"--epochs-to-target {path}: neither GLOBAL_BATCH:EPOCHS pairs nor a sweep ({error})"
-        ) from None
-    if runs.empty or not {"global_batch", "epochs_to_target"} <= set(runs.columns):
-        raise UsageError(f"--epochs-to-target {path}: the sweep has no run with a global batch and epochs to target")
-    reached = runs[runs["epochs_to_target"].notna() & runs["global_batch"].notna()]
-    if reached.empty:
-        raise UsageError(f"--epochs-to-target {path}: no run of the sweep reached its target")
-    medians = reached.groupby(reached["global_batch"].astype(int))["epochs_to_target"].median()
-    return {int(batch): float(epochs) for batch, epochs in medians.items()}
 
 
 def epochs_at(table: Mapping[int, float], global_batch: int) -> tuple[float, bool]:
