@@ -18,8 +18,8 @@ critical batch: E_min and B_crit of E(B) = E_min (1 + B/B_crit) fitted by least 
 Epochs to target depend on the global batch, not on how many workers make it, so the ladder runs at one
 worker; checked once (`workers_check`): the CNN at 4 B0 through the lab's own loop (`scaling run`'s, the plain
 launcher), by 1 worker and by 2 workers of 2 B0 each, 3 seeds each, alternating; goal: the 2-worker median within
-20% of the 1-worker median (or within the seeds' spread where that is wider). The instrument does not change what the job
-computes (tests/test_own_job.py), so the instrumented run is also one of the smallest batch's 3 seeds.
+20% of the 1-worker median (or within the seeds' spread where that is wider). The instrument does not change
+what the job computes (tests/test_own_job.py), so the instrumented run is also one of the smallest batch's 3 seeds.
 Run: `.venv/bin/python bench/tta_noise_scale.py` (about 5 minutes on a 2-core machine; --quick: one workload's
 3 batches, 1 seed, a few minutes).
 """
@@ -287,9 +287,8 @@ def workers_check(seeds, log) -> dict:
                 summary = execute_run(cfg, Path(tmp) / f"w{workers}-s{seed}", launcher="local")
                 epochs = summary.get("epochs_to_target_progress") or summary.get("epochs_to_target")
                 measured[workers][seed] = epochs
-                log(
-                    f"cnn check: batch {batch} by {workers} worker(s), seed {seed}: {epochs} ({time.time() - begun:.0f} s)"
-                )
+                took = time.time() - begun
+                log(f"cnn check: batch {batch} by {workers} worker(s), seed {seed}: {epochs} ({took:.0f} s)")
     medians = {}
     for workers, by_seed in measured.items():
         reached = [e for e in by_seed.values() if e is not None]
