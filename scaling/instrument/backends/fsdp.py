@@ -117,12 +117,11 @@ import contextlib
 import time
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from scaling.instrument.backends.base import Backend
-import torch.distributed as dist
-
 from scaling.instrument.timing import BucketMarks, Clock, CommRule, interval_union_s, spin_cycles_per_s, squared_norm
 from scaling.schema import REGATHER, SHARDED_COLLECTIVES
 
