@@ -182,7 +182,7 @@ def critical_batch(points: list[tuple[int, float]]) -> dict:
 
 def run_workload(workload: str, ladder, seeds, log) -> dict:
     from scaling.projection import tta
-    from scaling.projection.project import epochs_at
+    from scaling.projection.tta import epochs_at
 
     _, b0, _ = WORKLOADS[workload]
     started = time.time()

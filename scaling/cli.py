@@ -754,7 +754,7 @@ def _samples_to_target(args):
     """`--noise-scale B[:LOW:HIGH]` with `--epochs-to-target`: the samples-to-target model anchored at the table's
     smallest batch (scaling/projection/tta.py); None without a noise scale."""
     from scaling.projection import tta
-    from scaling.projection.project import parse_epochs_table
+    from scaling.projection.tta import parse_epochs_table
 
     if args.noise_scale is None:
         return None

@@ -75,7 +75,7 @@ def print_projection(df, console=None) -> None:
 
     console = console if console is not None else output_console()
     table = Table(title=projection_title(df), title_justify="left", header_style="bold")
-    # the three communication figures, each named for what it is (scaling/projection/project.py)
+    # the three communication figures, each named for what it is (scaling/projection/rows.py)
     headers = [
         "nodes",
         "GPUs",

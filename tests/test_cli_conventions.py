@@ -103,14 +103,14 @@ def test_closed_choices_are_choices(option, expected):
 
 def test_choice_lists_are_read_from_where_each_choice_is_defined():
     from scaling.launch import LAUNCHERS
-    from scaling.projection import from_run, layers, project
+    from scaling.projection import from_run, layers, spec
 
     defined = {
         ("run", "--launcher"): tuple(LAUNCHERS),
         ("sweep", "--launcher"): tuple(LAUNCHERS),
-        ("project", "--reshard-after-forward"): project.RESHARD,
-        ("project", "--activation-checkpointing"): project.ACTIVATION_CHECKPOINTING,
-        ("project", "--backend"): project.BACKENDS,
+        ("project", "--reshard-after-forward"): spec.RESHARD,
+        ("project", "--activation-checkpointing"): spec.ACTIVATION_CHECKPOINTING,
+        ("project", "--backend"): spec.BACKENDS,
         ("project", "--grad-compression"): tuple(layers.COMPRESSION_BYTES),
         ("project", "--fsdp-param-dtype"): layers.FSDP_DTYPES,
         ("project", "--fsdp-reduce-dtype"): layers.FSDP_DTYPES,

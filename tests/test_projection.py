@@ -31,17 +31,13 @@ from scaling.projection import (
     run_projection,
     schedule_buckets,
 )
-from scaling.projection.cluster import device_throughput, parse_cluster
+from scaling.projection.buckets import assign_buckets, model_buckets, tensor_schedule
+from scaling.projection.cluster import parse_cluster, parse_int_list
+from scaling.projection.compute import device_throughput
 from scaling.projection.cost import reduce_scatter_s
-from scaling.projection.layers import (
-    MIB,
-    assign_buckets,
-    available_models,
-    load_layer_table,
-    model_buckets,
-    tensor_schedule,
-)
-from scaling.projection.project import COLUMNS, TTA_CAVEAT, epochs_at, parse_int_list
+from scaling.projection.layers import MIB, available_models, load_layer_table
+from scaling.projection.rows import COLUMNS
+from scaling.projection.tta import TTA_CAVEAT, epochs_at
 from scaling.results import RunDir
 
 # ---------------------------------------------------------------------------- alpha-beta arithmetic
@@ -109,7 +105,8 @@ def test_resnet50_table():
     table = load_layer_table("resnet50")
     assert table["parameters"] == 25_557_032
     assert sum(n for layer in table["layers"] for _, n in layer["params"]) == 25_557_032
-    assert sum(b.bytes for b in model_buckets("resnet50")) == 102_228_128  # 102 MB of fp32 gradients
+    buckets = model_buckets(table)
+    assert sum(b.bytes for b in buckets) == 102_228_128  # 102 MB of fp32 gradients
     assert table["forward_flops_per_sample"] == pytest.approx(8.18e9, rel=1e-3)  # README: 8.18 GFLOP
     assert table["layers"][0]["name"] == "fc" and table["layers"][-1]["name"] == "conv1"  # backward order
     # backward ~ 2x forward per layer, 1x for the stem (its input needs no gradient)
@@ -130,7 +127,7 @@ def test_bucketing_matches_what_ddp_reported(model):
 
 
 def test_bucket_ready_fractions():
-    buckets = model_buckets("resnet50")
+    buckets = model_buckets(load_layer_table("resnet50"))
     fractions = [b.ready_fraction for b in buckets]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0  # the last bucket holds the stem
     assert fractions[0] < 0.01  # fc's gradient comes first and costs little
@@ -290,7 +287,7 @@ def test_run_projection_table():
     # 8.4 us + 2*(2-1) network steps * 37 us + 2*(16-2) NVLink steps * 3.4 us
     # + 2*15/16 * 7,885,056 B / (25 Gbps * 0.58), plus the slowest-of-16 wait of a 2% jitter
     # on the compute before the all-reduce (E[max of 16 standard normals] = 1.7660)
-    last = model_buckets("resnet50")[-1].bytes
+    last = model_buckets(load_layer_table("resnet50"))[-1].bytes
     assert last == 7_885_056
     before = df["data_s"].iloc[2] + df["forward_s"].iloc[2] + df["backward_compute_s"].iloc[2]
     wait = 0.02 * before * 1.7660

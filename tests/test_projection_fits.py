@@ -50,8 +50,8 @@ def test_the_cli_says_what_does_not_fit_and_what_would_make_it_fit(capsys, monke
 
 
 def test_a_device_without_a_capacity_gives_no_verdict(monkeypatch):
-    import scaling.projection.project as project
+    import scaling.projection.memory as memory
 
-    monkeypatch.setattr(project, "load_devices", lambda: {})
+    monkeypatch.setattr(memory, "load_devices", lambda: {})
     df = run_projection("llama3-8b", load_cluster("h100x8_400g_per_gpu"), [1], backend="fsdp")
     assert df["fits"].isna().all() and df["memory_capacity_gib"].isna().all()

@@ -17,7 +17,7 @@ import math
 import pytest
 
 from scaling.projection import run_projection, tta
-from scaling.projection.project import epochs_at
+from scaling.projection.tta import epochs_at
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +42,7 @@ def test_epochs_grow_by_the_models_factor_with_an_interval_from_both_inputs():
 
 def test_each_row_names_its_source_measured_interpolated_or_the_model():
     measured = {128: 10.0, 512: 11.0}
-    rows = tta.epochs_rows([128, 256, 512, 2048], measured, _model(), epochs_at)
+    rows = tta.epochs_rows([128, 256, 512, 2048], measured, _model())
     assert [r["epochs_source"] for r in rows] == [
         "measured",
         "interpolated between measured batches",
@@ -52,7 +52,7 @@ def test_each_row_names_its_source_measured_interpolated_or_the_model():
     assert rows[0]["epochs_to_target_lo"] == 9.5  # the model's own run: its evaluation interval
     assert rows[3]["epochs_to_target"] == pytest.approx(11.0 * (1 + 2048 / 1000) / (1 + 512 / 1000))
     assert rows[3]["epochs_extrapolated"] and not rows[1]["epochs_extrapolated"]
-    without = tta.epochs_rows([128, 2048], measured, None, epochs_at)  # no noise scale: today's rule
+    without = tta.epochs_rows([128, 2048], measured, None)  # no noise scale: today's rule
     assert without[1]["epochs_source"] == "extrapolated along the measured points"
     assert without[1]["epochs_to_target"] == pytest.approx(epochs_at(measured, 2048)[0])
 

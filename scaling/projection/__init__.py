@@ -11,21 +11,24 @@ Pure Python: pandas, numpy, PyYAML; no torch or ray on import, and nothing of th
 line, launchers, records or figures: a run's records come in as its reader (scaling.results.RunDir),
 `scaling project` is wired in scaling/cli.py and the figure drawn by scaling/plots/projection.py.
 
-- layers.py   layer tables (layers/*.json; a transformer's with FSDP units), DDP's bucket assignment, bucket ready
-              fractions
+- layers.py   layer tables (layers/*.json; a transformer's with FSDP units), each loaded once
 - cost.py     alpha-beta costs (ring, hierarchical, NCCL's latency split), the overlapped bucket schedule with
               compute interference, Horovod's cycles and Tensor Fusion, FSDP's and HSDP's all-gathers and
               reduce-scatters per unit, fit_alpha_beta
-- cluster.py  cluster presets (presets/*.yaml); one GPU's published throughput (scaling/devices.yaml)
-- compute.py  one worker's step (data, forward, backward, optimizer) from a run, a device, or a transformer's MFU
+- cluster.py  cluster presets (presets/*.yaml); a projection's rows placed on its nodes
+- compute.py  one worker's step (data, forward, backward, optimizer) from a run, a device's published throughput
+              (scaling/devices.yaml), or a transformer's MFU; the wait for the slowest rank: the compute stage
 - spec.py     ProjectionSpec: what a projection is asked, a field (its meaning, default, checks and
               `scaling project` flag) per option; the command's flags are generated from it
-- project.py  project(spec): the spec resolved once (the layer table loaded once, the cluster, one worker's
-              step), a row per worker count, the speedups and TTA (definitions of every column);
-              run_projection (the spec's fields as arguments), project_cluster_from_alpha_beta
+- project.py  project(spec): the spec's names resolved once (`spec.Resolved`), then the stages below in
+              turn, none calling back; run_projection (the spec's fields as arguments),
+              project_cluster_from_alpha_beta
+- buckets.py  DDP's bucket assignment and the buckets' ready fractions, Horovod's tensors: the gradients stage
 - comm.py     one class per backend's communication computing a row's step: DDPComm, HorovodComm, FSDPComm
-              (FSDP and HSDP)
+              (FSDP and HSDP); the communication stage
 - memory.py   memory per GPU of a transformer: states, activations, FSDP's buffers, the runtime's reserve
+- rows.py     the table: a row per worker count, the speedups and epochs (definitions of every column)
+- tta.py      time to accuracy: epochs to target from measured points and the samples-to-target model
 - from_run.py run_spec: the spec a user's own measured run (its records) asks; project_run: it projected,
               with intervals from its steps
 - overlay.py  project_sweep, add_projection: projected columns for `scaling report` (a sweep with workers.cluster)
@@ -45,7 +48,8 @@ from scaling.projection.cost import (
     ring_allreduce_s,
     schedule_buckets,
 )
-from scaling.projection.layers import available_models, model_buckets
+from scaling.projection.buckets import model_buckets
+from scaling.projection.layers import available_models
 from scaling.projection.project import project_cluster_from_alpha_beta, run_projection
 from scaling.projection.spec import ProjectionSpec
 

@@ -38,6 +38,7 @@ The device table is the lab's one (scaling/devices.yaml, read by scaling/devices
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,8 +64,6 @@ CLUSTER_KEYS = (
     "step_jitter_cv",
 )
 LINK_KEYS = ("name", "bandwidth_GBps", "bandwidth_Gbps", "efficiency", "latency_us")
-PRECISIONS = ("fp32", "fp16", "bf16")
-PRECISION_ALIASES = {"amp": "fp16", "mixed": "fp16", "tf32": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -92,13 +91,48 @@ class Cluster:
         return replace(self, allreduce=algorithm)
 
 
-def normalize_precision(precision: str) -> str:
-    """The lab's precision name (fp32 | fp16 | bf16); 'amp' is fp16 autocast, as in NVIDIA's tables."""
-    p = str(precision).lower()
-    p = PRECISION_ALIASES.get(p, p)
-    if p not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}; valid: fp32, amp (= fp16), fp16, bf16")
-    return p
+def parse_int_list(text: str | Sequence[int], what: str) -> list[int]:
+    """'1,2,4' or [1, 2, 4] -> [1, 2, 4]: positive integers, no repeats; UsageError otherwise."""
+    if isinstance(text, str):
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise UsageError(f"{what} must be comma-separated positive integers, e.g. 1,2,4, got {text!r}") from None
+    else:
+        values = list(text)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise UsageError(f"{what} must be positive integers, got {values!r}")
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{what} must be positive integers, e.g. 1,2,4, got {text!r}")
+    if len(set(values)) != len(values):
+        raise UsageError(f"{what} repeats a value: {text!r}")
+    return sorted(values)
+
+
+def placements(
+    cluster: Cluster, nodes: Sequence[int] | str | None, workers: Sequence[int] | str | None
+) -> list[tuple[int, int]]:
+    """(nodes, GPUs per node) per row on `cluster`: the 1-GPU baseline first, then full nodes or given worker
+    counts; UsageError for a count that fills no whole nodes, or more than one node without an inter-node link."""
+    gpus_per_node = cluster.gpus_per_node
+    points = {(1, 1)}
+    if workers is not None:
+        for w in parse_int_list(workers, "workers"):
+            if w <= gpus_per_node:
+                points.add((1, w))
+            elif w % gpus_per_node == 0:
+                points.add((w // gpus_per_node, gpus_per_node))
+            else:
+                raise UsageError(f"{w} workers do not fill whole nodes of {gpus_per_node} GPUs")
+    if nodes is not None:
+        for n in parse_int_list(nodes, "nodes"):
+            points.add((n, gpus_per_node))
+    if workers is None and nodes is None:
+        raise UsageError("give the node counts (nodes) or worker counts (workers) to project")
+    if any(n > 1 for n, _ in points) and cluster.inter_node is None:
+        raise UsageError(f"cluster {cluster.name} has no inter_node link; it cannot span more than one node")
+    return sorted(points, key=lambda p: (p[0] * p[1], p[0]))
 
 
 def preset_names() -> list[str]:
@@ -209,12 +243,6 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     return parse_cluster(_read_yaml(preset, "cluster preset"), text)
 
 
-def device_throughput(device: str, model: str, precision: str) -> dict | None:
-    """{samples_per_s, batch, source} for one GPU of `device`, or None where nothing is published."""
-    spec = load_devices().get(device) or {}
-    return ((spec.get("throughput") or {}).get(model) or {}).get(normalize_precision(precision))
-
-
 def cluster_from_alpha_beta(
     alpha_s: float,
     beta_bytes_per_s: float,
@@ -266,20 +294,3 @@ def cluster_from_alpha_beta(
             else None
         ),
     )
-
-
-def describe_terms(cluster: Cluster) -> str:
-    """The cluster's terms beyond alpha-beta, in one line."""
-    return (
-        f"collective latency {cluster.collective_latency_s * 1e6:.3g} us per all-reduce; backward slowed "
-        f"{100 * cluster.overlap_slowdown:.3g}% while an all-reduce overlaps it; step jitter "
-        f"{100 * cluster.step_jitter_cv:.3g}% (CV)"
-        + (f"; {describe_link(cluster.allgather_link, 'all-gathers')}" if cluster.allgather_link else "")
-    )
-
-
-def describe_link(link: Link | None, nodes_label: str) -> str:
-    if link is None:
-        return f"{nodes_label}: none"
-    label = f" ({link.name})" if link.name else ""
-    return f"{nodes_label}{label}: {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s effective, {link.latency_s * 1e6:.3g} us"

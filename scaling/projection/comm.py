@@ -7,21 +7,25 @@ its collectives (`row(n_nodes, per_node, wait_s)` -> `CommTerms`), and the notes
 - `FSDPComm`: FSDP's (or HSDP's) all-gathers, re-gathers and reduce-scatters per unit (cost.fsdp_schedule),
   with and without the reduce-scatters (the lab's A/B).
 
-project.py resolves the spec, the compute and the cluster once and hands them here; its module docstring
-defines every figure. Nothing here reads a file: the layer table comes in loaded.
+`plan_comm` is project.py's communication stage: the backend's class built once, its notes, and its terms
+at every row (rows.py defines the figures made of them). Nothing here reads a file: the layer table, the
+cluster and the gradients come in resolved.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from scaling.errors import UsageError
-from scaling.projection.cluster import Cluster
-from scaling.projection.compute import StepCompute
+from scaling.projection.buckets import Gradients
+from scaling.projection.cluster import PRESET_DIR, Cluster
+from scaling.projection.compute import StepCompute, StepPlan
 from scaling.projection.cost import (
     ALLGATHER,
+    Link,
     REDUCESCATTER,
     REGATHER,
     allreduce_s,
@@ -33,8 +37,12 @@ from scaling.projection.cost import (
     overlap_schedule,
     scatter_s,
 )
-from scaling.projection.layers import MIB
+from scaling.projection.layers import COMPRESSION_BYTES, MIB
 from scaling.projection.memory import DTYPE_BYTES
+from scaling.projection.spec import SHARDED
+
+if TYPE_CHECKING:
+    from scaling.projection.spec import Resolved
 
 # A row's FSDP transfer times, one per kind of its schedule: forward's all-gathers alone in `allgather_s`
 # (a run's records count its re-gathers in theirs too), backward's re-gathers, the reduce-scatters
@@ -44,7 +52,7 @@ FSDP_COLUMNS = tuple(f"{kind}_s" for kind in FSDP_KINDS)
 
 @dataclass
 class CommTerms:
-    """One worker count's step with its communication, in project.py's columns' terms."""
+    """One worker count's step with its communication, in rows.py's columns' terms."""
 
     step_s: float
     forward_s: float
@@ -59,25 +67,6 @@ class CommTerms:
     grad_bytes: float
     algorithm: str
     columns: dict = field(default_factory=dict)  # the backend's own columns (FSDP_COLUMNS)
-
-
-@dataclass
-class Gradients:
-    """What an all-reducing backend sends per step: DDP's buckets (estimated or the run's measured)."""
-
-    elements: list[int]
-    ready_fractions: list[float]
-    wire_bytes: list[float]  # each bucket's bytes on the wire, after any compression hook
-    schedule_source: str  # where the ready times come from
-    bucket_note: str  # how the buckets were assigned
-    grad_compression: str
-    bytes_per_element: int  # on the wire (layers.COMPRESSION_BYTES)
-
-    def on_wire(self) -> str:
-        return (
-            f"{sum(self.wire_bytes) / 1e6:.1f} MB of gradients per step on the wire "
-            f"({'fp32' if self.grad_compression == 'none' else self.grad_compression})"
-        )
 
 
 class _AllReduceComm:
@@ -185,7 +174,7 @@ class HorovodComm(_AllReduceComm):
 
 class FSDPComm:
     """FSDP and HSDP: per unit, the all-gather before forward, the re-gather before backward of a unit
-    resharded after forward, the reduce-scatter after backward (project.py's module docstring)."""
+    resharded after forward, the reduce-scatter after backward (rows.py's module docstring)."""
 
     def __init__(self, plan: dict, compute: StepCompute, cluster: Cluster, backend: str, wait_given: bool):
         self.plan, self.compute, self.cluster, self.backend = plan, compute, cluster, backend
@@ -340,3 +329,97 @@ def fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n
         "forward_wait_s": sched.forward_waited_s if n > 1 else 0.0,
         "backward_wait_s": sched.waited_s - sched.forward_waited_s if n > 1 else 0.0,
     }
+
+
+@dataclass
+class CommPlan:
+    """The communication stage's answer: each row's terms, the notes, and, where a half-precision projection
+    sent fp32 gradients by default, the last row's terms with half the bytes on the wire (rows.py's caveat)."""
+
+    terms: list[CommTerms]
+    notes: list[str]
+    half_wire_last: CommTerms | None = None
+
+
+def plan_comm(r: Resolved, step: StepPlan, gradients: Gradients) -> CommPlan:
+    """The communication stage: the backend's class, its notes, and its terms at every row of the placements."""
+    comm = _backend(r, step, gradients)
+    notes = [*gradients.notes, *comm.notes(cluster_note(r.cluster))]
+    half = None
+    precision = step.compute.precision
+    if (
+        precision in ("fp16", "bf16")
+        and r.spec.backend not in SHARDED
+        and not r.transformer
+        and gradients.wire_assumed
+        and gradients.grad_compression == "none"
+        and any(n > 1 for n, _ in r.rows_at)
+    ):
+        # the same step with the gradients sent in half precision: what a model held in it would send
+        wire = COMPRESSION_BYTES[precision]
+        halved = replace(
+            gradients,
+            wire_bytes=[e * wire for e in gradients.elements],
+            grad_compression=precision,
+            bytes_per_element=wire,
+        )
+        half = _backend(r, step, halved).row(*r.rows_at[-1], step.waits[-1])
+    terms = [comm.row(n_nodes, per_node, wait) for (n_nodes, per_node), wait in zip(r.rows_at, step.waits)]
+    return CommPlan(terms, notes, half)
+
+
+def _backend(r: Resolved, step: StepPlan, gradients: Gradients) -> DDPComm | HorovodComm | FSDPComm:
+    """The backend's communication, handed what it needs resolved."""
+    spec, compute = r.spec, step.compute
+    if spec.backend == "ddp":
+        return DDPComm(compute, r.cluster, gradients)
+    if spec.backend == "horovod":
+        return HorovodComm(
+            compute, r.cluster, gradients, gradients.tensors, spec.horovod_cycle_ms, spec.horovod_fusion_mb
+        )
+    plan = fsdp_plan(
+        r.table,
+        compute,
+        r.cluster,
+        spec.backend,
+        r.checkpointing,
+        spec.reshard_after_forward,
+        spec.fsdp_reduce_dtype,
+        spec.fsdp_param_dtype or compute.precision,
+        spec.fsdp_process_group,
+    )
+    return FSDPComm(plan, compute, r.cluster, spec.backend, step.wait_given)
+
+
+def cluster_note(cluster: Cluster) -> str:
+    """The cluster's links and terms in one line, naming the file that sources each value."""
+    where = (
+        f" (each value's source beside it in {cluster.source})"
+        if cluster.source != cluster.name or (PRESET_DIR / f"{cluster.source}.yaml").is_file()
+        else ""
+    )
+    return (
+        f"cluster {cluster.name}{where}: {cluster.gpus_per_node} GPU(s)/node, {cluster.allreduce} all-reduce; "
+        + describe_link(cluster.intra_node, "intra-node")
+        + "; "
+        + describe_link(cluster.inter_node, "inter-node")
+        + "; "
+        + describe_terms(cluster)
+    )
+
+
+def describe_terms(cluster: Cluster) -> str:
+    """The cluster's terms beyond alpha-beta, in one line."""
+    return (
+        f"collective latency {cluster.collective_latency_s * 1e6:.3g} us per all-reduce; backward slowed "
+        f"{100 * cluster.overlap_slowdown:.3g}% while an all-reduce overlaps it; step jitter "
+        f"{100 * cluster.step_jitter_cv:.3g}% (CV)"
+        + (f"; {describe_link(cluster.allgather_link, 'all-gathers')}" if cluster.allgather_link else "")
+    )
+
+
+def describe_link(link: Link | None, nodes_label: str) -> str:
+    if link is None:
+        return f"{nodes_label}: none"
+    label = f" ({link.name})" if link.name else ""
+    return f"{nodes_label}{label}: {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s effective, {link.latency_s * 1e6:.3g} us"

@@ -58,12 +58,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from scaling.devices import load_devices
 from scaling.errors import UsageError
-from scaling.projection.cluster import device_throughput, normalize_precision
-from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, COMPRESSION_BYTES, forward_share, load_layer_table
+from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, COMPRESSION_BYTES
+
+if TYPE_CHECKING:  # the stage's input type; spec.py imports this module
+    from scaling.projection.spec import Resolved
 
 ADAMW_BYTES_PER_PARAMETER = 28  # read weight, gradient, two moments; write weight and moments: 7 x fp32
 # Published model FLOPs utilisation of a transformer's training step, per device (bf16 autocast / FSDP
@@ -79,6 +82,9 @@ TRANSFORMER_MFU = {
 }
 SGD_MOMENTUM_PASSES = 5  # as scaling/instrument/flops.py: read weights, gradients, momentum; write weights, momentum
 RUN_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "per_worker_batch", "num_workers", "model")
+TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
+PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISION_ALIASES = {"amp": "fp16", "mixed": "fp16", "tf32": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -129,17 +135,38 @@ class StepCompute:
         )
 
 
+def normalize_precision(precision: str) -> str:
+    """The lab's precision name (fp32 | fp16 | bf16); 'amp' is fp16 autocast, as in NVIDIA's tables."""
+    p = str(precision).lower()
+    p = PRECISION_ALIASES.get(p, p)
+    if p not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; valid: fp32, amp (= fp16), fp16, bf16")
+    return p
+
+
+def device_throughput(device: str, model: str, precision: str) -> dict | None:
+    """{samples_per_s, batch, source} for one GPU of `device`, or None where nothing is published."""
+    spec = load_devices().get(device) or {}
+    return ((spec.get("throughput") or {}).get(model) or {}).get(normalize_precision(precision))
+
+
+def forward_share(table: dict) -> float:
+    """Forward FLOPs / (forward + backward FLOPs): the share of compute taken by forward (~1/3)."""
+    fwd, bwd = table["forward_flops_per_sample"], table["backward_flops_per_sample"]
+    return fwd / (fwd + bwd)
+
+
 def optimizer_estimate_s(parameters: int, memory_bandwidth_bytes_per_s: float) -> float:
     """SGD with momentum, memory-bound: 5 passes x 4 bytes x parameters / memory bandwidth."""
     return SGD_MOMENTUM_PASSES * BYTES_PER_GRAD_ELEMENT * parameters / memory_bandwidth_bytes_per_s
 
 
 def compute_from_device(
-    device: str | None, model: str | dict, precision: str, per_worker_batch: int, samples_per_s: float | None = None
+    device: str | None, table: dict, precision: str, per_worker_batch: int, samples_per_s: float | None = None
 ) -> StepCompute:
-    """One GPU's step from the device table (or from `samples_per_s` given directly)."""
+    """One GPU's step from the device table (or from `samples_per_s` given directly); `table`: the model's
+    layer table (layers.load_layer_table)."""
     precision = normalize_precision(precision)
-    table = model if isinstance(model, dict) else load_layer_table(model)  # a caller's table, loaded once
     model = table["model"]
     if not (isinstance(per_worker_batch, int) and per_worker_batch > 0):
         raise UsageError(f"per-GPU batch must be a positive integer, got {per_worker_batch!r}")
@@ -195,15 +222,15 @@ def recompute_share(table: dict, activation_checkpointing: str) -> float:
 
 def compute_from_mfu(
     device: str | None,
-    model: str | dict,
+    table: dict,
     precision: str,
     per_worker_batch: int,
     mfu: float | None = None,
     activation_checkpointing: str = "selective",
 ) -> StepCompute:
-    """One GPU's forward and backward of a transformer from a model FLOPs utilisation (module docstring)."""
+    """One GPU's forward and backward of a transformer from a model FLOPs utilisation (module docstring);
+    `table`: the model's layer table."""
     precision = normalize_precision(precision)
-    table = model if isinstance(model, dict) else load_layer_table(model)  # a caller's table, loaded once
     model = table["model"]
     if table.get("kind") != "transformer":
         raise UsageError(f"--mfu needs a transformer's layer table; {model} has none (give --samples-per-s)")
@@ -509,3 +536,116 @@ def compute_from_concurrent_runs(runs) -> StepCompute:
         measured_bucket_bytes=None,
         **means,
     )
+
+
+@dataclass
+class StepPlan:
+    """One worker's step as a projection's rows take it (project.py's compute stage): the step, the wait for
+    the slowest rank at each row's worker count, and the notes that say where both come from."""
+
+    compute: StepCompute
+    waits: list[float]  # seconds per step, one per row of the placements: 0 at one worker
+    straggler_s: float | None  # given or measured by concurrent runs, per step; None: the cluster's jitter
+    wait_given: bool  # said by the caller, per step: not spread over FSDP's collectives
+    wait_assumed: bool  # the preset's jitter stands in for a wait nobody measured
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_compute(r: Resolved) -> StepPlan:
+    """The compute stage: one worker's step (given, a run's, a transformer's MFU or the device's published
+    throughput) at the spec's batch, and the wait for the slowest rank at every row."""
+    spec = r.spec
+    if spec.compute is not None:
+        compute, notes = spec.compute.at_batch(spec.per_gpu_batch), [f"compute: {spec.compute.source}"]
+    else:
+        compute, notes = _resolve_compute(r)
+    straggler = compute.straggler_s if spec.straggler_s is None and compute.straggler_ranks else spec.straggler_s
+    notes += _straggler_notes(r, compute, straggler)
+    waits = [
+        0.0
+        if n_nodes * per_node == 1
+        else straggler
+        if straggler is not None
+        else jitter_straggler_s(
+            compute.data_s + compute.forward_s + compute.backward_s, r.cluster.step_jitter_cv, n_nodes * per_node
+        )
+        for n_nodes, per_node in r.rows_at
+    ]
+    return StepPlan(
+        compute,
+        waits,
+        straggler,
+        wait_given=spec.straggler_s is not None,
+        wait_assumed=straggler is None and spec.from_run is None,
+        notes=notes,
+    )
+
+
+def _resolve_compute(r: Resolved) -> tuple[StepCompute, list[str]]:
+    """One worker's step and the note on where it comes from: a run, a transformer's MFU, or the device."""
+    spec, table, cluster, checkpointing = r.spec, r.table, r.cluster, r.checkpointing
+    model, from_run, precision, per_gpu_batch = table["model"], spec.from_run, spec.precision, spec.per_gpu_batch
+    notes = []
+    runs = list(from_run) if isinstance(from_run, (list, tuple)) else None
+    if runs is not None and len(runs) == 1:
+        from_run, runs = runs[0], None
+    if from_run is not None:
+        for run in runs or [from_run]:
+            trained = run_model(run)
+            if trained is not None and trained != model:
+                raise UsageError(f"--from-run {run} trained {trained}, not {model}; drop --model or give a {model} run")
+        compute = compute_from_concurrent_runs(runs) if runs else compute_from_run(from_run)
+        if precision is not None and normalize_precision(precision) != compute.precision:
+            raise UsageError(
+                f"--from-run {from_run} ran at {compute.precision}; --precision {precision} would need another run"
+            )
+        compute = compute.at_batch(per_gpu_batch)
+        notes.append(f"compute: {compute.source}; the cluster's links carry its gradients")
+    elif r.transformer and spec.samples_per_s is None:
+        batch = per_gpu_batch or TRANSFORMER_BATCH
+        compute = compute_from_mfu(cluster.device, table, precision or "bf16", batch, spec.mfu, checkpointing)
+        notes.append(
+            f"compute: {compute.source}; split forward:backward by FLOPs with {checkpointing} "
+            f"activation checkpointing's recomputation in backward, data 0"
+        )
+    else:
+        if spec.mfu is not None:
+            raise UsageError("give --mfu or --samples-per-s, not both")
+        default_batch = TRANSFORMER_BATCH if r.transformer else 64
+        compute = compute_from_device(
+            cluster.device,
+            table,
+            precision or ("bf16" if r.transformer else "fp32"),
+            per_gpu_batch or default_batch,
+            spec.samples_per_s,
+        )
+        notes.append(f"compute: {compute.source}; split forward:backward by FLOPs, optimizer memory-bound, data 0")
+    return compute, notes
+
+
+def _straggler_notes(r: Resolved, compute: StepCompute, straggler: float | None) -> list[str]:
+    """What the wait for the slowest rank is: given, measured by concurrent runs, or the cluster's jitter."""
+    spec, cluster, notes = r.spec, r.cluster, []
+    if straggler:
+        measured = (
+            f"measured by {compute.straggler_ranks} concurrent 1-worker runs"
+            if compute.straggler_ranks and straggler == compute.straggler_s
+            else "given"
+        )
+        notes.append(
+            f"straggler: {1e3 * straggler:.1f} ms per step at every worker count > 1 ({measured}): "
+            f"the wait for the slowest rank, counted as exposed communication, as the lab measures it"
+        )
+    elif straggler is None and cluster.step_jitter_cv:
+        notes.append(
+            f"straggler: from the cluster's step jitter ({100 * cluster.step_jitter_cv:.3g}% of compute, "
+            f"per rank and step), the expected wait for the slowest of n ranks, growing with n"
+        )
+    if (
+        spec.backend == "fsdp"
+        and spec.fsdp_process_group == "gloo"
+        and spec.straggler_s is None
+        and (straggler or cluster.step_jitter_cv)
+    ):
+        notes.append("gloo: the wait for the slower rank paid at each collective, sqrt(K) x a step's for K of them")
+    return notes

@@ -96,7 +96,7 @@ all-gather is issued when compute reaches the unit (no prefetch ahead of compute
 then compute plus every collective, and all of it is exposed. Gloo's reduce-scatter all-reduces
 the whole buffer and keeps the rank's shard (torch's ProcessGroupGloo::reduce_scatter_tensor_coalesced;
 timed here between two minicluster nodes: the same time as an all-reduce of the buffer at every
-size), so it costs T_ring(S, n), twice a ring reduce-scatter's traffic (project.py passes that cost).
+size), so it costs T_ring(S, n), twice a ring reduce-scatter's traffic (comm.py passes that cost).
 
 Not modelled (each makes the projection optimistic): NCCL's lower bandwidth on small messages
 (protocol switch-over, fewer channels); network congestion from other tenants; in FSDP, the

@@ -15,7 +15,7 @@ gives:
   run's collectives.parquet (`reduce_scatter` bytes per module: the unit's gradients; their issue
   order is the units' order), or, where it issued none (FSDP2 on one worker), compute_profile.json's
   `sharded_units` (each `fully_shard`ed module's parameters, as the instrument found them). DDP
-  buckets: DDP's own assignment (layers.py) over the gradients in equal tensors of at most 1 MiB,
+  buckets: DDP's own assignment (buckets.py) over the gradients in equal tensors of at most 1 MiB,
   each ready in proportion to its bytes through backward, unless the run wrote buckets.parquet
   (measured bytes and ready times). FSDP2 compute per unit is split in
   proportion to its parameters. A run without FSDP2 records needs `fsdp_units` (its blocks, split evenly).
@@ -54,13 +54,14 @@ import pandas as pd
 
 from scaling.devices import load_devices, match_device
 from scaling.errors import UsageError
-from scaling.projection.cluster import Cluster, load_cluster, normalize_precision
+from scaling.projection.cluster import Cluster, load_cluster
 from scaling.projection.compute import (
     TRANSFORMER_MFU,
     StepCompute,
     adamw_estimate_s,
     compute_from_concurrent_runs,
     compute_from_run,
+    normalize_precision,
 )
 from scaling.projection import tta
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, FSDP_DTYPES, MIB

@@ -1,13 +1,21 @@
 """Memory per GPU of a transformer's projection: the model's states, the activations held for backward and
 the largest transient, FSDP's buffers, and on a GPU what the runtime holds beyond the tensors (the
-caching allocator's reserve, the CUDA context, NCCL's buffers). project.py's module docstring defines the
-columns (`memory_*_bytes`, `memory_gib`); each term's source is beside its constant here.
+caching allocator's reserve, the CUDA context, NCCL's buffers). rows.py's module docstring defines the
+columns (`memory_*_bytes`, `memory_gib`); each term's source is beside its constant here. `plan_memory` is
+project.py's memory stage.
 """
 
 from __future__ import annotations
 
-from scaling.projection.compute import StepCompute
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scaling.devices import load_devices
+from scaling.projection.compute import StepCompute, StepPlan
 from scaling.projection.spec import SHARDED
+
+if TYPE_CHECKING:
+    from scaling.projection.spec import Resolved
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 STATE_BYTES_PER_PARAMETER = 16  # fp32 parameter, fp32 gradient, AdamW's two fp32 moments
@@ -114,3 +122,39 @@ def memory_note(backend: str, checkpointing: str) -> str:
         + "; "
         + RUNTIME_MEMORY_NOTE
     )
+
+
+@dataclass
+class MemoryPlan:
+    """The memory stage's answer: per row, the memory columns (`memory`'s, the device's capacity, whether it
+    fits); its note. Only a transformer's projection has them."""
+
+    rows: list[dict]
+    note: str
+
+
+def plan_memory(r: Resolved, step: StepPlan) -> MemoryPlan | None:
+    """The memory stage: each row's memory per GPU against the cluster device's capacity (None: not a
+    transformer)."""
+    if not r.transformer:
+        return None
+    spec, compute = r.spec, step.compute
+    capacity = (load_devices().get(r.cluster.device) or {}).get("memory_GiB") if r.cluster.device else None
+    param_dtype = spec.fsdp_param_dtype or compute.precision
+    rows = []
+    for n_nodes, per_node in r.rows_at:
+        row = memory(
+            r.table,
+            compute,
+            spec.backend,
+            n_nodes,
+            per_node,
+            r.checkpointing,
+            spec.reshard_after_forward,
+            param_dtype,
+            capacity is not None,
+        )
+        row["memory_capacity_gib"] = capacity
+        row["fits"] = None if capacity is None else bool(row["memory_gib"] <= capacity)
+        rows.append(row)
+    return MemoryPlan(rows, memory_note(spec.backend, r.checkpointing))

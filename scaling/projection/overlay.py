@@ -13,7 +13,7 @@ at the series' measured worker counts:
 
 Columns added to the report's per-worker-count table, per (series, num_workers):
 `projected_step_s`; the three communication figures, as the lab measures them
-(scaling/projection/project.py defines the model's): `projected_allreduce_pct` (time
+(scaling/projection/rows.py defines the model's): `projected_allreduce_pct` (time
 communicating), `projected_exposed_comm_pct` (exposed) and `projected_comm_overhead_pct` (the
 A/B figure: exposed + interference); `projected_speedup_throughput` = projected throughput(N) /
 projected throughput(base), rebased to the series' base worker count as the measured speedup
@@ -24,7 +24,7 @@ the runs' backend (DDP, Horovod with its cycle time and fusion threshold, or FSD
 model needs a transformer's layer table: gpt2-tiny, gpt2-small, gpt2-medium, llama3-8b; the run's
 `fsdp:` settings, reshard after forward and the gathered and reduced dtypes, and no activation
 checkpointing, as the lab's loop trains). For an FSDP sweep
-the three figures are FSDP's (project.py): time with an all-gather or reduce-scatter in flight,
+the three figures are FSDP's (rows.py): time with an all-gather or reduce-scatter in flight,
 compute waiting on a collective, and the A/B without reduce-scatters, as the lab's FSDP adapter
 measures them.
 """

@@ -10,7 +10,7 @@ A field that `scaling project` offers carries its flag in its metadata (`Flag`: 
 type and where its choices are defined); scaling/cli.py generates the command's options from them, so
 a new projection option is one field here. Checks that need the layer table, the cluster or the
 compute (a sharded backend needs a transformer; a node count needs an inter-node link) stay with the
-computation (project.py).
+computation (project.py), which resolves the spec's names once into a `Resolved` and hands that down.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from scaling.errors import UsageError
-from scaling.projection.cluster import PRECISION_ALIASES, PRECISIONS, Cluster, preset_names
-from scaling.projection.compute import StepCompute
+from scaling.projection.cluster import Cluster, preset_names
+from scaling.projection.compute import PRECISION_ALIASES, PRECISIONS, StepCompute
 from scaling.projection.cost import ALGORITHMS
 from scaling.projection.layers import COMPRESSION_BYTES, FSDP_DTYPES, available_models
 from scaling.projection.tta import SamplesToTarget
@@ -34,7 +34,7 @@ SHARDED = ("fsdp", "hsdp")
 # units resharded after forward: torchtitan's (every block but the last), FSDP2's default (every block),
 # every block and the root (FSDP2 given reshard_after_forward=True explicitly for the root too), none
 RESHARD = ("all-but-last", "all", "all-and-root", "none")
-PROCESS_GROUPS = ("nccl", "gloo")  # how FSDP's collectives run (project.py's module docstring)
+PROCESS_GROUPS = ("nccl", "gloo")  # how FSDP's collectives run (rows.py's module docstring)
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
 # Horovod's defaults since 0.21 (its changelog: cycle time 5 -> 1 ms, fusion buffer 64 -> 128 MB)
 HOROVOD_CYCLE_MS = 1.0
@@ -68,7 +68,7 @@ def _flag(default: Any = MISSING, **flag: Any) -> Any:
 @dataclass(frozen=True)
 class ProjectionSpec:
     """One projection's question: the model, the cluster, the worker counts, and every assumption taken
-    unless told. Each field's comment below says what it is and its default; project.py's module
+    unless told. Each field's comment below says what it is and its default; rows.py's module
     docstring defines the columns computed from it."""
 
     model: str | dict = _flag(
@@ -240,7 +240,7 @@ class ProjectionSpec:
         "(default: none, no TTA columns)",
     )
     """{global batch: epochs} measured at smaller scale, or a sweep directory that measured them, for TTA
-    (project.parse_epochs_table)."""
+    (tta.parse_epochs_table)."""
     samples_to_target: SamplesToTarget | None = None
     """The samples-to-target model of epochs to target beyond the measured batches, from a measured gradient
     noise scale (scaling/projection/tta.py): a run's own (from_run), or --noise-scale with --epochs-to-target."""
@@ -300,3 +300,16 @@ def _choice(what: str, value: Any, choices: Sequence[str], optional: bool = Fals
 def flag_fields() -> list[tuple[str, Flag]]:
     """(field name, its `Flag`) for every field `scaling project` offers, in the spec's order."""
     return [(f.name, f.metadata["flag"]) for f in fields(ProjectionSpec) if "flag" in f.metadata]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A spec with its names resolved once (project._resolve), what every stage of a projection is handed."""
+
+    spec: ProjectionSpec
+    table: dict  # the model's layer table (layers.py), loaded once
+    model: str
+    transformer: bool  # the table holds FSDP units and per-token FLOPs
+    checkpointing: str  # activation checkpointing: the spec's, else selective for a transformer, none otherwise
+    cluster: Cluster  # with the spec's all-reduce algorithm and overlap slowdown
+    rows_at: list[tuple[int, int]]  # (nodes, GPUs per node) per row, the 1-GPU baseline first

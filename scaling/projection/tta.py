@@ -19,7 +19,7 @@ the interval's ends are the formula at the ends of each.
 
 Where epochs to target were measured at several batches (`--epochs-to-target`, or a sweep's runs), a row at
 a measured batch takes the measurement, a row between two measured batches their interpolation in
-log2(batch) (project.py's `epochs_at`), and a row beyond them the model anchored at the nearest measured
+log2(batch) (`epochs_at`), and a row beyond them the model anchored at the nearest measured
 batch below it; without a noise scale, rows beyond the measured batches keep today's rule (the last two
 points' slope). Each row says which set it: `epochs_source`.
 
@@ -42,9 +42,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scaling import noise_scale
+from scaling.errors import UsageError
 
 LR_RULES = ("linear", "tuned", "sqrt", "constant")
-# the columns a projection with time to accuracy adds (beside project.py's TTA_COLUMNS)
+# the columns a projection with time to accuracy adds beside TTA_COLUMNS
 MODEL_COLUMNS = (
     "epochs_to_target_lo",
     "epochs_to_target_hi",
@@ -98,6 +99,12 @@ class SamplesToTarget:
             )
 
 
+TTA_COLUMNS = ("epochs_to_target", "epochs_extrapolated", "tta_s", "speedup_tta")
+TTA_CAVEAT = (
+    "TTA beyond the measured global batches extrapolates epochs-to-target: large-batch training "
+    "may need many more epochs, or not reach the target at all, beyond what was measured"
+)
+
 growth = noise_scale.samples_growth  # epochs(batch) / epochs(anchor) by the model
 
 
@@ -120,12 +127,10 @@ def supported(model: SamplesToTarget, batch: int) -> bool:
     return batch <= model.batch
 
 
-def epochs_rows(
-    batches: list[int], measured: Mapping[int, float] | None, model: SamplesToTarget | None, epochs_at
-) -> list[dict]:
+def epochs_rows(batches: list[int], measured: Mapping[int, float] | None, model: SamplesToTarget | None) -> list[dict]:
     """Per global batch: `epochs_to_target` with `_lo`/`_hi`, `epochs_source`, `epochs_extrapolated` and
-    `beyond_support` (module docstring). `measured`: {batch: epochs} where measured (may be None); `epochs_at`:
-    project.py's rule between (and, without a model, beyond) measured points."""
+    `beyond_support` (module docstring). `measured`: {batch: epochs} where measured (may be None); between
+    (and, without a model, beyond) measured points `epochs_at`'s rule."""
     points = dict(measured or {})
     if model is not None:
         points.setdefault(model.batch, model.epochs)
@@ -172,12 +177,12 @@ def epochs_rows(
     return rows
 
 
-def add_tta(df, measured: Mapping[int, float] | None, model: SamplesToTarget | None, epochs_at) -> list[str]:
+def add_tta(df, measured: Mapping[int, float] | None, model: SamplesToTarget | None) -> list[str]:
     """The projection's rows (`global_batch`, `time_per_epoch_s`, the first row the baseline) given time to
     accuracy in place: `epochs_to_target` (with `_lo`, `_hi`, `epochs_source`, `epochs_extrapolated`,
     `beyond_support`), `tta_s` and `speedup_tta` with their intervals (the speedup's ends pair the baseline's
     and the row's opposite ends: a bound, as the two share their noise scale). Returns the caveats."""
-    rows = epochs_rows([int(b) for b in df["global_batch"]], measured, model, epochs_at)
+    rows = epochs_rows([int(b) for b in df["global_batch"]], measured, model)
     for name in rows[0]:
         df[name] = [row[name] for row in rows]
     per_epoch = df["time_per_epoch_s"]
@@ -217,3 +222,67 @@ def from_summary(summary: Mapping, global_batch: int, lr_rule: str, eval_every: 
     return SamplesToTarget(
         noise, int(global_batch), float(epochs), max(float(epochs) - step, 1e-9), float(epochs), lr_rule
     )
+
+
+def parse_epochs_table(text: str | Mapping | None) -> dict[int, float] | None:
+    """'256:3,512:4' or {256: 3, 512: 4} (a sweep's: results.SweepDir.epochs_to_target) -> {global batch: epochs
+    to target}."""
+    if text is None:
+        return None
+    if isinstance(text, Mapping):
+        items = list(text.items())
+    else:
+        items = []
+        for part in str(text).split(","):
+            batch, sep, epochs = part.partition(":")
+            if not sep:
+                raise UsageError(
+                    f"--epochs-to-target takes GLOBAL_BATCH:EPOCHS pairs, e.g. 256:30,1024:32, got {text!r}"
+                )
+            items.append((batch.strip(), epochs.strip()))
+    table = {}
+    for batch, epochs in items:
+        try:
+            b, e = int(batch), float(epochs)
+        except (TypeError, ValueError):
+            raise UsageError(f"epochs-to-target: {batch!r}:{epochs!r} is not GLOBAL_BATCH:EPOCHS") from None
+        if b < 1 or not (e > 0 and math.isfinite(e)):
+            raise UsageError(f"epochs-to-target: batch must be >= 1 and epochs > 0, got {batch}:{epochs}")
+        table[b] = e
+    if not table:
+        raise UsageError("epochs-to-target: empty table")
+    return table
+
+
+def epochs_at(table: Mapping[int, float], global_batch: int) -> tuple[float, bool]:
+    """(epochs to target at `global_batch`, whether it was extrapolated); rule in rows.py's module docstring:
+    linear in log2(batch) between measured points, along the last two points' slope beyond them."""
+    points = sorted((math.log2(b), e) for b, e in table.items())
+    x = math.log2(global_batch)
+    floor = min(e for _, e in points)
+    if len(points) == 1:
+        return points[0][1], global_batch != 2 ** points[0][0]
+    if points[0][0] <= x <= points[-1][0]:
+        for (x0, e0), (x1, e1) in zip(points, points[1:]):
+            if x0 <= x <= x1:
+                return (e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e0), False
+    (x0, e0), (x1, e1) = (points[-2], points[-1]) if x > points[-1][0] else (points[0], points[1])
+    return max(floor, e0 + (e1 - e0) * (x - x0) / (x1 - x0)), True
+
+
+def plan_tta(df, epochs_to_target, model: SamplesToTarget | None) -> tuple[list[str], list[str], list[str]]:
+    """The time-to-accuracy stage of a projection (rows.py's table, in place): (its columns, notes, caveats);
+    nothing without measured epochs (`epochs_to_target`: pairs, a mapping or None) or a model."""
+    measured = parse_epochs_table(epochs_to_target)
+    if measured is None and model is None:
+        return [], [], []
+    caveats = add_tta(df, measured, model)
+    notes = []
+    if measured is not None:
+        points = ", ".join(f"{b}: {e:g}" for b, e in sorted(measured.items()))
+        notes.append(f"epochs to target measured at global batch {{{points}}}")
+    if model is not None:
+        notes.append(describe(model))
+    if (df["epochs_extrapolated"] & ~df["epochs_source"].str.startswith("noise-scale")).any():
+        caveats.append(TTA_CAVEAT)
+    return [*TTA_COLUMNS, *MODEL_COLUMNS], notes, caveats
