@@ -182,6 +182,7 @@ def critical_batch(points: list[tuple[int, float]]) -> dict:
 
 def run_workload(workload: str, ladder, seeds, log) -> dict:
     from scaling.projection import tta
+    from scaling.projection.from_run import from_summary
     from scaling.projection.tta import epochs_at
 
     _, b0, _ = WORKLOADS[workload]
@@ -222,7 +223,7 @@ def run_workload(workload: str, ladder, seeds, log) -> dict:
     predictions = []
     model = None
     if e0 is not None and noise["noise_scale"] is not None:
-        model = tta.from_summary({**noise, "epochs_to_target_progress": e0}, b0, "linear", EVAL_EVERY)
+        model = from_summary({**noise, "epochs_to_target_progress": e0}, b0, "linear", EVAL_EVERY)
     for multiple in PREDICTED:
         if multiple not in ladder:
             continue

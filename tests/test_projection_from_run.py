@@ -135,7 +135,7 @@ def test_a_cpu_run_projects_onto_p5_with_intervals_and_says_what_set_each_parame
 
 def test_fsdp2_units_come_from_the_runs_collectives(tmp_path):
     run = _job_run(tmp_path, backend="fsdp")
-    table, source = run_layer_table(run, run.compute_profile(), "fsdp", "bf16", None)
+    table, source = run_layer_table(run, run.compute_profile(), "fsdp")
     assert [u["name"] for u in table["units"]] == ["root", "layers.0", "layers.1", "layers.2", "layers.3"]
     assert [u["params"] for u in table["units"]] == [2_000_000] + [3_000_000] * 4 and "collectives.parquet" in source
     df = project_run(run, "h200x8_400g_per_gpu", [8, 128], backend="fsdp", compute_ms=20.0)

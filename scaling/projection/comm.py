@@ -333,20 +333,23 @@ def fsdp_row(plan: dict, compute: StepCompute, cluster: Cluster, backend: str, n
 
 @dataclass
 class CommPlan:
-    """The communication stage's answer: each row's terms, the notes, and, where a half-precision projection
-    sent fp32 gradients by default, the last row's terms with half the bytes on the wire (rows.py's caveat)."""
+    """The communication stage's answer: each row's terms, the notes, the terms at the ends of the compute's
+    spread (compute.StepPlan.ends), and, where a half-precision projection sent fp32 gradients by default, the
+    last row's terms with half the bytes on the wire (rows.py's caveat)."""
 
     terms: list[CommTerms]
     notes: list[str]
+    ends: list[list[CommTerms]] = field(default_factory=list)
     half_wire_last: CommTerms | None = None
 
 
 def plan_comm(r: Resolved, step: StepPlan, gradients: Gradients) -> CommPlan:
     """The communication stage: the backend's class, its notes, and its terms at every row of the placements."""
-    comm = _backend(r, step, gradients)
-    notes = [*gradients.notes, *comm.notes(cluster_note(r.cluster))]
-    half = None
+    plans = (step, *step.ends)
+    backends = [_backend(r, plan, gradients) for plan in plans]
+    notes = [*gradients.notes, *backends[0].notes(cluster_note(r.cluster))]
     precision = step.compute.precision
+    jobs = [(backend, r.rows_at, plan.waits) for backend, plan in zip(backends, plans)]
     if (
         precision in ("fp16", "bf16")
         and r.spec.backend not in SHARDED
@@ -363,14 +366,15 @@ def plan_comm(r: Resolved, step: StepPlan, gradients: Gradients) -> CommPlan:
             grad_compression=precision,
             bytes_per_element=wire,
         )
-        half = _backend(r, step, halved).row(*r.rows_at[-1], step.waits[-1])
-    terms = [comm.row(n_nodes, per_node, wait) for (n_nodes, per_node), wait in zip(r.rows_at, step.waits)]
-    return CommPlan(terms, notes, half)
+        jobs.append((_backend(r, step, halved), r.rows_at[-1:], step.waits[-1:]))
+    terms = [[backend.row(*at, wait) for at, wait in zip(rows_at, waits)] for backend, rows_at, waits in jobs]
+    half = terms.pop()[0] if len(terms) > len(plans) else None
+    return CommPlan(terms[0], notes, terms[1:], half)
 
 
 def _backend(r: Resolved, step: StepPlan, gradients: Gradients) -> DDPComm | HorovodComm | FSDPComm:
     """The backend's communication, handed what it needs resolved."""
-    spec, compute = r.spec, step.compute
+    spec, compute = r.spec, step.compute  # `step`: the compute stage's plan, or one of its ends
     if spec.backend == "ddp":
         return DDPComm(compute, r.cluster, gradients)
     if spec.backend == "horovod":

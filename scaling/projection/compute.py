@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING
 
 from scaling.devices import load_devices
 from scaling.errors import UsageError
+from scaling.projection.cluster import Cluster
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, COMPRESSION_BYTES
 
 if TYPE_CHECKING:  # the stage's input type; spec.py imports this module
@@ -116,6 +117,16 @@ class StepCompute:
     @property
     def step_s(self) -> float:
         return self.data_s + self.forward_s + self.backward_s + self.optimizer_s
+
+    def scaled(self, factor: float) -> StepCompute:
+        """Every phase of the step at `factor` x its time (one end of an interval)."""
+        return replace(
+            self,
+            data_s=self.data_s * factor,
+            forward_s=self.forward_s * factor,
+            backward_s=self.backward_s * factor,
+            optimizer_s=self.optimizer_s * factor,
+        )
 
     def at_batch(self, per_worker_batch: int | None) -> "StepCompute":
         """The same worker at another batch: data, forward, backward scale with the batch."""
@@ -538,6 +549,21 @@ def compute_from_concurrent_runs(runs) -> StepCompute:
     )
 
 
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A measured run as from_run.py reads it, for the compute stage to put its step on the target (from_run.py's
+    module docstring says how): the run, or one-worker runs made at the same time; its summary and FLOP profile;
+    its steady-state steps' phase means; and how the user asked the step transferred."""
+
+    runs: tuple  # RunDirs: one, or one-worker runs made at the same time
+    summary: dict
+    profile: dict  # compute_profile.json, with parameters and train_flops
+    means: dict[str, float]  # data_s, forward_s, backward_compute_s, optimizer_s over the steady steps
+    steps: int  # how many steady steps the means are over
+    on_target: bool  # the run's device is the cluster's (or the user says so: same_device)
+    compute_ms: float | None = None  # one GPU's forward + backward, as the user measured it
+
+
 @dataclass
 class StepPlan:
     """One worker's step as a projection's rows take it (project.py's compute stage): the step, the wait for
@@ -549,18 +575,28 @@ class StepPlan:
     wait_given: bool  # said by the caller, per step: not spread over FSDP's collectives
     wait_assumed: bool  # the preset's jitter stands in for a wait nobody measured
     notes: list[str] = field(default_factory=list)
+    # (name, value, what set it) for each part of a measured run's step on the target (from_run's table)
+    parameters: list[tuple[str, str, str]] = field(default_factory=list)
+    ends: tuple[StepPlan, ...] = ()  # the plans at the ends of the spec's compute_spread (the rows' intervals)
 
 
 def plan_compute(r: Resolved) -> StepPlan:
-    """The compute stage: one worker's step (given, a run's, a transformer's MFU or the device's published
-    throughput) at the spec's batch, and the wait for the slowest rank at every row."""
+    """The compute stage: one worker's step (given, a measured run's on the target, a transformer's MFU or the
+    device's published throughput) at the spec's batch, and the wait for the slowest rank at every row."""
     spec = r.spec
-    if spec.compute is not None:
-        compute, notes = spec.compute.at_batch(spec.per_gpu_batch), [f"compute: {spec.compute.source}"]
-    else:
-        compute, notes = _resolve_compute(r)
+    given, parameters = (spec.compute, []) if spec.measured is None else _on_target(r, spec.measured)
+    if given is None:
+        return _plan(r, *_resolve_compute(r))
+    plan = _plan(r, given.at_batch(spec.per_gpu_batch), [f"compute: {given.source}"])
+    plan.parameters = parameters
+    plan.ends = tuple(_plan(r, given.scaled(f).at_batch(spec.per_gpu_batch), []) for f in spec.compute_spread or ())
+    return plan
+
+
+def _plan(r: Resolved, compute: StepCompute, notes: list[str]) -> StepPlan:
+    """The step's plan: its wait for the slowest rank per row (given, measured, or the cluster's jitter)."""
+    spec = r.spec
     straggler = compute.straggler_s if spec.straggler_s is None and compute.straggler_ranks else spec.straggler_s
-    notes += _straggler_notes(r, compute, straggler)
     waits = [
         0.0
         if n_nodes * per_node == 1
@@ -577,8 +613,166 @@ def plan_compute(r: Resolved) -> StepPlan:
         straggler,
         wait_given=spec.straggler_s is not None,
         wait_assumed=straggler is None and spec.from_run is None,
-        notes=notes,
+        notes=notes + _straggler_notes(r, compute, straggler),
     )
+
+
+def _on_target(r: Resolved, measured: MeasuredRun) -> tuple[StepCompute, list[tuple[str, str, str]]]:
+    """A measured run's step on the target (from_run.py's module docstring), and (parameter, value, set by) for
+    each of its parts."""
+    concurrent, run, summary, profile, cluster = (
+        list(measured.runs),
+        measured.runs[0],
+        measured.summary,
+        measured.profile,
+        r.cluster,
+    )
+    precision, compute_ms, mfu, means = r.spec.precision, measured.compute_ms, r.spec.mfu, measured.means
+    base = compute_from_concurrent_runs(concurrent) if len(concurrent) > 1 else compute_from_run(run)
+    hardware = summary.get("hardware") or {}
+    run_device = hardware.get("gpu_name")
+    b = base.per_worker_batch
+    measured_on = run_device or hardware.get("cpu_model") or "an unknown device"
+    params = [("data wait", f"{1e3 * means['data_s']:.2f} ms", f"the run's data_s (mean of {measured.steps} steps)")]
+    device_spec = load_devices().get(cluster.device) or {} if cluster.device else {}
+    same = measured.on_target and compute_ms is None and mfu is None
+    if same:
+        if precision is not None and normalize_precision(precision) != base.precision:
+            raise UsageError(
+                f"the run ran at {base.precision} on {run_device}; --precision {precision} needs another run"
+            )
+        if len(concurrent) > 1:  # the phases over the epochs every run trained in (compute.py)
+            compute = base
+            params[0] = ("data wait", f"{1e3 * base.data_s:.2f} ms", base.source)
+            params.append(("straggler wait", f"{1e3 * base.straggler_s:.2f} ms", base.source))
+        else:
+            compute = replace(
+                base,
+                data_s=means["data_s"],
+                forward_s=means["forward_s"],
+                backward_s=means["backward_compute_s"],
+                optimizer_s=means["optimizer_s"],
+            )
+        params += [
+            (
+                "forward + backward compute",
+                f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
+                f"the run's forward_s and backward_s less exposed_comm_s, measured on {measured_on} (the target's "
+                f"device)",
+            ),
+            ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s"),
+        ]
+        bandwidth = profile.get("mem_bytes_per_s")
+        if bandwidth:
+            # what a sharded step saves is its bytes: the rest (per-tensor launches) every shard pays
+            moved = adamw_estimate_s(float(profile["parameters"]), float(bandwidth))
+            compute = replace(compute, optimizer_unsharded_s=max(0.0, compute.optimizer_s - moved))
+            params.append(
+                (
+                    "optimizer, not shrinking with shards",
+                    f"{1e3 * compute.optimizer_unsharded_s:.2f} ms",
+                    f"the run's optimizer_s less AdamW's bytes (28 per parameter) at the run's measured memory "
+                    f"bandwidth, {float(bandwidth) / 1e9:.3g} GB/s (compute_profile.json mem_bytes_per_s)",
+                )
+            )
+        return compute, params
+    fb_measured = means["forward_s"] + means["backward_compute_s"]
+    forward_share = means["forward_s"] / fb_measured if fb_measured > 0 else 1 / 3
+    flops = float(profile["train_flops"]) * b
+    if compute_ms is not None:
+        if not (isinstance(compute_ms, (int, float)) and compute_ms > 0):
+            raise UsageError(f"--compute-ms must be a positive number, got {compute_ms!r}")
+        target_precision = normalize_precision(precision or base.precision)
+        fb = compute_ms / 1e3
+        how = f"given (--compute-ms {compute_ms:g}: one GPU's forward + backward at batch {b})"
+    else:
+        target_precision, rate, how = _compute_rate(
+            summary, cluster, device_spec, precision, base.precision, mfu, run_device
+        )
+        fb = flops / rate
+        how = (
+            f"the run's {float(profile['train_flops']) / 1e9:.3g} GFLOP per sample x {b} (compute_profile.json) "
+            f"at {how}"
+        )
+    params.append(
+        (
+            "forward + backward compute",
+            f"{1e3 * fb:.3f} ms",
+            how + f"; measured on {measured_on}: {1e3 * fb_measured:.2f} ms, which cannot be the GPU's",
+        )
+    )
+    bandwidth = device_spec.get("memory_bandwidth_GBps")
+    if bandwidth:
+        optimizer = adamw_estimate_s(float(profile["parameters"]), bandwidth * 1e9)
+        params.append(
+            (
+                "optimizer step",
+                f"{1e3 * optimizer:.3f} ms",
+                f"AdamW, memory-bound: 28 bytes x "
+                f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s "
+                "datasheet)",
+            )
+        )
+    else:
+        optimizer = means["optimizer_s"]
+        params.append(("optimizer step", f"{1e3 * optimizer:.2f} ms", "the run's optimizer_s (no device bandwidth)"))
+    compute = replace(
+        base,
+        data_s=means["data_s"],
+        forward_s=forward_share * fb,
+        backward_s=(1 - forward_share) * fb,
+        optimizer_s=optimizer,
+        precision=target_precision,
+        device=cluster.device,
+        source=f"run {run.name} transferred to {cluster.device}",
+    )
+    params.append(
+        (
+            "forward : backward",
+            f"{forward_share:.2f} : {1 - forward_share:.2f}",
+            "the run's measured split of forward_s and backward compute",
+        )
+    )
+    return compute, params
+
+
+def _compute_rate(
+    summary: dict,
+    cluster: Cluster,
+    spec: dict,
+    precision: str | None,
+    run_precision: str,
+    mfu: float | None,
+    run_device: str | None,
+) -> tuple[str, float, str]:
+    """(precision on the target, FLOP/s, how it was set) for a run measured on another device."""
+    published = TRANSFORMER_MFU.get(cluster.device or "")
+    if mfu is not None:
+        if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
+            raise UsageError(f"--mfu must be in (0, 1], got {mfu!r}")
+        target = normalize_precision(precision or run_precision)
+        source = f"MFU {100 * mfu:.3g}% (given)"
+    elif run_device and summary.get("mfu"):
+        mfu, target = float(summary["mfu"]), normalize_precision(precision or run_precision)
+        source = f"MFU {100 * mfu:.3g}%, the run's own on {run_device} (summary.json mfu)"
+    elif published is not None:
+        mfu, target = published["mfu"], normalize_precision(precision or published["precision"])
+        source = (
+            f"MFU {100 * mfu:.0f}%, {cluster.device}'s published one ({published['source'].split(':')[0]}: "
+            f"Llama 3.1 8B; a small model runs far below it: give --compute-ms or --mfu)"
+        )
+    else:
+        raise UsageError(
+            f"the run ran on {run_device or 'a CPU'}, whose compute is not {cluster.device or 'the'} "
+            f"GPU's, and no MFU is published for {cluster.device}: give --mfu (e.g. 0.35) or --compute-ms"
+        )
+    peak = (spec.get("peak_tflops_per_s") or {}).get(target)
+    if not peak:
+        raise UsageError(
+            f"no {target} peak for {cluster.device or 'this cluster (no device)'} in "
+            "scaling/devices.yaml; give --compute-ms"
+        )
+    return target, mfu * peak * 1e12, f"{source} of {cluster.device}'s {target} peak, {peak:g} TFLOP/s"
 
 
 def _resolve_compute(r: Resolved) -> tuple[StepCompute, list[str]]:

@@ -6,10 +6,10 @@ per GPU at 1-128 GPUs, for DDP or FSDP2, each with an interval from the run's ow
     from scaling.projection.from_run import project_run
     df = project_run(RunDir("results/my-job"), "p5.48xlarge", [8, 32, 128])  # the run's own: DDP or FSDP2
 
-Nothing here models communication: the run becomes a layer table and one worker's step
-(`StepCompute`) in a `ProjectionSpec` (`run_spec`), and `project.project` projects it with the collective
-cost model, the cluster presets and the overlap and FSDP schedules every other projection uses. What the run
-gives:
+Nothing here models communication: the run becomes a layer table and its measured step (`compute.MeasuredRun`)
+in a `ProjectionSpec` (`run_spec`), and `project.project` projects it with the collective cost model, the
+cluster presets and the overlap and FSDP schedules every other projection uses; its compute stage puts the
+measured step on the target. What the run gives:
 
 - **the model's size**: compute_profile.json's `parameters` (trainable) and, per FSDP2 unit, the
   run's collectives.parquet (`reduce_scatter` bytes per module: the unit's gradients; their issue
@@ -46,24 +46,17 @@ quantity (or assumption) that set it; `df.attrs["notes"]` what `project` adds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from scaling.devices import load_devices, match_device
+from scaling.devices import match_device
 from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster, load_cluster
-from scaling.projection.compute import (
-    TRANSFORMER_MFU,
-    StepCompute,
-    adamw_estimate_s,
-    compute_from_concurrent_runs,
-    compute_from_run,
-    normalize_precision,
-)
-from scaling.projection import tta
+from scaling.projection.compute import MeasuredRun
+from scaling.projection.tta import NoiseScale, SamplesToTarget
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, FSDP_DTYPES, MIB
 from scaling.projection.memory import DTYPE_BYTES
 from scaling.projection.project import project
@@ -82,14 +75,6 @@ def run_backend(run) -> str:
 
 INTERVAL_PERCENTILES = (2.5, 97.5)
 MAX_TENSOR_BYTES = MIB  # the equal gradient tensors DDP's buckets are assigned from
-FIGURES = (
-    "step_s",
-    "throughput_samples_per_s",
-    "allreduce_pct",
-    "exposed_comm_pct",
-    "comm_overhead_pct",
-    "efficiency_throughput",
-)
 
 
 def _profile(run) -> dict:
@@ -158,15 +143,10 @@ def _fsdp_units(run, profile: dict, reduce_bytes: int, fsdp_units: int | None) -
 
 
 def run_layer_table(
-    run,
-    profile: dict,
-    backend: str,
-    precision: str,
-    samples_per_epoch: int | None,
-    fsdp_units: int | None = None,
-    reduce_bytes: int = 4,
+    run, profile: dict, backend: str, fsdp_units: int | None = None, reduce_bytes: int = 4
 ) -> tuple[dict, str]:
-    """A layer table (layers.py's shape) of the run's model from its records; and what set its units."""
+    """A layer table (layers.py's shape) of the run's model from its records; and what set its units. Its
+    samples per epoch are the run's compute's (compute.compute_from_run: its epochs), not the table's."""
     parameters = int(profile["parameters"])
     seq_len = int(profile.get("tokens_per_sample") or 1)
     forward, backward = float(profile["forward_flops"]), float(profile["backward_flops"])
@@ -204,7 +184,7 @@ def run_layer_table(
         "num_classes": 0,
         "seq_len": seq_len,
         "dataset": f"the run {run.name}",
-        "dataset_size": samples_per_epoch,
+        "dataset_size": None,
         "parameters": parameters,
         "forward_flops_per_sample": forward,
         "backward_flops_per_sample": backward,
@@ -235,165 +215,6 @@ def _same_device(run_device: str | None, target: str | None) -> bool:
     return bool(run_device and target) and match_device(run_device) == target
 
 
-def _target_compute(
-    run,
-    concurrent: list,
-    summary: dict,
-    profile: dict,
-    steps: pd.DataFrame,
-    cluster: Cluster,
-    precision: str | None,
-    compute_ms: float | None,
-    mfu: float | None,
-    same_device: bool,
-) -> tuple[StepCompute, list[tuple[str, str, str]]]:
-    """One GPU's step on the target, and (parameter, value, set by) for each of its parts."""
-    base = compute_from_concurrent_runs(concurrent) if len(concurrent) > 1 else compute_from_run(run)
-    hardware = summary.get("hardware") or {}
-    run_device = hardware.get("gpu_name")
-    means = {k: float(steps[k].mean()) for k in ("data_s", "forward_s", "backward_compute_s", "optimizer_s")}
-    b = base.per_worker_batch
-    measured_on = run_device or hardware.get("cpu_model") or "an unknown device"
-    params = [("data wait", f"{1e3 * means['data_s']:.2f} ms", f"the run's data_s (mean of {len(steps)} steps)")]
-    spec = load_devices().get(cluster.device) or {} if cluster.device else {}
-    same = (same_device or _same_device(run_device, cluster.device)) and compute_ms is None and mfu is None
-    if same:
-        if precision is not None and normalize_precision(precision) != base.precision:
-            raise UsageError(
-                f"the run ran at {base.precision} on {run_device}; --precision {precision} needs another run"
-            )
-        if len(concurrent) > 1:  # the phases over the epochs every run trained in (compute.py)
-            compute = base
-            params[0] = ("data wait", f"{1e3 * base.data_s:.2f} ms", base.source)
-            params.append(("straggler wait", f"{1e3 * base.straggler_s:.2f} ms", base.source))
-        else:
-            compute = replace(
-                base,
-                data_s=means["data_s"],
-                forward_s=means["forward_s"],
-                backward_s=means["backward_compute_s"],
-                optimizer_s=means["optimizer_s"],
-            )
-        params += [
-            (
-                "forward + backward compute",
-                f"{1e3 * (compute.forward_s + compute.backward_s):.2f} ms",
-                f"the run's forward_s and backward_s less exposed_comm_s, measured on {measured_on} (the target's "
-                f"device)",
-            ),
-            ("optimizer step", f"{1e3 * compute.optimizer_s:.2f} ms", "the run's optimizer_s"),
-        ]
-        bandwidth = profile.get("mem_bytes_per_s")
-        if bandwidth:
-            # what a sharded step saves is its bytes: the rest (per-tensor launches) every shard pays
-            moved = adamw_estimate_s(float(profile["parameters"]), float(bandwidth))
-            compute = replace(compute, optimizer_unsharded_s=max(0.0, compute.optimizer_s - moved))
-            params.append(
-                (
-                    "optimizer, not shrinking with shards",
-                    f"{1e3 * compute.optimizer_unsharded_s:.2f} ms",
-                    f"the run's optimizer_s less AdamW's bytes (28 per parameter) at the run's measured memory "
-                    f"bandwidth, {float(bandwidth) / 1e9:.3g} GB/s (compute_profile.json mem_bytes_per_s)",
-                )
-            )
-        return compute, params
-    fb_measured = means["forward_s"] + means["backward_compute_s"]
-    forward_share = means["forward_s"] / fb_measured if fb_measured > 0 else 1 / 3
-    flops = float(profile["train_flops"]) * b
-    if compute_ms is not None:
-        if not (isinstance(compute_ms, (int, float)) and compute_ms > 0):
-            raise UsageError(f"--compute-ms must be a positive number, got {compute_ms!r}")
-        target_precision = normalize_precision(precision or base.precision)
-        fb = compute_ms / 1e3
-        how = f"given (--compute-ms {compute_ms:g}: one GPU's forward + backward at batch {b})"
-    else:
-        target_precision, rate, how = _compute_rate(summary, cluster, spec, precision, base.precision, mfu, run_device)
-        fb = flops / rate
-        how = (
-            f"the run's {float(profile['train_flops']) / 1e9:.3g} GFLOP per sample x {b} (compute_profile.json) "
-            f"at {how}"
-        )
-    params.append(
-        (
-            "forward + backward compute",
-            f"{1e3 * fb:.3f} ms",
-            how + f"; measured on {measured_on}: {1e3 * fb_measured:.2f} ms, which cannot be the GPU's",
-        )
-    )
-    bandwidth = spec.get("memory_bandwidth_GBps")
-    if bandwidth:
-        optimizer = adamw_estimate_s(float(profile["parameters"]), bandwidth * 1e9)
-        params.append(
-            (
-                "optimizer step",
-                f"{1e3 * optimizer:.3f} ms",
-                f"AdamW, memory-bound: 28 bytes x "
-                f"{int(profile['parameters']):,} parameters at {bandwidth:g} GB/s ({cluster.device}'s "
-                "datasheet)",
-            )
-        )
-    else:
-        optimizer = means["optimizer_s"]
-        params.append(("optimizer step", f"{1e3 * optimizer:.2f} ms", "the run's optimizer_s (no device bandwidth)"))
-    compute = replace(
-        base,
-        data_s=means["data_s"],
-        forward_s=forward_share * fb,
-        backward_s=(1 - forward_share) * fb,
-        optimizer_s=optimizer,
-        precision=target_precision,
-        device=cluster.device,
-        source=f"run {run.name} transferred to {cluster.device}",
-    )
-    params.append(
-        (
-            "forward : backward",
-            f"{forward_share:.2f} : {1 - forward_share:.2f}",
-            "the run's measured split of forward_s and backward compute",
-        )
-    )
-    return compute, params
-
-
-def _compute_rate(
-    summary: dict,
-    cluster: Cluster,
-    spec: dict,
-    precision: str | None,
-    run_precision: str,
-    mfu: float | None,
-    run_device: str | None,
-) -> tuple[str, float, str]:
-    """(precision on the target, FLOP/s, how it was set) for a run measured on another device."""
-    published = TRANSFORMER_MFU.get(cluster.device or "")
-    if mfu is not None:
-        if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
-            raise UsageError(f"--mfu must be in (0, 1], got {mfu!r}")
-        target = normalize_precision(precision or run_precision)
-        source = f"MFU {100 * mfu:.3g}% (given)"
-    elif run_device and summary.get("mfu"):
-        mfu, target = float(summary["mfu"]), normalize_precision(precision or run_precision)
-        source = f"MFU {100 * mfu:.3g}%, the run's own on {run_device} (summary.json mfu)"
-    elif published is not None:
-        mfu, target = published["mfu"], normalize_precision(precision or published["precision"])
-        source = (
-            f"MFU {100 * mfu:.0f}%, {cluster.device}'s published one ({published['source'].split(':')[0]}: "
-            f"Llama 3.1 8B; a small model runs far below it: give --compute-ms or --mfu)"
-        )
-    else:
-        raise UsageError(
-            f"the run ran on {run_device or 'a CPU'}, whose compute is not {cluster.device or 'the'} "
-            f"GPU's, and no MFU is published for {cluster.device}: give --mfu (e.g. 0.35) or --compute-ms"
-        )
-    peak = (spec.get("peak_tflops_per_s") or {}).get(target)
-    if not peak:
-        raise UsageError(
-            f"no {target} peak for {cluster.device or 'this cluster (no device)'} in "
-            "scaling/devices.yaml; give --compute-ms"
-        )
-    return target, mfu * peak * 1e12, f"{source} of {cluster.device}'s {target} peak, {peak:g} TFLOP/s"
-
-
 @dataclass
 class RunSpec:
     """A run's projection as asked: the spec, what set each of its parameters, and the steps its interval
@@ -403,34 +224,30 @@ class RunSpec:
     parameters: list[tuple[str, str, str]]  # (name, value, the measured quantity or assumption that set it)
     steps: pd.DataFrame  # the runs' steady-state steps, `compute_s` each
     runs: list  # the RunDirs: one, or one-worker runs made at the same time
+    lr_rule_source: str = ""  # where the samples-to-target model's learning-rate rule comes from
 
 
 def project_run(run, cluster: str | Cluster, gpus: Sequence[int] | str, backend: str | None = None, **options):
     """`project` of the run's spec (`run_spec`, the same arguments), with `<figure>_lo` / `_hi` columns: the
-    projection again with every step's compute at either end of the run's per-step spread."""
+    projection at either end of the run's per-step spread of compute (rows.FIGURES)."""
     asked = run_spec(run, cluster, gpus, backend, **options)
-    spec, steps, table = asked.spec, asked.steps, asked.spec.model
-    df = project(spec)
-    low, high = (
-        float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean()) for q in INTERVAL_PERCENTILES
-    )
-    ends = [project(replace(spec, compute=_scaled(spec.compute, f))) for f in (low, high)]
-    for figure in FIGURES:
-        pair = np.vstack([e[figure].to_numpy() for e in ends])
-        df[f"{figure}_lo"], df[f"{figure}_hi"] = pair.min(axis=0), pair.max(axis=0)
-    if "tokens_per_s_per_gpu" in df.columns:
-        df["tokens_per_s_per_gpu_lo"] = df["throughput_samples_per_s_lo"] * table["seq_len"] / df["num_workers"]
-        df["tokens_per_s_per_gpu_hi"] = df["throughput_samples_per_s_hi"] * table["seq_len"] / df["num_workers"]
-    asked.parameters.append(
+    df = project(asked.spec)
+    backend_line, *rest = asked.parameters
+    parameters = [backend_line, *df.attrs.pop("compute_parameters"), *rest]
+    model_text = df.attrs.pop("samples_to_target", None)
+    if model_text is not None:
+        parameters.append(("epochs to target", model_text, f"summary.json; rule {asked.lr_rule_source}"))
+    low, high = asked.spec.compute_spread
+    parameters.append(
         (
             "interval",
             f"compute x {low:.3f} to x {high:.3f}",
             f"the {INTERVAL_PERCENTILES[0]:g}th and {INTERVAL_PERCENTILES[1]:g}th percentiles of the run's "
-            f"{len(steps)} steady-state steps' compute over their mean",
+            f"{len(asked.steps)} steady-state steps' compute over their mean",
         )
     )
-    df.attrs.update(parameters=asked.parameters, run=", ".join(map(str, asked.runs)), tokens=table["seq_len"] > 1)
-    if spec.backend == "ddp" and (asked.runs[0].job() or {}).get("data_parallel") == "local":
+    df.attrs.update(parameters=parameters, run=", ".join(map(str, asked.runs)), tokens=asked.spec.model["seq_len"] > 1)
+    if asked.spec.backend == "ddp" and (asked.runs[0].job() or {}).get("data_parallel") == "local":
         df.attrs["notes"] = [*df.attrs.get("notes", []), BARE_MODEL_NOTE]
     return df
 
@@ -442,27 +259,25 @@ def run_spec(
     backend: str | None = None,
     *,
     compute_ms: float | None = None,
-    mfu: float | None = None,
-    precision: str | None = None,
     fsdp_units: int | None = None,
     same_device: bool = False,
     lr_rule: str | None = None,
     **kwargs,
 ) -> RunSpec:
-    """The projection the run's job asks (module docstring): a `ProjectionSpec` of its layer table and compute.
+    """The projection the run's job asks (module docstring): a `ProjectionSpec` of its layer table and its
+    measured step (`compute.MeasuredRun`, which the compute stage puts on the target).
 
     run: its RunDir, or the RunDirs of one-worker runs of the job made at the same time, one per
     node (their compute under each other's load, and the wait for the slower one they measure:
     compute.compute_from_concurrent_runs; their steps pooled for the interval). gpus: GPU counts (a
     count up to a node's GPUs stays in one node). backend: ddp or fsdp (None: the run's own,
-    `run_backend`). compute_ms, mfu, precision:
-    how the compute transfers to the target (module docstring). fsdp_units: blocks to split the
-    model into where the run has no FSDP2 records. same_device: the cluster's workers are the run's
-    own device (a minicluster of the machine it ran on), so its compute and jitter are taken as
-    measured, whatever the cluster's device. lr_rule: how the job's learning rate follows the global batch
-    (default the run's optim.lr_rule, else linear), for the time to accuracy of a run whose summary has a noise
-    scale and epochs to target (scaling/projection/tta.py). kwargs are the spec's other fields (bucket_cap_mb,
-    reshard_after_forward, fsdp_reduce_dtype, ...).
+    `run_backend`). compute_ms, and the spec's mfu and precision: how the compute transfers to the target
+    (module docstring). fsdp_units: blocks to split the model into where the run has no FSDP2 records.
+    same_device: the cluster's workers are the run's own device (a minicluster of the machine it ran on), so
+    its compute and jitter are taken as measured, whatever the cluster's device. lr_rule: how the job's
+    learning rate follows the global batch (default the run's optim.lr_rule, else linear), for the time to
+    accuracy of a run whose summary has a noise scale and epochs to target (scaling/projection/tta.py).
+    kwargs are the spec's other fields (mfu, precision, bucket_cap_mb, reshard_after_forward, ...).
     """
     if backend is not None and backend not in BACKENDS:
         raise UsageError(f"a run's projection has backends {', '.join(BACKENDS)}, got {backend!r}")
@@ -483,32 +298,29 @@ def run_spec(
     profile = _profile(run)
     workers = int(summary.get("num_workers") or 1)
     steps = pd.concat([_steps(r, workers) for r in concurrent], ignore_index=True)
-    compute, parameters = _target_compute(
-        run, concurrent, summary, profile, steps, cluster, precision, compute_ms, mfu, same_device
-    )
-    parameters.insert(0, ("backend", backend, backend_source))
+    parameters = [("backend", backend, backend_source)]
     reduce_dtype = kwargs.get("fsdp_reduce_dtype") or summary.get("fsdp_reduce_dtype") or "fp32"
-    table, units_source = run_layer_table(
-        run,
-        profile,
-        backend,
-        compute.precision,
-        compute.samples_per_epoch,
-        fsdp_units,
-        DTYPE_BYTES.get(reduce_dtype, 4),
-    )
+    table, units_source = run_layer_table(run, profile, backend, fsdp_units, DTYPE_BYTES.get(reduce_dtype, 4))
     parameters += _model_lines(table, profile, backend, units_source)
-    measured_only = compute_ms is None and mfu is None
-    cluster, jitter_line = _jitter(steps, summary, cluster, measured_only=measured_only, same_device=same_device)
+    on_target = same_device or _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device)
+    measured_only = compute_ms is None and kwargs.get("mfu") is None
+    cluster, jitter_line = _jitter(steps, cluster, measured_only=measured_only, on_target=on_target)
     parameters.append(jitter_line)
     if backend == "fsdp":
         _fsdp_settings(kwargs, summary, profile, reduce_dtype, parameters)
     kwargs.setdefault("activation_checkpointing", "none")
-    samples_to_target = _samples_to_target(run, summary, lr_rule, parameters)
+    samples_to_target, rule_source = _samples_to_target(run, summary, lr_rule)
     if samples_to_target is not None:
         kwargs["samples_to_target"] = samples_to_target
-    spec = ProjectionSpec(table, cluster, workers=gpus, compute=compute, backend=backend, **kwargs)
-    return RunSpec(spec, parameters, steps, concurrent)
+    means = {k: float(steps[k].mean()) for k in ("data_s", "forward_s", "backward_compute_s", "optimizer_s")}
+    measured = MeasuredRun(tuple(concurrent), summary, profile, means, len(steps), on_target, compute_ms)
+    spread = tuple(
+        float(np.percentile(steps["compute_s"], q)) / float(steps["compute_s"].mean()) for q in INTERVAL_PERCENTILES
+    )
+    spec = ProjectionSpec(
+        table, cluster, workers=gpus, measured=measured, compute_spread=spread, backend=backend, **kwargs
+    )
+    return RunSpec(spec, parameters, steps, concurrent, rule_source)
 
 
 def _model_lines(table: dict, profile: dict, backend: str, units_source: str) -> list[tuple[str, str, str]]:
@@ -532,12 +344,11 @@ def _model_lines(table: dict, profile: dict, backend: str, units_source: str) ->
     ]
 
 
-def _jitter(steps: pd.DataFrame, summary: dict, cluster: Cluster, *, measured_only: bool, same_device: bool):
+def _jitter(steps: pd.DataFrame, cluster: Cluster, *, measured_only: bool, on_target: bool):
     """The cluster with the run's per-step spread of compute where it ran on the target's device (the wait
     for the slowest of n ranks), else the preset's; and its "set by" line. `measured_only`: the compute is
     the run's own (no --compute-ms or --mfu given)."""
     cv = float(steps["compute_s"].std() / steps["compute_s"].mean())
-    on_target = same_device or _same_device((summary.get("hardware") or {}).get("gpu_name"), cluster.device)
     if measured_only and on_target:
         line = (
             "step jitter (CV)",
@@ -573,21 +384,36 @@ def _config_rule(run) -> str | None:
     return (run.config.get("optim") or {}).get("lr_rule")
 
 
-def _samples_to_target(run, summary: dict, lr_rule: str | None, parameters: list) -> tta.SamplesToTarget | None:
-    """The samples-to-target model from the run's own noise scale and epochs to target, said in `parameters`;
-    None without either. E0's interval: back to the evaluation before (the run's train.eval_every; a job without
-    the lab's config: one epoch)."""
+def _samples_to_target(run, summary: dict, lr_rule: str | None) -> tuple[SamplesToTarget | None, str]:
+    """The samples-to-target model from the run's own noise scale and epochs to target (None without either),
+    and where its learning-rate rule comes from. E0's interval: back to the evaluation before (the run's
+    train.eval_every; a job without the lab's config: one epoch)."""
     batch = summary.get("global_batch") or (summary.get("num_workers") or 1) * (
         _profile(run).get("per_worker_batch") or 0
     )
+    rule = "given" if lr_rule else ("the run's optim.lr_rule" if _config_rule(run) else "assumed (no config)")
     if not batch:
-        return None
+        return None, rule
     eval_every = (run.config.get("train") or {}).get("eval_every")
-    model = tta.from_summary(summary, int(batch), lr_rule or _config_rule(run) or "linear", eval_every)
-    if model is not None:
-        rule = "given" if lr_rule else ("the run's optim.lr_rule" if _config_rule(run) else "assumed (no config)")
-        parameters.append(("epochs to target", tta.describe(model), f"summary.json; rule {rule}"))
-    return model
+    return from_summary(summary, int(batch), lr_rule or _config_rule(run) or "linear", eval_every), rule
+
+
+def from_summary(summary: Mapping, global_batch: int, lr_rule: str, eval_every: float | None) -> SamplesToTarget | None:
+    """The model from a run's summary.json (its `noise_scale` with interval, its epochs to target), or None where
+    either is missing. E0's interval: from the evaluation before the target to the one that reached it."""
+    value = summary.get("noise_scale")
+    epochs = summary.get("epochs_to_target_progress") or summary.get("epochs_to_target")
+    if value is None or not epochs or not value > 0:
+        return None
+    low = summary.get("noise_scale_low")
+    high = summary.get("noise_scale_high")
+    noise = NoiseScale(
+        float(value), max(0.0, float(low)) if low is not None else 0.0, float(high) if high is not None else math.inf
+    )
+    step = float(eval_every or 1.0)
+    return SamplesToTarget(
+        noise, int(global_batch), float(epochs), max(float(epochs) - step, 1e-9), float(epochs), lr_rule
+    )
 
 
 # A 1-worker run under Ray's `prepare_model` trains the bare model: DDP wraps it only at 2+ workers.
@@ -597,14 +423,3 @@ BARE_MODEL_NOTE = (
     "lengthens the step. To measure it, wrap the model in DistributedDataParallel at one worker too "
     "(docs/own-job.md)"
 )
-
-
-def _scaled(compute: StepCompute, factor: float) -> StepCompute:
-    """Every phase of the step at `factor` x its time (one end of the interval)."""
-    return replace(
-        compute,
-        data_s=compute.data_s * factor,
-        forward_s=compute.forward_s * factor,
-        backward_s=compute.backward_s * factor,
-        optimizer_s=compute.optimizer_s * factor,
-    )

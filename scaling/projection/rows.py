@@ -96,6 +96,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from scaling.errors import UsageError
@@ -139,6 +140,15 @@ COLUMNS = (
     "allreduce_algorithm",
     "backend",
 )
+# the figures a projection whose compute has a spread (a run's per-step, from_run.py) gives an interval
+FIGURES = (
+    "step_s",
+    "throughput_samples_per_s",
+    "allreduce_pct",
+    "exposed_comm_pct",
+    "comm_overhead_pct",
+    "efficiency_throughput",
+)
 TRANSFORMER_COLUMNS = (
     "tokens_per_s_per_gpu",
     "memory_states_bytes",
@@ -158,7 +168,8 @@ TRANSFORMER_COLUMNS = (
 def table_of(
     r: Resolved, step: StepPlan, gradients: Gradients, comm: CommPlan, held: MemoryPlan | None
 ) -> pd.DataFrame:
-    """One row per worker count; columns in `COLUMNS` (+ the backend's, a transformer's, `tta.TTA_COLUMNS`).
+    """One row per worker count; columns in `COLUMNS` (+ the backend's, a transformer's, `tta.TTA_COLUMNS`, and
+    `<figure>_lo` / `_hi` for each of `FIGURES` where the spec gives its compute a spread).
 
     `df.attrs["notes"]` holds one line per assumption taken (compute source, bucket schedule, links), in the
     stages' order; `df.attrs["caveats"]` the warnings to print (TTA extrapolation; at half precision, the
@@ -168,9 +179,53 @@ def table_of(
     spec, compute = r.spec, step.compute
     samples_per_epoch, epoch_note = _samples_per_epoch(r, compute)
     notes = [*step.notes, *comm.notes, *([epoch_note] if epoch_note else []), *([held.note] if held else [])]
+    df = _frame(r, step, comm.terms, held, samples_per_epoch)
+    if samples_per_epoch and (df["steps_per_epoch"] == 0).any():
+        notes.append(
+            f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
+            f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)"
+        )
+    columns = list(COLUMNS)
+    if spec.backend in SHARDED:
+        columns += FSDP_COLUMNS
+    if r.transformer:
+        columns += TRANSFORMER_COLUMNS
+    half_precision = _half_precision_caveats(df, r, step, gradients, comm) if len(df) > 1 else []
+    spread = _spread(r, step, comm, samples_per_epoch) if step.ends else {}
+    # each row's epochs from the measured points and the samples-to-target model (tta.py)
+    timed = tta.plan_tta(df, spec.epochs_to_target, spec.samples_to_target)
+    df = df[columns + timed.columns]
+    for name, values in spread.items():
+        df[name] = values
+    df.attrs.update(
+        model=r.model,
+        cluster=r.cluster.name,
+        precision=compute.precision,
+        per_gpu_batch=compute.per_worker_batch,
+        allreduce=r.cluster.allreduce,
+        backend=spec.backend,
+        sharded=spec.backend in SHARDED,
+        notes=notes + timed.notes,
+        caveats=timed.caveats + half_precision,
+        schedule=gradients.schedule_source if spec.backend not in SHARDED else "FSDP units from the layer table",
+        activation_checkpointing=r.checkpointing if r.transformer else None,
+        seq_len=r.table.get("seq_len"),
+    )
+    if step.parameters:  # a measured run's step on the target, part by part (from_run's table)
+        df.attrs["compute_parameters"] = step.parameters
+    if timed.model_text is not None:
+        df.attrs["samples_to_target"] = timed.model_text
+    return df
+
+
+def _frame(
+    r: Resolved, step: StepPlan, terms: list, held: MemoryPlan | None, samples_per_epoch: int | None
+) -> pd.DataFrame:
+    """The rows of one step plan: each worker count's figures, and the speedups against the first row."""
+    spec, compute = r.spec, step.compute
     b = compute.per_worker_batch
     records = []
-    for i, ((n_nodes, per_node), t) in enumerate(zip(r.rows_at, comm.terms)):
+    for i, ((n_nodes, per_node), t) in enumerate(zip(r.rows_at, terms)):
         n = n_nodes * per_node
         extra = dict(t.columns)
         if held is not None:
@@ -212,35 +267,27 @@ def table_of(
     df["speedup_throughput"] = df["throughput_samples_per_s"] / base["throughput_samples_per_s"]
     df["efficiency_throughput"] = df["speedup_throughput"] / df["num_workers"]
     df["speedup_time_per_epoch"] = base["time_per_epoch_s"] / df["time_per_epoch_s"]
-    if samples_per_epoch and (df["steps_per_epoch"] == 0).any():
-        notes.append(
-            f"note: at {int(df.loc[df['steps_per_epoch'] == 0, 'num_workers'].min())}+ workers the global "
-            f"batch exceeds the {samples_per_epoch:,}-sample epoch (no whole step per epoch)"
-        )
-    columns = list(COLUMNS)
-    if spec.backend in SHARDED:
-        columns += FSDP_COLUMNS
-    if r.transformer:
-        columns += TRANSFORMER_COLUMNS
-    half_precision = _half_precision_caveats(df, r, step, gradients, comm) if len(df) > 1 else []
-    # each row's epochs from the measured points and the samples-to-target model (tta.py)
-    tta_columns, tta_notes, caveats = tta.plan_tta(df, spec.epochs_to_target, spec.samples_to_target)
-    df = df[columns + tta_columns]
-    df.attrs.update(
-        model=r.model,
-        cluster=r.cluster.name,
-        precision=compute.precision,
-        per_gpu_batch=b,
-        allreduce=r.cluster.allreduce,
-        backend=spec.backend,
-        sharded=spec.backend in SHARDED,
-        notes=notes + tta_notes,
-        caveats=caveats + half_precision,
-        schedule=gradients.schedule_source if spec.backend not in SHARDED else "FSDP units from the layer table",
-        activation_checkpointing=r.checkpointing if r.transformer else None,
-        seq_len=r.table.get("seq_len"),
-    )
+    df = pd.DataFrame(records)
+    base = df.iloc[0]
+    df["speedup_throughput"] = df["throughput_samples_per_s"] / base["throughput_samples_per_s"]
+    df["efficiency_throughput"] = df["speedup_throughput"] / df["num_workers"]
+    df["speedup_time_per_epoch"] = base["time_per_epoch_s"] / df["time_per_epoch_s"]
     return df
+
+
+def _spread(r: Resolved, step: StepPlan, comm: CommPlan, samples_per_epoch: int | None) -> dict[str, np.ndarray]:
+    """`<figure>_lo` and `_hi` of each of `FIGURES`: the lowest and highest over the rows at the ends of the
+    compute's spread (and a transformer's tokens per second from the throughput's)."""
+    frames = [_frame(r, end, terms, None, samples_per_epoch) for end, terms in zip(step.ends, comm.ends)]
+    out = {}
+    for figure in FIGURES:
+        pair = np.vstack([frame[figure].to_numpy() for frame in frames])
+        out[f"{figure}_lo"], out[f"{figure}_hi"] = pair.min(axis=0), pair.max(axis=0)
+    if r.transformer:
+        workers = frames[0]["num_workers"].to_numpy()
+        for end in ("lo", "hi"):
+            out[f"tokens_per_s_per_gpu_{end}"] = out[f"throughput_samples_per_s_{end}"] * r.table["seq_len"] / workers
+    return out
 
 
 def _samples_per_epoch(r: Resolved, compute) -> tuple[int | None, str | None]:

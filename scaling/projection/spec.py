@@ -23,7 +23,7 @@ from typing import Any
 
 from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster, preset_names
-from scaling.projection.compute import PRECISION_ALIASES, PRECISIONS, StepCompute
+from scaling.projection.compute import PRECISION_ALIASES, PRECISIONS, MeasuredRun, StepCompute
 from scaling.projection.cost import ALGORITHMS
 from scaling.projection.layers import COMPRESSION_BYTES, FSDP_DTYPES, available_models
 from scaling.projection.tta import SamplesToTarget
@@ -245,8 +245,14 @@ class ProjectionSpec:
     """The samples-to-target model of epochs to target beyond the measured batches, from a measured gradient
     noise scale (scaling/projection/tta.py): a run's own (from_run), or --noise-scale with --epochs-to-target."""
     compute: StepCompute | None = None
-    """One worker's step, given (from_run.project_run: a run's compute on the target), instead of
-    from_run, samples_per_s or the device."""
+    """One worker's step, given, instead of from_run, samples_per_s or the device."""
+    measured: MeasuredRun | None = None
+    """A measured run of the user's job (from_run.run_spec), whose step the compute stage puts on the target
+    (compute.MeasuredRun), instead of `compute`."""
+    compute_spread: tuple[float, float] | None = None
+    """The ends of one worker's compute as factors of it (from_run: the run's 2.5th and 97.5th percentiles of
+    per-step compute over their mean): each of rows.FIGURES gets `_lo` and `_hi` columns, the lowest and highest
+    of the projection at either end. Needs `compute` or `measured`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.reshard_after_forward, bool):
@@ -278,6 +284,10 @@ class ProjectionSpec:
             raise UsageError(
                 f"Horovod cycle time must be > 0 ms and fusion threshold >= 0 MB, got {cycle_ms!r}, {fusion_mb!r}"
             )
+        if self.measured is not None and self.compute is not None:
+            raise UsageError("give a spec compute or a measured run, not both")
+        if self.compute_spread is not None and self.compute is None and self.measured is None:
+            raise UsageError("compute_spread needs the spec's compute or a measured run")
         if self.bucket_cap_mb is not None and not (
             isinstance(self.bucket_cap_mb, (int, float)) and self.bucket_cap_mb > 0
         ):

@@ -206,24 +206,6 @@ def describe(model: SamplesToTarget) -> str:
     )
 
 
-def from_summary(summary: Mapping, global_batch: int, lr_rule: str, eval_every: float | None) -> SamplesToTarget | None:
-    """The model from a run's summary.json (its `noise_scale` with interval, its epochs to target), or None where
-    either is missing. E0's interval: from the evaluation before the target to the one that reached it."""
-    value = summary.get("noise_scale")
-    epochs = summary.get("epochs_to_target_progress") or summary.get("epochs_to_target")
-    if value is None or not epochs or not value > 0:
-        return None
-    low = summary.get("noise_scale_low")
-    high = summary.get("noise_scale_high")
-    noise = NoiseScale(
-        float(value), max(0.0, float(low)) if low is not None else 0.0, float(high) if high is not None else math.inf
-    )
-    step = float(eval_every or 1.0)
-    return SamplesToTarget(
-        noise, int(global_batch), float(epochs), max(float(epochs) - step, 1e-9), float(epochs), lr_rule
-    )
-
-
 def parse_epochs_table(text: str | Mapping | None) -> dict[int, float] | None:
     """'256:3,512:4' or {256: 3, 512: 4} (a sweep's: results.SweepDir.epochs_to_target) -> {global batch: epochs
     to target}."""
@@ -270,19 +252,31 @@ def epochs_at(table: Mapping[int, float], global_batch: int) -> tuple[float, boo
     return max(floor, e0 + (e1 - e0) * (x - x0) / (x1 - x0)), True
 
 
-def plan_tta(df, epochs_to_target, model: SamplesToTarget | None) -> tuple[list[str], list[str], list[str]]:
-    """The time-to-accuracy stage of a projection (rows.py's table, in place): (its columns, notes, caveats);
-    nothing without measured epochs (`epochs_to_target`: pairs, a mapping or None) or a model."""
+@dataclass
+class TTAPlan:
+    """The time-to-accuracy stage's answer: the columns it added, its notes and caveats, and the model's
+    inputs in one line (`describe`; None without a model)."""
+
+    columns: list[str]
+    notes: list[str]
+    caveats: list[str]
+    model_text: str | None = None
+
+
+def plan_tta(df, epochs_to_target, model: SamplesToTarget | None) -> TTAPlan:
+    """The time-to-accuracy stage of a projection (rows.py's table, in place); nothing without measured epochs
+    (`epochs_to_target`: pairs, a mapping or None) or a model."""
     measured = parse_epochs_table(epochs_to_target)
     if measured is None and model is None:
-        return [], [], []
+        return TTAPlan([], [], [])
     caveats = add_tta(df, measured, model)
     notes = []
     if measured is not None:
         points = ", ".join(f"{b}: {e:g}" for b, e in sorted(measured.items()))
         notes.append(f"epochs to target measured at global batch {{{points}}}")
-    if model is not None:
-        notes.append(describe(model))
+    text = describe(model) if model is not None else None
+    if text is not None:
+        notes.append(text)
     if (df["epochs_extrapolated"] & ~df["epochs_source"].str.startswith("noise-scale")).any():
         caveats.append(TTA_CAVEAT)
-    return [*TTA_COLUMNS, *MODEL_COLUMNS], notes, caveats
+    return TTAPlan([*TTA_COLUMNS, *MODEL_COLUMNS], notes, caveats, text)
