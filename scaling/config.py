@@ -28,6 +28,7 @@ import yaml
 
 from scaling.errors import UsageError
 from scaling.instrument.settings import InstrumentSettings
+from scaling.schema import PRECISIONS
 
 
 class ConfigError(UsageError):
@@ -56,7 +57,7 @@ CompileBackend = Literal["inductor", "aot_eager"]
 OptimizerName = Literal["sgd", "adamw"]
 TtaRule = Literal["first_eval", "epoch_end"]
 TargetMetric = Literal["top1", "top5", "val_loss"]
-Precision = Literal["fp32", "fp16", "bf16"]
+Precision = Literal[PRECISIONS]  # scaling/schema.py
 GradCompression = Literal["none", "fp16", "bf16"]
 Market = Literal["on_demand", "spot"]
 FsdpDtype = Literal["float32", "bfloat16"]

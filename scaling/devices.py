@@ -20,11 +20,10 @@ from pathlib import Path
 import yaml
 
 from scaling.errors import UsageError
+from scaling.schema import PEAK_PRECISIONS, PRECISIONS
 
 DEVICES_FILE = Path(__file__).resolve().with_name("devices.yaml")
 ENTRY_KEYS = ("nvml_name", "peak_tflops_per_s", "memory_bandwidth_GBps", "memory_GiB", "throughput", "note")
-PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-THROUGHPUT_PRECISIONS = ("fp32", "fp16", "bf16")
 THROUGHPUT_KEYS = ("samples_per_s", "batch", "source")
 
 
@@ -70,7 +69,7 @@ def load_devices() -> dict:
             if peak is not None:
                 _number(peak, precision, f"{device}, peak_tflops_per_s")
         for model, per_precision in (spec.get("throughput") or {}).items():
-            _keys(per_precision, THROUGHPUT_PRECISIONS, f"{device}, {model}")
+            _keys(per_precision, PRECISIONS, f"{device}, {model}")
             for precision, entry in per_precision.items():
                 if entry is None:
                     continue

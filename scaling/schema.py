@@ -12,6 +12,12 @@ collective kind is a column stem: its time in flight per step is `<kind>_s`, its
 
 from __future__ import annotations
 
+# A run's compute precision (summary.json `precision`, the config's train.precision): fp32, or autocast to fp16
+# (with a GradScaler) or bf16
+PRECISIONS = ("fp32", "fp16", "bf16")
+# The arithmetic a device's datasheet gives a peak for (scaling/devices.yaml `peak_tflops_per_s`): the
+# precisions, and TF32 (fp32 matmuls on tensor cores)
+PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PHASES = ("data", "forward", "backward", "optimizer")  # a step's phases, in the order a step runs them
 PHASE_COLUMNS = tuple(f"{phase}_s" for phase in PHASES)
 

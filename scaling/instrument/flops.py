@@ -71,6 +71,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from scaling.devices import load_devices, match_device
+from scaling.schema import PEAK_PRECISIONS
 
 # Memory passes over each tensor, as defined in the module docstring.
 ACTIVATION_PASSES = 5  # forward write + read, backward read + gradient write + read
@@ -409,8 +410,6 @@ def training_bytes_per_sample(
 
 # --- device peaks ---------------------------------------------------------------------------
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-
 
 def _tf32_note() -> str:
     # torch's defaults: matmuls in fp32 (allow_tf32 False), but cuDNN convolutions in TF32
@@ -432,8 +431,8 @@ def device_peak(device_name: str, precision: str) -> tuple[float | None, str]:
     a device or precision without a datasheet peak in scaling/devices.yaml gives None.
     """
     precision = precision.lower()
-    if precision not in PRECISIONS:
-        return None, f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}"
+    if precision not in PEAK_PRECISIONS:
+        return None, f"unknown precision {precision!r}; valid: {', '.join(PEAK_PRECISIONS)}"
     devices = load_devices()
     key = match_device(device_name)
     peaks = (devices[key].get("peak_tflops_per_s") or {}) if key is not None else {}

@@ -108,6 +108,7 @@ from scaling.instrument.inputs import batch_samples, model_input
 from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
 from scaling.instrument.recorder import RunRecorder
+from scaling.schema import PRECISIONS
 from scaling.instrument.settings import FIRST_TIMED_STEPS, InstrumentSettings, LaunchedRun
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
@@ -180,9 +181,9 @@ class Job:
     else the parameters' dtype."""
 
     def __post_init__(self) -> None:
-        if self.precision not in (None, "fp32", "bf16", "fp16"):
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(
-                f"attach: precision={self.precision!r}; valid: 'fp32', 'bf16', 'fp16' or None (the forward's)"
+                f"attach: precision={self.precision!r}; valid: {', '.join(map(repr, PRECISIONS))} or None (the forward's)"
             )
 
 

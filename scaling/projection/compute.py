@@ -65,6 +65,7 @@ from scaling.devices import load_devices
 from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster
 from scaling.projection.layers import BYTES_PER_GRAD_ELEMENT, COMPRESSION_BYTES
+from scaling.schema import PRECISIONS
 
 if TYPE_CHECKING:  # the stage's input type; spec.py imports this module
     from scaling.projection.spec import Resolved
@@ -84,7 +85,6 @@ TRANSFORMER_MFU = {
 SGD_MOMENTUM_PASSES = 5  # as scaling/instrument/flops.py: read weights, gradients, momentum; write weights, momentum
 RUN_FIELDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "per_worker_batch", "num_workers", "model")
 TRANSFORMER_BATCH = 2  # sequences per GPU by default: torchtitan's local batch for Llama 3.1 8B
-PRECISIONS = ("fp32", "fp16", "bf16")
 PRECISION_ALIASES = {"amp": "fp16", "mixed": "fp16", "tf32": "fp32"}
 
 

@@ -23,8 +23,9 @@ from typing import Any
 
 from scaling.errors import UsageError
 from scaling.projection.cluster import Cluster, preset_names
-from scaling.projection.compute import PRECISION_ALIASES, PRECISIONS, MeasuredRun, StepCompute
+from scaling.projection.compute import PRECISION_ALIASES, MeasuredRun, StepCompute
 from scaling.projection.cost import ALGORITHMS
+from scaling.schema import PRECISIONS
 from scaling.projection.layers import COMPRESSION_BYTES, FSDP_DTYPES, available_models
 from scaling.projection.tta import SamplesToTarget
 
