@@ -6,8 +6,8 @@ first as input-bound steps. The generated-record cases, the clean job
 and the sweep's causes are tests/test_why.py's (unit tier); the fix applied and re-run is
 bench/why_planted_faults.py's.
 
-The planted costs (60 ms in a step of about 110 ms on 2 shared cores) are far above what load moves:
-each run's own step and waits are the figures, so no comparison between runs is made here.
+The planted costs (60 ms in a step of about 110 ms on 2 shared cores) are held against their share of each
+run's own steps, which load moves with the figures: no comparison between runs is made here.
 """
 
 from __future__ import annotations
@@ -52,7 +52,15 @@ def test_a_slow_rank_is_the_first_cause_and_its_compute_is_named(tmp_path):
     first = ranked[0]
     assert first["cause"] == "straggler", [(f["cause"], f["cost"]["pct"]) for f in ranked]
     assert "rank 1" in first["figure"] and "its compute" in first["figure"]
-    assert first["gain"]["how"].startswith("projected") and first["gain"]["step_pct"] > 20
+    gain = first["gain"]
+    assert gain["how"].startswith("projected"), gain
+    # The fix's ground truth: without the planted sleep each step is shorter by it, the planted share of this
+    # run's own steps (a loaded machine lengthens the step and shrinks both alike). Held to the issue's rule:
+    # within the projected interval, or within 25% of the projected gain. Measured (4 runs, 2 of them beside
+    # two busy loops): gain / planted 0.97-1.06, the planted share inside the interval in all 4.
+    planted = _planted_share(tmp_path / "straggler")
+    inside = gain["step_pct_lo"] <= planted <= gain["step_pct_hi"]
+    assert inside or abs(gain["step_pct"] / planted - 1) <= 0.25, (gain, planted)
 
 
 def _planted_share(run_dir) -> float:
