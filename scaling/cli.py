@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -37,6 +38,10 @@ from scaling.writer_lock import WriterLock
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_PIPE_CLOSED = 1  # as rich's console exits when its reader closed the pipe (Console.on_broken_pipe)
+# commands whose output is only what they print: a reader that closes the pipe early (`scaling why RUN | head`)
+# has read what it wanted
+PRINTING_COMMANDS = ("why", "compare", "project")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -1043,6 +1048,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        if what.removeprefix("scaling ") not in PRINTING_COMMANDS:
+            raise
+        # the interpreter flushes stdout again on exit: point it at /dev/null so that flush has nowhere to fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
     return 0
 
 

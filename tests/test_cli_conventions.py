@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -191,3 +193,20 @@ def test_projection_rows_are_not_folded_off_a_terminal(capsys):
     assert main(["project", "--cluster", "p3.16xlarge", "--nodes", "1,2", "--epochs-to-target", "256:30"]) == 0
     out = capsys.readouterr().out
     assert out.count("┏") == 1 and not _folded_rows(out)
+
+
+@pytest.mark.slow  # a process of its own
+@pytest.mark.parametrize("printer", ["plain", "rich"])
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path, printer):
+    # `scaling why SWEEP | head`: the reader is gone before anything is printed; `why` prints plain lines,
+    # `project` a rich table
+    if printer == "plain":
+        command = ["why", str(make_fake_sweep(tmp_path / "sweep"))]
+    else:
+        command = ["project", "--model", "resnet50", "--cluster", "p3.16xlarge"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scaling.cli", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == b"", err.decode()
