@@ -283,3 +283,27 @@ def test_a_run_projects_with_its_own_backend_unless_told(tmp_path):
     what_if = project_run(fsdp, "p5.48xlarge", [8], "ddp", compute_ms=20.0)
     said = {name: (value, source) for name, value, source in what_if.attrs["parameters"]}
     assert what_if.attrs["backend"] == "ddp" and said["backend"][1] == "given (the run's data_parallel: fsdp)"
+
+
+def test_a_multi_worker_runs_compute_rests_on_its_steps_with_timed_communication(tmp_path):
+    """A step whose collectives were not timed (instrument.collective_timing_every) holds its wait for them in
+    backward_s, unmeasured: the run's compute is read from the timed steps only, not from every step's backward
+    with that wait counted as compute."""
+    run = _job_run(tmp_path / "job", gpu_name="NVIDIA H100 80GB HBM3")
+    summary = run.summary()
+    summary.update(num_workers=2, exposed_comm_s=0.1)
+    write_json_atomic(run.path / SUMMARY_JSON, summary)
+    steps = pd.read_parquet(rank_part_path(run.path / STEPS_PARQUET, 0, 1))
+    timed = steps["step"] % 4 == 0  # one step in four timed, as after the instrument's first timed steps
+    steps["backward_s"] = 0.2 + 0.1  # every step waited 100 ms on its all-reduce inside backward
+    steps["exposed_comm_s"] = np.where(timed, 0.1, np.nan)
+    write_parquet_atomic(rank_part_path(run.path / STEPS_PARQUET, 0, 1), steps)
+    said = {name: (value, source) for name, value, source in project_run(run, "h100x8", [1, 2]).attrs["parameters"]}
+    # forward 0.1 + backward 0.2 (each step's at its drawn scale, 5% spread); with the untimed steps' wait as
+    # compute it would be 375 ms
+    assert abs(float(said["forward + backward compute"][0].split()[0]) - 300.0) < 15.0
+    assert "mean of 10 steps" in said["data wait"][1]  # the 10 timed of the 40 steady steps
+    steps["exposed_comm_s"] = np.where(steps["step"] == 4, 0.1, np.nan)
+    write_parquet_atomic(rank_part_path(run.path / STEPS_PARQUET, 0, 1), steps)
+    with pytest.raises(UsageError, match="1 steady-state training step.*timed communication"):
+        project_run(run, "h100x8", [1, 2])

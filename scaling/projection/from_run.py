@@ -89,14 +89,25 @@ def _profile(run) -> dict:
 
 
 def _steps(run, workers: int) -> pd.DataFrame:
-    """The steady-state training steps, with `compute_s` (data + forward + backward compute + optimizer)."""
+    """The steady-state training steps, with `compute_s` (data + forward + backward compute + optimizer); at more
+    than one worker those whose communication was timed."""
     steps = run.steps()
     if steps.empty or "kind" not in steps.columns:
         raise UsageError(f"{run}: no step records (steps.parquet); the interval needs the run's per-step times")
     steps = steps[(steps["kind"] == "train") & ~steps["warmup"].astype(bool)].copy()
     if len(steps) < 2:
         raise UsageError(f"{run}: {len(steps)} steady-state training step(s); at least 2 are needed")
-    exposed = steps["exposed_comm_s"].fillna(0.0) if workers > 1 and "exposed_comm_s" in steps else 0.0
+    exposed = 0.0
+    if workers > 1 and "exposed_comm_s" in steps:
+        # a step whose collectives were not timed (instrument.collective_timing_every) holds its wait for them in
+        # backward_s, unmeasured: its compute is unknown, so the run's compute rests on the timed steps
+        steps = steps[steps["exposed_comm_s"].notna()]
+        if len(steps) < 2:
+            raise UsageError(
+                f"{run}: {len(steps)} steady-state training step(s) with timed communication; at least 2 are "
+                "needed (instrument.collective_timing_every)"
+            )
+        exposed = steps["exposed_comm_s"]
     steps["backward_compute_s"] = (steps["backward_s"] - exposed).clip(lower=0.0)
     steps["compute_s"] = steps["data_s"] + steps["forward_s"] + steps["backward_compute_s"] + steps["optimizer_s"]
     return steps
