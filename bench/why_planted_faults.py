@@ -24,6 +24,11 @@ And on a user's own job, measured with `scaling.instrument.attach` (a DDP MLP, 2
 - attach_accumulation_syncs: two micro-batches per step, both synchronised, each all-reduce held
   `ACCUM_DELAY_S` (`inject_comm_delay_s`); the fix the verdict names, `no_sync()` on the first, is applied.
 Both gains are priced by the verdict as the measured share removed (the projection has no term for them).
+- attach_straggler: rank 1 sleeps `STRAGGLER_S` before its backward every step (`attach`'s
+  `inject_straggler_s`, `straggler_rank`); as the lab's straggler, the fix is the job without the sleep.
+- attach_exposed_comm: every all-reduce held `COMM_DELAY_S` (`inject_comm_delay_s`); as the lab's
+  exposed_comm, the fix applied is the per-worker batch doubled, the delay still there, compared per sample.
+Both gains are the projection's, from the attached run's own records.
 
 Fault and fixed runs alternate (ABBA); the realised gain of a pair is 100 x (fault step - fixed step) /
 fault step, each run's step the median over its steady steps of the mean over ranks (a median, so that
@@ -115,14 +120,28 @@ ATTACH_FAULTS = {
         "fix": {"accumulate": 2, "no_sync": True, "comm_delay_s": ACCUM_DELAY_S},
         "fix_named": "no_sync()",
     },
+    "attach_straggler": {
+        "cause": "straggler",
+        "fault": {"straggler_s": STRAGGLER_S},
+        "fix": {},
+        "fix_named": "rank 1 computes slower",
+    },
+    "attach_exposed_comm": {
+        "cause": "exposed_comm",
+        "fault": {"comm_delay_s": COMM_DELAY_S},
+        "fix": {"comm_delay_s": COMM_DELAY_S, "batch_factor": 2},
+        "fix_named": "double the per-worker batch",
+        "samples_factor": 2,
+    },
 }
 ATTACH_STEPS, ATTACH_EPOCHS, ATTACH_BATCH, ATTACH_FEATURES = 20, 2, 32, 64
 
 
 def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
     """One of 2 gloo ranks of a user's DDP job, written as a user writes it, measured with `attach`: an MLP over
-    generated batches; `input_sleep_s` before each batch; `accumulate` micro-batches per step, all but the
-    last under `no_sync()` where `no_sync`; `comm_delay_s` held in each synchronised all-reduce."""
+    generated batches of `batch_factor` x ATTACH_BATCH; `input_sleep_s` before each batch; `accumulate`
+    micro-batches per step, all but the last under `no_sync()` where `no_sync`; `comm_delay_s` held in each
+    synchronised all-reduce; rank 1 `straggler_s` slower before each backward."""
     import os
 
     import torch
@@ -144,7 +163,8 @@ def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
     loss_fn = nn.CrossEntropyLoss()
     accumulate = options.get("accumulate", 1)
     generator = torch.Generator().manual_seed(rank)
-    data = [torch.randn(ATTACH_BATCH, ATTACH_FEATURES, generator=generator) for _ in range(ATTACH_STEPS * accumulate)]
+    batch = ATTACH_BATCH * options.get("batch_factor", 1)
+    data = [torch.randn(batch, ATTACH_FEATURES, generator=generator) for _ in range(ATTACH_STEPS * accumulate)]
 
     def loader():
         for x in data:
@@ -153,7 +173,13 @@ def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
             yield x, x[:, :4].argmax(dim=1)
 
     with instrument.attach(
-        model, optimizer, run_dir=run_dir, warmup_steps=3, inject_comm_delay_s=options.get("comm_delay_s", 0.0)
+        model,
+        optimizer,
+        run_dir=run_dir,
+        warmup_steps=3,
+        inject_comm_delay_s=options.get("comm_delay_s", 0.0),
+        inject_straggler_s=options.get("straggler_s", 0.0),
+        straggler_rank=1,
     ) as meter:
         for _ in range(ATTACH_EPOCHS):
             for i, (x, y) in enumerate(meter.batches(loader())):
@@ -249,13 +275,18 @@ def fault_pairs(out: Path, name: str, spec: dict, pairs: int, run=None) -> dict:
 
 def main() -> int:
     bench = bl.Benchmark("why_planted_faults", __doc__, quick="1 fault/fixed pair per fault", pairs=(3, 1))
+    bench.parser.add_argument("--faults", help="comma-separated fault names to run, with --quick (default: all)")
     args = bench.parse()
+    if args.faults and not args.quick:
+        bench.parser.error("--faults runs a part of the benchmark: give --quick too, so no partial result is committed")
     pairs = args.pairs
     results, comparisons = [], []
     with tempfile.TemporaryDirectory(prefix="why-bench-") as tmp:
         out = Path(tmp)
         cases = [(name, spec, _run) for name, spec in FAULTS.items()]
         cases += [(name, spec, _run_attach) for name, spec in ATTACH_FAULTS.items()]
+        if args.faults:
+            cases = [case for case in cases if case[0] in args.faults.split(",")]
         for name, spec, run in cases:
             result = fault_pairs(out, name, spec, pairs, run)
             results.append(result)

@@ -150,7 +150,7 @@ def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, fi
         "per": "sample" if per_step != 1 else "step",
         "step_pct": estimate,
         "step_pct_lo": min(spread + [estimate]),
-        "step_pct_hi": max(spread + [estimate]),
+        "step_pct_hi": min(100.0, max(spread + [estimate])),  # a fix removes at most the whole step
         "at_workers": n,
         "step_s": float(base.loc[n, "step_s"]),
         "fixed_step_s": float(fixed.loc[n, "step_s"]) / per_step,

@@ -68,9 +68,11 @@ def job_accumulation(
     epochs: int = 2,
     pairs: int = 3,
     bf16: bool = True,
+    timing_every: int = 50,
 ) -> dict:
     """Gradient accumulation (DDP's no_sync on all but the last micro-batch, or not), clipping, an LR scheduler,
-    bf16 autocast (or not: the ground truth's runs compare communication, which autocast does not change)."""
+    bf16 autocast (or not: the ground truth's runs compare communication, which autocast does not change);
+    collectives timed on every `timing_every`th step after the first (the instrument's default 50)."""
     from scaling import instrument
 
     torch.manual_seed(0)
@@ -92,6 +94,7 @@ def job_accumulation(
         forward_backward=forward_backward,
         calibration_data=data[:pairs],
         inject_comm_delay_s=delay_s,
+        collective_timing_every=timing_every,
     ) as meter:
         for _ in range(epochs):
             for i, (x, y) in enumerate(meter.batches(data)):
@@ -294,6 +297,10 @@ WORLD_CASES = {
     "accumulation": lambda d: job_accumulation(d),
     "accumulation_delay": lambda d: job_accumulation(d, delay_s=DELAY_S, bf16=False),
     "accumulation_sync_every_delay": lambda d: job_accumulation(d, use_no_sync=False, delay_s=DELAY_S, bf16=False),
+    # every all-reduce held, its collectives timed on the first 3 steps and every 3rd after: most steps untimed
+    "delay_sampled": lambda d: job_accumulation(
+        d, accumulate=1, delay_s=SAMPLED_DELAY_S, bf16=False, steps_per_epoch=8, timing_every=3
+    ),
     "mid_epoch_eval": job_mid_epoch_eval,
     "input_bound": lambda d: job_slow_input(d, slow_ranks=(0, 1), sleep_s=INPUT_SLEEP_S),
     "input_straggler": lambda d: job_slow_input(d, slow_ranks=(1,), sleep_s=INPUT_SLEEP_S),
@@ -306,6 +313,7 @@ WORLD_CASES = {
     "fails": job_fails,
 }
 DELAY_S = 0.5  # the ground truth's delay per synchronised all-reduce
+SAMPLED_DELAY_S = 0.1  # delay_sampled's
 INPUT_SLEEP_S = 0.05  # a slow input's wait per batch (job_slow_input)
 
 

@@ -150,6 +150,25 @@ def test_why_names_accumulation_that_syncs_every_micro_batch(world):
 
 
 @pytest.mark.slow
+def test_why_prices_exposed_communication_from_the_steps_that_timed_it(world):
+    """Every all-reduce held SAMPLED_DELAY_S, collectives timed on a few steps only: exposed communication is
+    the first cause, and the projection that prices its fix gives the run's own step at its own worker count
+    (its compute read from the timed steps; an untimed step's backward holds the held all-reduce, which read as
+    compute projected 1.5 x the step)."""
+    from scaling.why import explain
+
+    run_dir = world["delay_sampled"][1]
+    ranked = [f for f in explain(run_dir)["findings"] if f["decided"] and f["of"] == "step"]
+    first = ranked[0]
+    assert first["cause"] == "exposed_comm", [(f["cause"], f["cost"]["pct"]) for f in ranked]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["comm_timed_steps"] < summary["steps_recorded"], summary  # some steps untimed
+    gain = first["gain"]
+    assert gain["how"].startswith("projected"), gain
+    assert abs(gain["step_s"] / summary["step_s"] - 1) < 0.15, (gain["step_s"], summary["step_s"])
+
+
+@pytest.mark.slow
 def test_why_names_a_slow_input_and_whose_it_is(world):
     """`scaling why` on `attach` runs whose data iterator sleeps INPUT_SLEEP_S per batch: on every rank, the
     steps are input-bound, first, with the loader as the fix; on rank 1 alone, rank 1 is the straggler
