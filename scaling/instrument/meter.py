@@ -183,7 +183,8 @@ class Job:
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(
-                f"attach: precision={self.precision!r}; valid: {', '.join(map(repr, PRECISIONS))} or None (the forward's)"
+                f"attach: precision={self.precision!r}; valid: {', '.join(map(repr, PRECISIONS))} "
+                "or None (the forward's)"
             )
 
 
