@@ -20,7 +20,8 @@ measured step on the target. What the run gives:
   (measured bytes and ready times). FSDP2 compute per unit is split in
   proportion to its parameters. A run without FSDP2 records needs `fsdp_units` (its blocks, split evenly).
 - **the compute**: the run's steady-state training steps (steps.parquet: `data_s`, `forward_s`,
-  `backward_s` less `exposed_comm_s`, `optimizer_s`). A run on the target's GPU is taken as measured.
+  `backward_s` less `exposed_comm_s`, `optimizer_s`; at more than one worker only the steps whose collectives
+  were timed, `instrument.collective_timing_every`). A run on the target's GPU is taken as measured.
   Any other device (a CPU) cannot give the GPU's compute, so forward and backward are the run's
   FLOPs (compute_profile.json: training FLOPs per sample x the batch) at a model FLOPs utilisation of
   the target's peak: `mfu` given, else the run's own MFU where it ran on a GPU, else the target's
