@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 import zipfile
 from pathlib import Path
@@ -167,17 +168,28 @@ def measured(work, older_env):
             )
         },
     }  # fmt: skip
-    # the three at once: Ray's start (most of the own job's time) is mostly waiting, and so is a torchrun's
+    # The three overlap: Ray's start (most of the own job's time) is mostly waiting, and so is a torchrun's.
+    # The torchruns start once the own job's Ray is up: Ray gives its raylet a fixed 30 s to register, which
+    # the two trainers' imports beside a loaded test session's other work have been measured to exceed.
     logs = {name: work / f"{name}.log" for name in commands}
-    jobs_running = {
-        name: subprocess.Popen(
+    jobs_running = {}
+    for name, cmd in commands.items():
+        jobs_running[name] = subprocess.Popen(
             [str(c) for c in cmd], cwd=jobs, env=env, stdout=logs[name].open("w"), stderr=subprocess.STDOUT
         )
-        for name, cmd in commands.items()
-    }  # fmt: skip
+        if name == "own":
+            _wait_for_line(jobs_running[name], logs[name], "Started a local Ray instance", timeout_s=300)
     for name, job in jobs_running.items():
         assert job.wait(timeout=600) == 0, f"{name} failed:\n{logs[name].read_text()[-3000:]}"
     return sweep
+
+
+def _wait_for_line(job: subprocess.Popen, log: Path, line: str, timeout_s: float) -> None:
+    """Returns once `line` is in the job's log, the job has ended (its exit status is checked later), or
+    `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while job.poll() is None and line not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def test_the_trainer_examples_hold_no_scaling_line_once_stripped(work, measured):

@@ -7,7 +7,8 @@ and the sweep's causes are tests/test_why.py's (unit tier); the fix applied and 
 bench/why_planted_faults.py's.
 
 The planted costs (60 ms in a step of about 110 ms on 2 shared cores) are held against their share of each
-run's own steps, which load moves with the figures: no comparison between runs is made here.
+run's own steps, as slept (`injected_s`): load moves both with the figures, and no comparison between
+runs is made here.
 """
 
 from __future__ import annotations
@@ -56,20 +57,24 @@ def test_a_slow_rank_is_the_first_cause_and_its_compute_is_named(tmp_path):
     assert gain["how"].startswith("projected"), gain
     # The fix's ground truth: without the planted sleep each step is shorter by it, the planted share of this
     # run's own steps (a loaded machine lengthens the step and shrinks both alike). Held to the issue's rule:
-    # within the projected interval, or within 25% of the projected gain. Measured (4 runs, 2 of them beside
-    # two busy loops): gain / planted 0.97-1.06, the planted share inside the interval in all 4.
+    # within the projected interval, or within 25% of the projected gain. Measured (5 runs, beside 0, 2 and 4
+    # busy loops): gain / planted 0.99-1.08, the planted share inside the interval in all 5.
     planted = _planted_share(tmp_path / "straggler")
     inside = gain["step_pct_lo"] <= planted <= gain["step_pct_hi"]
     assert inside or abs(gain["step_pct"] / planted - 1) <= 0.25, (gain, planted)
 
 
 def _planted_share(run_dir) -> float:
-    """The planted delay as a share (%) of the run's own steady steps: the ground truth the exposed
-    share is held against (the real all-reduce adds a little to it)."""
+    """The planted delay as a share (%) of the run's own steady steps: the ground truth the figures are held
+    against. The delay as slept (`injected_s`, each rank's, measured: a loaded machine oversleeps a 60 ms
+    sleep by a fifth), on the steps whose collectives were timed (the others leave it NaN); each step
+    lengthened by the longest of its ranks'."""
     steps = pd.read_parquet(run_dir / "steps.parquet")
     train = steps[(steps["kind"] == "train") & ~steps["warmup"].astype(bool)]
-    per_step = train.groupby(["epoch", "step"])["step_s"].mean()
-    return 100 * PLANTED_S * len(per_step) / per_step.sum()
+    per_step = train.groupby(["epoch", "step"]).agg(step_s=("step_s", "mean"), injected_s=("injected_s", "max"))
+    timed = per_step.dropna()
+    assert len(timed) >= len(per_step) // 2 and (timed["injected_s"] >= PLANTED_S).all(), per_step
+    return 100 * timed["injected_s"].sum() / timed["step_s"].sum()
 
 
 def test_a_delay_in_the_all_reduce_is_the_first_cause(tmp_path):
@@ -78,10 +83,10 @@ def test_a_delay_in_the_all_reduce_is_the_first_cause(tmp_path):
     assert first["cause"] == "exposed_comm", [(f["cause"], f["cost"]["pct"]) for f in ranked]
     assert "bf16" in first["fix"]
     # Held against the planted share of this run's own steps, not a fixed percentage: a loaded machine
-    # lengthens the step and shrinks both alike. Measured (5 runs, 2 of them beside two busy loops):
-    # exposed / planted 1.03-1.09, steps 104-140 ms; the bounds leave room for the real all-reduce.
+    # lengthens the step and shrinks both alike. Measured (5 runs, beside 0, 2 and 4 busy loops): exposed /
+    # planted 1.06-1.11; the bounds leave room for the real all-reduce.
     ratio = first["cost"]["pct"] / _planted_share(tmp_path / "delay")
-    assert 0.9 < ratio < 1.6, (first["cost"], ratio)
+    assert 0.9 < ratio < 1.35, (first["cost"], ratio)
 
 
 def test_a_delay_in_every_batchs_fetch_is_the_first_cause(tmp_path):
@@ -89,6 +94,7 @@ def test_a_delay_in_every_batchs_fetch_is_the_first_cause(tmp_path):
     first = ranked[0]
     assert first["cause"] == "input_bound", [(f["cause"], f["cost"]["pct"]) for f in ranked]
     assert "DataLoader workers" in first["fix"]
-    # the data wait's share against the planted share of the run's own steps (the real fetch adds a little)
+    # the data wait's share against the planted share of the run's own steps (the real fetch adds a little).
+    # Measured (5 runs, beside 0, 2 and 4 busy loops): 0.98-1.02
     ratio = first["cost"]["pct"] / _planted_share(tmp_path / "input")
-    assert 0.9 < ratio < 1.6, (first["cost"], ratio)
+    assert 0.9 < ratio < 1.35, (first["cost"], ratio)

@@ -132,6 +132,7 @@ class _OpenStep:
         "stepped",
         "comm_timed",
         "job_collectives",
+        "planted_s",
     )
 
     def __init__(self, start, index: int, samples: int, comm_timed: bool):
@@ -141,6 +142,7 @@ class _OpenStep:
         self.pauses: list = []
         self.optimizer_steps = 0
         self.optimizer_end = None
+        self.planted_s = 0.0  # the ground-truth delays slept in this step on this rank (StepMarks.planted_s)
         # the batch in progress: the phase it is in, whether it ran a training forward and an optimizer step
         self.phase, self.forwarded, self.stepped = "data", False, False
         self.job_collectives: dict | None = None  # kind -> [seconds, count]: record_job_collective
@@ -420,9 +422,11 @@ class StepMeter:
             step.phase = "backward"
             self._observe_output(output)
             if self._straggle_s:
-                slept = time.perf_counter()
+                began = time.perf_counter()
                 time.sleep(self._straggle_s)  # ground truth: this rank's backward starts late (a straggler)
-                entered += time.perf_counter() - slept  # the job's injected time, not the instrument's
+                slept = time.perf_counter() - began
+                entered += slept  # the job's injected time, not the instrument's
+                step.planted_s += slept
             if self.second_opinion is not None:
                 self.second_opinion.after_forward()
         finally:
@@ -571,8 +575,11 @@ class StepMeter:
     def batch_arrived(self, batch=None, samples: int | None = None) -> None:
         """The batch `request_batch` asked for is here: its samples (its first tensor's first dimension, or
         `samples` where the caller counts them) join the step it continues, or open the next step."""
+        planted_s = 0.0
         if self.settings.inject_data_delay_s:  # ground truth: the batch came this much later (its wait, data_s)
+            began = time.perf_counter()
             time.sleep(self.settings.inject_data_delay_s)
+            planted_s = time.perf_counter() - began
         entered = time.perf_counter()
         if samples is None:
             samples = batch_samples(batch)
@@ -583,12 +590,14 @@ class StepMeter:
             self.global_step += 1
         elif self._continues:
             self._step.samples += samples
+            self._step.planted_s += planted_s
         else:
             self._close_step(self._request)
             self._epoch_steps += 1
             comm_timed = self._times_collectives(self.global_step)
             self.backend.time_collectives(comm_timed)
             self._step = _OpenStep(self._request, self.global_step, samples, comm_timed)
+            self._step.planted_s = planted_s
             self.global_step += 1
         self._host_s += time.perf_counter() - entered
 
@@ -685,6 +694,7 @@ class StepMeter:
             comm_rule=self.backend.comm_rule,
             comm_timed=step.comm_timed,
             instrument_host_s=host_s,
+            planted_s=step.planted_s,
             job_collectives=step.job_collectives,
             grad_norms=norms,
         )

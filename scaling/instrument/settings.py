@@ -51,11 +51,13 @@ class InstrumentSettings:
     phases as a pause (`paused_s`). The baseline of a projection onto CPU nodes, whose compute resumes
     slower after each wait (docs/projection.md); 0 = off."""
     inject_straggler_s: float = 0.0
-    """Ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler)."""
+    """Ground truth: seconds `straggler_rank` sleeps before its backward, per training step (a straggler); the
+    sleep as measured is in that rank's step records (`injected_s`)."""
     straggler_rank: int = 0
     """The rank `inject_straggler_s` slows."""
     inject_data_delay_s: float = 0.0
-    """Ground truth: seconds every rank waits for each training batch, inside its fetch (a slow input pipeline)."""
+    """Ground truth: seconds every rank waits for each training batch, inside its fetch (a slow input pipeline);
+    the wait as measured is in the step records (`injected_s`)."""
     trace_steps: int = 20
     """Training steps after the warm-up drawn in trace.json (Chrome/Perfetto); 0 = none."""
     step_timing: bool = True

@@ -17,8 +17,9 @@ when its all-reduce completed. From those marks (definitions, once, here):
 - `exposed_comm_s`: time from the end of backward compute (the last bucket handed over) until
   the last all-reduce completed: what backward did not hide. Part of `backward_s`.
 - `compute_s` = forward_s + (backward_s - exposed_comm_s) + optimizer_s.
-- `injected_s`: the ground-truth delay injected in this step's communication, as measured
-  around it (0 in real runs; below).
+- `injected_s`: the ground-truth delays planted in this step on this rank, each measured around
+  it: the hold in its communication (below), and the meter's straggler sleep and batch delay
+  (`StepMarks.planted_s`); 0 in real runs, NaN on a step whose collectives were not timed.
 
 Those are the all-reduce rule's (`CommRule`, DDP's and Horovod's). A backend whose collectives
 are not all-reduces gives its steps a rule of its own (`StepMarks.comm_rule`, from the adapter):
@@ -509,6 +510,9 @@ class StepMarks:
     # every communication column is NaN, never a zero; its phases are measured as on any step
     comm_timed: bool = True
     instrument_host_s: float = float("nan")  # the instrument's own Python inside the step (meter.py)
+    # the ground truth the meter planted on this rank's host in this step, as slept: a straggler's sleep and
+    # its batches' delay (settings.py's inject_straggler_s, inject_data_delay_s); part of `injected_s`
+    planted_s: float = 0.0
     # collectives the job runs beside its gradients', each timed on the host by the job's integration
     # (`StepMeter.record_job_collective`): kind -> [seconds, count], the columns `<kind>_s` and `<kind>s`
     job_collectives: dict | None = None
@@ -574,7 +578,7 @@ class StepMarks:
                     for b in buckets
                     if b.injected is not None
                 ),
-                0.0,
+                self.planted_s,
             )
             if self.comm_timed
             else float("nan")
