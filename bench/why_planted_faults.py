@@ -29,6 +29,10 @@ Both gains are priced by the verdict as the measured share removed (the projecti
 - attach_exposed_comm: every all-reduce held `COMM_DELAY_S` (`inject_comm_delay_s`); as the lab's
   exposed_comm, the fix applied is the per-worker batch doubled, the delay still there, compared per sample.
 Both gains are the projection's, from the attached run's own records.
+- attach_ddp_buffers: the model holds a `BUFFER_MB` MB buffer, which DDP (`broadcast_buffers`, its
+  default) broadcasts from rank 0 before every forward; the fix the verdict names,
+  `broadcast_buffers=False`, is applied. Its gain is the measured share removed: the wrapper's own time
+  around the forward (`wrapper_s`).
 
 Fault and fixed runs alternate (ABBA); the realised gain of a pair is 100 x (fault step - fixed step) /
 fault step, each run's step the median over its steady steps of the mean over ranks (a median, so that
@@ -56,6 +60,7 @@ STRAGGLER_S = 0.1
 INPUT_SLEEP_S = 0.04  # input_bound, attach_input_bound: the wait for each batch
 ACCUM_DELAY_S = 0.05  # attach_accumulation_syncs: each synchronised all-reduce held this long
 COMM_DELAY_S = 0.1
+BUFFER_MB = 4  # attach_ddp_buffers: the model's buffer, which DDP broadcasts from rank 0 before every forward
 STEPS_PER_EPOCH, EPOCHS = 16, 2
 BATCH = 64  # experiments/quickstart.yaml's train.per_worker_batch
 CLEAN_LIMIT_PCT = 5.0
@@ -133,6 +138,12 @@ ATTACH_FAULTS = {
         "fix_named": "double the per-worker batch",
         "samples_factor": 2,
     },
+    "attach_ddp_buffers": {
+        "cause": "ddp_settings",
+        "fault": {"buffer_mb": BUFFER_MB},
+        "fix": {"buffer_mb": BUFFER_MB, "broadcast_buffers": False},
+        "fix_named": "broadcast_buffers=False",
+    },
 }
 ATTACH_STEPS, ATTACH_EPOCHS, ATTACH_BATCH, ATTACH_FEATURES = 20, 2, 32, 64
 
@@ -141,7 +152,9 @@ def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
     """One of 2 gloo ranks of a user's DDP job, written as a user writes it, measured with `attach`: an MLP over
     generated batches of `batch_factor` x ATTACH_BATCH; `input_sleep_s` before each batch; `accumulate`
     micro-batches per step, all but the last under `no_sync()` where `no_sync`; `comm_delay_s` held in each
-    synchronised all-reduce; rank 1 `straggler_s` slower before each backward."""
+    synchronised all-reduce; rank 1 `straggler_s` slower before each backward; a buffer of `buffer_mb` in the
+    model (a table it reads, as a causal mask or positional table is), which DDP broadcasts before every
+    forward unless `broadcast_buffers` is False."""
     import os
 
     import torch
@@ -156,9 +169,10 @@ def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        nn.Sequential(nn.Linear(ATTACH_FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
-    )
+    mlp = nn.Sequential(nn.Linear(ATTACH_FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+    if options.get("buffer_mb"):
+        mlp.register_buffer("table", torch.zeros(int(options["buffer_mb"] * 2**20) // 4))
+    model = DistributedDataParallel(mlp, broadcast_buffers=options.get("broadcast_buffers", True))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     accumulate = options.get("accumulate", 1)
@@ -344,6 +358,7 @@ def main() -> int:
             "comm_delay_s": COMM_DELAY_S,
             "input_sleep_s": INPUT_SLEEP_S,
             "accumulation_delay_s": ACCUM_DELAY_S,
+            "buffer_mb": BUFFER_MB,
             "pairs": pairs,
         },
     )

@@ -12,6 +12,19 @@ collective kind is a column stem: its time in flight per step is `<kind>_s`, its
 
 from __future__ import annotations
 
+# The DDP settings that make the wrapper itself work in every training step (job.json `per_step_settings`,
+# the DDP backend's reading of the wrapper): the unused parameters searched for after each forward (and their
+# map all-reduced), and the buffers broadcast from rank 0 before it. Their time is `wrapper_s`.
+DDP_SETTINGS_WITH_WORK = ("find_unused_parameters", "sync_buffers")
+
+
+def ddp_settings_with_work(settings: dict) -> list[str]:
+    """The names of DDP_SETTINGS_WITH_WORK that `settings` (`per_step_settings`) turns on; a static graph
+    spares the unused parameters' search (DDP finds them once)."""
+    on = [name for name in DDP_SETTINGS_WITH_WORK if settings.get(name)]
+    return [name for name in on if not (name == "find_unused_parameters" and settings.get("static_graph"))]
+
+
 # A run's compute precision (summary.json `precision`, the config's train.precision): fp32, or autocast to fp16
 # (with a GradScaler) or bf16
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -58,11 +71,12 @@ STEP_FIELDS = PHASE_COLUMNS + (
     "micro_batches",
     "synced_micro_batches",
     "instrument_host_s",
+    "wrapper_s",
     *KIND_FIELDS,
 )
 # The step columns whose share of the step is a figure (`<name>` -> `<name minus _s>_pct`): each share
 # is taken over the steps that recorded its numerator (run_metrics.StepAccumulator.share)
-SHARE_FIELDS = ("allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s", *KIND_FIELDS)
+SHARE_FIELDS = ("allreduce_s", "exposed_comm_s", "waiting_s", "transfer_s", "wrapper_s", *KIND_FIELDS)
 # The step-record columns a run's figures need (scaling.results.step_batches reads only these).
 STEP_COLUMNS = [
     "kind", "warmup", "epoch", "step", "rank", "pair", "node_rank", "straggler_rank", "comm_span_s", *STEP_FIELDS,

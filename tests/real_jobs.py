@@ -140,6 +140,39 @@ def job_slow_input(run_dir: str, *, slow_ranks: tuple[int, ...], sleep_s: float,
     return {}
 
 
+def job_ddp_wrapper_work(run_dir: str, *, sleep_s: float, steps: int = 10) -> dict:
+    """A DDP job whose wrapper works in every forward: `find_unused_parameters=True`, a model with a buffer
+    (broadcast from rank 0 before each forward), and a forward pre-hook of the job's own on the wrapper that
+    sleeps `sleep_s` (the ground truth: inside the wrapper's time before the module's forward, as a
+    broadcast is). Returns each training forward's sleep as slept, in order."""
+    from scaling import instrument
+
+    torch.manual_seed(0)
+    module = SlowEvalMLP()
+    module.register_buffer("seen", torch.zeros(256))
+    model = DistributedDataParallel(module, find_unused_parameters=True)
+    slept = []
+
+    def slow_wrapper(wrapper, args):
+        if wrapper.training and torch.is_grad_enabled():
+            began = time.perf_counter()
+            time.sleep(sleep_s)
+            slept.append(time.perf_counter() - began)
+
+    model.register_forward_pre_hook(slow_wrapper)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(steps, seed=_rank())
+    with instrument.attach(model, optimizer, run_dir=run_dir, warmup_steps=2) as meter:
+        for _ in range(2):
+            for x, y in meter.batches(data):
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            meter.end_epoch(val_accuracy=0.5)
+    return {"slept_s": slept}
+
+
 class _nothing:
     def __enter__(self):
         return self
@@ -304,6 +337,7 @@ WORLD_CASES = {
     "mid_epoch_eval": job_mid_epoch_eval,
     "input_bound": lambda d: job_slow_input(d, slow_ranks=(0, 1), sleep_s=INPUT_SLEEP_S),
     "input_straggler": lambda d: job_slow_input(d, slow_ranks=(1,), sleep_s=INPUT_SLEEP_S),
+    "ddp_wrapper_work": lambda d: job_ddp_wrapper_work(d, sleep_s=WRAPPER_SLEEP_S),
     **{
         f"odd_{p}": (lambda d, p=p: job_odd_steps(d, p))
         for p in ("grad_scaler_skip", "skipped_batch", "two_optimizers", "zero_not_none")
@@ -315,6 +349,7 @@ WORLD_CASES = {
 DELAY_S = 0.5  # the ground truth's delay per synchronised all-reduce
 SAMPLED_DELAY_S = 0.1  # delay_sampled's
 INPUT_SLEEP_S = 0.05  # a slow input's wait per batch (job_slow_input)
+WRAPPER_SLEEP_S = 0.03  # the wrapper's own time planted before each training forward (job_ddp_wrapper_work)
 
 
 def world_job(rank: int, port: int, tmp: str) -> None:

@@ -192,16 +192,26 @@ def test_a_run_the_projection_cannot_take_keeps_its_verdict_with_estimated_gains
     assert any(note.startswith("no projection") for note in verdict["notes"])
 
 
-def test_ddp_settings_that_cost_every_step_are_named_with_the_run_that_prices_them():
-    def found(settings, workers=2):
+def test_ddp_settings_that_cost_every_step_are_priced_by_the_wrappers_own_time():
+    def found(settings, workers=2, shares=None):
         ev = analysis.Evidence(
-            summary={"num_workers": workers}, shares={}, ranks=pd.DataFrame(), job={"per_step_settings": settings}
+            summary={"num_workers": workers},
+            shares=shares or {},
+            ranks=pd.DataFrame(),
+            job={"per_step_settings": settings},
         )
         return [f for f in analysis.diagnose(ev) if f.cause == "ddp_settings"]
 
-    (finding,) = found({"find_unused_parameters": True, "sync_buffers": True, "static_graph": False})
+    both = {"find_unused_parameters": True, "sync_buffers": True, "static_graph": False}
+    # a run recorded without the wrapper's time: named, with the run that prices it
+    (finding,) = found(both)
     assert not finding.decided and "find_unused_parameters=False" in finding.fix and "broadcast_buffers" in finding.fix
     assert "find_unused_parameters=False" in finding.decides
+    # with it: priced by its share of the step, interval and all, and ranked by it
+    (finding,) = found(both, shares={"wrapper_s": analysis.Share(12.0, 10.0, 14.0)})
+    assert finding.decided and (finding.cost.pct, finding.cost.lo, finding.cost.hi) == (12.0, 10.0, 14.0)
+    assert "wrapper's own time around the forward 12.0% [10.0, 14.0]" in finding.figure
+    assert not found(both, shares={"wrapper_s": analysis.Share(0.5, 0.3, 0.7)})  # measured, and ruled out
     assert not found({"find_unused_parameters": True, "sync_buffers": False, "static_graph": True})  # found once
     assert not found({"find_unused_parameters": False, "sync_buffers": False, "static_graph": False})
     assert not found({"find_unused_parameters": True}, workers=1)  # no DDP work at one worker

@@ -67,6 +67,9 @@ Every figure in `summary.json` is defined here, once:
   (its hooks and bookkeeping, summed by themselves: scaling/instrument/meter.py), and its share of
   step_s: what the observer costs the job, a lower bound (calling into Python from C++ is not in
   it; bench/instrument_host_cost.py measures the whole).
+- `wrapper_s`, `wrapper_pct`: DDP's own work around the module's forward per steady-state step (its
+  buffers' broadcast, its search for unused parameters: scaling/instrument/timing.py), and its share
+  of step_s over the steps that recorded it; None where no such DDP setting was on (it is not timed).
 - `peak_memory_bytes`: the largest rank's peak memory over the run's epochs (each epoch's
   training; epochs.parquet, scaling/instrument/memory.py: max allocated on a GPU, the process's
   resident high-water mark on a CPU, `peak_memory_method`); `peak_memory_min_bytes` the smallest

@@ -33,14 +33,14 @@ import pandas as pd
 from scaling.analysis.compare import time_blocks
 from scaling.analysis.intervals import CONFIDENCE, RESAMPLES, SEED
 from scaling.analysis.scaling_tables import group_keys, in_fixed_count_figures
-from scaling.schema import PHASE_COLUMNS
+from scaling.schema import PHASE_COLUMNS, ddp_settings_with_work
 
 NOTABLE_PCT = 2.0  # a cause costing less than this share of the step (its whole interval) is ruled out
 STRAGGLER_SHARE = 0.6  # one rank last in at least this share of steps: a straggler, not jitter among equals
 STRAGGLER_EXPLAINED = 0.5  # its extra input or compute time must be at least this share of the others' wait
 MFU_LOW = 0.5  # below it, at fp32 where the device has a faster precision, the precision is a suspect
 GPU_BUSY_PCT = 85.0  # NVML's utilisation below this during training: the host does not keep the GPU fed
-SHARE_COLUMNS = (*PHASE_COLUMNS, "step_s", "exposed_comm_s", "waiting_s", "transfer_s")
+SHARE_COLUMNS = (*PHASE_COLUMNS, "step_s", "exposed_comm_s", "waiting_s", "transfer_s", "wrapper_s")
 
 
 @dataclass(frozen=True)
@@ -598,9 +598,12 @@ class LauncherOverhead(Cause):
 
 class DDPSettings(Cause):
     """DDP settings that cost work in every step (job.json `per_step_settings`, the instrument's
-    reading of the wrapper): `find_unused_parameters` without `static_graph` traverses the autograd
-    graph after every forward and all-reduces the unused map; synchronising buffers broadcasts them from
-    rank 0 in every forward. Their price needs the same run without them: undecided until then."""
+    reading of the wrapper; schema.ddp_settings_with_work): `find_unused_parameters` without
+    `static_graph` searches the autograd graph after every forward and all-reduces the unused map;
+    synchronising buffers broadcasts them from rank 0 in every forward. Their price is the wrapper's
+    own time around the module's forward (`wrapper_s`, a share of the step), which the instrument
+    times wherever such a setting is on; the unused map's all-reduce, in backward, is not in it.
+    Undecided on a run recorded without `wrapper_s`."""
 
     key, title = "ddp_settings", "DDP settings costing work per step"
     SAID = {
@@ -615,20 +618,29 @@ class DDPSettings(Cause):
     }
 
     def assess(self, ev):
-        settings = (ev.job or {}).get("per_step_settings") or {}
-        costly = [name for name in self.SAID if settings.get(name)]
-        if settings.get("static_graph") and "find_unused_parameters" in costly:
-            costly.remove("find_unused_parameters")  # a static graph finds them once
+        costly = ddp_settings_with_work((ev.job or {}).get("per_step_settings") or {})
         if not costly or (ev.get("num_workers") or 1) < 2:
             return None
-        return Finding(
+        figure = "DDP ran with " + " and ".join(self.SAID[name][0] for name in costly)
+        fix = "; ".join(self.SAID[name][1] for name in costly)
+        share = ev.shares.get("wrapper_s")
+        if share is None:
+            return Finding(
+                cause=self.key,
+                title=self.title,
+                cost=Share(math.nan),
+                figure=figure,
+                fix=fix,
+                decided=False,
+                decides="the same run with " + fix + " prices it",
+            )
+        return _finding_from_share(
+            share,
             cause=self.key,
             title=self.title,
-            cost=Share(math.nan),
-            figure="DDP ran with " + " and ".join(self.SAID[name][0] for name in costly),
-            fix="; ".join(self.SAID[name][1] for name in costly),
-            decided=False,
-            decides="the same run with " + " and ".join(self.SAID[name][1] for name in costly) + " prices it",
+            figure=f"{figure}: the wrapper's own time around the forward {share.text()} of step",
+            fix=fix,
+            estimate="the wrapper's own time around the forward removed",
         )
 
 

@@ -108,7 +108,7 @@ from scaling.instrument.inputs import batch_samples, model_input
 from scaling.instrument.memory import PeakMemory
 from scaling.instrument.parts import Parts, identity_from_environment, installed_parts
 from scaling.instrument.recorder import RunRecorder
-from scaling.schema import PRECISIONS
+from scaling.schema import PRECISIONS, ddp_settings_with_work
 from scaling.instrument.settings import FIRST_TIMED_STEPS, InstrumentSettings, LaunchedRun
 from scaling.instrument.thread_usage import ThreadUsage
 from scaling.instrument.timing import StepMarks, clock_for
@@ -133,6 +133,8 @@ class _OpenStep:
         "comm_timed",
         "job_collectives",
         "planted_s",
+        "wrapper",
+        "inner_end",
     )
 
     def __init__(self, start, index: int, samples: int, comm_timed: bool):
@@ -146,6 +148,9 @@ class _OpenStep:
         # the batch in progress: the phase it is in, whether it ran a training forward and an optimizer step
         self.phase, self.forwarded, self.stepped = "data", False, False
         self.job_collectives: dict | None = None  # kind -> [seconds, count]: record_job_collective
+        # DDP's own work around the module's forward (StepMarks.wrapper), and where the module's forward ended
+        self.wrapper: list = []
+        self.inner_end = None
 
     def boundary(self, phase: str, mark) -> None:
         self.segments.append((phase, mark))
@@ -349,6 +354,13 @@ class StepMeter:
             inner = self.backend.plain_model
             if forward_module is None and inner is not model:  # an evaluation on the module inside the wrapper
                 self._handles.append(inner.register_forward_pre_hook(self._on_eval_forward_start))
+                if ddp_settings_with_work(self.backend.per_step_settings()):
+                    # DDP's own work before and after the module's forward, timed where a setting makes it
+                    # (`wrapper_s`): two marks per step, and no hook at all for a wrapper without such work
+                    self._handles += [
+                        inner.register_forward_pre_hook(self._on_inner_forward_start),
+                        inner.register_forward_hook(self._on_inner_forward_end),
+                    ]
         else:  # epoch timing only: look at the first training forward (for the FLOPs profile), then let go
 
             def once_before(module, args, kwargs):
@@ -408,6 +420,24 @@ class StepMeter:
         if not self._calibrating and self._step is not None and not self._training_forward(module):
             self._pause_for_evaluation()
 
+    def _on_inner_forward_start(self, module, args):
+        """The module inside DDP's wrapper starts a training forward: the wrapper's own work before it (its
+        buffers' broadcast) has ended since the forward began."""
+        entered = time.perf_counter()
+        step = self._step
+        if not self._calibrating and step is not None and step.phase == "forward" and self._training_forward(module):
+            step.wrapper.append((step.segments[-1][1], self.clock.mark()))
+        self._host_s += time.perf_counter() - entered
+
+    def _on_inner_forward_end(self, module, args, output):
+        """The module inside DDP's wrapper ends its training forward: the wrapper's own work after it (the
+        search for unused parameters) runs until the forward ends (`_on_forward_end`)."""
+        entered = time.perf_counter()
+        step = self._step
+        if not self._calibrating and step is not None and step.phase == "forward" and self._training_forward(module):
+            step.inner_end = self.clock.mark()
+        self._host_s += time.perf_counter() - entered
+
     def _on_forward_end(self, module, args, output):
         entered = time.perf_counter()
         try:
@@ -418,7 +448,11 @@ class StepMeter:
             step = self._step
             if step is None or step.phase != "forward" or self._pause is not None:
                 return
-            step.boundary("forward", self.clock.mark())
+            ended = self.clock.mark()
+            step.boundary("forward", ended)
+            if step.inner_end is not None:
+                step.wrapper.append((step.inner_end, ended))
+                step.inner_end = None
             step.phase = "backward"
             self._observe_output(output)
             if self._straggle_s:
@@ -695,6 +729,7 @@ class StepMeter:
             comm_timed=step.comm_timed,
             instrument_host_s=host_s,
             planted_s=step.planted_s,
+            wrapper=step.wrapper,
             job_collectives=step.job_collectives,
             grad_norms=norms,
         )

@@ -20,6 +20,14 @@ when its all-reduce completed. From those marks (definitions, once, here):
 - `injected_s`: the ground-truth delays planted in this step on this rank, each measured around
   it: the hold in its communication (below), and the meter's straggler sleep and batch delay
   (`StepMarks.planted_s`); 0 in real runs, NaN on a step whose collectives were not timed.
+- `wrapper_s`: DDP's own work around the module's forward (part of `forward_s`): before it, from
+  the wrapper's forward to the module's (its buffers broadcast from rank 0, where `broadcast_buffers`
+  and the model has buffers), and after it, to the wrapper's return (its search of the autograd
+  graph for unused parameters, where `find_unused_parameters` without `static_graph`). Timed only
+  where one of those settings is on (schema.DDP_SETTINGS_WITH_WORK), else NaN; it also holds the
+  wrapper's few microseconds of bookkeeping that every step pays, and, the broadcast being a
+  collective, a rank's wait in it for the others to arrive. On GPU its marks are events: the
+  broadcast's device time, and the host's search where the device waits for it.
 
 Those are the all-reduce rule's (`CommRule`, DDP's and Horovod's). A backend whose collectives
 are not all-reduces gives its steps a rule of its own (`StepMarks.comm_rule`, from the adapter):
@@ -513,6 +521,9 @@ class StepMarks:
     # the ground truth the meter planted on this rank's host in this step, as slept: a straggler's sleep and
     # its batches' delay (settings.py's inject_straggler_s, inject_data_delay_s); part of `injected_s`
     planted_s: float = 0.0
+    # [(start, end) marks]: DDP's own work around the module's forward in each of the step's forwards, where a
+    # setting makes it (schema.DDP_SETTINGS_WITH_WORK; the meter times nothing otherwise): `wrapper_s`
+    wrapper: list = field(default_factory=list)
     # collectives the job runs beside its gradients', each timed on the host by the job's integration
     # (`StepMeter.record_job_collective`): kind -> [seconds, count], the columns `<kind>_s` and `<kind>s`
     job_collectives: dict | None = None
@@ -614,6 +625,7 @@ class StepMarks:
             "injected_s": injected_s,
             "comm_timed": self.comm_timed,
             "instrument_host_s": self.instrument_host_s,
+            "wrapper_s": sum(clock.seconds(a, b) for a, b in self.wrapper) if self.wrapper else float("nan"),
             **dict(zip(NOISE_COLUMNS, self._noise_values())),
             **{
                 column: value
