@@ -14,6 +14,13 @@ Faults, and the fix each verdict is expected to name and that is then applied:
 - input_bound: every rank waits `INPUT_SLEEP_S` for each batch, inside its fetch
   (`instrument.inject_data_delay_s`: a slow input pipeline); the fix the verdict names (the loader) is
   applied as the run without the wait.
+- compute_slowing (a sweep), on the lab's loop and as attach_compute_slowing on the `attach` job below: the
+  job at 2 workers with `BUSY_PROCESSES` other programs spinning on the cores beside it, in a sweep whose
+  1-worker run is the same job on a quiet machine; the fix the verdict names (a quieter machine) is
+  applied as the 2-worker run without them.
+- strong_scaling (a sweep), on the lab's loop and as attach_strong_scaling: the same sweep with its 2-worker
+  run at half the 1-worker run's per-worker batch (the global batch kept); the fix the verdict names (keep
+  the per-worker batch) is applied as the 2-worker run at the full batch, compared per sample.
 - clean: the same job at 1 worker, nothing planted: no cause may cost above 5% of its step.
 
 And on a user's own job, measured with `scaling.instrument.attach` (a DDP MLP, 2 gloo ranks spawned here,
@@ -29,9 +36,9 @@ Both gains are priced by the verdict as the measured share removed (the projecti
 - attach_exposed_comm: every all-reduce held `COMM_DELAY_S` (`inject_comm_delay_s`); as the lab's
   exposed_comm, the fix applied is the per-worker batch doubled, the delay still there, compared per sample.
 Both gains are the projection's, from the attached run's own records.
-- attach_ddp_buffers: the model holds a `BUFFER_MB` MB buffer, which DDP (`broadcast_buffers`, its
-  default) broadcasts from rank 0 before every forward; the fix the verdict names,
-  `broadcast_buffers=False`, is applied. Its gain is the measured share removed: the wrapper's own time
+- attach_ddp_buffers: the model holds a `BUFFER_MB` MB buffer, which DDP (`forward_sync_buffers`, torch
+  < 2.13 `broadcast_buffers`: its default) broadcasts from rank 0 before every forward; the fix the
+  verdict names, `forward_sync_buffers=False`, is applied. Its gain is the measured share removed: the wrapper's own time
   around the forward (`wrapper_s`).
 
 Fault and fixed runs alternate (ABBA); the realised gain of a pair is 100 x (fault step - fixed step) /
@@ -46,6 +53,7 @@ per step where the fix changes them; figures are medians over pairs.
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import sys
 import tempfile
@@ -60,7 +68,8 @@ STRAGGLER_S = 0.1
 INPUT_SLEEP_S = 0.04  # input_bound, attach_input_bound: the wait for each batch
 ACCUM_DELAY_S = 0.05  # attach_accumulation_syncs: each synchronised all-reduce held this long
 COMM_DELAY_S = 0.1
-BUFFER_MB = 4  # attach_ddp_buffers: the model's buffer, which DDP broadcasts from rank 0 before every forward
+BUSY_PROCESSES = 2  # compute_slowing: other programs spinning on the 2 cores beside the 2 workers
+BUFFER_MB = 16  # attach_ddp_buffers: the model's buffer, which DDP broadcasts from rank 0 before every forward
 STEPS_PER_EPOCH, EPOCHS = 16, 2
 BATCH = 64  # experiments/quickstart.yaml's train.per_worker_batch
 CLEAN_LIMIT_PCT = 5.0
@@ -88,7 +97,7 @@ FAULTS = {
 }
 
 
-def _run(out: Path, name: str, overrides: list[str], workers: int = 2) -> dict:
+def _run(out: Path, name: str, overrides: list[str], workers: int = 2) -> Path:
     from scaling.config import load_config
     from scaling.launch.run import execute_run
 
@@ -108,7 +117,74 @@ def _run(out: Path, name: str, overrides: list[str], workers: int = 2) -> dict:
     summary = execute_run(cfg, out / name, launcher="local")
     if summary["status"] == "failed":
         raise SystemExit(f"{name} failed: {summary['error']}")
-    return summary
+    return out / name
+
+
+# A fault seen across a sweep, on the lab's loop and on the `attach` job: (the 2-worker run's options with the
+# fault, with the fix, the cause, the fix named)
+SWEEP_FAULTS = {
+    "compute_slowing": {
+        "cause": "compute_slowing",
+        "fault": {"busy": BUSY_PROCESSES},
+        "fix": {},
+        "fix_named": "a quieter machine",
+    },
+    "strong_scaling": {
+        "cause": "strong_scaling",
+        "fault": {"half_batch": True},
+        "fix": {},
+        "fix_named": "keep train.per_worker_batch fixed",
+        "samples_factor": 2,  # the fixed run's step carries twice the samples: compared per sample
+    },
+}
+
+
+@contextlib.contextmanager
+def _busy(processes: int):
+    """`processes` other programs spinning on the machine's cores while the block runs (other work)."""
+    import subprocess
+
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for each in spinning:
+            each.kill()
+            each.wait()
+
+
+def _in_sweep(out: Path, name: str, options: dict, make) -> tuple[Path, Path]:
+    """The job at 2 workers (`options["busy"]` other programs spinning beside it; `half_batch`: at half the
+    per-worker batch) in a sweep directory whose 1-worker run, the same job at its full batch on a quiet
+    machine, is made once and copied into each; returns the 2-worker run and the sweep. `make(out, name,
+    workers, half_batch)` runs the job."""
+    import shutil
+
+    sweep, quiet = out / name, out / f"{make.__name__}-w1-quiet"
+    if not quiet.exists():
+        make(out, quiet.name, 1, False)
+    shutil.copytree(quiet, sweep / "runs" / "w1-r0")
+    with _busy(options.get("busy", 0)):
+        run_dir = make(sweep / "runs", "w2-r0", 2, options.get("half_batch", False))
+    return run_dir, sweep
+
+
+def _lab(out: Path, name: str, workers: int, half_batch: bool) -> Path:
+    return _run(out, name, [f"train.per_worker_batch={BATCH // 2}"] if half_batch else [], workers=workers)
+
+
+def _attach(out: Path, name: str, workers: int, half_batch: bool) -> Path:
+    # batches of 16 x ATTACH_BATCH: a step long enough in compute for other work on the cores to show in it (at
+    # 32 samples a step is 3 ms, mostly the all-reduce's waits, in which the scheduler favours the waking rank)
+    return _run_attach(out, name, {"workers": workers, "batch_factor": 8 if half_batch else 16})
+
+
+def _lab_in_sweep(out: Path, name: str, options: dict) -> tuple[Path, Path]:
+    return _in_sweep(out, name, options, _lab)
+
+
+def _attach_in_sweep(out: Path, name: str, options: dict) -> tuple[Path, Path]:
+    return _in_sweep(out, name, options, _attach)
 
 
 # The attach faults: (the job's keyword arguments with the fault, with the fix, the cause, the fix named)
@@ -141,20 +217,21 @@ ATTACH_FAULTS = {
     "attach_ddp_buffers": {
         "cause": "ddp_settings",
         "fault": {"buffer_mb": BUFFER_MB},
-        "fix": {"buffer_mb": BUFFER_MB, "broadcast_buffers": False},
-        "fix_named": "broadcast_buffers=False",
+        "fix": {"buffer_mb": BUFFER_MB, "sync_buffers": False},
+        "fix_named": "forward_sync_buffers=False",
     },
 }
 ATTACH_STEPS, ATTACH_EPOCHS, ATTACH_BATCH, ATTACH_FEATURES = 20, 2, 32, 64
 
 
 def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
-    """One of 2 gloo ranks of a user's DDP job, written as a user writes it, measured with `attach`: an MLP over
+    """One of 2 gloo ranks (`workers`) of a user's DDP job, written as a user writes it, measured with `attach`: an MLP over
     generated batches of `batch_factor` x ATTACH_BATCH; `input_sleep_s` before each batch; `accumulate`
     micro-batches per step, all but the last under `no_sync()` where `no_sync`; `comm_delay_s` held in each
     synchronised all-reduce; rank 1 `straggler_s` slower before each backward; a buffer of `buffer_mb` in the
     model (a table it reads, as a causal mask or positional table is), which DDP broadcasts before every
-    forward unless `broadcast_buffers` is False."""
+    forward unless `sync_buffers` is False."""
+    import inspect
     import os
 
     import torch
@@ -166,13 +243,19 @@ def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
     from scaling.launch.local import exit_without_finalization, release_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=options.get("workers", 2))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(ATTACH_FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
     if options.get("buffer_mb"):
         mlp.register_buffer("table", torch.zeros(int(options["buffer_mb"] * 2**20) // 4))
-    model = DistributedDataParallel(mlp, broadcast_buffers=options.get("broadcast_buffers", True))
+    # torch 2.13 names the per-forward broadcast forward_sync_buffers (broadcast_buffers, deprecated, before)
+    sync = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else "broadcast_buffers"
+    )
+    model = DistributedDataParallel(mlp, **{sync: options.get("sync_buffers", True)})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     accumulate = options.get("accumulate", 1)
@@ -209,14 +292,19 @@ def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
     exit_without_finalization()
 
 
-def _run_attach(out: Path, name: str, options: dict) -> None:
+def _run_attach(out: Path, name: str, options: dict) -> Path:
     import torch.multiprocessing as mp
 
     from scaling.testbed.local_cluster import free_port
 
     mp.start_processes(
-        attach_job, args=(free_port(), str(out / name), options), nprocs=2, join=True, start_method="spawn"
+        attach_job,
+        args=(free_port(), str(out / name), options),
+        nprocs=options.get("workers", 2),
+        join=True,
+        start_method="spawn",
     )
+    return out / name
 
 
 def _median_step_s(run_dir: Path) -> float:
@@ -239,15 +327,17 @@ def _ranked(verdict: dict) -> list[dict]:
 
 def fault_pairs(out: Path, name: str, spec: dict, pairs: int, run=None) -> dict:
     """ABBA pairs of the fault and its fix, each fault run's verdict, the realised gain against the projected one.
-    `run(out, label, overrides)` makes a run (default: the lab's loop, `_run`; `_run_attach` for a user's job)."""
+    `run(out, label, overrides)` makes a run and returns its directory, or the run's and the sweep's that the
+    verdict reads (default: the lab's loop, `_run`; `_run_attach` for a user's job; `_in_sweep`'s)."""
     run = run or _run
     steps, verdicts, order = {"fault": [], "fixed": []}, [], bl.abba(pairs, "fault", "fixed")
     for i, arm in enumerate(order):
         label = f"{name}-{arm}-{i}"
-        run(out, label, spec["fault"] if arm == "fault" else spec["fix"])
-        steps[arm].append(_median_step_s(out / label))
+        made = run(out, label, spec["fault"] if arm == "fault" else spec["fix"])
+        run_dir, read = made if isinstance(made, tuple) else (made, made)
+        steps[arm].append(_median_step_s(run_dir))
         if arm == "fault":
-            verdict = _verdict(out / label)
+            verdict = _verdict(read)
             ranked = _ranked(verdict)
             first = ranked[0] if ranked else None
             verdicts.append(
@@ -299,6 +389,8 @@ def main() -> int:
         out = Path(tmp)
         cases = [(name, spec, _run) for name, spec in FAULTS.items()]
         cases += [(name, spec, _run_attach) for name, spec in ATTACH_FAULTS.items()]
+        cases += [(name, spec, _lab_in_sweep) for name, spec in SWEEP_FAULTS.items()]
+        cases += [(f"attach_{name}", spec, _attach_in_sweep) for name, spec in SWEEP_FAULTS.items()]
         if args.faults:
             cases = [case for case in cases if case[0] in args.faults.split(",")]
         for name, spec, run in cases:
@@ -316,7 +408,7 @@ def main() -> int:
                 note=(
                     f"planted {name}; ranked first in {result['ranked_first']} fault runs; projected interval "
                     f"[{result['projected_gain_lo_pct']:.1f}, {result['projected_gain_hi_pct']:.1f}]%"
-                    if result["projected_gain_lo_pct"] is not None
+                    if result["projected_gain_lo_pct"] is not None and math.isfinite(result["projected_gain_lo_pct"])
                     else f"planted {name}; ranked first in {result['ranked_first']} fault runs"
                 ),
             )
