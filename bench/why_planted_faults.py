@@ -38,8 +38,8 @@ Both gains are priced by the verdict as the measured share removed (the projecti
 Both gains are the projection's, from the attached run's own records.
 - attach_ddp_buffers: the model holds a `BUFFER_MB` MB buffer, which DDP (`forward_sync_buffers`, torch
   < 2.13 `broadcast_buffers`: its default) broadcasts from rank 0 before every forward; the fix the
-  verdict names, `forward_sync_buffers=False`, is applied. Its gain is the measured share removed: the wrapper's own time
-  around the forward (`wrapper_s`).
+  verdict names, `forward_sync_buffers=False`, is applied. Its gain is the measured share removed: the
+  wrapper's own time around the forward (`wrapper_s`).
 
 Fault and fixed runs alternate (ABBA); the realised gain of a pair is 100 x (fault step - fixed step) /
 fault step, each run's step the median over its steady steps of the mean over ranks (a median, so that
@@ -225,8 +225,8 @@ ATTACH_STEPS, ATTACH_EPOCHS, ATTACH_BATCH, ATTACH_FEATURES = 20, 2, 32, 64
 
 
 def attach_job(rank: int, port: int, run_dir: str, options: dict) -> None:
-    """One of 2 gloo ranks (`workers`) of a user's DDP job, written as a user writes it, measured with `attach`: an MLP over
-    generated batches of `batch_factor` x ATTACH_BATCH; `input_sleep_s` before each batch; `accumulate`
+    """One of 2 gloo ranks (`workers`) of a user's DDP job, written as a user writes it, measured with `attach`:
+    an MLP over generated batches of `batch_factor` x ATTACH_BATCH; `input_sleep_s` before each batch; `accumulate`
     micro-batches per step, all but the last under `no_sync()` where `no_sync`; `comm_delay_s` held in each
     synchronised all-reduce; rank 1 `straggler_s` slower before each backward; a buffer of `buffer_mb` in the
     model (a table it reads, as a causal mask or positional table is), which DDP broadcasts before every

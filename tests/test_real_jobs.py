@@ -159,8 +159,8 @@ def test_the_wrappers_own_work_is_timed_and_prices_its_settings(world):
     """A DDP job with find_unused_parameters=True and a buffer, whose own forward pre-hook on the wrapper
     sleeps WRAPPER_SLEEP_S (the ground truth, where DDP broadcasts its buffers): every training step's
     `wrapper_s` holds that step's sleep as slept, and in the median little more (the search for unused
-    parameters of a 3-layer MLP, the broadcast, DDP's bookkeeping); `scaling why` ranks the DDP settings first, with both fixes, priced
-    at the share of the step the sleeps took."""
+    parameters of a 3-layer MLP, the broadcast, DDP's bookkeeping); `scaling why` ranks the DDP settings
+    first, with both fixes, priced at the share of the step the sleeps took."""
     from scaling.why import explain
 
     results, run_dir = world["ddp_wrapper_work"]

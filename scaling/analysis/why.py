@@ -202,8 +202,9 @@ def sweep_table(runs: pd.DataFrame, series: dict | None = None) -> pd.DataFrame:
     """Per worker count: the medians over its runs in the figures (`in_fixed_count_figures`) of
     SWEEP_FIGURES, exposed_comm_s (0 where a run timed none: one worker), compute_s (forward + backward
     less exposed communication: what the workers compute), data_pct, and the runs' values of compute_s
-    and step_s (`compute_runs`, `step_runs`) for the intervals; sorted by worker count. `series`: the report's group keys but num_workers and their values (the largest
-    run's), so that one series of a sweep over another axis is compared with itself."""
+    and step_s (`compute_runs`, `step_runs`) for the intervals; sorted by worker count. `series`: the
+    report's group keys but num_workers and their values (the largest run's), so that one series of a
+    sweep over another axis is compared with itself."""
     ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
     for key, value in (series or {}).items():
         ok = ok[ok[key].isna()] if pd.isna(value) else ok[ok[key] == value]
