@@ -194,6 +194,12 @@ def verdict(runs: pd.DataFrame | None, run: RunDir, path: str | Path | None = No
     }
 
 
+# Each gain is priced with its own fix alone, and two causes can have one root: other work on a worker's
+# cores both slows its compute and makes it the straggler (`make demo` on 2 shared cores shows both)
+GAINS_DO_NOT_ADD = "Each gain is its own fix's alone; causes can share a root (other work on the cores slows "
+GAINS_DO_NOT_ADD += "compute and makes a straggler), so the gains do not add."
+
+
 def _gain_text(gain: dict) -> str:
     if not gain or not math.isfinite(gain.get("step_pct", math.nan)):
         return "-"
@@ -233,6 +239,8 @@ def render(verdict: dict) -> list[str]:
         lines += _wrapped(f"measured: {f['figure']}", "    ")
         lines += _wrapped(f"fix: {f['fix']}", "    ")
         lines += _wrapped(f"gain: {_gain_text(f['gain'])} ({f['gain'].get('how', '')})", "    ")
+    if len(ranked) > 1:
+        lines += _wrapped(GAINS_DO_NOT_ADD, "")
     if undecided:
         lines.append("Undecided (the data cannot tell):")
         for f in undecided:

@@ -135,6 +135,7 @@ def test_the_verdict_fits_one_screen_and_has_json(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in out) <= 100 and len(out) <= 40
     assert out[0].startswith("Why it scales as it does")
+    assert "so the gains do not add." in "\n".join(out)  # several causes ranked: each gain is its fix's alone
     assert main(["why", str(run.path), "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)
     assert verdict["findings"][0]["cause"] == "input_bound"
