@@ -26,8 +26,9 @@ when its all-reduce completed. From those marks (definitions, once, here):
   graph for unused parameters, where `find_unused_parameters` without `static_graph`). Timed only
   where one of those settings is on (schema.DDP_SETTINGS_WITH_WORK), else NaN; it also holds the
   wrapper's few microseconds of bookkeeping that every step pays, any forward pre-hook the job put
-  on the wrapper, and, the broadcast being a collective, a rank's wait in it for the others to arrive. On GPU its marks are events: the
-  broadcast's device time, and the host's search where the device waits for it.
+  on the wrapper, and, the broadcast being a collective, a rank's wait in it for the others to
+  arrive. On GPU its marks are events: the broadcast's device time, and the host's search where the
+  device waits for it.
 
 Those are the all-reduce rule's (`CommRule`, DDP's and Horovod's). A backend whose collectives
 are not all-reduces gives its steps a rule of its own (`StepMarks.comm_rule`, from the adapter):
