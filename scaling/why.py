@@ -167,7 +167,8 @@ def explain(path: str | Path) -> dict:
     if run.summary_path.exists():
         return verdict(None, run, path)
     if not path.is_dir():
-        raise UsageError(f"not found: {path} (give a run directory or a sweep directory)")
+        said = "not a directory" if path.exists() else "not found"
+        raise UsageError(f"{said}: {path} (give a run directory or a sweep directory)")
     sweep = SweepDir(path)  # reading it says, in one line, where it is no sweep
     row = largest_run(sweep.runs) if not sweep.runs.empty else None
     if row is None:

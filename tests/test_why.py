@@ -149,6 +149,10 @@ def test_a_missing_or_empty_directory_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["why", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "empty" in err
+    (tmp_path / "file").write_text("")
+    assert main(["why", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a directory" in err
 
 
 def test_the_report_opens_with_the_verdict(tmp_path):
