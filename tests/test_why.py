@@ -123,6 +123,28 @@ def test_a_sweep_names_compute_slowing_as_workers_are_added(tmp_path):
     assert first["cost"]["lo"] > 10  # ~45 ms more compute in a step of ~140 ms, over two repeats a side
 
 
+def test_the_compute_slowing_fix_is_priced_against_the_quiet_run_it_would_be(tmp_path):
+    """Compute 1.5x at two workers, and rank 1 20 ms slower still (contention is rarely even): the fix's gain,
+    bracketed between the mean compute's growth and the slowest rank's, against the ground truth, the
+    generated 2-worker run without either."""
+    quiet = dict(compute_scale=1.0)
+    busy = dict(compute_scale=1.5, slow_rank_compute_s=0.02)
+    sweep = _sweep(tmp_path / "sweep", [(1, quiet), (1, quiet), (2, busy), (2, busy)])
+    (slowing,) = [f for f in explain(sweep)["findings"] if f["cause"] == "compute_slowing"]
+    gain = slowing["gain"]
+    fault = RunDir(tmp_path / "sweep" / "runs" / "w2-r2").summary()["step_s"]
+    fixed = make_run(tmp_path / "fixed", workers=2, **quiet).summary()["step_s"]
+    realised = 100 * (1 - fixed / fault)
+    assert gain["how"].startswith("estimated from the sweep's runs") and gain["per"] == "step", gain
+    # the mean compute grew 45 + 10 ms, the slowest rank's 45 + 20: the bracket's ends; all of the spread is the
+    # contention's here, so the realised gain is at the bracket's top
+    assert gain["step_pct_lo"] <= slowing["cost"]["pct"] < gain["step_pct"] < realised <= gain["step_pct_hi"], (
+        gain,
+        realised,
+    )
+    assert abs(gain["step_pct"] / realised - 1) < 0.25, (gain, realised)
+
+
 def test_fp32_with_low_mfu_is_undecided_and_names_the_run_that_decides():
     ev = analysis.Evidence(summary={"mfu": 0.1, "precision": "fp32", "num_workers": 2}, shares={}, ranks=pd.DataFrame())
     (finding,) = [f for f in analysis.diagnose(ev) if f.cause == "low_mfu_fp32"]
