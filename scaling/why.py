@@ -8,9 +8,10 @@ analysis for the causes (scaling/analysis/why.py), prices each fix with the lab'
 
 The price: the run is projected onto a cluster fitted to itself (`self_cluster`: the link
 bandwidth at which a ring all-reduce of the run's gradients takes the time the run's all-reduces
-were in flight, less the wait for the slowest rank; the run's own compute, straggler wait and
-overlap slowdown, `from_run.project_run` with `same_device`), once as measured and once with the
-fix applied (a doubled per-worker batch, larger buckets, no straggler wait, no interference). A doubled
+were in flight, less the wait for the slowest rank; the run's own compute and straggler wait,
+`from_run.project_run` with `same_device`; the overlap slowdown at which the projection's
+interference is the run's own, `_reproducing_interference`), once as measured and once with the
+fix applied (a doubled per-worker batch, no straggler wait, no interference). A doubled
 batch is priced in time per sample: the step's collectives carry the same bytes over twice the samples.
 The gain is the projected step's fall at the measured worker count, with the interval of the
 projection's compute ends (the run's 2.5th and 97.5th percentile steps) widened by the measured
@@ -73,11 +74,13 @@ def _project(run: RunDir, cluster, n: int, kwargs: dict) -> pd.DataFrame:
     return project_run(run, cluster, [n, 2 * n], same_device=True, **kwargs).set_index("num_workers")
 
 
-def price(findings: list[why.Finding], run: RunDir | None) -> list[str]:
-    """Fill each finding's `gain` (module docstring); the notes say what the projection could not do."""
+def price(findings: list[why.Finding], run: RunDir | None) -> tuple[list[str], dict]:
+    """Fill each finding's `gain` (module docstring). Returns the notes, which say what the projection
+    could not do, and what the projection assumed of the run (`pricing`: its fitted link, straggler
+    wait and overlap slowdown, and the interference it projects at the run's worker count; {} unused)."""
     summary = run.summary() if run is not None else {}
     n = int(summary.get("num_workers") or 1)
-    cluster, base, notes = None, None, []
+    cluster, base, notes, pricing = None, None, [], {}
     needs = any(f.price for f in findings if f.decided)
     if run is not None and needs:
         from scaling.projection.compute import measured_overlap_slowdown
@@ -96,6 +99,12 @@ def price(findings: list[why.Finding], run: RunDir | None) -> list[str]:
             }
             try:
                 base = _project(run, cluster, n, baseline)
+                base = _reproducing_interference(run, cluster, n, baseline, base)
+                pricing = {
+                    "link_bandwidth_bytes_per_s": cluster.intra_node.bandwidth_bytes_per_s,
+                    **baseline,
+                    "interference_s": float(base.loc[n, "interference_s"]),
+                }
             except PRICING_ERRORS as exc:
                 notes.append(f"no projection: {exc}")
     for finding in findings:
@@ -114,16 +123,39 @@ def price(findings: list[why.Finding], run: RunDir | None) -> list[str]:
                 "step_pct_hi": finding.cost.hi,
                 "at_workers": n,
             }
-    return notes
+    return notes, pricing
+
+
+def _reproducing_interference(run, cluster, n: int, baseline: dict, base: pd.DataFrame) -> pd.DataFrame:
+    """The base projection with the overlap slowdown at which it reproduces the run's own interference at
+    `n` (module docstring); `baseline` is updated in place. The measured slowdown is per second of the
+    run's overlap; the projection's overlap (its buckets' hand-overs, its link) is not the run's, and a
+    slowed backward overlaps longer, so the slowdown is searched for (secant steps, at most 8) until
+    the two agree within 2%; the closest tried is kept."""
+    measured = float(run.summary().get("interference_s") or 0.0)
+    tried = [(baseline["overlap_slowdown"], float(base.loc[n, "interference_s"]), base)]
+    for _ in range(8):
+        slowdown, projected, _ = tried[-1]
+        if not (measured > 0 and projected > 0) or abs(projected / measured - 1) < 0.02:
+            break
+        if len(tried) > 1 and tried[-1][1] != tried[-2][1]:
+            (s0, p0, _), (s1, p1, _) = tried[-2], tried[-1]
+            slowdown = s1 + (measured - p1) * (s1 - s0) / (p1 - p0)
+        else:
+            slowdown *= measured / projected
+        baseline["overlap_slowdown"] = max(0.0, slowdown)
+        base = _project(run, cluster, n, baseline)
+        tried.append((baseline["overlap_slowdown"], float(base.loc[n, "interference_s"]), base))
+    if measured > 0:
+        slowdown, _, base = min(tried, key=lambda t: abs(t[1] - measured))
+        baseline["overlap_slowdown"] = slowdown
+    return base
 
 
 def _projected_gain(run, cluster, n: int, baseline: dict, base: pd.DataFrame, finding: why.Finding) -> dict:
     kwargs = dict(baseline)
     fix = dict(finding.price)
     plus = fix.pop("plus_pct", 0.0)  # a part of the cost the projection's compute holds (the straggler's own)
-    if "bucket_cap_mb_factor" in fix:
-        cap = (run.config.get("instrument") or {}).get("ddp_bucket_cap_mb") or 25.0
-        kwargs["bucket_cap_mb"] = float(cap) * fix.pop("bucket_cap_mb_factor")
     # A larger batch per worker: the same collectives per step over more samples, so the gain is in the time
     # per sample (the projection's compute grows with the batch, its all-reduce keeps the run's bytes)
     per_step = fix.pop("per_gpu_batch_factor", 1)
@@ -183,7 +215,7 @@ def verdict(runs: pd.DataFrame | None, run: RunDir, path: str | Path | None = No
     if runs is not None:
         ev = why.sweep_evidence(runs, ev, largest_run(runs))
     findings = why.diagnose(ev)
-    notes = price(findings, run)
+    notes, pricing = price(findings, run)
     return {
         "path": str(path or run.path),
         "kind": "run" if runs is None else "sweep",
@@ -192,6 +224,7 @@ def verdict(runs: pd.DataFrame | None, run: RunDir, path: str | Path | None = No
         "step_s": ev.summary.get("step_s"),
         "findings": [asdict(f) for f in findings],
         "notes": notes,
+        "pricing": pricing,
     }
 
 

@@ -10,7 +10,9 @@ synchronised half costs the transfer plus `interference_s` more than the unsynch
 Faults (keyword arguments of `make_run`, all 0 by default: a clean job whose only cost is a
 1 ms transfer): `data_s` (every rank's input wait), `transfer_s` (exposed communication),
 `slow_rank_data_s` / `slow_rank_compute_s` (rank 1 slower in its input or its compute: a
-straggler), `interference_s`, `micro_batches` with `synced` (accumulation syncing every micro-batch).
+straggler), `interference_s` (with `overlap_s`, the time an all-reduce is in flight while backward
+computes, from which the overlap slowdown is read; `bucket_cap_mb` small enough for the projection's
+buckets to overlap backward too), `micro_batches` with `synced` (accumulation syncing every micro-batch).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def make_run(
     slow_rank_data_s: float = 0.0,
     slow_rank_compute_s: float = 0.0,
     interference_s: float = 0.0,
+    overlap_s: float = 0.0,
+    bucket_cap_mb: float = 25.0,
     micro_batches: int = 1,
     synced: int = 1,
     per_worker_batch: int = BATCH,
@@ -82,7 +86,7 @@ def make_run(
                     "backward_s": backward + exposed + interference_s * synced,
                     "optimizer_s": optimizer,
                     "compute_s": forward + backward,
-                    "allreduce_s": exposed,
+                    "allreduce_s": exposed + overlap_s * synced,
                     "exposed_comm_s": exposed,
                     "waiting_s": waiting,
                     "transfer_s": transfer,
@@ -133,7 +137,7 @@ def make_run(
         "precision": "fp32",
     }
     run.compute_profile_path.write_text(json.dumps(profile))
-    run.config_path.write_text(yaml.safe_dump({"instrument": {"ddp_bucket_cap_mb": 25.0}}))
+    run.config_path.write_text(yaml.safe_dump({"instrument": {"ddp_bucket_cap_mb": bucket_cap_mb}}))
     figures = summarize_run(pd.concat(frames, ignore_index=True), epochs, None, workers, profile)
     ranks = figures.pop("ranks")
     write_parquet_atomic(run.path / "ranks.parquet", ranks)

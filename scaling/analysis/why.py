@@ -432,7 +432,10 @@ class Interference(Cause):
             cause=self.key,
             title=self.title,
             figure=figure or f"{share.text()} of step",
-            fix="leave a core to the collectives' threads (fewer cpus_per_worker); fewer, larger buckets",
+            fix=(
+                "leave a core to the collectives' threads (workers.cpus_per_worker one below each worker's share "
+                "of the cores); larger buckets overlap less but expose more"
+            ),
             price={"overlap_slowdown": 0.0},
             decides="more A/B pairs (instrument.calibration_pairs) narrow the interval",
         )
