@@ -47,6 +47,7 @@ def make_run(
     synced: int = 1,
     per_worker_batch: int = BATCH,
     compute_scale: float = 1.0,
+    precision: str = "bf16",
     seed: int = 0,
 ) -> RunDir:
     rng = np.random.default_rng(seed)
@@ -145,7 +146,7 @@ def make_run(
         "num_workers": workers,
         "per_worker_batch": per_worker_batch,
         "global_batch": workers * per_worker_batch,
-        "precision": "bf16",  # no fp32 suspicion in the generated runs: the MFU cause has its own test
+        "precision": precision,  # bf16 by default: no fp32 suspicion unless a test plants it
         "model": "generated",
         "status": "max_epochs",
         "grad_compression": "none",

@@ -92,6 +92,7 @@ class Evidence:
     interference_relative: tuple[float, float] | None = None  # interference_interval
     gpu_util_pct: float | None = None  # mean NVML utilisation over training (None: no telemetry)
     sweep: pd.DataFrame | None = None  # per worker count: medians over its finished runs (sweep_table)
+    precisions: dict[str, np.ndarray] | None = None  # a sweep's runs beside it at other precisions (precision_runs)
     outside: dict | None = None  # the job's time outside its steps (outside_steps)
     job: dict | None = None  # what the instrument saw of the job (job.json): its wrapper's per-step settings
 
@@ -238,7 +239,27 @@ def sweep_evidence(runs: pd.DataFrame, largest: Evidence, row: pd.Series) -> Evi
     keys = [k for k in group_keys(runs) if k != "num_workers" and k in runs.columns and "batch" not in k]
     table = sweep_table(runs, {k: row[k] for k in keys})
     largest.sweep = table if len(table) > 1 else sweep_table(runs)
+    largest.precisions = precision_runs(runs, row, [k for k in keys if "precision" not in k])  # sweep.train.precision
     return largest
+
+
+def precision_runs(runs: pd.DataFrame, row: pd.Series, keys: list[str]) -> dict[str, np.ndarray] | None:
+    """Per precision: the time per sample (step_s / per_worker_batch) of each finished run at `row`'s worker
+    count and its values of `keys` (a sweep over train.precision: what Precision reads); None where
+    the sweep has one precision there."""
+    if "precision" not in runs.columns:
+        return None
+    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
+    ok = ok[ok["num_workers"] == row["num_workers"]]
+    for key in keys:
+        ok = ok[ok[key].isna()] if pd.isna(row[key]) else ok[ok[key] == row[key]]
+    per_sample = pd.to_numeric(ok["step_s"], errors="coerce") / pd.to_numeric(ok["per_worker_batch"], errors="coerce")
+    found = {
+        str(precision): values.dropna().to_numpy(dtype=float)
+        for precision, values in per_sample.groupby(ok["precision"])
+        if values.notna().any()
+    }
+    return found if len(found) > 1 else None
 
 
 def _ruled_out(share: Share) -> bool:
@@ -463,24 +484,59 @@ class AccumulationSyncsEvery(Cause):
         )
 
 
-class LowMFU(Cause):
-    """Compute well below the device's peak at fp32 where the device has a faster precision."""
+class Precision(Cause):
+    """The run computes at a slower precision than it could.
 
-    key, title = "low_mfu_fp32", "low MFU at fp32"
+    Measured, in a sweep over train.precision: the sweep's runs beside the explained one (the same worker
+    count and series) at another precision. Its cost is the time per sample the fastest of them saves,
+    median over each precision's runs, with the interval of both medians resampled over runs; a precision
+    measured no faster rules the cause out, whichever way round (bf16 is slower than fp32 on many CPUs).
+    Its gain is that measured saving. Without such runs: low MFU (below MFU_LOW) at fp32 is a suspect the
+    data cannot decide, since what a faster precision gains on a device is measured, not assumed."""
+
+    key = "precision"
 
     def assess(self, ev):
         mfu, precision = ev.get("mfu"), ev.summary.get("precision")
-        if mfu is None or precision != "fp32" or mfu >= MFU_LOW:
+        low_fp32 = mfu is not None and precision == "fp32" and mfu < MFU_LOW
+        mfu_text = f"MFU {100 * mfu:.1f}% of the {precision} peak" if mfu is not None else ""
+        measured = ev.precisions or {}
+        others = [p for p in measured if p != precision]
+        if precision in measured and others:
+            saved = {p: _saving(measured[precision], measured[p]) for p in others}
+            best = max(others, key=lambda p: saved[p].pct)
+            said = f"the sweep's {best} runs: time per sample {saved[best].text()} lower than at {precision}"
+            return _finding_from_share(
+                saved[best],
+                cause=self.key,
+                title=f"{precision} slower than {best}",
+                figure=f"{mfu_text}; {said}" if mfu_text else said,
+                fix=f"train.precision: {best}" + (" (autocast); on a GPU also TF32 matmuls" if best != "fp32" else ""),
+                estimate=f"the saving the sweep's {best} runs measured against {precision}",
+                decides=MORE_REPEATS,
+            )
+        if not low_fp32:
             return None
         return Finding(
             cause=self.key,
-            title=self.title,
+            title="low MFU at fp32",
             cost=Share(math.nan),
-            figure=f"MFU {100 * mfu:.1f}% of the fp32 peak",
+            figure=mfu_text,
             fix="train.precision: bf16 (autocast); on a GPU also TF32 matmuls",
             decided=False,
-            decides="the same run with train.precision=bf16 (what bf16 gains on this device is measured, not assumed)",
+            decides=(
+                "the same run with train.precision=bf16, or a sweep over it (sweep.axes: {train.precision: "
+                "[fp32, bf16]}): what bf16 gains on this device is measured, not assumed"
+            ),
         )
+
+
+def _saving(slow: np.ndarray, fast: np.ndarray) -> Share:
+    """100 x (median(slow) - median(fast)) / median(slow), with a 95% interval where both have 2 runs or more
+    (each median resampled over its runs)."""
+    share = Share(100 * (1 - np.median(fast) / np.median(slow)))
+    medians = _resampled_medians(slow, fast)
+    return share if medians is None else _with_interval(share, 100 * (1 - medians[1] / medians[0]))
 
 
 class HostBound(Cause):
@@ -660,14 +716,26 @@ def _growth_share(first: pd.Series, last: pd.Series, figure: str) -> Share:
     """`figure`_s's growth from `first`'s worker count to `last`'s, a share of `last`'s step, with a 95%
     interval where both counts have 2 runs or more (each count's median resampled over its runs)."""
     share = Share(100 * (last[f"{figure}_s"] - first[f"{figure}_s"]) / last["step_s"])
-    a, b = first[f"{figure}_runs"], last[f"{figure}_runs"]
-    if len(a) < 2 or len(b) < 2:
+    medians = _resampled_medians(first[f"{figure}_runs"], last[f"{figure}_runs"])
+    if medians is None:
         return share
+    ra, rb = medians
+    return _with_interval(share, 100 * (rb - ra) / last["step_s"])
+
+
+def _resampled_medians(*runs: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """Each array's median over RESAMPLES percentile-bootstrap resamples of its runs; None unless each has 2 runs
+    or more."""
+    if any(len(values) < 2 for values in runs):
+        return None
     rng = np.random.default_rng(SEED)
-    ra = np.median(a[rng.integers(0, len(a), (RESAMPLES, len(a)))], axis=1)
-    rb = np.median(b[rng.integers(0, len(b), (RESAMPLES, len(b)))], axis=1)
+    return tuple(np.median(v[rng.integers(0, len(v), (RESAMPLES, len(v)))], axis=1) for v in runs)
+
+
+def _with_interval(share: Share, resampled: np.ndarray) -> Share:
+    """`share` with the 95% percentile interval of its resampled values."""
     tail = 100 * (1 - CONFIDENCE) / 2
-    lo, hi = np.percentile(100 * (rb - ra) / last["step_s"], [tail, 100 - tail])
+    lo, hi = np.percentile(resampled, [tail, 100 - tail])
     return Share(share.pct, float(lo), float(hi))
 
 
@@ -749,7 +817,7 @@ CAUSES: tuple[Cause, ...] = (
     Straggler(),
     Interference(),
     ComputeSlowing(),
-    LowMFU(),
+    Precision(),
     HostBound(),
     DDPSettings(),
     LauncherOverhead(),
