@@ -203,9 +203,9 @@ def sweep_table(runs: pd.DataFrame, series: dict | None = None) -> pd.DataFrame:
     """Per worker count: the medians over its runs in the figures (`in_fixed_count_figures`) of
     SWEEP_FIGURES, exposed_comm_s (0 where a run timed none: one worker), compute_s (forward + backward
     less exposed communication: what the workers compute), critical_s (compute_s plus the wait for the
-    slowest rank: each rank computes, then waits until the slowest has, so about the slowest rank's compute), data_pct,
-    and the runs' values of compute_s, critical_s and step_s (`compute_runs`, `critical_runs`,
-    `step_runs`) for the intervals; sorted by worker count. `series`: the
+    slowest rank: each rank computes, then waits until the slowest has, so about the slowest rank's
+    compute), data_pct, and the runs' values of compute_s, critical_s and step_s (`compute_runs`,
+    `critical_runs`, `step_runs`) for the intervals; sorted by worker count. `series`: the
     report's group keys but num_workers and their values (the largest run's), so that one series of a
     sweep over another axis is compared with itself."""
     ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
