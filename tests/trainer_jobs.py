@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 DELAY_S = 0.1  # the ground truth injected into each synchronised all-reduce
 ACCUMULATE = 2
-OPTIMIZER_STEPS = 6
+OPTIMIZER_STEPS = 11  # 10 steady, all timed: DDP's own timers compared on about 9 (4 left a loaded run undecided)
 BATCH = 4  # per rank and micro-batch
 SEQ = 16
 SAMPLES = 2 * BATCH * ACCUMULATE * OPTIMIZER_STEPS  # the whole training set, 2 ranks
