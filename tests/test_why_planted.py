@@ -46,10 +46,22 @@ def _verdict(tmp_path, name: str, overrides: list[str]) -> dict:
     return [f for f in verdict["findings"] if f["decided"] and f["of"] == "step"]
 
 
+LANDED_LIMIT = 1.5  # rank 1's compute excess over its sleep beyond which other work, not the sleep, made it slow
+
+
 def test_a_slow_rank_is_the_first_cause_and_its_compute_is_named(tmp_path):
-    ranked = _verdict(
-        tmp_path, "straggler", [f"instrument.inject_straggler_s={PLANTED_S}", "instrument.straggler_rank=1"]
-    )
+    planting = [f"instrument.inject_straggler_s={PLANTED_S}", "instrument.straggler_rank=1"]
+    ranked = _verdict(tmp_path, "straggler", planting)
+    # The ground truth below is the sleep. Where rank 1's compute exceeded rank 0's by much more than it slept,
+    # other work on the cores made it slow too, the fault did not land as planted, and the run is made once more
+    # (a CI run beside a loaded test session priced 2.9x the sleep's share, its second epoch 2.4x as long as its
+    # first). Measured: 1.005x on a quiet machine, 0.73x beside four busy loops
+    landed = _landed(tmp_path / "straggler")
+    if landed > LANDED_LIMIT:
+        ranked = _verdict(tmp_path, "straggler-again", planting)
+        landed = _landed(tmp_path / "straggler-again")
+    run_dir = tmp_path / ("straggler-again" if (tmp_path / "straggler-again").exists() else "straggler")
+    assert landed <= LANDED_LIMIT, f"rank 1 computed {landed:.2f}x its sleep more than rank 0 in both runs"
     first = ranked[0]
     assert first["cause"] == "straggler", [(f["cause"], f["cost"]["pct"]) for f in ranked]
     assert "rank 1" in first["figure"] and "its compute" in first["figure"]
@@ -59,9 +71,24 @@ def test_a_slow_rank_is_the_first_cause_and_its_compute_is_named(tmp_path):
     # run's own steps (a loaded machine lengthens the step and shrinks both alike). Held to the issue's rule:
     # within the projected interval, or within 25% of the projected gain. Measured (5 runs, beside 0, 2 and 4
     # busy loops): gain / planted 0.99-1.08, the planted share inside the interval in all 5.
-    planted = _planted_share(tmp_path / "straggler")
+    planted = _planted_share(run_dir)
     inside = gain["step_pct_lo"] <= planted <= gain["step_pct_hi"]
     assert inside or abs(gain["step_pct"] / planted - 1) <= 0.25, (gain, planted)
+
+
+def _landed(run_dir) -> float:
+    """Rank 1's compute (forward + backward less exposed communication) beyond rank 0's, over what it slept,
+    summed over the steady timed steps: about 1 where the planted sleep is what made it slow."""
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    timed = steps[(steps["kind"] == "train") & ~steps["warmup"].astype(bool) & steps["exposed_comm_s"].notna()]
+    compute = (
+        (timed["forward_s"] + timed["backward_s"] - timed["exposed_comm_s"])
+        .groupby([timed["epoch"], timed["step"], timed["rank"]])
+        .sum()
+        .unstack("rank")
+    )
+    slept = timed[timed["rank"] == 1].set_index(["epoch", "step"])["injected_s"]
+    return float((compute[1] - compute[0]).sum() / slept.reindex(compute.index).sum())
 
 
 def _planted_share(run_dir) -> float:
