@@ -296,7 +296,10 @@ def up(
         _build_network(cluster)
         _start_ray(cluster, log)
     except BaseException:
-        down(name, log=lambda *_: None)
+        try:
+            down(name, log=lambda *_: None)
+        except Exception as cleanup:  # said, and the cause raised: a failed cleanup must not stand in for it
+            log(f"removing the half-built minicluster {name!r} failed too: {cleanup}")
         raise
     return cluster
 
