@@ -208,9 +208,7 @@ def sweep_table(runs: pd.DataFrame, series: dict | None = None) -> pd.DataFrame:
     `critical_runs`, `step_runs`) for the intervals; sorted by worker count. `series`: the
     report's group keys but num_workers and their values (the largest run's), so that one series of a
     sweep over another axis is compared with itself."""
-    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
-    for key, value in (series or {}).items():
-        ok = ok[ok[key].isna()] if pd.isna(value) else ok[ok[key] == value]
+    ok = _series_runs(runs, series or {})
     ok = ok[pd.to_numeric(ok.get("num_workers"), errors="coerce").notna()].copy()
     if ok.empty:
         return pd.DataFrame()
@@ -243,16 +241,21 @@ def sweep_evidence(runs: pd.DataFrame, largest: Evidence, row: pd.Series) -> Evi
     return largest
 
 
+def _series_runs(runs: pd.DataFrame, series: dict) -> pd.DataFrame:
+    """The runs in the figures (`in_fixed_count_figures`) whose values of `series`' keys are its values."""
+    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
+    for key, value in series.items():
+        ok = ok[ok[key].isna()] if pd.isna(value) else ok[ok[key] == value]
+    return ok
+
+
 def precision_runs(runs: pd.DataFrame, row: pd.Series, keys: list[str]) -> dict[str, np.ndarray] | None:
     """Per precision: the time per sample (step_s / per_worker_batch) of each finished run at `row`'s worker
     count and its values of `keys` (a sweep over train.precision: what Precision reads); None where
     the sweep has one precision there."""
     if "precision" not in runs.columns:
         return None
-    ok = runs[in_fixed_count_figures(runs)] if "status" in runs.columns else runs
-    ok = ok[ok["num_workers"] == row["num_workers"]]
-    for key in keys:
-        ok = ok[ok[key].isna()] if pd.isna(row[key]) else ok[ok[key] == row[key]]
+    ok = _series_runs(runs, {key: row[key] for key in ("num_workers", *keys)})
     per_sample = pd.to_numeric(ok["step_s"], errors="coerce") / pd.to_numeric(ok["per_worker_batch"], errors="coerce")
     found = {
         str(precision): values.dropna().to_numpy(dtype=float)
